@@ -1,0 +1,195 @@
+"""The one configuration: config.toml, then environment variables on top.
+
+Every option lives in a dataclass below and is documented in the repository's config.toml.
+An environment variable ``GATEWAY_<SECTION>_<KEY>`` (upper case) overrides ``[section] key``;
+API keys are never read from the file, only from the variables the file names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO_ROOT / "config.toml"
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names the option."""
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    web_dir: str = "web"
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_queue: int = 64
+    max_sessions: int = 1000
+
+
+@dataclass
+class SessionConfig:
+    model: str = "gpt-realtime"
+    voice: str = "alloy"
+    instructions: str = "You are a helpful voice assistant. Answer briefly."
+    max_append_bytes: int = 15 * 1024 * 1024
+    max_buffer_seconds: float = 900.0
+
+
+@dataclass
+class VadConfig:
+    enabled: bool = True
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+    idle_timeout_ms: int = 0
+    inline_windows: int = 4
+
+
+@dataclass
+class ResponderConfig:
+    kind: str = "auto"
+    echo_pace: float = 1.0
+    echo_chunk_ms: int = 40
+
+
+@dataclass
+class SttConfig:
+    base_url: str = ""
+    model: str = "whisper-1"
+    api_key_env: str = "STT_API_KEY"
+    language: str = ""
+    timeout_s: float = 10.0
+    audio_in: bool = False
+
+
+@dataclass
+class LlmConfig:
+    base_url: str = ""
+    model: str = "gpt-4o-mini"
+    api_key_env: str = "LLM_API_KEY"
+    temperature: float = 0.7
+    max_output_tokens: int = 512
+    timeout_s: float = 30.0
+
+
+@dataclass
+class TtsConfig:
+    engine: str = "auto"
+    starter_chars: int = 24
+    max_segment_chars: int = 160
+    language: str = "auto"
+
+
+@dataclass
+class EngineConfig:
+    checkpoint: str = ""
+    device: str = "auto"
+    dtype: str = "auto"
+    packet_frames: int = 4
+    max_frames: int = 1500
+    max_text_chars: int = 2000
+    seed: int = 0
+    greedy: bool = False
+    voices: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TraceConfig:
+    jsonl_path: str = ""
+
+
+@dataclass
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
+    vad: VadConfig = field(default_factory=VadConfig)
+    responder: ResponderConfig = field(default_factory=ResponderConfig)
+    stt: SttConfig = field(default_factory=SttConfig)
+    llm: LlmConfig = field(default_factory=LlmConfig)
+    tts: TtsConfig = field(default_factory=TtsConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+
+
+def _coerce(value: Any, kind: Any, name: str) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif kind is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif kind is str:
+        if isinstance(value, str):
+            return value
+    elif getattr(kind, "__origin__", None) is dict:
+        if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+            return dict(value)
+        if isinstance(value, str):
+            # "alloy=vivian,echo=ryan" in an environment variable
+            try:
+                return dict(pair.split("=", 1) for pair in value.split(",") if pair)
+            except ValueError:
+                pass
+    raise ConfigError(f"option {name}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
+
+
+def _apply(section: Any, values: dict[str, Any], prefix: str) -> None:
+    hints = get_type_hints(type(section))
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"unknown option {prefix}.{key}")
+        setattr(section, key, _coerce(value, hints[key], f"{prefix}.{key}"))
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None) -> Config:
+    """Read ``path`` (default: the repository's config.toml), then apply GATEWAY_* overrides."""
+    env = os.environ if env is None else env
+    config = Config()
+    file = Path(path) if path is not None else DEFAULT_CONFIG
+    if path is not None or file.exists():
+        try:
+            data = tomllib.loads(file.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {file}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
+        for name, values in data.items():
+            if not hasattr(config, name) or not isinstance(values, dict):
+                raise ConfigError(f"unknown config section [{name}] in {file}")
+            _apply(getattr(config, name), values, name)
+    for f in dataclasses.fields(config):
+        section = getattr(config, f.name)
+        prefix = f"GATEWAY_{f.name.upper()}_"
+        overrides = {
+            k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(prefix)
+        }
+        _apply(section, overrides, f.name)
+    return config
+
+
+def api_key(env_name: str) -> str:
+    """The API key named by a config option; local servers often need none, so empty is allowed."""
+    return os.environ.get(env_name, "") if env_name else ""

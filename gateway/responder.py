@@ -1,0 +1,123 @@
+"""What turns a committed user turn into a streamed response.
+
+A responder is an async generator: the session runner iterates it and closes it on barge-in or
+response.cancel, so every ``await`` inside it is a cancellation point (an HTTP stream in flight is
+closed, a TTS stream is cancelled). Anything it yields after cancellation is dropped by the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+SAMPLE_RATE = 24_000  # every responder speaks pcm16 mono at 24 kHz; the session converts formats
+
+
+@dataclass
+class Message:
+    """One conversation item as a responder sees it."""
+
+    item_id: str
+    role: str  # "system" | "user" | "assistant"
+    text: str | None = None  # text content, the transcript of audio, or what was heard of it
+    audio: bytes | None = None  # pcm16 24 kHz, for user audio items
+
+
+@dataclass
+class ResponseRequest:
+    response_id: str
+    item_id: str  # the assistant item being produced
+    instructions: str
+    messages: list[Message]
+    voice: str
+    modalities: list[str] = field(default_factory=lambda: ["audio"])
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+
+
+@dataclass
+class AudioOut:
+    """pcm16 mono 24 kHz of the response's speech."""
+
+    pcm: bytes
+
+
+@dataclass
+class SpeechText:
+    """Text of the assistant's speech, spoken by the audio that follows it (until the next SpeechText)."""
+
+    text: str
+
+
+@dataclass
+class TextOut:
+    """Text of a text-only response (output modality "text")."""
+
+    text: str
+
+
+@dataclass
+class InputTranscript:
+    """The transcription of a user audio item, produced on the way to the answer."""
+
+    item_id: str
+    text: str
+
+
+@dataclass
+class InputTranscriptFailed:
+    item_id: str
+    message: str
+
+
+@dataclass
+class TraceMark:
+    """A latency checkpoint (stt_done, llm_first_token, tts_first_audio) reached by the responder."""
+
+    name: str
+
+
+ResponseOutput = AudioOut | SpeechText | TextOut | InputTranscript | InputTranscriptFailed | TraceMark
+
+
+class BackendError(Exception):
+    """A backend (stt, llm, tts) failed; the response ends with status failed and this message."""
+
+    def __init__(self, backend: str, cause: str) -> None:
+        super().__init__(f"{backend} backend failed: {cause}")
+        self.backend = backend
+        self.cause = cause
+
+
+class Responder(Protocol):
+    def respond(self, request: ResponseRequest) -> AsyncIterator[ResponseOutput]: ...
+
+
+class EchoResponder:
+    """Answers each user turn with the user's own last committed audio, paced like speech.
+
+    pace 1.0 sends audio at real time, 2.0 at twice real time, 0 as fast as possible.
+    """
+
+    def __init__(self, pace: float = 1.0, chunk_ms: int = 40) -> None:
+        self.pace = pace
+        self.chunk_bytes = SAMPLE_RATE * 2 * chunk_ms // 1000
+
+    async def respond(self, request: ResponseRequest) -> AsyncIterator[ResponseOutput]:
+        audio = next((m.audio for m in reversed(request.messages) if m.role == "user" and m.audio), None)
+        if audio is None:
+            text = next((m.text for m in reversed(request.messages) if m.role == "user" and m.text), "")
+            if text:
+                yield SpeechText(text) if "audio" in request.modalities else TextOut(text)
+            return
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for offset in range(0, len(audio), self.chunk_bytes):
+            if self.pace > 0:
+                due = start + offset / (2 * SAMPLE_RATE) / self.pace
+                delay = due - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            yield AudioOut(audio[offset : offset + self.chunk_bytes])

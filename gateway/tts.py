@@ -1,0 +1,40 @@
+"""The text-to-speech engine interface the pipeline speaks through.
+
+An engine opens one stream per response. Text goes in with ``feed`` (fragments as an LLM streams them
+when ``incremental`` is true, else whole segments cut by the text bridge) and ``end``; audio comes out
+as ``TTSChunk``s of pcm16 mono 24 kHz. ``cancel`` stops the stream inside the engine at its next step
+and frees it; iteration then ends. A chunk's ``text`` is the text whose speech starts in that chunk,
+so the session can cut the transcript at the point the listener stopped hearing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class TTSError(Exception):
+    """Bad input to the engine (empty text, unknown voice or language, text too long)."""
+
+
+@dataclass
+class TTSChunk:
+    pcm: bytes
+    text: str = ""
+
+
+class TTSStream(Protocol):
+    def feed(self, text: str) -> None: ...
+
+    def end(self) -> None: ...
+
+    def cancel(self) -> None: ...
+
+    def __aiter__(self) -> AsyncIterator[TTSChunk]: ...
+
+
+class TTSEngine(Protocol):
+    incremental: bool
+
+    def open(self, voice: str, language: str | None = None) -> TTSStream: ...
