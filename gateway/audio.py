@@ -1,0 +1,270 @@
+"""Audio formats and conversions: the one place where client audio becomes pcm16 24 kHz and back.
+
+The session's canonical internal format is pcm16: little-endian int16, mono, 24 kHz. Clients may send
+and receive G.711 (mu-law or A-law, 8 kHz) instead; ``InputDecoder`` and ``OutputEncoder`` convert
+while streaming, carrying resampler state and odd trailing bytes between chunks so that the chunk
+boundaries chosen by the network never change the audio.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+import soxr
+
+SAMPLE_RATE = 24_000
+"""Rate of the canonical internal format (pcm16)."""
+
+FORMAT_RATES: dict[str, int] = {"pcm16": 24_000, "g711_ulaw": 8_000, "g711_alaw": 8_000}
+"""Beta format names (also what the session stores) and their sample rates."""
+
+GA_FORMATS: dict[str, str] = {"audio/pcm": "pcm16", "audio/pcmu": "g711_ulaw", "audio/pcma": "g711_alaw"}
+"""GA ``format.type`` values mapped to the beta names above (GA pcm is always 24 kHz)."""
+
+_BYTES_PER_SAMPLE: dict[str, int] = {"pcm16": 2, "g711_ulaw": 1, "g711_alaw": 1}
+
+Int16Array = npt.NDArray[np.int16]
+Float32Array = npt.NDArray[np.float32]
+
+
+def check_format(fmt: str) -> str:
+    """Return ``fmt`` if it is a known beta format name; raise ValueError naming the choices otherwise."""
+    if fmt not in FORMAT_RATES:
+        raise ValueError(f"unknown audio format {fmt!r}; expected one of {', '.join(FORMAT_RATES)}")
+    return fmt
+
+
+def pcm16_duration_ms(nbytes: int, rate: int = SAMPLE_RATE) -> float:
+    """Duration of ``nbytes`` of pcm16 mono at ``rate`` (default 24 kHz), in milliseconds."""
+    return nbytes / 2 * 1000.0 / rate
+
+
+def duration_ms(fmt: str, nbytes: int) -> float:
+    """Duration of ``nbytes`` of audio in the client format ``fmt``, in milliseconds."""
+    return nbytes / _BYTES_PER_SAMPLE[check_format(fmt)] * 1000.0 / FORMAT_RATES[fmt]
+
+
+def pcm16_bytes_for_ms(ms: float, rate: int = SAMPLE_RATE) -> int:
+    """Byte count of ``ms`` milliseconds of pcm16 mono, rounded down to whole samples."""
+    return int(ms * rate / 1000.0) * 2
+
+
+def bytes_to_int16(data: bytes | bytearray | memoryview) -> Int16Array:
+    """View little-endian pcm16 bytes as int16 samples (no copy; read-only for bytes input)."""
+    return np.frombuffer(data, dtype="<i2")
+
+
+def int16_to_float32(samples: Int16Array) -> Float32Array:
+    """int16 → float32 in [-1, 1), scaled by 1/32768 (the convention Silero and soxr expect)."""
+    return samples.astype(np.float32) * np.float32(1.0 / 32768.0)
+
+
+def float32_to_int16(samples: Float32Array) -> Int16Array:
+    """float32 → int16, rounded to nearest and clipped (no dither: output must be deterministic)."""
+    scaled = np.rint(samples * np.float32(32768.0))
+    return np.clip(scaled, -32768, 32767).astype(np.int16)
+
+
+# --- G.711 -------------------------------------------------------------------------------------
+# Tables built once from the ITU/Sun reference algorithm (the one CPython's audioop implements):
+# 64 Ki entries for encoding every int16 value, 256 for decoding. A lookup is then one numpy take.
+
+_SEG_UEND = np.array([0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF], dtype=np.int32)
+_SEG_AEND = np.array([0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF], dtype=np.int32)
+
+
+def _build_ulaw_encode() -> npt.NDArray[np.uint8]:
+    pcm = np.arange(-32768, 32768, dtype=np.int32) >> 2  # the reference works on 14 bits
+    mask = np.where(pcm < 0, 0x7F, 0xFF)
+    mag = np.minimum(np.abs(pcm), 8159) + (0x84 >> 2)  # clip, then add the bias
+    seg = np.searchsorted(_SEG_UEND, mag)  # first segment whose end >= mag
+    code = np.where(seg >= 8, 0x7F, (np.minimum(seg, 7) << 4) | ((mag >> (np.minimum(seg, 7) + 1)) & 0xF))
+    return (code ^ mask).astype(np.uint8)
+
+
+def _build_ulaw_decode() -> Int16Array:
+    u = ~np.arange(256, dtype=np.int32) & 0xFF
+    t = (((u & 0x0F) << 3) + 0x84) << ((u & 0x70) >> 4)
+    return np.where(u & 0x80, 0x84 - t, t - 0x84).astype(np.int16)
+
+
+def _build_alaw_encode() -> npt.NDArray[np.uint8]:
+    pcm = np.arange(-32768, 32768, dtype=np.int32) >> 3  # the reference works on 13 bits
+    mask = np.where(pcm >= 0, 0xD5, 0x55)
+    mag = np.where(pcm >= 0, pcm, -pcm - 1)
+    seg = np.searchsorted(_SEG_AEND, mag)
+    s = np.minimum(seg, 7)
+    quant = np.where(s < 2, mag >> 1, mag >> s) & 0x0F
+    code = np.where(seg >= 8, 0x7F, (s << 4) | quant)
+    return (code ^ mask).astype(np.uint8)
+
+
+def _build_alaw_decode() -> Int16Array:
+    a = np.arange(256, dtype=np.int32) ^ 0x55
+    seg = (a & 0x70) >> 4
+    t = (a & 0x0F) << 4
+    t = np.where(seg == 0, t + 8, (t + 0x108) << np.maximum(seg - 1, 0))
+    return np.where(a & 0x80, t, -t).astype(np.int16)
+
+
+_ULAW_ENC = _build_ulaw_encode()
+_ULAW_DEC = _build_ulaw_decode()
+_ALAW_ENC = _build_alaw_encode()
+_ALAW_DEC = _build_alaw_decode()
+
+
+def ulaw_encode(samples: Int16Array) -> bytes:
+    """int16 samples → G.711 mu-law bytes (one byte per sample)."""
+    return _ULAW_ENC[samples.astype(np.int32) + 32768].tobytes()
+
+
+def ulaw_decode(data: bytes | bytearray | memoryview) -> Int16Array:
+    """G.711 mu-law bytes → int16 samples."""
+    return _ULAW_DEC[np.frombuffer(data, dtype=np.uint8)]
+
+
+def alaw_encode(samples: Int16Array) -> bytes:
+    """int16 samples → G.711 A-law bytes (one byte per sample)."""
+    return _ALAW_ENC[samples.astype(np.int32) + 32768].tobytes()
+
+
+def alaw_decode(data: bytes | bytearray | memoryview) -> Int16Array:
+    """G.711 A-law bytes → int16 samples."""
+    return _ALAW_DEC[np.frombuffer(data, dtype=np.uint8)]
+
+
+# --- Resampling ----------------------------------------------------------------------------------
+
+
+class StreamResampler:
+    """A streaming soxr resampler for one direction of one stream (mono).
+
+    State is carried between chunks, so any chunking of a signal yields the same samples (per-chunk
+    resampling without state crackles). Output is time-aligned with the input: soxr compensates its
+    filter delay by holding back ~21 ms (HQ) of output until more input or ``flush()`` arrives.
+
+    soxr always runs in float32 here: its int16 mode adds random dither, which would make the output
+    depend on chunking and differ from run to run. ``dtype`` is the I/O type of ``process``/``flush``.
+    """
+
+    def __init__(
+        self,
+        in_rate: int,
+        out_rate: int,
+        dtype: Literal["int16", "float32"] = "int16",
+        quality: str = "HQ",
+    ) -> None:
+        if dtype not in ("int16", "float32"):
+            raise ValueError(f"dtype must be 'int16' or 'float32', not {dtype!r}")
+        self.in_rate = in_rate
+        self.out_rate = out_rate
+        self.dtype = np.dtype(dtype)
+        self._stream = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality=quality)
+
+    def process(self, samples: npt.NDArray[np.int16] | npt.NDArray[np.float32]) -> npt.NDArray:
+        """Resample the next chunk; returns what is ready (possibly empty), in ``dtype``."""
+        if samples.dtype != self.dtype:
+            raise TypeError(f"expected {self.dtype} samples, got {samples.dtype}")
+        return self._run(samples, last=False)
+
+    def flush(self) -> npt.NDArray:
+        """End of the stream: return the held-back tail and make the resampler ready for a new stream."""
+        out = self._run(np.zeros(0, dtype=self.dtype), last=True)
+        self._stream.clear()
+        return out
+
+    def reset(self) -> None:
+        """Drop the held-back tail (e.g. the output was cancelled) and start a new stream."""
+        self._stream.clear()
+
+    def _run(self, samples: npt.NDArray, last: bool) -> npt.NDArray:
+        x = int16_to_float32(samples) if self.dtype == np.int16 else samples
+        y = self._stream.resample_chunk(np.ascontiguousarray(x, dtype=np.float32), last=last)
+        return float32_to_int16(y) if self.dtype == np.int16 else y
+
+
+# --- Client format <-> canonical pcm16 24 kHz ----------------------------------------------------
+
+
+class InputDecoder:
+    """Client input bytes in ``fmt`` → pcm16 24 kHz bytes, streaming.
+
+    For pcm16 this is the identity (the same bytes object comes back when no odd byte is pending);
+    an odd trailing byte is carried to the next call. For G.711 each byte is one 8 kHz sample,
+    decoded by table and upsampled with carried state.
+    """
+
+    def __init__(self, fmt: str) -> None:
+        self.format = check_format(fmt)
+        self._carry = b""
+        self._resampler = StreamResampler(8_000, SAMPLE_RATE) if fmt != "pcm16" else None
+        self._decode = ulaw_decode if fmt == "g711_ulaw" else alaw_decode
+
+    def decode(self, data: bytes) -> bytes:
+        """Convert the next chunk; may return fewer bytes than a whole conversion (held back)."""
+        if self._resampler is None:
+            return self._pcm16(data)
+        if not data:
+            return b""
+        return self._resampler.process(self._decode(data)).tobytes()
+
+    def flush(self) -> bytes:
+        """End of the input stream: the resampler's held-back tail (an odd pcm16 byte is dropped)."""
+        self._carry = b""
+        return self._resampler.flush().tobytes() if self._resampler is not None else b""
+
+    def reset(self) -> None:
+        """Forget everything pending (e.g. input_audio_buffer.clear)."""
+        self._carry = b""
+        if self._resampler is not None:
+            self._resampler.reset()
+
+    def _pcm16(self, data: bytes) -> bytes:
+        if self._carry:
+            data = self._carry + data
+            self._carry = b""
+        if len(data) & 1:
+            self._carry = data[-1:]
+            data = data[:-1]
+        return data
+
+
+class OutputEncoder:
+    """pcm16 24 kHz bytes → client output bytes in ``fmt``, streaming.
+
+    Call ``flush()`` at the end of each response's audio (the resampler holds back ~21 ms) and
+    ``reset()`` when the output is cancelled mid-stream.
+    """
+
+    def __init__(self, fmt: str) -> None:
+        self.format = check_format(fmt)
+        self._carry = b""
+        self._resampler = StreamResampler(SAMPLE_RATE, 8_000) if fmt != "pcm16" else None
+        self._encode = ulaw_encode if fmt == "g711_ulaw" else alaw_encode
+
+    def encode(self, pcm: bytes) -> bytes:
+        """Convert the next pcm16 24 kHz chunk (odd trailing bytes are carried)."""
+        if self._carry:
+            pcm = self._carry + pcm
+            self._carry = b""
+        if len(pcm) & 1:
+            self._carry = pcm[-1:]
+            pcm = pcm[:-1]
+        if self._resampler is None:
+            return pcm
+        if not pcm:
+            return b""
+        return self._encode(self._resampler.process(bytes_to_int16(pcm)))
+
+    def flush(self) -> bytes:
+        """End of this output stream: the held-back tail, encoded; ready for the next stream."""
+        self._carry = b""
+        return self._encode(self._resampler.flush()) if self._resampler is not None else b""
+
+    def reset(self) -> None:
+        """Drop anything pending without emitting it (cancelled output)."""
+        self._carry = b""
+        if self._resampler is not None:
+            self._resampler.reset()
