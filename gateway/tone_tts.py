@@ -1,0 +1,111 @@
+"""A TTS engine with no model, for tests, benchmarks and demos without a GPU.
+
+Each character becomes a short tone (its pitch derived from the character, silence for spaces),
+so the audio is deterministic and as long as speech of that text would be. Each segment's first
+chunk comes ``first_audio_ms`` after the engine starts on it, like a real engine's time to first
+audio; ``realtime`` paces the chunks at real time (an engine just fast enough), else they come as
+fast as they are read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator
+
+import numpy as np
+
+from gateway.responder import SAMPLE_RATE
+from gateway.tts import TTSChunk, TTSError
+
+
+def tone_pcm(text: str, char_ms: int = 60) -> bytes:
+    """pcm16 24 kHz of ``text``: char_ms of tone per character, silence for whitespace."""
+    n = SAMPLE_RATE * char_ms // 1000
+    t = np.arange(n) / SAMPLE_RATE
+    # A 5 ms ramp at both ends of each tone avoids clicks between characters.
+    ramp = np.minimum(1.0, np.minimum(np.arange(n), np.arange(n)[::-1]) / (SAMPLE_RATE * 0.005))
+    parts = []
+    for ch in text:
+        if ch.isspace():
+            parts.append(np.zeros(n))
+        else:
+            freq = 220.0 + (ord(ch) % 48) * 12.5
+            parts.append(0.3 * np.sin(2 * np.pi * freq * t) * ramp)
+    if not parts:
+        return b""
+    return (np.concatenate(parts) * 32767).astype("<i2").tobytes()
+
+
+class ToneStream:
+    def __init__(self, engine: ToneEngine) -> None:
+        self._engine = engine
+        self._segments: deque[str] = deque()
+        self._ended = False
+        self._input = asyncio.Event()  # set on feed, end and cancel
+        self._cancel = asyncio.Event()
+
+    def feed(self, text: str) -> None:
+        if self._ended:
+            raise TTSError("feed after end")
+        if not text.strip():
+            raise TTSError("empty text")
+        self._segments.append(text)
+        self._input.set()
+
+    def end(self) -> None:
+        self._ended = True
+        self._input.set()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+        self._segments.clear()
+        self._input.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, or return at once when the stream is cancelled."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._cancel.wait()
+
+    async def __aiter__(self) -> AsyncIterator[TTSChunk]:
+        engine = self._engine
+        chunk_bytes = SAMPLE_RATE * 2 * engine.chunk_ms // 1000
+        while not self.cancelled:
+            if not self._segments:
+                if self._ended:
+                    return
+                self._input.clear()
+                await self._input.wait()
+                continue
+            text = self._segments.popleft()
+            await self._pause(engine.first_audio_ms / 1000)
+            pcm = tone_pcm(text, engine.char_ms)
+            for offset in range(0, len(pcm), chunk_bytes):
+                if self.cancelled:
+                    return
+                yield TTSChunk(pcm[offset : offset + chunk_bytes], text if offset == 0 else "")
+                if engine.realtime:
+                    await self._pause(engine.chunk_ms / 1000)
+                else:
+                    await asyncio.sleep(0)  # let cancel() and other tasks in between chunks
+
+
+class ToneEngine:
+    incremental = False
+
+    def __init__(
+        self, first_audio_ms: float = 25.0, chunk_ms: int = 40, realtime: bool = False, char_ms: int = 60
+    ) -> None:
+        self.first_audio_ms = first_audio_ms
+        self.chunk_ms = chunk_ms
+        self.realtime = realtime
+        self.char_ms = char_ms
+
+    def open(self, voice: str, language: str | None = None) -> ToneStream:
+        return ToneStream(self)
