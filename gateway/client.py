@@ -1,0 +1,332 @@
+"""Terminal client: stream a WAV file (or the microphone) to a Realtime endpoint and save the reply.
+
+    python -m gateway client [--url ws://127.0.0.1:8000/v1/realtime] [--wav in.wav] [--out reply.wav] [--beta]
+
+Events are printed one line each, with audio payloads reduced to their size. The helpers here
+(WAV I/O, connecting, event summaries) are shared with ``gateway.replay``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import sys
+import time
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidHandshake, InvalidURI
+
+from gateway.audio import SAMPLE_RATE, StreamResampler
+
+DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime"
+CHUNK_MS = 20
+TAIL_MS = 1000  # silence after the speech: longer than the default silence_duration_ms (500)
+RESPONSE_TIMEOUT_S = 60.0
+
+# GA names first, beta names second: the client accepts both, whatever it asked for.
+AUDIO_DELTA = frozenset({"response.output_audio.delta", "response.audio.delta"})
+AUDIO_DONE = frozenset({"response.output_audio.done", "response.audio.done"})
+TRANSCRIPT_DELTA = frozenset({"response.output_audio_transcript.delta", "response.audio_transcript.delta"})
+TRANSCRIPT_DONE = frozenset({"response.output_audio_transcript.done", "response.audio_transcript.done"})
+
+
+class CliError(Exception):
+    """A problem the user can fix (bad path, bad format, server unreachable): message, exit code 2."""
+
+
+# --- WAV files ----------------------------------------------------------------------------------
+
+
+def read_wav(path: str | Path) -> np.ndarray:
+    """A pcm16 WAV file of any rate and channel count → int16 mono at 24 kHz."""
+    try:
+        with wave.open(str(path), "rb") as w:
+            width, channels, rate = w.getsampwidth(), w.getnchannels(), w.getframerate()
+            frames = w.readframes(w.getnframes())
+    except FileNotFoundError:
+        raise CliError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise CliError(f"{path}: is a directory, not a WAV file") from None
+    except (wave.Error, EOFError) as exc:
+        raise CliError(f"{path}: not a PCM WAV file ({exc})") from None
+    if width != 2:
+        raise CliError(f"{path}: {8 * width}-bit samples; only 16-bit PCM WAV is supported")
+    samples = np.frombuffer(frames, dtype="<i2")
+    if channels > 1:
+        samples = samples[: len(samples) - len(samples) % channels].reshape(-1, channels)
+        samples = np.rint(samples.astype(np.float32).mean(axis=1)).astype(np.int16)
+    if rate != SAMPLE_RATE:
+        resampler = StreamResampler(rate, SAMPLE_RATE)
+        samples = np.concatenate([resampler.process(samples.astype(np.int16)), resampler.flush()])
+    return samples.astype(np.int16)
+
+
+def write_wav(path: str | Path, pcm: bytes) -> None:
+    """pcm16 mono 24 kHz bytes → WAV file (parent folders are created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes(pcm)
+
+
+# --- Events -------------------------------------------------------------------------------------
+
+
+def b64_size(data: str) -> int:
+    """Decoded size of a base64 string, without decoding it."""
+    return len(data) * 3 // 4 - data[-2:].count("=")
+
+
+def strip_audio(event: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``event`` fit for logs: base64 audio replaced by ``<field>_bytes``: its decoded size."""
+    kind = event.get("type", "")
+    field = "delta" if kind in AUDIO_DELTA else "audio" if kind == "input_audio_buffer.append" else None
+    if field is None or not isinstance(event.get(field), str):
+        return event
+    out = {k: v for k, v in event.items() if k != field}
+    out[f"{field}_bytes"] = b64_size(event[field])
+    return out
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe(event: dict[str, Any]) -> str:
+    """One compact line for an event: its type and the fields worth seeing."""
+    kind = str(event.get("type", "?"))
+    parts = [kind]
+    if kind == "error":
+        err = event.get("error") or {}
+        parts.append(f"{err.get('code') or err.get('type')}: {err.get('message')}")
+        return " ".join(parts)
+    if kind in AUDIO_DELTA:
+        parts.append(f"{b64_size(event.get('delta') or '')} B")
+    elif kind in TRANSCRIPT_DELTA:
+        parts.append(repr(event.get("delta", "")))
+    for key in ("transcript", "text"):
+        if isinstance(event.get(key), str):
+            parts.append(repr(_short(event[key])))
+    for key in ("item_id", "response_id", "audio_start_ms", "audio_end_ms"):
+        if key in event:
+            parts.append(f"{key}={event[key]}")
+    response = event.get("response")
+    if isinstance(response, dict):
+        parts.append(f"response_id={response.get('id')} status={response.get('status')}")
+        reason = (response.get("status_details") or {}).get("reason")
+        if reason:
+            parts.append(f"reason={reason}")
+    item = event.get("item")
+    if isinstance(item, dict):
+        parts.append(f"item={item.get('id')} {item.get('role') or item.get('type')}")
+    return " ".join(parts)
+
+
+def audio_append(pcm: bytes) -> str:
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+
+
+# --- Connection ---------------------------------------------------------------------------------
+
+
+async def open_connection(url: str, beta: bool = False) -> ClientConnection:
+    """Connect to a Realtime endpoint; failures become CliError with the reason in plain words."""
+    headers = {"OpenAI-Beta": "realtime=v1"} if beta else None
+    try:
+        # No compression: PCM barely compresses and deflate costs CPU on both ends.
+        return await connect(
+            url, additional_headers=headers, compression=None, max_size=None, open_timeout=10
+        )
+    except InvalidURI:
+        raise CliError(f"{url}: not a WebSocket URL (expected ws://HOST:PORT/v1/realtime)") from None
+    except ConnectionRefusedError:
+        raise CliError(f"cannot connect to {url}: connection refused (is the gateway running?)") from None
+    except TimeoutError:
+        raise CliError(f"cannot connect to {url}: timed out") from None
+    except InvalidHandshake as exc:
+        raise CliError(f"cannot connect to {url}: {exc}") from None
+    except OSError as exc:
+        raise CliError(f"cannot connect to {url}: {exc.strerror or exc}") from None
+
+
+class TurnTracker:
+    """Follows speech and response state from server events, to know when the exchange is over.
+
+    The conversation is quiet when no speech is in progress, no response is active, and a response
+    has finished since the last speech ended (so the last turn has had its answer).
+    """
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.speech_active = False
+        self.speech_seen = False
+        self.response_active = False
+        self.last_stop_seq = 0
+        self.last_done_seq = -1
+        self.changed = asyncio.Event()
+
+    def update(self, event: dict[str, Any]) -> None:
+        self.seq += 1
+        kind = event.get("type")
+        if kind == "input_audio_buffer.speech_started":
+            self.speech_active = self.speech_seen = True
+        elif kind == "input_audio_buffer.speech_stopped":
+            self.speech_active = False
+            self.last_stop_seq = self.seq
+        elif kind == "input_audio_buffer.committed":
+            self.last_stop_seq = self.seq  # a manual commit ends a turn too
+        elif kind == "response.created":
+            self.response_active = True
+        elif kind == "response.done":
+            self.response_active = False
+            self.last_done_seq = self.seq
+        self.changed.set()
+
+    @property
+    def quiet(self) -> bool:
+        return not self.speech_active and not self.response_active and self.last_done_seq > self.last_stop_seq
+
+    async def wait_quiet(self, timeout: float) -> bool:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not self.quiet:
+            self.changed.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self.changed.wait(), remaining)
+            except TimeoutError:
+                return False
+        return True
+
+
+# --- The client ---------------------------------------------------------------------------------
+
+
+class Printer:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __call__(self, arrow: str, text: str) -> None:
+        print(f"{time.monotonic() - self.t0:8.3f}s {arrow} {text}", flush=True)
+
+
+async def _receive(ws: ClientConnection, tracker: TurnTracker, reply: bytearray, show: Printer) -> None:
+    async for message in ws:
+        event = json.loads(message)
+        show("<", describe(event))
+        if event.get("type") in AUDIO_DELTA:
+            reply.extend(base64.b64decode(event.get("delta") or ""))
+        tracker.update(event)
+
+
+async def _stream_wav(ws: ClientConnection, samples: np.ndarray) -> None:
+    """Send the samples, then TAIL_MS of silence, in CHUNK_MS appends paced at real time."""
+    pcm = samples.tobytes() + bytes(SAMPLE_RATE * TAIL_MS // 1000 * 2)
+    step = SAMPLE_RATE * CHUNK_MS // 1000 * 2
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    for n, offset in enumerate(range(0, len(pcm), step)):
+        # Sleep to an absolute schedule so per-send overhead does not accumulate into drift.
+        await asyncio.sleep(max(0.0, start + n * CHUNK_MS / 1000 - loop.time()))
+        await ws.send(audio_append(pcm[offset : offset + step]))
+
+
+async def _stream_microphone(ws: ClientConnection, show: Printer) -> None:
+    """Send the default microphone's audio until Ctrl-C (needs the optional sounddevice package)."""
+    try:
+        import sounddevice  # type: ignore[import-not-found]
+    except ImportError:
+        raise CliError("no --wav given, and microphone input needs the sounddevice package") from None
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[np.ndarray] = asyncio.Queue()
+    rate = int(sounddevice.query_devices(kind="input")["default_samplerate"])
+    resampler = StreamResampler(rate, SAMPLE_RATE)
+
+    def on_audio(indata: np.ndarray, frames: int, when: Any, status: Any) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, indata[:, 0].copy())
+
+    blocksize = rate * CHUNK_MS // 1000
+    with sounddevice.InputStream(
+        samplerate=rate, channels=1, dtype="int16", blocksize=blocksize, callback=on_audio
+    ):
+        show("*", f"microphone open at {rate} Hz; Ctrl-C to stop")
+        while True:
+            chunk = resampler.process(await queue.get())
+            if len(chunk):
+                await ws.send(audio_append(chunk.tobytes()))
+
+
+async def _session(args: argparse.Namespace) -> int:
+    samples = read_wav(args.wav) if args.wav else None
+    show = Printer()
+    reply = bytearray()
+    tracker = TurnTracker()
+    ws = await open_connection(args.url, args.beta)
+    show("*", f"connected to {args.url} ({'beta' if args.beta else 'GA'} protocol)")
+    receiver = asyncio.create_task(_receive(ws, tracker, reply, show))
+    code = 0
+    try:
+        if samples is None:
+            try:
+                await _stream_microphone(ws, show)
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                show("*", "stopped")
+        else:
+            show("*", f"streaming {args.wav} ({len(samples) / SAMPLE_RATE:.2f} s) at real time")
+            await _stream_wav(ws, samples)
+            if not tracker.speech_seen:
+                # Turn detection is off, or found no speech: end the turn ourselves.
+                show("*", "no speech detected by the server; committing the buffer manually")
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                await ws.send(json.dumps({"type": "response.create"}))
+            if not await tracker.wait_quiet(RESPONSE_TIMEOUT_S):
+                show("*", f"no complete response within {RESPONSE_TIMEOUT_S:.0f} s")
+                code = 1
+    finally:
+        receiver.cancel()
+        await ws.close()
+    if receiver.done() and not receiver.cancelled() and receiver.exception() is not None:
+        show("*", f"connection lost: {receiver.exception()}")
+        code = 1
+    write_wav(args.out, bytes(reply))
+    show("*", f"wrote {args.out} ({len(reply) / 2 / SAMPLE_RATE:.2f} s of reply audio)")
+    return code
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"Realtime endpoint (default {DEFAULT_URL})")
+    parser.add_argument(
+        "--wav", help="pcm16 WAV file to send (any rate and channels); without it, the microphone"
+    )
+    parser.add_argument("--out", default="reply.wav", help="where to write the reply audio (default reply.wav)")
+    parser.add_argument("--beta", action="store_true", help="speak the beta protocol (OpenAI-Beta: realtime=v1)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_session(args))
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway client", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
