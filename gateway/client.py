@@ -308,8 +308,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--wav", help="pcm16 WAV file to send (any rate and channels); without it, the microphone"
     )
-    parser.add_argument("--out", default="reply.wav", help="where to write the reply audio (default reply.wav)")
-    parser.add_argument("--beta", action="store_true", help="speak the beta protocol (OpenAI-Beta: realtime=v1)")
+    parser.add_argument(
+        "--out", default="reply.wav", help="where to write the reply audio (default reply.wav)"
+    )
+    parser.add_argument(
+        "--beta", action="store_true", help="speak the beta protocol (OpenAI-Beta: realtime=v1)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
