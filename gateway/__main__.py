@@ -1,0 +1,69 @@
+"""Command line: ``python -m gateway serve | client | replay``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+from gateway.config import ConfigError, load_config
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from gateway.server import Gateway  # noqa: PLC0415 - keeps `client` free of the server's imports
+
+    config = load_config(args.config)
+    if args.host:
+        config.server.host = args.host
+    if args.port is not None:
+        config.server.port = args.port
+    gateway = Gateway(config)
+    try:
+        await gateway.start()
+    except OSError as exc:
+        print(f"error: cannot listen on {config.server.host}:{config.server.port}: {exc.strerror}", file=sys.stderr)
+        return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await gateway.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gateway", description="Realtime voice gateway")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--host", help="address to listen on (default from config: 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default from config: 8000)")
+    serve.add_argument("--config", help="config file (default: the repository's config.toml)")
+    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    commands = {"serve": lambda args: asyncio.run(_serve(args))}
+    with contextlib.suppress(ImportError):
+        from gateway import client  # noqa: PLC0415
+
+        client.add_arguments(sub.add_parser("client", help="talk to a gateway from a WAV file"))
+        commands["client"] = client.run
+    with contextlib.suppress(ImportError):
+        from gateway import replay  # noqa: PLC0415
+
+        replay.add_arguments(sub.add_parser("replay", help="replay WAV conversations headlessly"))
+        commands["replay"] = replay.run
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(args, "log_level", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return commands[args.command](args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Runs one Session in the event loop: carries out its effects and feeds it what comes back.
+
+The runner knows nothing of the transport: it takes client messages and a ``send`` coroutine for
+server messages, so the WebSocket server and the WebRTC data channel share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import Executor
+
+import orjson
+
+from gateway.responder import Responder, ResponseRequest
+from gateway.session import Effect, Mark, RunVad, Session, StartResponse, StopResponse
+from gateway.trace import TurnTrace
+from gateway.vad import SileroVAD
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[str], Awaitable[None]]
+
+
+class SessionRunner:
+    def __init__(
+        self,
+        session: Session,
+        responder: Responder,
+        vad: SileroVAD,
+        send: Send,
+        vad_executor: Executor | None = None,
+        inline_windows: int = 4,
+        trace: TurnTrace | None = None,
+    ) -> None:
+        self.session = session
+        self.responder = responder
+        self.vad = vad
+        self._send = send
+        self._vad_executor = vad_executor
+        self._inline_windows = inline_windows
+        self.trace = trace or TurnTrace(session.settings.id)
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def start(self) -> None:
+        await self._apply(self.session.open())
+
+    async def receive(self, message: str | bytes) -> None:
+        """One client message; returns once its effects (VAD included) are carried out, so order holds."""
+        await self._apply(self.session.handle(message))
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _apply(self, effects: Iterable[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, dict):
+                if effect and not self._closed:
+                    self.trace.sent(effect)
+                    await self._send(orjson.dumps(effect).decode())
+            elif isinstance(effect, RunVad):
+                await self._apply(self.session.vad_result(await self._vad(effect.pcm)))
+            elif isinstance(effect, StartResponse):
+                self._task = asyncio.create_task(self._respond(effect.request))
+            elif isinstance(effect, StopResponse):
+                self.trace.cancelled(effect.response_id)
+                if self._task is not None:
+                    self._task.cancel()
+            elif isinstance(effect, Mark):
+                self.trace.mark(effect.name, effect.response_id)
+
+    async def _vad(self, pcm: bytes):
+        # ~0.1 ms a window: a few run inline; a big append (audio sent faster than real time) goes to
+        # the worker thread so the loop stays responsive. The caller awaits either way, so order holds.
+        if self._vad_executor is None or self.vad.windows_pending(len(pcm)) <= self._inline_windows:
+            return self.vad.process(pcm)
+        return await asyncio.get_running_loop().run_in_executor(self._vad_executor, self.vad.process, pcm)
+
+    async def _respond(self, request: ResponseRequest) -> None:
+        rid = request.response_id
+        error: BaseException | None = None
+        stream = self.responder.respond(request)
+        try:
+            async for out in stream:
+                await self._apply(self.session.response_output(rid, out))
+        except Exception as exc:  # a responder failure ends this response, never the session
+            log.warning("response %s failed: %s", rid, exc)
+            error = exc
+        finally:
+            # Also on cancellation (barge-in, response.cancel): closes the responder's HTTP streams
+            # and TTS stream; the session has already sent this response's response.done.
+            await stream.aclose()
+        await self._apply(self.session.response_finished(rid, error))

@@ -1,0 +1,147 @@
+"""The gateway process: one websockets server for the Realtime endpoint, the web page, /healthz, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import mimetypes
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
+from typing import IO
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from gateway import __version__
+from gateway.config import REPO_ROOT, Config
+from gateway.protocol import Dialect
+from gateway.responder import Responder
+from gateway.runner import SessionRunner
+from gateway.session import Session
+from gateway.trace import ACTIVE_SESSIONS, TurnTrace
+from gateway.vad import SileroModel, SileroVAD
+
+log = logging.getLogger(__name__)
+
+REALTIME_PATHS = ("/v1/realtime", "/realtime")
+
+
+def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
+    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))),
+                       ("Cache-Control", "no-cache")])
+    return Response(status.value, status.phrase, headers, body)
+
+
+class Gateway:
+    def __init__(self, config: Config, responder: Responder | None = None) -> None:
+        self.config = config
+        self.responder = responder
+        self.sessions: set[SessionRunner] = set()
+        self.ready = False
+        self.started_at = time.time()
+        self.web_dir = (REPO_ROOT / config.server.web_dir).resolve()
+        self._vad_model: SileroModel | None = None
+        self._vad_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
+        self._trace_sink: IO[str] | None = None
+        self._server: Server | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.responder is None:
+            from gateway.pipeline import build_responder  # noqa: PLC0415 - pulls in the model stack
+
+            self.responder = await loop.run_in_executor(None, build_responder, self.config)
+        self._vad_model = await loop.run_in_executor(None, SileroModel)
+        if self.config.trace.jsonl_path:
+            self._trace_sink = open(self.config.trace.jsonl_path, "a", buffering=1)  # noqa: SIM115
+        cfg = self.config.server
+        self._server = await serve(
+            self._handle,
+            cfg.host,
+            cfg.port,
+            process_request=self._process_request,
+            compression=None,
+            max_size=cfg.max_message_bytes,
+            max_queue=cfg.max_queue,
+        )
+        self.ready = True
+        log.info("gateway %s listening on ws://%s:%d/v1/realtime (responder: %s)", __version__, cfg.host,
+                 self.port, type(self.responder).__name__)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        self._vad_executor.shutdown(wait=False, cancel_futures=True)
+        if self._trace_sink is not None:
+            self._trace_sink.close()
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None
+        await self._server.serve_forever()
+
+    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path in REALTIME_PATHS:
+            if not self.ready:
+                return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"gateway is starting\n", "text/plain")
+            if len(self.sessions) >= self.config.server.max_sessions:
+                return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"too many sessions\n", "text/plain")
+            return None
+        if path == "/healthz":
+            status = HTTPStatus.OK if self.ready else HTTPStatus.SERVICE_UNAVAILABLE
+            body = {"status": "ok" if self.ready else "starting", "version": __version__,
+                    "active_sessions": len(self.sessions), "uptime_s": round(time.time() - self.started_at, 1)}
+            return _response(status, orjson.dumps(body), "application/json")
+        if path == "/metrics":
+            return _response(HTTPStatus.OK, generate_latest(), CONTENT_TYPE_LATEST)
+        return self._static(path)
+
+    def _static(self, path: str) -> Response:
+        relative = path.lstrip("/") or "index.html"
+        file = (self.web_dir / relative).resolve()
+        if file.is_dir():
+            file = file / "index.html"
+        if not file.is_relative_to(self.web_dir) or not file.is_file():
+            return _response(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+        content_type = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
+        if file.suffix == ".js":
+            content_type = "text/javascript"
+        return _response(HTTPStatus.OK, file.read_bytes(), content_type)
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        beta = "realtime=v1" in (ws.request.headers.get("OpenAI-Beta") or "")
+        session = Session(self.config, Dialect.BETA if beta else Dialect.GA)
+        assert self._vad_model is not None and self.responder is not None
+        runner = SessionRunner(
+            session,
+            self.responder,
+            SileroVAD(self._vad_model),
+            ws.send,
+            vad_executor=self._vad_executor,
+            inline_windows=self.config.vad.inline_windows,
+            trace=TurnTrace(session.settings.id, self._trace_sink),
+        )
+        self.sessions.add(runner)
+        ACTIVE_SESSIONS.set(len(self.sessions))
+        try:
+            await runner.start()
+            async for message in ws:
+                await runner.receive(message)
+        except ConnectionClosed:
+            pass
+        finally:
+            await runner.close()
+            self.sessions.discard(runner)
+            ACTIVE_SESSIONS.set(len(self.sessions))
+
