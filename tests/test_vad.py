@@ -1,0 +1,224 @@
+"""gateway.vad: Silero wrapper against the reference, turn detection on real speech, and chunking."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soxr
+
+from gateway.vad import (
+    MODEL_SHA256,
+    WINDOW,
+    ModelChecksumError,
+    SileroModel,
+    SileroVAD,
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetector,
+    process_many,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MANIFEST = json.loads((FIXTURES / "fixtures.json").read_text())
+
+
+def load_pcm(name: str) -> bytes:
+    with wave.open(str(FIXTURES / name), "rb") as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 24_000)
+        return w.readframes(w.getnframes())
+
+
+def split(data: bytes, sizes: list[int]) -> list[bytes]:
+    out, i, k = [], 0, 0
+    while i < len(data):
+        out.append(data[i : i + sizes[k % len(sizes)]])
+        i += sizes[k % len(sizes)]
+        k += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def model() -> SileroModel:
+    return SileroModel.shared()
+
+
+@pytest.fixture(scope="module")
+def fixture_probs(model: SileroModel) -> dict[str, np.ndarray]:
+    return {name: SileroVAD(model).process(load_pcm(name)) for name in MANIFEST}
+
+
+# --- SileroModel ---
+
+
+def test_model_checksum_mismatch_names_file_and_hashes(tmp_path: Path) -> None:
+    with pytest.raises(ModelChecksumError) as err:
+        SileroModel(sha256="0" * 64)
+    message = str(err.value)
+    assert "silero_vad.onnx" in message and MODEL_SHA256 in message and "0" * 64 in message
+    tampered = tmp_path / "tampered.onnx"
+    shutil.copyfile(SileroModel.shared().path, tampered)
+    with tampered.open("ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ModelChecksumError, match="tampered.onnx"):
+        SileroModel(tampered)
+
+
+# --- SileroVAD ---
+
+
+def test_probabilities_equal_reference_onnx_wrapper(model: SileroModel) -> None:
+    torch = pytest.importorskip("torch")
+    from silero_vad.utils_vad import OnnxWrapper
+
+    pcm = np.frombuffer(load_pcm("two_turns.wav"), dtype="<i2").astype(np.float32) / 32768
+    audio16k = soxr.resample(pcm, 24_000, 16_000).astype(np.float32)
+    reference = OnnxWrapper(str(model.path), force_onnx_cpu=True)
+    n = len(audio16k) // WINDOW
+    expected = np.array(
+        [reference(torch.from_numpy(audio16k[i * WINDOW : (i + 1) * WINDOW]), 16_000).item() for i in range(n)]
+    )
+    vad = SileroVAD(model)
+    # Uneven pieces: partial windows must be buffered and the context carried exactly as the reference.
+    got = np.concatenate([vad.process_16k(c) for c in np.array_split(audio16k, 97)])
+    assert len(got) == n == vad.windows
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert (expected > 0.5).sum() > n // 3  # the comparison covers real speech, not only silence
+
+
+def test_chunking_gives_identical_probabilities(model: SileroModel, fixture_probs: dict) -> None:
+    pcm = load_pcm("two_turns.wav")
+    whole = fixture_probs["two_turns.wav"]
+    for sizes in ([960], [1, 4801, 333], [7, 65536]):
+        vad = SileroVAD(model)
+        got = np.concatenate([vad.process(c) for c in split(pcm, sizes)])
+        assert np.array_equal(got, whole)
+
+
+def test_process_many_matches_one_by_one(model: SileroModel, fixture_probs: dict) -> None:
+    names = list(MANIFEST)
+    vads = [SileroVAD(model) for _ in names]
+    # A different chunk size per session (some odd), so sessions bring different window counts per call.
+    chunks = [split(load_pcm(name), [9600 + 2 * k + k % 2]) for k, name in enumerate(names)]
+    got: list[list[np.ndarray]] = [[] for _ in names]
+    for step in range(max(len(c) for c in chunks)):
+        batch = [(vad, c[step] if step < len(c) else b"") for vad, c in zip(vads, chunks, strict=True)]
+        for k, probs in enumerate(process_many(batch)):
+            got[k].append(probs)
+    for k, name in enumerate(names):
+        np.testing.assert_allclose(np.concatenate(got[k]), fixture_probs[name], atol=1e-5)
+        assert vads[k].windows == len(fixture_probs[name])
+    with pytest.raises(ValueError):
+        process_many([(vads[0], b""), (vads[0], b"")])
+
+
+def test_windows_pending_is_a_tight_upper_bound(model: SileroModel) -> None:
+    vad = SileroVAD(model)
+    for chunk in split(load_pcm("one_sentence.wav"), [960, 9600, 1, 30000]):
+        bound = vad.windows_pending(len(chunk))
+        actual = len(vad.process(chunk))
+        assert actual <= bound <= actual + 2
+    vad.reset()
+    assert vad.windows == 0 and vad.windows_pending(0) == 0
+
+
+def test_window_times_follow_input_audio(model: SileroModel, fixture_probs: dict) -> None:
+    # 320 ms (10 windows) of leading silence must shift every event by 320 ms: windows are placed
+    # in input time, with no drift or offset from the resampler.
+    pcm = load_pcm("one_sentence.wav")
+    base = TurnDetector().feed(fixture_probs["one_sentence.wav"])
+    shifted = TurnDetector().feed(SileroVAD(model).process(bytes(320 * 48) + pcm))
+    assert len(base) == len(shifted) == 2
+    start, stop = shifted
+    assert isinstance(start, SpeechStarted) and isinstance(stop, SpeechStopped)
+    assert start.audio_start_ms == base[0].audio_start_ms + 320  # type: ignore[union-attr]
+    assert abs(stop.audio_end_ms - base[1].audio_end_ms - 320) <= 32  # type: ignore[union-attr]
+
+
+# --- TurnDetector on real audio ---
+
+
+@pytest.mark.parametrize("name", ["one_sentence.wav", "two_turns.wav", "speech_noise.wav"])
+def test_speech_fixtures_give_turns_at_the_speech(name: str, fixture_probs: dict) -> None:
+    detector = TurnDetector(prefix_padding_ms=0)
+    events = detector.feed(fixture_probs[name])
+    segments = MANIFEST[name]["speech_ms"]
+    assert [type(e) for e in events] == [SpeechStarted, SpeechStopped] * len(segments)
+    for (start, stop), (speech_start, speech_end) in zip(
+        zip(events[::2], events[1::2], strict=True), segments, strict=True
+    ):
+        assert speech_start - 32 <= start.audio_start_ms <= speech_start + 100
+        assert speech_end - 100 <= stop.audio_end_ms <= speech_end + 150
+    assert not detector.in_speech
+
+
+@pytest.mark.parametrize("name", ["silence.wav", "noise.wav"])
+def test_silence_and_noise_give_no_turns(name: str, fixture_probs: dict) -> None:
+    assert fixture_probs[name].max() < 0.1
+    assert TurnDetector(threshold=0.3).feed(fixture_probs[name]) == []
+
+
+def test_events_do_not_depend_on_how_probabilities_are_fed(fixture_probs: dict) -> None:
+    probs = fixture_probs["two_turns.wav"]
+    whole = TurnDetector().feed(probs)
+    one_by_one = TurnDetector()
+    assert [e for p in probs for e in one_by_one.feed([p])] == whole
+
+
+# --- TurnDetector state machine ---
+
+
+def windows(*runs: tuple[float, int]) -> list[float]:
+    """Probabilities from (value, count) runs."""
+    return [value for value, count in runs for _ in range(count)]
+
+
+def test_start_padding_and_stop_times() -> None:
+    d = TurnDetector(threshold=0.5, prefix_padding_ms=100, silence_duration_ms=200, min_speech_ms=64)
+    # Onset at window 10 (320 ms); confirmed after two windows.
+    assert d.feed(windows((0.0, 10), (0.9, 1))) == []
+    assert d.feed([0.9]) == [SpeechStarted(audio_start_ms=220)]
+    assert d.in_speech
+    # Speech ends after window 19 (640 ms); 7 silent windows = 224 ms >= 200 ms.
+    assert d.feed(windows((0.9, 8), (0.0, 6))) == []
+    assert d.feed([0.0]) == [SpeechStopped(audio_end_ms=640)]
+    assert not d.in_speech and d.position_ms == 864 and d.floor_ms == 864
+
+
+def test_short_spikes_are_ignored() -> None:
+    d = TurnDetector(min_speech_ms=64)
+    assert d.feed(windows((0.0, 2), (0.95, 1), (0.0, 2), (0.95, 1), (0.2, 1))) == []
+    assert d.feed(windows((0.95, 2))) == [SpeechStarted(audio_start_ms=0)]  # padding clamped at 0
+
+
+def test_hysteresis() -> None:
+    d = TurnDetector(threshold=0.5, prefix_padding_ms=0, silence_duration_ms=96, min_speech_ms=32)
+    assert d.feed([0.45] * 5) == []  # below threshold never starts
+    assert d.feed([0.6]) == [SpeechStarted(audio_start_ms=160)]
+    # Between the thresholds (0.35..0.5) speech continues indefinitely.
+    assert d.feed([0.4] * 20) == []
+    # A silence run starts below 0.35; in-between values do not cancel it, >= threshold does.
+    assert d.feed([0.3, 0.4]) == []
+    assert d.feed([0.55, 0.3, 0.3]) == []
+    assert d.feed([0.4]) == [SpeechStopped(audio_end_ms=(6 + 20 + 3) * 32)]
+
+
+def test_parameters_change_between_feeds_and_timeline_offset() -> None:
+    d = TurnDetector(threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500, start_ms=1000)
+    assert d.feed(windows((0.0, 20), (0.4, 3))) == []
+    d.threshold = 0.3  # session.update
+    d.prefix_padding_ms = 0
+    # Onset at the first window judged with the new threshold (window 23), not at the earlier 0.4s.
+    assert d.feed(windows((0.4, 2))) == [SpeechStarted(audio_start_ms=1000 + 23 * 32)]
+    d.silence_duration_ms = 64
+    assert d.feed(windows((0.0, 2))) == [SpeechStopped(audio_end_ms=1000 + 25 * 32)]
+    # Padding never reaches back past the previous stop's detection point.
+    d.prefix_padding_ms = 1000
+    assert d.feed(windows((0.9, 2))) == [SpeechStarted(audio_start_ms=1000 + 27 * 32)]
+    d.reset(start_ms=5000)
+    assert not d.in_speech and d.position_ms == 5000
+    assert d.feed(windows((0.9, 2))) == [SpeechStarted(audio_start_ms=5000)]
