@@ -1,0 +1,541 @@
+"""Qwen3-TTS 12 Hz codec decoder: 16 codebooks x T frames -> 24 kHz waveform, whole or streamed.
+
+A plain-PyTorch re-implementation of the official ``Qwen3TTSTokenizerV2Decoder`` (qwen-tts 0.1.1,
+qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py), written against the same weights.
+
+Pipeline per frame: split RVQ dequantizer (1 semantic + 15 acoustic codebooks) -> causal conv ->
+8-layer sliding-window transformer -> 2 x (transposed conv x2 + ConvNeXt) -> causal conv ->
+4 SnakeBeta decoder blocks (x8, x5, x4, x3) -> SnakeBeta -> conv to 1 channel -> clamp [-1, 1].
+1920 samples per frame at 24 kHz.
+
+Weights: ``CodecDecoder.state_dict()`` keys are exactly the keys of speech_tokenizer/model.safetensors
+that start with ``decoder.`` (the official decoder layout lives under the ``decoder`` attribute), so a
+strict load is::
+
+    sd = safetensors.torch.load_file(f"{root}/speech_tokenizer/model.safetensors")
+    codec = CodecDecoder.from_config(json.load(open(f"{root}/speech_tokenizer/config.json")))
+    codec.load_state_dict({k: v for k, v in sd.items() if k.startswith("decoder.")})
+
+The ``encoder.*`` keys (Mimi, used only to encode reference audio for voice cloning) are not used.
+
+Streaming: every layer is causal and no layer looks ahead (the causal transposed convs cut their
+right overlap, so output block t depends on input frames <= t only). ``decode_step`` therefore emits
+exactly n * 1920 final samples for n new frames, with no flush and no algorithmic latency beyond the
+frame itself. Left context is carried incrementally in a preallocated ``CodecState``: the input tail
+of each causal conv, the un-emitted overlap of each causal transposed conv, and a (window - 1)-frame
+KV cache per transformer layer. A fresh state holds zeros, which is exactly the official zero
+padding, so streaming reproduces ``decode`` up to float rounding.
+
+Note: the official ``Qwen3TTSTokenizerV2Model.decode`` goes through ``chunked_decode`` (300-frame
+chunks re-decoded with 25 frames of left context), which equals ``decoder(codes)`` only up to 300
+frames; ``decode`` here is the unchunked forward, i.e. full left context everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# Conv caches are keyed by the module that owns them; the transformer KV cache is separate.
+ConvCaches = dict[nn.Module, Tensor]
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    """The ``decoder_config`` section of speech_tokenizer/config.json (defaults: the official class)."""
+
+    codebook_dim: int  # no default in the official class either; 512 in the released checkpoints
+    codebook_size: int = 2048
+    hidden_size: int = 1024
+    latent_dim: int = 1024
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 16
+    attention_bias: bool = False
+    sliding_window: int = 72
+    intermediate_size: int = 3072
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    num_hidden_layers: int = 8
+    num_quantizers: int = 16
+    upsample_rates: tuple[int, ...] = (8, 5, 4, 3)
+    upsampling_ratios: tuple[int, ...] = (2, 2)
+    decoder_dim: int = 1536
+
+    @property
+    def attn_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def samples_per_frame(self) -> int:
+        return math.prod(self.upsampling_ratios) * math.prod(self.upsample_rates)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Causal convolutions (the only layers with conv state)
+
+
+class CausalConv1d(nn.Module):
+    """Stride-1 conv padded on the left only (official ``CausalConvNet``).
+
+    Streaming keeps the last ``context`` input samples; zeros at the start match the official padding.
+    """
+
+    def __init__(self, cin: int, cout: int, kernel_size: int, dilation: int = 1, groups: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(cin, cout, kernel_size, dilation=dilation, groups=groups)
+        self.context = (kernel_size - 1) * dilation
+
+    def new_cache(self, batch: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
+        if self.context == 0:
+            return None
+        return torch.zeros(batch, self.conv.in_channels, self.context, dtype=dtype, device=device)
+
+    def forward(self, x: Tensor, caches: ConvCaches | None = None) -> Tensor:
+        cache = None if caches is None else caches.get(self)
+        if cache is None:
+            return self.conv(F.pad(x, (self.context, 0)))
+        x = torch.cat([cache, x], dim=-1)
+        cache.copy_(x[..., x.shape[-1] - self.context :])
+        return self.conv(x)
+
+
+class CausalConvTranspose1d(nn.Module):
+    """Transposed conv with its last ``kernel - stride`` outputs cut (official ``CausalTransConvNet``).
+
+    Output block t mixes input frames t and t-1 only, so nothing looks ahead. The cut samples are the
+    part of the next block that the current frame contributes; streaming carries them (without the
+    bias, which the next block adds itself) instead of dropping them.
+    """
+
+    def __init__(self, cin: int, cout: int, kernel_size: int, stride: int):
+        super().__init__()
+        # With kernel > 2*stride the carried overlap would span several output blocks.
+        assert stride <= kernel_size <= 2 * stride, (kernel_size, stride)
+        self.conv = nn.ConvTranspose1d(cin, cout, kernel_size, stride=stride)
+        self.overlap = kernel_size - stride
+
+    def new_cache(self, batch: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
+        if self.overlap == 0:
+            return None
+        return torch.zeros(batch, self.conv.out_channels, self.overlap, dtype=dtype, device=device)
+
+    def forward(self, x: Tensor, caches: ConvCaches | None = None) -> Tensor:
+        tail = None if caches is None else caches.get(self)
+        if tail is None:
+            y = self.conv(x)
+            return y[..., : y.shape[-1] - self.overlap]
+        y = F.conv_transpose1d(x, self.conv.weight, None, stride=self.conv.stride)
+        n = y.shape[-1] - self.overlap
+        out = torch.cat([y[..., : self.overlap] + tail, y[..., self.overlap : n]], dim=-1)
+        tail.copy_(y[..., n:])
+        return out + self.conv.bias[:, None]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Residual vector quantizer (decode side)
+
+
+class EuclideanCodebook(nn.Module):
+    """Codebook stored as EMA statistics: entry = embedding_sum / max(cluster_usage, eps)."""
+
+    def __init__(self, dim: int, size: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+
+    def forward(self, codes: Tensor) -> Tensor:
+        # Same elementwise division as the official (whole table, then lookup), done on the looked-up
+        # rows only, and in float32 so bf16 weights do not lose the quotient's precision.
+        usage = self.cluster_usage.float().clamp(min=self.eps)
+        return F.embedding(codes, self.embedding_sum.float()) / usage[codes][..., None]
+
+
+class VectorQuantization(nn.Module):
+    """One codebook; the wrapper exists only so parameter names match the checkpoint."""
+
+    def __init__(self, dim: int, size: int):
+        super().__init__()
+        self._codebook = EuclideanCodebook(dim, size)
+
+
+class ResidualVectorQuantizer(nn.Module):
+    """A group of residual codebooks: summed entries, then a 1x1 conv out of codebook space."""
+
+    def __init__(self, n_q: int, dim: int, size: int, io_dim: int):
+        super().__init__()
+        # input_proj belongs to the encoder path; kept so the checkpoint loads strictly.
+        self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)
+        self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
+        self.vq = nn.ModuleDict({"layers": nn.ModuleList(VectorQuantization(dim, size) for _ in range(n_q))})
+
+    def forward(self, codes: Tensor) -> Tensor:
+        """codes [B, n_q, T] -> float32 [B, io_dim, T]."""
+        summed = sum(layer._codebook(codes[:, i]) for i, layer in enumerate(self.vq["layers"]))
+        return F.conv1d(summed.transpose(1, 2), self.output_proj.weight.float())
+
+
+class SplitResidualVectorQuantizer(nn.Module):
+    """Codebook 0 (semantic) and codebooks 1.. (acoustic) have separate output projections."""
+
+    def __init__(self, cfg: CodecConfig):
+        super().__init__()
+        dim = cfg.codebook_dim // 2
+        self.rvq_first = ResidualVectorQuantizer(1, dim, cfg.codebook_size, cfg.codebook_dim)
+        self.rvq_rest = ResidualVectorQuantizer(cfg.num_quantizers - 1, dim, cfg.codebook_size, cfg.codebook_dim)
+
+    def forward(self, codes: Tensor) -> Tensor:
+        return self.rvq_first(codes[:, :1]) + self.rvq_rest(codes[:, 1:])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sliding-window transformer
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.scale * x
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos/sin [..., head_dim] for integer positions, computed in float32 like the official rotary."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponent)
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: CodecConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.attn_head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=bias)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, kv_cache: tuple[Tensor, Tensor] | None
+    ) -> Tensor:
+        """x [B, T, hidden]; cos/sin broadcast to [B, 1, T, head_dim]; mask (bool, True = attend)
+        [.., T, S] where S = T, or window - 1 + T with ``kv_cache`` = (k, v) [B, n_kv, window - 1, D]."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv_cache is not None:
+            k_cache, v_cache = kv_cache
+            ctx = k_cache.shape[2]
+            k, v = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+            k_cache.copy_(k[:, :, k.shape[2] - ctx :])
+            v_cache.copy_(v[:, :, v.shape[2] - ctx :])
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: CodecConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, cfg: CodecConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn_layer_scale = LayerScale(cfg.hidden_size)
+        self.mlp_layer_scale = LayerScale(cfg.hidden_size)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, kv_cache: tuple[Tensor, Tensor] | None
+    ) -> Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class SlidingWindowTransformer(nn.Module):
+    """Each frame attends to itself and the previous ``sliding_window - 1`` frames."""
+
+    def __init__(self, cfg: CodecConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
+        self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
+
+    def forward(self, x: Tensor, state: CodecState | None = None) -> Tensor:
+        """x [B, T, latent] -> [B, T, latent]. With ``state``, frames start at ``state.pos`` and the KV
+        cache supplies the earlier window; the caller advances ``state.pos``."""
+        cfg, t = self.cfg, x.shape[1]
+        x = self.input_proj(x)
+        window = cfg.sliding_window
+        if state is None:
+            q_pos = torch.arange(t, device=x.device)
+            k_pos = q_pos
+            cos, sin = rope_cos_sin(q_pos, cfg.attn_head_dim, cfg.rope_theta, x.dtype)
+        else:
+            # Per-row positions, so streams that started at different times can share a batch.
+            q_pos = state.pos[:, None] + torch.arange(t, device=x.device)  # [B, T]
+            k_pos = state.pos[:, None] + torch.arange(-(window - 1), t, device=x.device)  # [B, W-1+T]
+            cos, sin = rope_cos_sin(q_pos[:, None], cfg.attn_head_dim, cfg.rope_theta, x.dtype)
+        d = q_pos[..., :, None] - k_pos[..., None, :]
+        # Cache slots before the stream start have negative positions and hold no frame.
+        mask = (d >= 0) & (d < window) & (k_pos[..., None, :] >= 0)
+        if state is not None:
+            mask = mask[:, None]  # [B, 1, T, S] broadcasts over heads
+        for i, layer in enumerate(self.layers):
+            kv_cache = None if state is None else (state.keys[i], state.values[i])
+            x = layer(x, cos, sin, mask, kv_cache)
+        return self.output_proj(self.norm(x))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Upsampler and waveform decoder
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor, caches: ConvCaches | None) -> Tensor:
+        h = self.dwconv(x, caches).transpose(1, 2)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class SnakeBeta(nn.Module):
+    """x + sin^2(x * e^alpha) / e^beta, per channel (log-scale parameters).
+
+    Evaluated in float32: in bf16 the sine of a large argument is meaningless, and 1/e^beta amplifies it.
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(dim))
+        self.beta = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        alpha = self.alpha.float().exp()[:, None]
+        inv_beta = 1.0 / (self.beta.float().exp()[:, None] + 1e-9)
+        return (xf + inv_beta * torch.sin(xf * alpha).pow(2)).to(x.dtype)
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int):
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, 7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, 1)
+
+    def forward(self, x: Tensor, caches: ConvCaches | None) -> Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x), caches)), caches)
+
+
+class DecoderBlock(nn.Module):
+    """SnakeBeta, x``rate`` causal transposed conv, residual units with dilations 1, 3, 9."""
+
+    def __init__(self, cin: int, cout: int, rate: int):
+        super().__init__()
+        self.block = nn.ModuleList(
+            [SnakeBeta(cin), CausalConvTranspose1d(cin, cout, 2 * rate, rate)]
+            + [ResidualUnit(cout, d) for d in (1, 3, 9)]
+        )
+
+    def forward(self, x: Tensor, caches: ConvCaches | None) -> Tensor:
+        x = self.block[1](self.block[0](x), caches)
+        for unit in self.block[2:]:
+            x = unit(x, caches)
+        return x
+
+
+class Code2Wav(nn.Module):
+    """The official ``Qwen3TTSTokenizerV2Decoder`` layout (same submodule and parameter names)."""
+
+    def __init__(self, cfg: CodecConfig):
+        super().__init__()
+        self.quantizer = SplitResidualVectorQuantizer(cfg)
+        self.pre_conv = CausalConv1d(cfg.codebook_dim, cfg.latent_dim, 3)
+        self.pre_transformer = SlidingWindowTransformer(cfg)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalConvTranspose1d(cfg.latent_dim, cfg.latent_dim, r, r), ConvNeXtBlock(cfg.latent_dim)])
+            for r in cfg.upsampling_ratios
+        )
+        dims = [cfg.decoder_dim // 2**i for i in range(len(cfg.upsample_rates) + 1)]
+        self.decoder = nn.ModuleList(
+            [CausalConv1d(cfg.latent_dim, cfg.decoder_dim, 7)]
+            + [DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(cfg.upsample_rates)]
+            + [SnakeBeta(dims[-1]), CausalConv1d(dims[-1], 1, 7)]
+        )
+
+    def forward(self, codes: Tensor, state: CodecState | None) -> Tensor:
+        """codes [B, num_quantizers, T] -> waveform [B, T * samples_per_frame] (model dtype)."""
+        caches = None if state is None else state.convs
+        dtype = self.pre_conv.conv.weight.dtype
+        x = self.pre_conv(self.quantizer(codes).to(dtype), caches)
+        x = self.pre_transformer(x.transpose(1, 2), state).transpose(1, 2)
+        for trans_conv, convnext in self.upsample:
+            x = convnext(trans_conv(x, caches), caches)
+        x = self.decoder[0](x, caches)
+        for block in self.decoder[1:-2]:
+            x = block(x, caches)
+        x = self.decoder[-1](self.decoder[-2](x), caches)
+        return x.squeeze(1).clamp(-1.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Public API
+
+
+@dataclass
+class CodecState:
+    """Left context of B independent streams; all tensors preallocated, updated in place.
+
+    convs: per stateful conv, [B, C, context] input tail (causal conv) or overlap (transposed conv).
+    keys/values: [layers, B, n_kv_heads, window - 1, head_dim], oldest frame first.
+    pos: [B] int64, frames decoded so far per stream (RoPE position of the next frame).
+    """
+
+    convs: ConvCaches
+    keys: Tensor
+    values: Tensor
+    pos: Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return self.pos.shape[0]
+
+    def reset_(self, rows: Tensor | None = None) -> None:
+        """Start new streams in ``rows`` (bool mask or indices; all rows if None), in place."""
+        if rows is None:
+            rows = torch.ones(self.batch_size, dtype=torch.bool, device=self.pos.device)
+        for cache in self.convs.values():
+            cache[rows] = 0
+        self.keys[:, rows] = 0
+        self.values[:, rows] = 0
+        self.pos[rows] = 0
+
+
+class CodecDecoder(nn.Module):
+    """Qwen3-TTS 12 Hz codec decoder; see the module docstring for weights and streaming."""
+
+    def __init__(self, cfg: CodecConfig):
+        super().__init__()
+        if cfg.hidden_act != "silu":
+            raise NotImplementedError(f"hidden_act {cfg.hidden_act!r}")
+        self.cfg = cfg
+        self.decoder = Code2Wav(cfg)
+
+    @classmethod
+    def from_config(cls, config: dict) -> CodecDecoder:
+        """From the parsed speech_tokenizer/config.json (reads its ``decoder_config`` section)."""
+        section = config["decoder_config"]
+        if (section.get("rope_scaling") or {}).get("rope_type", "default") != "default":
+            raise NotImplementedError(f"rope_scaling {section['rope_scaling']}")
+        kwargs = {f.name: section[f.name] for f in fields(CodecConfig) if f.name in section}
+        for key in ("upsample_rates", "upsampling_ratios"):
+            if key in kwargs:
+                kwargs[key] = tuple(kwargs[key])
+        cfg = CodecConfig(**kwargs)
+        declared = config.get("decode_upsample_rate", cfg.samples_per_frame)
+        if declared != cfg.samples_per_frame:
+            raise ValueError(f"decode_upsample_rate {declared} != upsampling product {cfg.samples_per_frame}")
+        return cls(cfg)
+
+    @property
+    def samples_per_frame(self) -> int:
+        return self.cfg.samples_per_frame
+
+    def _check_codes(self, codes: Tensor) -> None:
+        if codes.dim() != 3 or codes.shape[1] != self.cfg.num_quantizers:
+            raise ValueError(f"codes must be [B, {self.cfg.num_quantizers}, T], got {tuple(codes.shape)}")
+
+    @torch.no_grad()
+    def decode(self, codes: Tensor) -> Tensor:
+        """Whole utterance: codes [B, 16, T] (int64) -> waveform [B, T * 1920] in [-1, 1]."""
+        self._check_codes(codes)
+        return self.decoder(codes, None)
+
+    def new_state(self, batch_size: int) -> CodecState:
+        """Zeroed streaming state for ``batch_size`` streams, on the module's device and dtype."""
+        weight = self.decoder.pre_conv.conv.weight
+        dtype, device = weight.dtype, weight.device
+        convs: ConvCaches = {}
+        for module in self.modules():
+            if isinstance(module, CausalConv1d | CausalConvTranspose1d):
+                cache = module.new_cache(batch_size, dtype, device)
+                if cache is not None:
+                    convs[module] = cache
+        cfg = self.cfg
+        kv_shape = (
+            cfg.num_hidden_layers,
+            batch_size,
+            cfg.num_key_value_heads,
+            cfg.sliding_window - 1,
+            cfg.attn_head_dim,
+        )
+        return CodecState(
+            convs=convs,
+            keys=torch.zeros(kv_shape, dtype=dtype, device=device),
+            values=torch.zeros(kv_shape, dtype=dtype, device=device),
+            pos=torch.zeros(batch_size, dtype=torch.int64, device=device),
+        )
+
+    @torch.no_grad()
+    def decode_step(self, codes: Tensor, state: CodecState) -> Tensor:
+        """Next n frames of each stream: codes [B, 16, n] -> waveform [B, n * 1920], final samples.
+
+        Concatenating the outputs of successive calls equals ``decode`` of all frames at once (any
+        packet sizes). Host-sync free, so a fixed (B, n) step can be captured in a CUDA graph.
+        """
+        self._check_codes(codes)
+        if codes.shape[0] != state.batch_size:
+            raise ValueError(f"codes batch {codes.shape[0]} != state batch {state.batch_size}")
+        wav = self.decoder(codes, state)
+        state.pos += codes.shape[2]
+        return wav
