@@ -1,0 +1,148 @@
+"""Shared fixtures: a real gateway on a loopback port, and the unmodified openai SDK as its client.
+
+The SDK does not validate what it receives, so every server event is checked here against the
+SDK's own server-event union (GA or beta) with pydantic; an invalid event fails the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import wave
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from openai import AsyncOpenAI
+from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
+from openai.types.realtime import RealtimeServerEvent
+from pydantic import TypeAdapter
+
+from gateway.config import Config, load_config
+from gateway.responder import EchoResponder, Responder
+from gateway.server import Gateway
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GA_EVENTS = TypeAdapter(RealtimeServerEvent)
+BETA_EVENTS = TypeAdapter(BetaServerEvent)
+
+
+def load_pcm(name: str) -> bytes:
+    """A fixture WAV as pcm16 mono 24 kHz bytes."""
+    with wave.open(str(FIXTURES / name)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+        return w.readframes(w.getnframes())
+
+
+def silence(ms: int) -> bytes:
+    return bytes(48 * ms)
+
+
+def test_config(**overrides: Any) -> Config:
+    """The repository's defaults with ``section__key=value`` overrides, on a free port."""
+    config = load_config(env={})
+    config.server.port = 0
+    for name, value in overrides.items():
+        section, key = name.split("__")
+        setattr(getattr(config, section), key, value)
+    return config
+
+
+StartGateway = Callable[..., Awaitable[Gateway]]
+
+
+@pytest.fixture
+async def start_gateway() -> AsyncIterator[StartGateway]:
+    started: list[Gateway] = []
+
+    async def start(responder: Responder | None = None, **overrides: Any) -> Gateway:
+        gateway = Gateway(test_config(**overrides), responder or EchoResponder(pace=0))
+        await gateway.start()
+        started.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in started:
+        await gateway.stop()
+
+
+@pytest.fixture
+async def gateway(start_gateway: StartGateway) -> Gateway:
+    return await start_gateway()
+
+
+class Client:
+    """A Realtime connection of the openai SDK, with strict checks on every event received."""
+
+    def __init__(self, connection: Any, beta: bool) -> None:
+        self.connection = connection
+        self.adapter = BETA_EVENTS if beta else GA_EVENTS
+        self.received: list[dict[str, Any]] = []
+
+    async def send(self, event: dict[str, Any]) -> None:
+        await self.connection.send(event)
+
+    async def send_raw(self, text: str) -> None:
+        await self.connection.send_raw(text)
+
+    async def append(self, pcm: bytes, chunk_ms: int = 20) -> None:
+        step = 48 * chunk_ms
+        for i in range(0, len(pcm), step):
+            await self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm[i:i + step]).decode()})
+
+    async def recv(self, timeout: float = 10.0) -> dict[str, Any]:
+        raw = await asyncio.wait_for(self.connection.recv_bytes(), timeout)
+        self.adapter.validate_json(raw)  # raises on any field the SDK's types do not allow
+        event = orjson.loads(raw)
+        self.received.append(event)
+        return event
+
+    async def until(self, kind: str, timeout: float = 10.0, **match: Any) -> list[dict[str, Any]]:
+        """Events up to and including the first of type ``kind`` whose fields equal ``match``."""
+        events = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            event = await self.recv(max(0.01, deadline - loop.time()))
+            events.append(event)
+            if event["type"] == kind and all(event.get(k) == v for k, v in match.items()):
+                return events
+
+    async def quiet(self, seconds: float) -> list[dict[str, Any]]:
+        """Everything that arrives within ``seconds``."""
+        events = []
+        try:
+            while True:
+                events.append(await self.recv(seconds))
+        except TimeoutError:
+            return events
+
+
+@asynccontextmanager
+async def connect(gateway: Gateway, beta: bool = False) -> AsyncIterator[Client]:
+    port = gateway.port
+    openai = AsyncOpenAI(
+        api_key="test-key", base_url=f"http://127.0.0.1:{port}/v1", websocket_base_url=f"ws://127.0.0.1:{port}/v1"
+    )
+    realtime = openai.beta.realtime if beta else openai.realtime
+    async with realtime.connect(model="gpt-realtime") as connection:
+        client = Client(connection, beta)
+        created = await client.recv()
+        assert created["type"] == "session.created"
+        yield client
+
+
+def types(events: list[dict[str, Any]]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+def audio_of(events: list[dict[str, Any]], response_id: str | None = None) -> bytes:
+    return b"".join(
+        base64.b64decode(e["delta"])
+        for e in events
+        if e["type"] in ("response.output_audio.delta", "response.audio.delta")
+        and (response_id is None or e["response_id"] == response_id)
+    )
