@@ -1,0 +1,185 @@
+"""STT and LLM clients of the pipeline: any OpenAI-compatible server, through the ``openai`` package.
+
+A voice turn cannot wait for retries, so the clients never retry (max_retries=0): every failure
+becomes a ``BackendError`` at once, naming the backend and a short cause, and the response fails.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import wave
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import openai
+from openai import AsyncOpenAI
+
+from gateway.config import LlmConfig, SttConfig, api_key
+from gateway.responder import SAMPLE_RATE, BackendError, Message
+
+# The openai package refuses an empty API key; local servers (vLLM, llama.cpp) ignore this one.
+NO_API_KEY = "none"
+
+
+def _client(base_url: str, api_key_env: str, timeout_s: float) -> AsyncOpenAI:
+    return AsyncOpenAI(
+        base_url=base_url,
+        api_key=api_key(api_key_env) or NO_API_KEY,
+        timeout=timeout_s,
+        max_retries=0,
+    )
+
+
+def wav_bytes(pcm16: bytes, rate: int = SAMPLE_RATE) -> bytes:
+    """A WAV file (mono pcm16) holding ``pcm16``."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(pcm16)
+    return out.getvalue()
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    chain = [exc]
+    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
+        chain.append(nxt)
+    return chain
+
+
+def describe(exc: Exception, timeout_s: float) -> str:
+    """A short, clear cause for a failed request."""
+    if isinstance(exc, openai.APITimeoutError):
+        return f"timed out after {timeout_s:g} s"
+    if isinstance(exc, openai.APIStatusError):
+        detail = exc.message.removeprefix(f"Error code: {exc.status_code}").removeprefix(" - ")
+        return f"HTTP {exc.status_code}" + (f": {detail}"[:200] if detail else "")
+    if isinstance(exc, openai.APIConnectionError):
+        url = exc.request.url
+        where = url.host + (f":{url.port}" if url.port else "")
+        chain = _chain(exc)
+        if any(isinstance(e, ConnectionRefusedError) for e in chain):
+            return f"connection refused by {where}"
+        return f"connection to {where} failed: {chain[1] if len(chain) > 1 else exc}"[:200]
+    if isinstance(exc, openai.APIError):
+        return exc.message[:200]
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+def chat_messages(instructions: str, messages: Sequence[Message], audio_in: bool = False) -> list[dict[str, Any]]:
+    """The chat prompt: the session instructions, then the conversation so far.
+
+    Items without text are left out (an assistant turn interrupted before anything was heard, a
+    user turn whose transcription failed), except user audio in audio-in mode, which goes to the
+    model as an ``input_audio`` part.
+    """
+    prompt: list[dict[str, Any]] = []
+    if instructions:
+        prompt.append({"role": "system", "content": instructions})
+    for m in messages:
+        if m.text:
+            prompt.append({"role": m.role, "content": m.text})
+        elif audio_in and m.role == "user" and m.audio:
+            data = base64.b64encode(wav_bytes(m.audio)).decode("ascii")
+            part = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+            prompt.append({"role": "user", "content": [part]})
+    return prompt
+
+
+class SttClient:
+    """Transcription through POST {base_url}/audio/transcriptions."""
+
+    def __init__(
+        self, base_url: str, model: str, api_key_env: str = "", language: str = "", timeout_s: float = 10.0
+    ) -> None:
+        self.model = model
+        self.language = language
+        self.timeout_s = timeout_s
+        self._client = _client(base_url, api_key_env, timeout_s)
+
+    @classmethod
+    def from_config(cls, config: SttConfig) -> SttClient:
+        return cls(config.base_url, config.model, config.api_key_env, config.language, config.timeout_s)
+
+    async def transcribe(self, pcm16_24k: bytes) -> str:
+        try:
+            result = await self._client.audio.transcriptions.create(
+                file=("audio.wav", wav_bytes(pcm16_24k), "audio/wav"),
+                model=self.model,
+                language=self.language or openai.omit,
+            )
+        except openai.OpenAIError as exc:
+            raise BackendError("stt", describe(exc, self.timeout_s)) from exc
+        return result.text.strip()
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+class LlmClient:
+    """Streamed chat completions through POST {base_url}/chat/completions."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "",
+        temperature: float = 0.7,
+        max_output_tokens: int = 512,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.model = model
+        self.temperature = temperature
+        self.max_output_tokens = max_output_tokens
+        self.timeout_s = timeout_s
+        self._client = _client(base_url, api_key_env, timeout_s)
+
+    @classmethod
+    def from_config(cls, config: LlmConfig) -> LlmClient:
+        return cls(
+            config.base_url,
+            config.model,
+            config.api_key_env,
+            config.temperature,
+            config.max_output_tokens,
+            config.timeout_s,
+        )
+
+    async def stream_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_output_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> AsyncIterator[str]:
+        """The reply's text deltas as they stream in.
+
+        Closing the iterator (aclose, or cancelling the task iterating it) closes the HTTP stream,
+        so the server stops generating.
+        """
+        limit = self.max_output_tokens
+        if max_output_tokens is not None:
+            limit = min(limit, max_output_tokens)
+        try:
+            stream = await self._client.chat.completions.create(
+                model=self.model,
+                messages=messages,  # type: ignore[arg-type]  # built by chat_messages
+                stream=True,
+                max_completion_tokens=limit,
+                temperature=self.temperature if temperature is None else temperature,
+            )
+        except openai.OpenAIError as exc:
+            raise BackendError("llm", describe(exc, self.timeout_s)) from exc
+        try:
+            async for chunk in stream:
+                if chunk.choices and (text := chunk.choices[0].delta.content):
+                    yield text
+        except openai.OpenAIError as exc:
+            raise BackendError("llm", f"stream broken: {describe(exc, self.timeout_s)}") from exc
+        finally:
+            await stream.close()
+
+    async def aclose(self) -> None:
+        await self._client.close()

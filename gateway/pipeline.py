@@ -1,0 +1,219 @@
+"""The agent pipeline: STT -> LLM -> TTS, streamed, with the LLM and the speech overlapping.
+
+The LLM's deltas go through the text bridge into the TTS stream as they arrive (or straight in
+for an incremental engine) while the audio already made is yielded, so speech starts after the
+first segment rather than after the whole reply. Two tasks do this, one reading the LLM, one
+reading the TTS stream; both report through one queue that ``respond`` drains, so the latency
+marks come out when they happen. Closing ``respond`` (barge-in, response.cancel) cancels both
+tasks, which closes the LLM's HTTP stream and cancels the TTS stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Iterable
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from gateway.backends import LlmClient, SttClient, chat_messages
+from gateway.config import Config, ConfigError
+from gateway.responder import (
+    AudioOut,
+    BackendError,
+    EchoResponder,
+    InputTranscript,
+    InputTranscriptFailed,
+    Responder,
+    ResponseOutput,
+    ResponseRequest,
+    SpeechText,
+    TextOut,
+    TraceMark,
+)
+from gateway.text_bridge import TextBridge
+from gateway.tone_tts import ToneEngine
+from gateway.tts import TTSEngine, TTSStream
+
+
+@dataclass
+class BridgeSettings:
+    """How LLM text is cut into segments for a non-incremental engine (see gateway.text_bridge)."""
+
+    starter_chars: int = 24
+    max_segment_chars: int = 160
+
+
+def _tts_error(exc: Exception) -> BackendError:
+    return exc if isinstance(exc, BackendError) else BackendError("tts", f"{type(exc).__name__}: {exc}"[:200])
+
+
+class PipelineResponder:
+    def __init__(
+        self,
+        stt: SttClient | None,
+        llm: LlmClient,
+        tts_engine: TTSEngine,
+        bridge: BridgeSettings | None = None,
+        *,
+        audio_in: bool = False,
+        language: str | None = None,
+    ) -> None:
+        """``audio_in``: user audio goes to the LLM as input_audio, no STT; ``language``: the TTS's."""
+        self.stt = stt
+        self.llm = llm
+        self.tts_engine = tts_engine
+        self.bridge = bridge or BridgeSettings()
+        self.audio_in = audio_in
+        self.language = language
+
+    async def aclose(self) -> None:
+        """Close the HTTP clients' connection pools (at server shutdown)."""
+        if self.stt is not None:
+            await self.stt.aclose()
+        await self.llm.aclose()
+
+    async def respond(self, request: ResponseRequest) -> AsyncIterator[ResponseOutput]:
+        messages = list(request.messages)
+        # Only the latest untranscribed user turn needs STT: earlier ones were transcribed on
+        # their own turn, or failed then and are left out of the prompt.
+        index = next(
+            (i for i in reversed(range(len(messages))) if messages[i].role == "user" and messages[i].audio),
+            None,
+        )
+        if not self.audio_in and index is not None and not messages[index].text:
+            item = messages[index]
+            assert item.audio is not None
+            try:
+                if self.stt is None:
+                    raise BackendError("stt", "no STT backend configured ([stt] base_url is empty)")
+                text = await self.stt.transcribe(item.audio)
+            except BackendError as exc:
+                yield InputTranscriptFailed(item.item_id, exc.cause)
+                raise
+            yield InputTranscript(item.item_id, text)
+            yield TraceMark("stt_done")
+            if not text:
+                return  # nothing was said (noise, a cough): there is nothing to answer
+            messages[index] = dataclasses.replace(item, text=text)
+
+        chat = self.llm.stream_chat(
+            chat_messages(request.instructions, messages, self.audio_in),
+            max_output_tokens=request.max_output_tokens,
+            temperature=request.temperature,
+        )
+        if "audio" not in request.modalities:
+            first = True
+            async with aclosing(chat):
+                async for delta in chat:
+                    if first:
+                        yield TraceMark("llm_first_token")
+                        first = False
+                    yield TextOut(delta)
+            return
+        async with aclosing(self._speak(chat, request.voice)) as outputs:
+            async for out in outputs:
+                yield out
+
+    async def _speak(self, chat: AsyncIterator[str], voice: str) -> AsyncIterator[ResponseOutput]:
+        try:
+            stream = self.tts_engine.open(voice, self.language)
+        except Exception as exc:
+            raise _tts_error(exc) from exc
+        outputs: asyncio.Queue[ResponseOutput | asyncio.Task[None]] = asyncio.Queue()
+        reader = asyncio.create_task(self._read_llm(chat, stream, outputs))
+        player = asyncio.create_task(self._play(stream, outputs))
+        reader.add_done_callback(outputs.put_nowait)
+        player.add_done_callback(outputs.put_nowait)
+        finished = False
+        try:
+            while True:
+                out = await outputs.get()
+                if isinstance(out, asyncio.Task):
+                    if (exc := out.exception()) is not None:
+                        raise exc
+                    if out is player:  # all audio is out; the reader ended the stream or the engine stopped
+                        finished = True
+                        return
+                    continue
+                yield out
+        finally:
+            if not finished:
+                stream.cancel()
+            reader.cancel()
+            player.cancel()
+            await asyncio.gather(reader, player, return_exceptions=True)
+
+    async def _read_llm(
+        self, chat: AsyncIterator[str], stream: TTSStream, outputs: asyncio.Queue[ResponseOutput | asyncio.Task[None]]
+    ) -> None:
+        bridge = None if self.tts_engine.incremental else TextBridge(**dataclasses.asdict(self.bridge))
+        first = True
+        async with aclosing(chat):
+            async for delta in chat:
+                if first:
+                    outputs.put_nowait(TraceMark("llm_first_token"))
+                    first = False
+                _feed(stream, [delta] if bridge is None else bridge.feed(delta))
+        if bridge is not None:
+            _feed(stream, bridge.end())
+        stream.end()
+
+    async def _play(self, stream: TTSStream, outputs: asyncio.Queue[ResponseOutput | asyncio.Task[None]]) -> None:
+        first = True
+        try:
+            async for chunk in stream:
+                if chunk.text:
+                    outputs.put_nowait(SpeechText(chunk.text))
+                if chunk.pcm:
+                    if first:
+                        outputs.put_nowait(TraceMark("tts_first_audio"))
+                        first = False
+                    outputs.put_nowait(AudioOut(chunk.pcm))
+        except Exception as exc:  # an engine failure of any kind fails the response as a tts error
+            raise _tts_error(exc) from exc
+
+
+def _feed(stream: TTSStream, texts: Iterable[str]) -> None:
+    for text in texts:
+        try:
+            stream.feed(text)
+        except Exception as exc:
+            raise _tts_error(exc) from exc
+
+
+def build_tts_engine(config: Config) -> TTSEngine:
+    """[tts] engine: "tone", "qwen3" (in-process, needs [engine] checkpoint) or "auto"."""
+    kind = config.tts.engine
+    if kind == "auto":
+        kind = "qwen3" if config.engine.checkpoint else "tone"
+    if kind == "tone":
+        return ToneEngine()
+    if kind == "qwen3":
+        if not config.engine.checkpoint:
+            raise ConfigError('option tts.engine = "qwen3" needs [engine] checkpoint')
+        from engine.worker import QwenTTSEngine  # the model stack (torch) only when it is used
+
+        engine: TTSEngine = QwenTTSEngine.from_config(config.engine)
+        return engine
+    raise ConfigError(f"option tts.engine: expected auto, tone or qwen3, got {kind!r}")
+
+
+def build_responder(config: Config) -> Responder:
+    """[responder] kind: "echo", "pipeline", or "auto" (pipeline when [llm] base_url is set)."""
+    kind = config.responder.kind
+    if kind not in ("auto", "echo", "pipeline"):
+        raise ConfigError(f"option responder.kind: expected auto, echo or pipeline, got {kind!r}")
+    if kind == "echo" or (kind == "auto" and not config.llm.base_url):
+        return EchoResponder(pace=config.responder.echo_pace, chunk_ms=config.responder.echo_chunk_ms)
+    if not config.llm.base_url:
+        raise ConfigError('option responder.kind = "pipeline" needs [llm] base_url')
+    stt = SttClient.from_config(config.stt) if config.stt.base_url and not config.stt.audio_in else None
+    return PipelineResponder(
+        stt,
+        LlmClient.from_config(config.llm),
+        build_tts_engine(config),
+        BridgeSettings(config.tts.starter_chars, config.tts.max_segment_chars),
+        audio_in=config.stt.audio_in,
+        language=None if config.tts.language == "auto" else config.tts.language,
+    )

@@ -1,0 +1,323 @@
+"""A fake OpenAI-compatible STT + LLM server: real HTTP on loopback, for tests and benchmarks.
+
+It serves POST /v1/chat/completions (streamed as SSE in OpenAI's chunk format, or whole) and
+POST /v1/audio/transcriptions (multipart), with configurable latency, token rate, reply text and
+failures, and records every request and whether the client closed a stream before it finished.
+
+In tests: ``fake = FakeOpenAI(reply="Hello."); await fake.start(); ...; await fake.stop()``
+(``fake.base_url`` is what a client's base_url should be). Standalone, for benchmarks:
+``python -m tests.fake_openai --port 8100 --stt-ms 100 --ttft-ms 80 --tokens-per-s 50``; it prints
+``listening on <base_url>`` once it accepts connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import re
+import signal
+import time
+import uuid
+import wave
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+# Failure modes, for the chat or the transcription endpoint:
+#   "500"   answer HTTP 500 with an OpenAI error body
+#   "break" drop the connection after ``fail_after_tokens`` tokens (0: before any response)
+#   "hang"  stop sending after ``fail_after_tokens`` tokens (0: before the response headers)
+FAILURES = ("500", "break", "hang")
+
+# Tokens as an LLM streams them: one CJK character, or a word with its leading whitespace.
+_TOKEN = re.compile(
+    r"\s*[\u3000-\u30ff\u3400-\u9fff\uf900-\ufaff\uff00-\uffef]|\s*[^\s\u3000-\u30ff\u3400-\u9fff\uf900-\ufaff\uff00-\uffef]+|\s+"
+)
+
+
+def tokenize(text: str) -> list[str]:
+    return _TOKEN.findall(text)
+
+
+@dataclass
+class Recorded:
+    """One request as the server saw it."""
+
+    path: str
+    body: dict[str, Any]  # chat: the JSON body; transcription: the form fields (file -> its WAV's pcm)
+    tokens_sent: int = 0
+    finished: bool = False  # the whole response was sent
+    closed_by_client: bool = False  # the client went away before the response was finished
+    dropped: bool = False  # the server dropped the connection (failure "break")
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # finished or closed_by_client
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.body.get("messages", [])
+
+
+Reply = str | Callable[[dict[str, Any]], str]
+
+
+class FakeOpenAI:
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        reply: Reply = "Hello! How can I help you today?",
+        transcript: Reply = "What is the weather like?",
+        stt_ms: float = 0.0,
+        ttft_ms: float = 0.0,
+        tokens_per_s: float = 0.0,  # 0: as fast as possible
+        llm_failure: str | None = None,
+        stt_failure: str | None = None,
+        fail_after_tokens: int = 0,
+        model: str = "fake-llm",
+    ) -> None:
+        for failure in (llm_failure, stt_failure):
+            if failure is not None and failure not in FAILURES:
+                raise ValueError(f"unknown failure {failure!r}, expected one of {FAILURES}")
+        self.host, self.port = host, port
+        self.reply, self.transcript = reply, transcript
+        self.stt_ms, self.ttft_ms, self.tokens_per_s = stt_ms, ttft_ms, tokens_per_s
+        self.llm_failure, self.stt_failure = llm_failure, stt_failure
+        self.fail_after_tokens = fail_after_tokens
+        self.model = model
+        self.requests: list[Recorded] = []
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def chat_requests(self) -> list[Recorded]:
+        return [r for r in self.requests if r.path.endswith("/chat/completions")]
+
+    @property
+    def stt_requests(self) -> list[Recorded]:
+        return [r for r in self.requests if r.path.endswith("/audio/transcriptions")]
+
+    async def start(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/audio/transcriptions", self._transcribe)
+        # Cancelling the handler when the client disconnects is how a closed stream is noticed
+        # even while the handler sleeps (time to first token, hang).
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        assert isinstance(server, asyncio.base_events.Server)
+        self.port = server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeOpenAI:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _text(self, reply: Reply, body: dict[str, Any]) -> str:
+        return reply(body) if callable(reply) else reply
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        rec = Recorded(request.path, body)
+        self.requests.append(rec)
+        try:
+            return await self._chat_reply(request, body, rec)
+        except (asyncio.CancelledError, ConnectionResetError):
+            rec.closed_by_client = not rec.dropped
+            raise
+        finally:
+            rec.done.set()
+
+    async def _chat_reply(self, request: web.Request, body: dict[str, Any], rec: Recorded) -> web.StreamResponse:
+        failure = self.llm_failure
+        if failure == "500":
+            return _error_500()
+        if failure in ("break", "hang") and self.fail_after_tokens == 0:
+            await _fail(request, failure, rec)
+        tokens = tokenize(self._text(self.reply, body))
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        finish_reason = "stop"
+        if limit is not None and len(tokens) > limit:
+            tokens, finish_reason = tokens[:limit], "length"
+        created = int(time.time())
+        completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        await asyncio.sleep(self.ttft_ms / 1000)
+        if not body.get("stream"):
+            rec.tokens_sent = len(tokens)
+            rec.finished = True
+            return web.json_response(
+                {
+                    "id": completion_id,
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": self.model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "".join(tokens), "refusal": None},
+                            "logprobs": None,
+                            "finish_reason": finish_reason,
+                        }
+                    ],
+                    "usage": _usage(body, len(tokens)),
+                }
+            )
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            data = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self.model,
+                "system_fingerprint": None,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            }
+            return b"data: " + orjson.dumps(data) + b"\n\n"
+
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        await response.write(chunk({"role": "assistant", "content": "", "refusal": None}))
+        interval = 1 / self.tokens_per_s if self.tokens_per_s > 0 else 0.0
+        for n, token in enumerate(tokens):
+            if failure in ("break", "hang") and n == self.fail_after_tokens:
+                await _fail(request, failure, rec)
+            if n and interval:
+                await asyncio.sleep(interval)
+            await response.write(chunk({"content": token}))
+            rec.tokens_sent += 1
+        await response.write(chunk({}, finish_reason))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self.model,
+                "choices": [],
+                "usage": _usage(body, len(tokens)),
+            }
+            await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        rec.finished = True
+        return response
+
+    async def _transcribe(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        fields: dict[str, Any] = {}
+        for name, value in form.items():
+            if isinstance(value, web.FileField):
+                with value.file, wave.open(io.BytesIO(value.file.read())) as wav:
+                    fields[name] = {
+                        "filename": value.filename,
+                        "rate": wav.getframerate(),
+                        "channels": wav.getnchannels(),
+                        "pcm": wav.readframes(wav.getnframes()),
+                    }
+            else:
+                fields[name] = value
+        rec = Recorded(request.path, fields)
+        self.requests.append(rec)
+        try:
+            if self.stt_failure == "500":
+                return _error_500()
+            if self.stt_failure in ("break", "hang"):
+                await _fail(request, self.stt_failure, rec)
+            await asyncio.sleep(self.stt_ms / 1000)
+            text = self._text(self.transcript, fields)
+            rec.finished = True
+            if fields.get("response_format") == "text":
+                return web.Response(text=text)
+            return web.json_response({"text": text})
+        except (asyncio.CancelledError, ConnectionResetError):
+            rec.closed_by_client = not rec.dropped
+            raise
+        finally:
+            rec.done.set()
+
+
+def _usage(body: dict[str, Any], completion_tokens: int) -> dict[str, int]:
+    prompt_tokens = len(orjson.dumps(body.get("messages", []))) // 4
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _error_500() -> web.Response:
+    error = {"message": "The server had an error while processing your request.", "type": "server_error"}
+    return web.json_response({"error": {**error, "param": None, "code": None}}, status=500)
+
+
+async def _fail(request: web.Request, failure: str, rec: Recorded) -> None:
+    if failure == "break":
+        assert request.transport is not None
+        rec.dropped = True
+        request.transport.close()
+        raise asyncio.CancelledError  # ends the handler quietly: there is no one to answer
+    await asyncio.Event().wait()  # hang until the client goes away (the handler is then cancelled)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    reply = args.reply
+    if args.reply_file:
+        with open(args.reply_file, encoding="utf-8") as f:
+            reply = f.read()
+    fake = FakeOpenAI(
+        host=args.host,
+        port=args.port,
+        reply=reply,
+        transcript=args.transcript,
+        stt_ms=args.stt_ms,
+        ttft_ms=args.ttft_ms,
+        tokens_per_s=args.tokens_per_s,
+        llm_failure=args.llm_failure,
+        stt_failure=args.stt_failure,
+        fail_after_tokens=args.fail_after_tokens,
+    )
+    await fake.start()
+    print(f"listening on {fake.base_url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await fake.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 = any free port (printed)")
+    parser.add_argument("--reply", default="Hello! How can I help you today?")
+    parser.add_argument("--reply-file", help="read the reply text from this file")
+    parser.add_argument("--transcript", default="What is the weather like?")
+    parser.add_argument("--stt-ms", type=float, default=0.0, help="transcription latency")
+    parser.add_argument("--ttft-ms", type=float, default=0.0, help="time to first token")
+    parser.add_argument("--tokens-per-s", type=float, default=0.0, help="token rate, 0 = unlimited")
+    parser.add_argument("--llm-failure", choices=FAILURES)
+    parser.add_argument("--stt-failure", choices=FAILURES)
+    parser.add_argument("--fail-after-tokens", type=int, default=0)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

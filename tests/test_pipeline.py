@@ -1,0 +1,437 @@
+"""PipelineResponder against the fake OpenAI server, reached over real HTTP by the openai package."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import socket
+import wave
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from gateway.backends import LlmClient, SttClient
+from gateway.config import ConfigError, load_config
+from gateway.pipeline import BridgeSettings, PipelineResponder, build_responder
+from gateway.responder import (
+    AudioOut,
+    BackendError,
+    EchoResponder,
+    InputTranscript,
+    InputTranscriptFailed,
+    Message,
+    ResponseOutput,
+    ResponseRequest,
+    SpeechText,
+    TextOut,
+    TraceMark,
+)
+from gateway.tone_tts import ToneEngine, ToneStream, tone_pcm
+from gateway.tts import TTSError
+from tests.fake_openai import FakeOpenAI, tokenize
+
+REPLY = "Sure, I can help with that. The weather today is sunny and warm, with a light breeze."
+TRANSCRIPT = "What is the weather like?"
+USER_AUDIO = tone_pcm("hello")  # 300 ms
+
+
+class RecordingEngine(ToneEngine):
+    """The tone engine, keeping every stream it opens and everything fed to them."""
+
+    def __init__(self, incremental: bool = False, **kwargs: Any) -> None:
+        super().__init__(first_audio_ms=0, **kwargs)
+        self.incremental = incremental
+        self.streams: list[ToneStream] = []
+        self.fed: list[str] = []
+
+    def open(self, voice: str, language: str | None = None) -> ToneStream:
+        stream = super().open(voice, language)
+        feed = stream.feed
+
+        def recording_feed(text: str) -> None:
+            self.fed.append(text)
+            feed(text)
+
+        stream.feed = recording_feed  # type: ignore[method-assign]
+        self.streams.append(stream)
+        return stream
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI(reply=REPLY, transcript=TRANSCRIPT) as server:
+        yield server
+
+
+def free_port() -> int:
+    """A loopback port with nothing listening on it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+Make = Callable[..., PipelineResponder]
+
+
+@pytest.fixture
+async def make() -> AsyncIterator[Make]:
+    """Builds responders (STT and LLM clients on the given URLs) and closes their connection pools."""
+    built: list[PipelineResponder] = []
+
+    def build(
+        base_url: str,
+        engine: RecordingEngine | None = None,
+        *,
+        stt_url: str | None = None,
+        timeout_s: float = 5.0,
+        audio_in: bool = False,
+        stt: bool = True,
+    ) -> PipelineResponder:
+        built.append(
+            PipelineResponder(
+                SttClient(stt_url or base_url, "whisper-test", language="en", timeout_s=timeout_s) if stt else None,
+                LlmClient(base_url, "llm-test", temperature=0.5, max_output_tokens=256, timeout_s=timeout_s),
+                engine or RecordingEngine(),
+                BridgeSettings(starter_chars=10, max_segment_chars=80),
+                audio_in=audio_in,
+            )
+        )
+        return built[-1]
+
+    yield build
+    for r in built:
+        await r.aclose()
+
+
+def request(*messages: Message, modalities: list[str] | None = None, **kwargs: Any) -> ResponseRequest:
+    return ResponseRequest(
+        response_id="resp_1",
+        item_id="item_out",
+        instructions=kwargs.pop("instructions", "You are terse."),
+        messages=list(messages),
+        voice="alloy",
+        modalities=modalities or ["audio"],
+        **kwargs,
+    )
+
+
+def user_audio(item_id: str = "item_user") -> Message:
+    return Message(item_id, "user", audio=USER_AUDIO)
+
+
+async def collect(stream: AsyncIterator[ResponseOutput]) -> list[ResponseOutput]:
+    return [out async for out in stream]
+
+
+def pipeline_tasks() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_coro().__qualname__.startswith("PipelineResponder.")]
+
+
+def marks(outs: list[ResponseOutput]) -> list[str]:
+    return [o.name for o in outs if isinstance(o, TraceMark)]
+
+
+async def test_full_turn(make: Make, fake: FakeOpenAI):
+    engine = RecordingEngine()
+    outs = await collect(make(fake.base_url, engine).respond(request(user_audio())))
+
+    assert outs[0] == InputTranscript("item_user", TRANSCRIPT)
+    assert marks(outs) == ["stt_done", "llm_first_token", "tts_first_audio"]
+    speech = [o.text for o in outs if isinstance(o, SpeechText)]
+    assert speech == ["Sure,", "I can help with that.", "The weather today is sunny and warm,", "with a light breeze."]
+    assert speech == engine.fed
+    audio = b"".join(o.pcm for o in outs if isinstance(o, AudioOut))
+    assert audio == b"".join(tone_pcm(s) for s in speech)
+    # each segment's text comes right before its audio
+    kinds = [type(o).__name__ for o in outs if isinstance(o, SpeechText | AudioOut)]
+    assert kinds[0] == "SpeechText" and kinds.count("SpeechText") == 4
+
+    (stt,) = fake.stt_requests
+    assert stt.body["model"] == "whisper-test" and stt.body["language"] == "en"
+    assert stt.body["file"]["rate"] == 24000 and stt.body["file"]["channels"] == 1
+    assert stt.body["file"]["pcm"] == USER_AUDIO
+    (chat,) = fake.chat_requests
+    assert chat.body["model"] == "llm-test" and chat.body["stream"] is True
+    assert chat.body["max_completion_tokens"] == 256 and chat.body["temperature"] == 0.5
+    assert chat.messages == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": TRANSCRIPT},
+    ]
+    assert chat.finished and not chat.closed_by_client
+    assert engine.streams[0].cancelled is False
+    assert pipeline_tasks() == []
+
+
+async def test_llm_sees_instructions_and_history(make: Make, fake: FakeOpenAI):
+    history = [
+        Message("i1", "system", text="The user is in Paris."),  # created by the client
+        Message("i2", "user", text="Hi there."),  # a text item created by the client
+        Message("i3", "assistant", text="Hello! How"),  # cut off by barge-in: only what was heard
+        Message("i4", "user", text="Can you hear me?", audio=USER_AUDIO),  # transcribed on its turn
+        Message("i5", "assistant", text=""),  # interrupted before anything was heard
+        Message("i6", "user", audio=USER_AUDIO),  # this turn
+    ]
+    req = request(*history, instructions="Be brief.", max_output_tokens=40, temperature=0.2)
+    outs = await collect(make(fake.base_url).respond(req))
+    assert InputTranscript("i6", TRANSCRIPT) in outs
+    assert len(fake.stt_requests) == 1  # only the new turn is transcribed
+    (chat,) = fake.chat_requests
+    assert chat.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "system", "content": "The user is in Paris."},
+        {"role": "user", "content": "Hi there."},
+        {"role": "assistant", "content": "Hello! How"},
+        {"role": "user", "content": "Can you hear me?"},
+        {"role": "user", "content": TRANSCRIPT},
+    ]
+    assert chat.body["max_completion_tokens"] == 40  # min(session 40, config 256)
+    assert chat.body["temperature"] == 0.2
+    assert history[5].text is None  # the request is not modified; the session stores the transcript
+
+
+async def test_text_item_turn_needs_no_stt(make: Make, fake: FakeOpenAI):
+    outs = await collect(make(fake.base_url).respond(request(Message("i1", "user", text="Hi."))))
+    assert fake.stt_requests == []
+    assert marks(outs) == ["llm_first_token", "tts_first_audio"]
+    assert fake.chat_requests[0].messages[-1] == {"role": "user", "content": "Hi."}
+
+
+async def test_cancel_while_llm_streams_closes_the_http_stream_and_tts(make: Make, fake: FakeOpenAI):
+    fake.tokens_per_s = 40  # the whole reply would take about 0.4 s
+    engine = RecordingEngine()
+    stream = make(fake.base_url, engine).respond(request(user_audio()))
+    async for out in stream:
+        if isinstance(out, AudioOut):
+            break
+    chat = fake.chat_requests[0]
+    assert not chat.finished  # speech started while the LLM was still streaming
+    await stream.aclose()
+    await asyncio.wait_for(chat.done.wait(), 5)
+    assert chat.closed_by_client and not chat.finished
+    assert chat.tokens_sent < len(tokenize(REPLY))
+    assert engine.streams[0].cancelled
+    assert pipeline_tasks() == []
+
+
+async def test_task_cancel_before_first_token_closes_the_http_stream(make: Make, fake: FakeOpenAI):
+    fake.ttft_ms = 60_000
+    engine = RecordingEngine()
+    got: list[ResponseOutput] = []
+
+    async def consume() -> None:
+        async for out in make(fake.base_url, engine).respond(request(user_audio())):
+            got.append(out)
+
+    task = asyncio.create_task(consume())
+    while not fake.chat_requests:
+        await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    chat = fake.chat_requests[0]
+    await asyncio.wait_for(chat.done.wait(), 5)
+    assert chat.closed_by_client and chat.tokens_sent == 0
+    assert engine.streams[0].cancelled
+    assert marks(got) == ["stt_done"]
+    assert pipeline_tasks() == []
+
+
+async def test_cancel_during_stt_stops_the_request(make: Make, fake: FakeOpenAI):
+    fake.stt_ms = 60_000
+    stream = make(fake.base_url).respond(request(user_audio()))
+    task = asyncio.create_task(collect(stream))
+    while not fake.stt_requests:
+        await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(fake.stt_requests[0].done.wait(), 5)
+    assert fake.stt_requests[0].closed_by_client
+    assert fake.chat_requests == []
+
+
+async def test_cancel_while_tts_plays(make: Make, fake: FakeOpenAI):
+    engine = RecordingEngine(realtime=True)  # the speech takes seconds to come out
+    stream = make(fake.base_url, engine).respond(request(user_audio()))
+    n = 0
+    async for out in stream:
+        if isinstance(out, AudioOut):
+            n += 1
+            if n == 3:
+                break
+    chat = fake.chat_requests[0]
+    await asyncio.wait_for(chat.done.wait(), 5)
+    assert chat.finished  # the LLM was done; the speech was still playing
+    await stream.aclose()
+    assert engine.streams[0].cancelled
+    assert pipeline_tasks() == []
+
+
+@pytest.mark.parametrize(
+    ("failure", "fail_after", "cause"),
+    [
+        ("refused", 0, "connection refused by 127.0.0.1:"),
+        ("500", 0, "HTTP 500: The server had an error"),
+        ("hang", 0, "timed out after 0.3 s"),
+        ("hang", 3, "stream broken: timed out after 0.3 s"),
+        ("break", 0, "Server disconnected without sending a response"),
+        ("break", 3, "stream broken: connection to 127.0.0.1:"),
+    ],
+)
+async def test_llm_failures(make: Make, fake: FakeOpenAI, failure: str, fail_after: int, cause: str):
+    engine = RecordingEngine()
+    if failure == "refused":
+        base_url = f"http://127.0.0.1:{free_port()}/v1"
+    else:
+        base_url = fake.base_url
+        fake.llm_failure, fake.fail_after_tokens = failure, fail_after
+    stream = make(base_url, engine, stt_url=fake.base_url, timeout_s=0.3).respond(request(user_audio()))
+    got: list[ResponseOutput] = []
+    with pytest.raises(BackendError) as info:
+        async for out in stream:
+            got.append(out)
+    assert info.value.backend == "llm"
+    assert cause in info.value.cause
+    assert str(info.value).startswith("llm backend failed: ")
+    assert InputTranscript("item_user", TRANSCRIPT) in got
+    assert engine.streams[0].cancelled
+    assert pipeline_tasks() == []
+
+
+@pytest.mark.parametrize(
+    ("failure", "cause"),
+    [
+        ("refused", "connection refused by 127.0.0.1:"),
+        ("500", "HTTP 500: The server had an error"),
+        ("hang", "timed out after 0.3 s"),
+        ("break", "Server disconnected without sending a response"),
+    ],
+)
+async def test_stt_failures(make: Make, fake: FakeOpenAI, failure: str, cause: str):
+    if failure == "refused":
+        stt_url = f"http://127.0.0.1:{free_port()}/v1"
+    else:
+        stt_url = fake.base_url
+        fake.stt_failure = failure
+    stream = make(fake.base_url, stt_url=stt_url, timeout_s=0.3).respond(request(user_audio()))
+    got: list[ResponseOutput] = []
+    with pytest.raises(BackendError) as info:
+        async for out in stream:
+            got.append(out)
+    assert info.value.backend == "stt" and cause in info.value.cause
+    assert got == [InputTranscriptFailed("item_user", info.value.cause)]
+    assert fake.chat_requests == []
+
+
+async def test_no_stt_backend(make: Make, fake: FakeOpenAI):
+    got: list[ResponseOutput] = []
+    with pytest.raises(BackendError) as info:
+        async for out in make(fake.base_url, stt=False).respond(request(user_audio())):
+            got.append(out)
+    assert info.value.backend == "stt"
+    assert isinstance(got[0], InputTranscriptFailed)
+
+
+async def test_tts_failure(make: Make, fake: FakeOpenAI):
+    class BrokenEngine(RecordingEngine):
+        def open(self, voice: str, language: str | None = None) -> ToneStream:
+            stream = super().open(voice, language)
+
+            def feed(text: str) -> None:
+                raise TTSError("text too long")
+
+            stream.feed = feed  # type: ignore[method-assign]
+            return stream
+
+    engine = BrokenEngine()
+    with pytest.raises(BackendError) as info:
+        await collect(make(fake.base_url, engine).respond(request(user_audio())))
+    assert info.value.backend == "tts" and "text too long" in info.value.cause
+    assert engine.streams[0].cancelled
+    await asyncio.wait_for(fake.chat_requests[0].done.wait(), 5)
+    assert pipeline_tasks() == []
+
+
+async def test_empty_transcript_ends_the_response(make: Make, fake: FakeOpenAI):
+    fake.transcript = ""
+    outs = await collect(make(fake.base_url).respond(request(user_audio())))
+    assert outs == [InputTranscript("item_user", ""), TraceMark("stt_done")]
+    assert fake.chat_requests == []
+
+
+async def test_text_modality(make: Make, fake: FakeOpenAI):
+    engine = RecordingEngine()
+    outs = await collect(make(fake.base_url, engine).respond(request(user_audio(), modalities=["text"])))
+    text = [o.text for o in outs if isinstance(o, TextOut)]
+    assert text == tokenize(REPLY)
+    assert not any(isinstance(o, AudioOut | SpeechText) for o in outs)
+    assert marks(outs) == ["stt_done", "llm_first_token"]
+    assert engine.streams == []
+
+
+async def test_text_modality_close_closes_the_http_stream(make: Make, fake: FakeOpenAI):
+    fake.tokens_per_s = 20
+    stream = make(fake.base_url).respond(request(user_audio(), modalities=["text"]))
+    async for out in stream:
+        if isinstance(out, TextOut):
+            break
+    await stream.aclose()
+    chat = fake.chat_requests[0]
+    await asyncio.wait_for(chat.done.wait(), 5)
+    assert chat.closed_by_client
+
+
+async def test_audio_in_mode_sends_input_audio(make: Make, fake: FakeOpenAI):
+    history = [Message("i1", "user", text="Hi."), Message("i2", "assistant", text="Hello!"), user_audio()]
+    outs = await collect(make(fake.base_url, audio_in=True, stt=False).respond(request(*history)))
+    assert fake.stt_requests == []
+    assert not any(isinstance(o, InputTranscript) for o in outs)
+    (chat,) = fake.chat_requests
+    assert chat.messages[:3] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": "Hello!"},
+    ]
+    (part,) = chat.messages[3]["content"]
+    assert chat.messages[3]["role"] == "user" and part["type"] == "input_audio"
+    assert part["input_audio"]["format"] == "wav"
+    with wave.open(io.BytesIO(base64.b64decode(part["input_audio"]["data"]))) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+        assert w.readframes(w.getnframes()) == USER_AUDIO
+    assert any(isinstance(o, AudioOut) for o in outs)
+
+
+async def test_incremental_engine_gets_raw_deltas(make: Make, fake: FakeOpenAI):
+    engine = RecordingEngine(incremental=True)
+    await collect(make(fake.base_url, engine).respond(request(Message("i1", "user", text="Hi."))))
+    assert engine.fed == tokenize(REPLY)
+
+
+def test_build_responder():
+    config = load_config(env={})
+    assert isinstance(build_responder(config), EchoResponder)
+
+    config.llm.base_url = "http://127.0.0.1:1/v1"
+    config.stt.base_url = "http://127.0.0.1:1/v1"
+    built = build_responder(config)
+    assert isinstance(built, PipelineResponder)
+    assert isinstance(built.tts_engine, ToneEngine) and built.stt is not None
+    assert built.bridge == BridgeSettings(config.tts.starter_chars, config.tts.max_segment_chars)
+
+    config.stt.audio_in = True
+    assert build_responder(config).stt is None  # type: ignore[attr-defined]
+
+    config.responder.kind = "echo"
+    assert isinstance(build_responder(config), EchoResponder)
+
+    config.responder.kind = "pipeline"
+    config.llm.base_url = ""
+    with pytest.raises(ConfigError, match="llm"):
+        build_responder(config)
+
+    config.llm.base_url = "http://127.0.0.1:1/v1"
+    config.tts.engine = "qwen3"
+    with pytest.raises(ConfigError, match="checkpoint"):
+        build_responder(config)
