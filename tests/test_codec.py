@@ -1,0 +1,165 @@
+"""engine.codec against the official qwen-tts decoder, and streaming against whole-utterance decoding.
+
+References (written through the official code, see the scripts' docstrings):
+- tests/data/codec_tiny/ (scripts/make_codec_reference.py): decoder-only, sliding window 6 < 16 frames,
+  grouped KV heads, batch 2.
+- tests/data/qwen3_tts_tiny/ (scripts/make_parity_fixture.py): the full tiny checkpoint; its
+  `decoder_wav` is the official speech_tokenizer.decode of `decoder_codes`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine.codec import CodecDecoder
+
+DATA = Path(__file__).parent / "data"
+CODEC_TINY = DATA / "codec_tiny"
+PARITY_TINY = DATA / "qwen3_tts_tiny"
+
+
+def rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def snr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
+    noise = (x.double() - ref.double()).pow(2).sum().clamp_min(1e-30)
+    return (10 * torch.log10(ref.double().pow(2).sum() / noise)).item()
+
+
+def assert_informative(wav: torch.Tensor) -> None:
+    """A reference stuck at the clamp (or silent) would let a wrong decoder pass."""
+    assert wav.std() > 0.02
+    assert (wav.abs() >= 1.0).float().mean() < 0.05
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's ops are microseconds each: fanning them out over threads only adds overhead."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def codec() -> CodecDecoder:
+    model = CodecDecoder.from_config(json.loads((CODEC_TINY / "config.json").read_text())).eval()
+    weights = load_file(str(CODEC_TINY / "model.safetensors"))
+    assert set(model.state_dict()) == set(weights)  # names exactly as the checkpoint has them
+    model.load_state_dict(weights, strict=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, torch.Tensor]:
+    return load_file(str(CODEC_TINY / "reference.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def whole(codec: CodecDecoder, reference: dict[str, torch.Tensor]) -> torch.Tensor:
+    return codec.decode(reference["codes"])
+
+
+def stream(codec: CodecDecoder, codes: torch.Tensor, packet: int) -> torch.Tensor:
+    state = codec.new_state(codes.shape[0])
+    chunks = []
+    for start in range(0, codes.shape[2], packet):
+        part = codes[:, :, start : start + packet]
+        audio = codec.decode_step(part, state)
+        assert audio.shape == (codes.shape[0], part.shape[2] * codec.samples_per_frame)
+        chunks.append(audio)
+    return torch.cat(chunks, dim=-1)
+
+
+def test_whole_decode_matches_official(whole: torch.Tensor, reference: dict[str, torch.Tensor]) -> None:
+    assert_informative(reference["wav"])
+    assert whole.shape == reference["wav"].shape == (2, 16 * 1920)
+    assert rel_error(whole, reference["wav"]) <= 1e-4
+
+
+@pytest.mark.skipif(not (PARITY_TINY / "references.safetensors").is_file(), reason="parity fixture not written")
+def test_whole_decode_matches_official_checkpoint_fixture() -> None:
+    from engine.checkpoint import load_strict
+
+    folder = PARITY_TINY / "speech_tokenizer"
+    model = CodecDecoder.from_config(json.loads((folder / "config.json").read_text())).eval()
+    load_strict(
+        model,
+        [folder / "model.safetensors"],
+        str(folder),
+        skip_prefix="encoder.",
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
+    refs = load_file(str(PARITY_TINY / "references.safetensors"))
+    codes, wav = refs["decoder_codes"][None], refs["decoder_wav"][None]
+    out = model.decode(codes)
+    assert rel_error(out, wav) <= 1e-4
+    # That fixture's random weights drive most samples into the clamp: the rest carry the comparison.
+    unclipped = wav.abs() < 1.0
+    assert unclipped.float().mean() > 0.05
+    assert rel_error(out[unclipped], wav[unclipped]) <= 1e-4
+    assert snr_db(stream(model, codes, 4), wav) >= 60
+
+
+@pytest.mark.parametrize("packet", [1, 4, 7, 16])
+def test_streaming_equals_whole_decode(
+    codec: CodecDecoder, reference: dict[str, torch.Tensor], whole: torch.Tensor, packet: int
+) -> None:
+    assert snr_db(stream(codec, reference["codes"], packet), whole) >= 60
+
+
+def test_varying_packet_sizes(codec: CodecDecoder, reference: dict[str, torch.Tensor], whole: torch.Tensor) -> None:
+    codes, state, chunks, start = reference["codes"], codec.new_state(2), [], 0
+    for n in (3, 1, 5, 2, 5):
+        chunks.append(codec.decode_step(codes[:, :, start : start + n], state))
+        start += n
+    assert start == codes.shape[2]
+    assert snr_db(torch.cat(chunks, dim=-1), whole) >= 60
+
+
+def test_batch_rows_are_isolated(codec: CodecDecoder, reference: dict[str, torch.Tensor]) -> None:
+    codes = reference["codes"]
+    alone = stream(codec, codes[:1], 4)
+    other = torch.flip(codes[1:], dims=[2])  # a different utterance in row 1
+    together = stream(codec, torch.cat([codes[:1], other]), 4)
+    assert snr_db(together[:1], alone) >= 60
+
+
+def test_reset_rows_starts_a_new_stream(
+    codec: CodecDecoder, reference: dict[str, torch.Tensor], whole: torch.Tensor
+) -> None:
+    """Row 1 restarts mid-stream (a new utterance in a batch slot) while row 0 carries on."""
+    codes = reference["codes"]
+    state = codec.new_state(2)
+    first = codec.decode_step(codes[:, :, :6], state)
+    state.reset_(torch.tensor([False, True]))
+    assert state.pos.tolist() == [6, 0]
+    fresh = codes[1:, :, :10]
+    rest = codec.decode_step(torch.cat([codes[:1, :, 6:], fresh]), state)
+    assert snr_db(torch.cat([first[:1], rest[:1]], dim=-1), whole[:1]) >= 60
+    assert snr_db(rest[1:], codec.decode(fresh)) >= 60
+
+
+def test_bfloat16_streaming_stays_close(
+    codec: CodecDecoder, reference: dict[str, torch.Tensor], whole: torch.Tensor
+) -> None:
+    bf16 = CodecDecoder(codec.cfg).eval()
+    bf16.load_state_dict(codec.state_dict())
+    bf16 = bf16.to(torch.bfloat16)
+    audio = stream(bf16, reference["codes"], 4)
+    assert audio.dtype == torch.bfloat16
+    assert snr_db(audio.float(), whole) >= 20
+
+
+def test_rejects_malformed_codes(codec: CodecDecoder) -> None:
+    with pytest.raises(ValueError):
+        codec.decode(torch.zeros(1, 8, 4, dtype=torch.long))
+    with pytest.raises(ValueError):
+        codec.decode_step(torch.zeros(3, 16, 4, dtype=torch.long), codec.new_state(2))
