@@ -1,0 +1,348 @@
+// The page: one Realtime session (GA protocol) over a WebSocket to this same server.
+import { decodePcm16, encodePcm16, Player, RATE, startMicrophone } from "./audio.js";
+
+const $ = (id) => document.getElementById(id);
+
+// Everything worth observing, kept in one place: the panels render from it and tests read it.
+const stats = {
+  state: "idle", // idle | connecting | connected | closed
+  events: {}, // server event type → count
+  sentAppends: 0,
+  speechStarted: 0,
+  speechStopped: 0,
+  receivedSamples: 0,
+  playedSamples: 0,
+  underruns: 0,
+  bargeIns: 0,
+  truncates: [], // {item_id, audio_end_ms} as sent
+  turns: [], // {n, itemId, responseId, stoppedAt, heardMs, server}
+  errors: [],
+};
+window.__gateway = stats;
+
+let ws = null;
+let mic = null;
+let player = null;
+let closing = false; // the user pressed Disconnect: a close is not an error
+const activeResponses = new Set(); // created, not yet done
+const interrupted = new Set(); // responses whose remaining audio is dropped (barge-in)
+const itemResponse = new Map(); // assistant item id → response id
+const entries = new Map(); // item id → transcript entry {el, text}
+
+// --- Connection -------------------------------------------------------------------------------
+
+async function connect() {
+  closing = false;
+  setState("connecting");
+  try {
+    player = await Player.create(onPlayback);
+    mic = await startMicrophone(sendAudio);
+  } catch (err) {
+    showError(err.message);
+    teardown("idle");
+    return;
+  }
+  if (closing) return teardown("closed"); // Disconnect was pressed while the microphone opened
+  $("mic-rate").textContent = `microphone ${mic.rate} Hz → ${RATE} Hz`;
+  const url = new URL("/v1/realtime", location.href);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  ws = new WebSocket(url);
+  let opened = false;
+  ws.onopen = () => {
+    opened = true;
+    setState("connected");
+    send(sessionUpdate());
+  };
+  ws.onmessage = (e) => handle(JSON.parse(e.data));
+  ws.onclose = (e) => {
+    if (!opened) showError(`could not connect to ${url}`);
+    else if (!closing) showError(`connection closed by the server (code ${e.code}${e.reason ? `: ${e.reason}` : ""})`);
+    teardown("closed");
+  };
+}
+
+function disconnect() {
+  closing = true;
+  ws?.close(1000);
+  teardown("closed");
+}
+
+function teardown(state) {
+  mic?.stop();
+  player?.close();
+  mic = player = ws = null;
+  activeResponses.clear();
+  setState(state);
+}
+
+function send(event) {
+  if (ws?.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
+}
+
+function sendAudio(samples) {
+  if (ws?.readyState !== WebSocket.OPEN) return;
+  send({ type: "input_audio_buffer.append", audio: encodePcm16(samples) });
+  stats.sentAppends++;
+}
+
+// --- Server events ----------------------------------------------------------------------------
+
+const handlers = {
+  "session.created": (e) => showSession(e.session),
+  "session.updated": (e) => showSession(e.session),
+  "input_audio_buffer.speech_started": onSpeechStarted,
+  "input_audio_buffer.speech_stopped": onSpeechStopped,
+  "conversation.item.input_audio_transcription.delta": (e) => appendText(e.item_id, "user", e.delta),
+  "conversation.item.input_audio_transcription.completed": (e) =>
+    setText(e.item_id, "user", e.transcript || "(audio)"),
+  "conversation.item.input_audio_transcription.failed": (e) =>
+    setText(e.item_id, "user", `(transcription failed: ${e.error?.message ?? "unknown error"})`),
+  "response.created": (e) => onResponseCreated(e.response),
+  "response.output_item.added": (e) => {
+    if (e.item?.type === "message") entry(e.item.id, "assistant");
+  },
+  "response.output_audio.delta": onAudioDelta,
+  "response.output_audio.done": (e) => {
+    if (!interrupted.has(e.response_id)) player?.end(e.item_id);
+  },
+  "response.output_audio_transcript.delta": (e) => appendText(e.item_id, "assistant", e.delta),
+  "response.output_audio_transcript.done": (e) => setText(e.item_id, "assistant", e.transcript),
+  "response.output_text.delta": (e) => appendText(e.item_id, "assistant", e.delta),
+  "response.output_text.done": (e) => setText(e.item_id, "assistant", e.text),
+  "response.done": onResponseDone,
+  "conversation.item.truncated": (e) =>
+    note(e.item_id, `interrupted: heard ${(e.audio_end_ms / 1000).toFixed(2)} s`),
+  error: (e) => showError(`${e.error?.code || e.error?.type || "error"}: ${e.error?.message}`),
+};
+
+function handle(event) {
+  stats.events[event.type] = (stats.events[event.type] || 0) + 1;
+  handlers[event.type]?.(event);
+}
+
+async function onSpeechStarted(e) {
+  stats.speechStarted++;
+  setActivity("you are speaking");
+  entry(e.item_id, "user").el.classList.add("pending");
+  if (!player) return;
+  // Barge-in: whatever is still coming for the responses under way will not be played.
+  for (const id of activeResponses) interrupted.add(id);
+  const { itemId, played, hadAudio } = await player.flush();
+  if (!hadAudio || itemId === null) return;
+  const audioEndMs = Math.floor((played * 1000) / RATE);
+  send({ type: "conversation.item.truncate", item_id: itemId, content_index: 0, audio_end_ms: audioEndMs });
+  stats.bargeIns++;
+  stats.truncates.push({ item_id: itemId, audio_end_ms: audioEndMs });
+}
+
+function onSpeechStopped(e) {
+  stats.speechStopped++;
+  setActivity("thinking…");
+  const user = entry(e.item_id, "user");
+  if (!user.text) setText(e.item_id, "user", "(audio)"); // replaced if a transcript arrives
+  stats.turns.push({
+    n: stats.turns.length + 1,
+    itemId: e.item_id,
+    responseId: null,
+    stoppedAt: performance.now(),
+    heardMs: null,
+    server: null,
+  });
+  renderLatency();
+}
+
+function onResponseCreated(response) {
+  activeResponses.add(response.id);
+  // The response answers the latest turn that has none yet.
+  const turn = stats.turns.findLast((t) => t.responseId === null);
+  if (turn) turn.responseId = response.id;
+}
+
+function onAudioDelta(e) {
+  if (interrupted.has(e.response_id) || !player) return;
+  itemResponse.set(e.item_id, e.response_id);
+  const samples = decodePcm16(e.delta);
+  stats.receivedSamples += samples.length;
+  player.push(e.item_id, samples);
+}
+
+function onResponseDone(e) {
+  const response = e.response;
+  activeResponses.delete(response.id);
+  for (const item of response.output ?? []) {
+    if (item.type !== "message") continue;
+    const known = entries.get(item.id);
+    if (known && !known.text) setText(item.id, "assistant", "(audio)");
+    if (!interrupted.has(response.id)) player?.end(item.id);
+  }
+  if (response.status === "failed") {
+    const err = response.status_details?.error;
+    showError(`response failed: ${err?.message ?? err?.code ?? "no details"}`);
+  }
+  const figures = serverLatencyOf(e);
+  if (figures) recordServerLatency(response.id, figures);
+}
+
+function onPlayback(msg) {
+  if (msg.type === "started") {
+    setActivity("assistant speaking");
+    const turn = stats.turns.find((t) => t.responseId === itemResponse.get(msg.itemId) && t.heardMs === null);
+    if (turn) {
+      turn.heardMs = Math.max(0, Math.round(msg.heardAt - turn.stoppedAt));
+      renderLatency();
+    }
+  } else if (msg.type === "progress") {
+    stats.playedSamples = msg.played;
+    stats.underruns = msg.underruns;
+    $("played").textContent = `${(msg.played / RATE).toFixed(1)} s played, ${msg.underruns} underruns`;
+  } else if (msg.type === "finished") {
+    setActivity("listening");
+  }
+}
+
+// --- Latency ----------------------------------------------------------------------------------
+
+// Hook for the gateway's own timings. It sends none yet; the expected place is response.done's
+// response.metadata, as string values named "*_ms" (metadata is a string map in the protocol).
+function serverLatencyOf(event) {
+  const metadata = event.response?.metadata ?? {};
+  const figures = Object.entries(metadata).filter(([key]) => key.endsWith("_ms"));
+  return figures.length ? Object.fromEntries(figures) : null;
+}
+
+function recordServerLatency(responseId, figures) {
+  const turn = stats.turns.find((t) => t.responseId === responseId);
+  if (!turn) return;
+  turn.server = figures;
+  renderLatency();
+}
+
+function renderLatency() {
+  const rows = stats.turns.map((t) => {
+    const server = t.server
+      ? Object.entries(t.server)
+          .map(([k, v]) => `${k.replace(/_ms$/, "")} ${v} ms`)
+          .join(" · ")
+      : "—";
+    const heard = t.heardMs === null ? "…" : `${t.heardMs} ms`;
+    return `<tr><td>${t.n}</td><td>${heard}</td><td>${escapeHtml(server)}</td></tr>`;
+  });
+  $("latency-rows").innerHTML = rows.reverse().join("");
+}
+
+// --- Transcript -------------------------------------------------------------------------------
+
+function entry(itemId, role) {
+  let e = entries.get(itemId);
+  if (!e) {
+    const el = document.createElement("li");
+    el.className = role;
+    el.innerHTML = `<span class="who">${role === "user" ? "You" : "Assistant"}</span><span class="text"></span>`;
+    $("transcript").append(el);
+    e = { el, text: "" };
+    entries.set(itemId, e);
+  }
+  return e;
+}
+
+function setText(itemId, role, text) {
+  const e = entry(itemId, role);
+  e.text = text ?? "";
+  e.el.querySelector(".text").textContent = e.text || "(audio)";
+  e.el.classList.remove("pending");
+  e.el.scrollIntoView({ block: "nearest" });
+}
+
+function appendText(itemId, role, delta) {
+  const e = entry(itemId, role);
+  setText(itemId, role, (e.text === "(audio)" ? "" : e.text) + (delta ?? ""));
+}
+
+function note(itemId, text) {
+  const e = entries.get(itemId);
+  if (!e) return;
+  const small = document.createElement("small");
+  small.textContent = text;
+  e.el.append(small);
+}
+
+// --- Settings ---------------------------------------------------------------------------------
+
+function sessionUpdate() {
+  const vad = $("vad").checked
+    ? {
+        type: "server_vad",
+        threshold: Number($("threshold").value),
+        silence_duration_ms: Number($("silence").value),
+        prefix_padding_ms: Number($("prefix").value),
+      }
+    : null;
+  return {
+    type: "session.update",
+    session: {
+      type: "realtime",
+      audio: {
+        input: { format: { type: "audio/pcm", rate: RATE }, turn_detection: vad },
+        output: { format: { type: "audio/pcm", rate: RATE }, voice: $("voice").value },
+      },
+    },
+  };
+}
+
+// Shows what the server actually holds, so the form never claims a setting it refused.
+function showSession(session) {
+  const input = session?.audio?.input;
+  const voice = session?.audio?.output?.voice;
+  if (voice) $("voice").value = voice;
+  if (input && "turn_detection" in input) {
+    const vad = input.turn_detection;
+    $("vad").checked = vad !== null;
+    if (vad?.threshold !== undefined) $("threshold").value = vad.threshold;
+    if (vad?.silence_duration_ms !== undefined) $("silence").value = vad.silence_duration_ms;
+    if (vad?.prefix_padding_ms !== undefined) $("prefix").value = vad.prefix_padding_ms;
+    $("commit").disabled = vad !== null;
+  }
+}
+
+// --- Page -------------------------------------------------------------------------------------
+
+function setState(state) {
+  stats.state = state;
+  $("status").textContent = state;
+  $("status").dataset.state = state;
+  $("connect").textContent = state === "connected" || state === "connecting" ? "Disconnect" : "Connect";
+  $("apply").disabled = state !== "connected";
+  $("commit").disabled = state !== "connected" || $("vad").checked;
+  setActivity(state === "connected" ? "listening" : "");
+}
+
+function setActivity(text) {
+  $("activity").textContent = text;
+}
+
+function showError(text) {
+  stats.errors.push(text);
+  const li = document.createElement("li");
+  li.textContent = `${new Date().toLocaleTimeString()} ${text}`;
+  $("errors").prepend(li);
+  $("errors-panel").hidden = false;
+}
+
+function escapeHtml(text) {
+  return text.replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+}
+
+$("connect").addEventListener("click", () => (stats.state === "connecting" || stats.state === "connected" ? disconnect() : connect()));
+$("settings").addEventListener("submit", (e) => {
+  e.preventDefault();
+  send(sessionUpdate());
+});
+$("commit").addEventListener("click", () => {
+  send({ type: "input_audio_buffer.commit" });
+  send({ type: "response.create" });
+});
+$("clear-errors").addEventListener("click", () => {
+  $("errors").replaceChildren();
+  $("errors-panel").hidden = true;
+});
+setState("idle");
