@@ -12,9 +12,11 @@ Three layers, so each can be tested and scheduled on its own:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -181,6 +183,63 @@ def process_many(items: Sequence[tuple[SileroVAD, bytes]]) -> list[Float32Array]
     for vad, w in zip(vads, windows, strict=True):
         vad.windows += len(w)
     return results
+
+
+class VadBatcher:
+    """Runs many sessions' VAD in shared batched model calls, for use from one asyncio event loop.
+
+    Requests that arrive while a batch runs form the next batch, so batches grow by themselves
+    under load (~45 µs instead of ~110 µs a window at 100 sessions) while an idle server runs a
+    request at once: no timer, no added latency. A batch of at most ``inline_windows`` windows runs
+    on the loop; a bigger one in ``executor`` (ORT releases the GIL), or inline when it is None.
+    Each session must await its result before sending its next audio (the order of its windows).
+    """
+
+    def __init__(self, executor: Executor | None = None, inline_windows: int = 4) -> None:
+        self._executor = executor
+        self._inline_windows = inline_windows
+        self._queue: list[tuple[SileroVAD, bytes, asyncio.Future[Float32Array]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def process(self, vad: SileroVAD, pcm24k: bytes) -> Float32Array:
+        """``vad.process(pcm24k)``, batched with whatever other sessions are asking for."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Float32Array] = loop.create_future()
+        self._queue.append((vad, pcm24k, future))
+        if self._task is None:
+            # A task, not a direct call: requests made in this loop iteration join the first batch.
+            self._task = loop.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue:
+                batch: list[tuple[SileroVAD, bytes, asyncio.Future[Float32Array]]] = []
+                later: list[tuple[SileroVAD, bytes, asyncio.Future[Float32Array]]] = []
+                seen: set[int] = set()
+                for request in self._queue:
+                    # A VAD's chunks must run in order, one per batch.
+                    (later if id(request[0]) in seen else batch).append(request)
+                    seen.add(id(request[0]))
+                self._queue = later
+                items = [(vad, pcm) for vad, pcm, _ in batch]
+                try:
+                    windows = sum(vad.windows_pending(len(pcm)) for vad, pcm in items)
+                    if self._executor is None or windows <= self._inline_windows:
+                        results = process_many(items)
+                    else:
+                        results = await loop.run_in_executor(self._executor, process_many, items)
+                except Exception as exc:  # handed to every caller in the batch, never lost
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, _, future), probs in zip(batch, results, strict=True):
+                    if not future.done():  # the caller may have been cancelled (session closed)
+                        future.set_result(probs)
+        finally:
+            self._task = None
 
 
 # --- Turn detection --------------------------------------------------------------------------------

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import wave
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from gateway.vad import (
     SpeechStarted,
     SpeechStopped,
     TurnDetector,
+    VadBatcher,
     process_many,
 )
 
@@ -114,6 +117,34 @@ def test_process_many_matches_one_by_one(model: SileroModel, fixture_probs: dict
         assert vads[k].windows == len(fixture_probs[name])
     with pytest.raises(ValueError):
         process_many([(vads[0], b""), (vads[0], b"")])
+
+
+async def test_batcher_batches_sessions_and_keeps_each_in_order(
+    model: SileroModel, fixture_probs: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch_sizes: list[int] = []
+    infer = model.infer
+
+    def counting_infer(x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        batch_sizes.append(len(x))
+        return infer(x, state)
+
+    monkeypatch.setattr(model, "infer", counting_infer)
+    names = [name for name in MANIFEST if MANIFEST[name]["speech_ms"]] * 3  # 9 sessions
+
+    async def session(batcher: VadBatcher, name: str) -> np.ndarray:
+        vad = SileroVAD(model)
+        out = []
+        for chunk in split(load_pcm(name), [4800]):  # 100 ms appends, as fast as results come
+            out.append(await batcher.process(vad, chunk))
+        return np.concatenate(out)
+
+    with ThreadPoolExecutor(1) as executor:
+        for batcher in (VadBatcher(executor, inline_windows=4), VadBatcher()):
+            results = await asyncio.gather(*(session(batcher, name) for name in names))
+            for name, probs in zip(names, results, strict=True):
+                np.testing.assert_allclose(probs, fixture_probs[name], atol=1e-5)
+    assert max(batch_sizes) >= 6
 
 
 def test_windows_pending_is_a_tight_upper_bound(model: SileroModel) -> None:
