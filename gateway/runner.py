@@ -10,17 +10,27 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Executor
+from typing import Protocol
 
 import orjson
 
 from gateway.responder import Responder, ResponseRequest
-from gateway.session import Effect, Mark, RunVad, Session, StartResponse, StopResponse
+from gateway.session import ClearPlayout, Effect, Mark, Play, RunVad, Session, StartResponse, StopResponse
 from gateway.trace import TurnTrace
 from gateway.vad import SileroVAD
 
 log = logging.getLogger(__name__)
 
 Send = Callable[[str], Awaitable[None]]
+
+
+class Playout(Protocol):
+    """Server-side playout of response audio (the WebRTC outbound track)."""
+
+    def play(self, response_id: str, item_id: str, pcm: bytes) -> None: ...
+
+    def clear(self) -> tuple[str, float] | None:
+        """Drop everything queued; return (item id, ms of it played) if an item was playing."""
 
 
 class SessionRunner:
@@ -33,6 +43,7 @@ class SessionRunner:
         vad_executor: Executor | None = None,
         inline_windows: int = 4,
         trace: TurnTrace | None = None,
+        playout: Playout | None = None,
     ) -> None:
         self.session = session
         self.responder = responder
@@ -41,6 +52,7 @@ class SessionRunner:
         self._vad_executor = vad_executor
         self._inline_windows = inline_windows
         self.trace = trace or TurnTrace(session.settings.id)
+        self.playout = playout
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -50,6 +62,16 @@ class SessionRunner:
     async def receive(self, message: str | bytes) -> None:
         """One client message; returns once its effects (VAD included) are carried out, so order holds."""
         await self._apply(self.session.handle(message))
+
+    async def feed_audio(self, pcm: bytes) -> None:
+        """Input audio from a media track (pcm16 24 kHz), the same path as input_audio_buffer.append."""
+        await self._apply(self.session.input_audio(pcm))
+
+    async def playout_started(self, response_id: str) -> None:
+        await self._apply(self.session.playout_event("output_audio_buffer.started", response_id))
+
+    async def playout_stopped(self, response_id: str) -> None:
+        await self._apply(self.session.playout_event("output_audio_buffer.stopped", response_id))
 
     async def close(self) -> None:
         self._closed = True
@@ -71,6 +93,13 @@ class SessionRunner:
                 self.trace.cancelled(effect.response_id)
                 if self._task is not None:
                     self._task.cancel()
+            elif isinstance(effect, Play):
+                if self.playout is not None:
+                    self.playout.play(effect.response_id, effect.item_id, effect.pcm)
+            elif isinstance(effect, ClearPlayout):
+                heard = self.playout.clear() if self.playout is not None else None
+                if heard is not None:
+                    await self._apply(self.session.playout_cleared(*heard))
             elif isinstance(effect, Mark):
                 self.trace.mark(effect.name, effect.response_id)
 

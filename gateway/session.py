@@ -85,6 +85,20 @@ class StopResponse:
 
 
 @dataclass
+class Play:
+    """Server-side playout (WebRTC): queue this response audio on the outbound track."""
+
+    response_id: str
+    item_id: str
+    pcm: bytes
+
+
+@dataclass
+class ClearPlayout:
+    """Server-side playout: drop queued audio at once, then call ``playout_cleared`` with what was heard."""
+
+
+@dataclass
 class Mark:
     """A latency checkpoint of the current turn (for the trace)."""
 
@@ -92,7 +106,7 @@ class Mark:
     response_id: str | None = None
 
 
-Effect = dict[str, Any] | RunVad | StartResponse | StopResponse | Mark
+Effect = dict[str, Any] | RunVad | StartResponse | StopResponse | Play | ClearPlayout | Mark
 
 
 @dataclass
@@ -123,9 +137,12 @@ class _Response:
 
 
 class Session:
-    def __init__(self, config: Config, dialect: Dialect = Dialect.GA) -> None:
+    def __init__(self, config: Config, dialect: Dialect = Dialect.GA, server_playout: bool = False) -> None:
+        """``server_playout``: the server plays the audio out itself (WebRTC), so it sends no audio deltas,
+        knows what was heard, and truncates the assistant item itself on barge-in."""
         self.config = config
         self.dialect = dialect
+        self.server_playout = server_playout
         vad = config.vad
         td = (
             TurnDetection(
@@ -223,7 +240,10 @@ class Session:
             raw = base64.b64decode(audio, validate=True)
         except (binascii.Error, ValueError):
             raise ProtocolError("invalid_base64", "'audio' is not valid base64.", "audio") from None
-        pcm = self._decoder.decode(raw)
+        return self.input_audio(self._decoder.decode(raw))
+
+    def input_audio(self, pcm: bytes) -> list[Effect]:
+        """Input audio, pcm16 24 kHz: from an append, or from a media track."""
         self._buffer += pcm
         self._input_ms += len(pcm) / BYTES_PER_MS
         self._trim_buffer()
@@ -314,16 +334,20 @@ class Session:
         if self._response and self._response.item_id == stored.data["id"]:
             # The listener stopped hearing it: nothing more of this response is wanted.
             effects += self._finish_response("cancelled", reason="client_cancelled")
+        return effects + self._truncate(stored, content_index, end_ms)
+
+    def _truncate(self, stored: _Stored, content_index: int, end_ms: int) -> list[Effect]:
+        """Keep what was heard: the first ``end_ms`` of the audio and the words it speaks."""
+        content = stored.data["content"]
         cut = min(len(stored.audio), end_ms * BYTES_PER_MS)
         part = content[content_index]
         part["transcript"] = _heard_text(part.get("transcript") or "", stored.marks, len(stored.audio), cut)
         del stored.audio[cut:]
         stored.marks = [m for m in stored.marks if m[0] < cut]
-        effects.append(self._event(
+        return [self._event(
             "conversation.item.truncated", item_id=stored.data["id"], content_index=content_index,
             audio_end_ms=end_ms,
-        ))
-        return effects
+        )]
 
     def _on_response_create(self, event: dict[str, Any]) -> list[Effect]:
         params = field_of(event, "response", dict, "response") or {}
@@ -343,11 +367,32 @@ class Session:
         return self._finish_response("cancelled", reason="client_cancelled")
 
     def _on_output_audio_buffer_clear(self, event: dict[str, Any]) -> list[Effect]:
-        raise ProtocolError(
-            "unsupported_event",
-            "output_audio_buffer.clear applies to WebRTC connections; over WebSocket the client owns playback.",
-            "type",
-        )
+        if not self.server_playout:
+            raise ProtocolError(
+                "unsupported_event",
+                "output_audio_buffer.clear applies to WebRTC connections; over WebSocket the client owns playback.",
+                "type",
+            )
+        effects: list[Effect] = [ClearPlayout()]
+        if self._response is not None:
+            effects += self._finish_response("cancelled", reason="client_cancelled")
+        return effects
+
+    def playout_cleared(self, item_id: str, heard_ms: float) -> list[Effect]:
+        """The playout dropped its queue; ``heard_ms`` of ``item_id`` had been played."""
+        effects: list[Effect] = [self._event("output_audio_buffer.cleared", response_id=self._response_of(item_id))]
+        stored = self._items.get(item_id)
+        if stored is not None and heard_ms * BYTES_PER_MS < len(stored.audio):
+            effects += self._truncate(stored, 0, int(heard_ms))
+        return effects
+
+    def playout_event(self, kind: str, response_id: str) -> list[Effect]:
+        """output_audio_buffer.started / .stopped, as the playout reaches them."""
+        return [self._event(kind, response_id=response_id)]
+
+    def _response_of(self, item_id: str) -> str:
+        stored = self._items.get(item_id)
+        return (stored.response_id if stored else None) or ""
 
     # --- VAD --------------------------------------------------------------------------------------
 
@@ -381,6 +426,9 @@ class Session:
         effects: list[Effect] = [
             self._event("input_audio_buffer.speech_started", audio_start_ms=round(start), item_id=item_id)
         ]
+        if self.server_playout and td.interrupt_response:
+            # The reply may still be playing after its response.done: stop it where the user cut in.
+            effects.append(ClearPlayout())
         if self._response is not None and td.interrupt_response:
             effects += self._finish_response("cancelled", reason="turn_detected")
             self.phase = Phase.INTERRUPTED
@@ -447,6 +495,9 @@ class Session:
             self._voice_locked = True
             stored.audio += out.pcm
             resp.audio_ms += len(out.pcm) / BYTES_PER_MS
+            if self.server_playout:
+                effects.append(Play(resp.id, resp.item_id, out.pcm))
+                return effects
             encoded = resp.encoder.encode(out.pcm)
             effects.append(self._delta("response.output_audio.delta", resp, base64.b64encode(encoded).decode()))
             return effects
@@ -527,6 +578,7 @@ class Session:
             encoder=OutputEncoder(s.output_format),
             stored=stored,
         )
+        stored.response_id = resp.id
         request = ResponseRequest(
             response_id=resp.id,
             item_id=resp.item_id,

@@ -41,7 +41,7 @@ def silence(ms: int) -> bytes:
     return bytes(48 * ms)
 
 
-def test_config(**overrides: Any) -> Config:
+def make_config(**overrides: Any) -> Config:
     """The repository's defaults with ``section__key=value`` overrides, on a free port."""
     config = load_config(env={})
     config.server.port = 0
@@ -59,7 +59,7 @@ async def start_gateway() -> AsyncIterator[StartGateway]:
     started: list[Gateway] = []
 
     async def start(responder: Responder | None = None, **overrides: Any) -> Gateway:
-        gateway = Gateway(test_config(**overrides), responder or EchoResponder(pace=0))
+        gateway = Gateway(make_config(**overrides), responder or EchoResponder(pace=0))
         await gateway.start()
         started.append(gateway)
         return gateway
