@@ -8,7 +8,7 @@ $(BIN)/activate: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,webrtc]"
 	touch $(BIN)/activate
 
 .PHONY: setup serve test lint
