@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import soxr
 
+from gateway.audio import InputDecoder, OutputEncoder
 from gateway.vad import (
     MODEL_SHA256,
     WINDOW,
@@ -168,6 +169,24 @@ def test_window_times_follow_input_audio(model: SileroModel, fixture_probs: dict
     assert isinstance(start, SpeechStarted) and isinstance(stop, SpeechStopped)
     assert start.audio_start_ms == base[0].audio_start_ms + 320  # type: ignore[union-attr]
     assert abs(stop.audio_end_ms - base[1].audio_end_ms - 320) <= 32  # type: ignore[union-attr]
+
+
+def test_g711_input_path_keeps_event_times(model: SileroModel, fixture_probs: dict) -> None:
+    # A telephony client: the fixture as mu-law 8 kHz, decoded back to 24 kHz in 20 ms packets. The
+    # decoder's resampler is delay-compensated too, so the events land where they do for pcm16.
+    encoder = OutputEncoder("g711_ulaw")
+    ulaw = encoder.encode(load_pcm("two_turns.wav")) + encoder.flush()
+    decoder, vad = InputDecoder("g711_ulaw"), SileroVAD(model)
+    probs = np.concatenate([vad.process(decoder.decode(packet)) for packet in split(ulaw, [160])])
+    events = TurnDetector().feed(probs)
+    expected = TurnDetector().feed(fixture_probs["two_turns.wav"])
+    assert [type(e) for e in events] == [type(e) for e in expected]
+    for got, want in zip(events, expected, strict=True):
+        assert abs(event_ms(got) - event_ms(want)) <= 32
+
+
+def event_ms(event: SpeechStarted | SpeechStopped) -> int:
+    return event.audio_start_ms if isinstance(event, SpeechStarted) else event.audio_end_ms
 
 
 # --- TurnDetector on real audio ---
