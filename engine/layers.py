@@ -1,0 +1,116 @@
+"""Qwen3 decoder blocks with a static KV cache (gpt-fast style).
+
+Every cache is preallocated as [slots, kv_heads, max_len, head_dim]; a step writes its keys and values at
+`input_pos` and attends over the whole cache under a mask, so tensor shapes never change between steps and
+a later change can capture a step in a CUDA graph. Parameter names follow the official checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Statistics in float32 and the weight applied after the cast back, as the official norm does.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_tables(head_dim: int, theta: float, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 cos/sin [max_len, head_dim] for positions 0..max_len-1, computed as the official rotary
+    embedding computes them. The talker's interleaved multimodal RoPE gets the same position on all three
+    axes, which makes it plain 1-D RoPE."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float32, device=device), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class KVCache:
+    """One layer's keys and values for `slots` sequences of up to `max_len` positions."""
+
+    def __init__(self, slots: int, kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        shape = (slots, kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    def update(self, slots: torch.Tensor, input_pos: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, kv_heads, T, D] at (slots [B], input_pos [B, T]); return the caches of those slots."""
+        rows = slots[:, None]
+        self.k[rows, :, input_pos] = k.transpose(1, 2)
+        self.v[rows, :, input_pos] = v.transpose(1, 2)
+        return self.k[slots], self.v[slots]
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
+                slots: torch.Tensor, input_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = rope
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        k, v = cache.update(slots, input_pos, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int,
+                 eps: float) -> None:
+        super().__init__()
+        self.self_attn = Attention(hidden, heads, kv_heads, head_dim, eps)
+        self.mlp = MLP(hidden, intermediate)
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
+                slots: torch.Tensor, input_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, slots, input_pos, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def causal_mask(input_pos: torch.Tensor, max_len: int) -> torch.Tensor:
+    """[B, 1, T, max_len]: a query at position p sees cache entries 0..p (entries past p may hold another
+    sequence's leftovers; they stay masked)."""
+    keys = torch.arange(max_len, device=input_pos.device)
+    return (keys[None, None, :] <= input_pos[:, :, None]).unsqueeze(1)

@@ -1,0 +1,71 @@
+"""Token choice as the official generate makes it: repetition penalty on codebook 0, then (when sampling)
+temperature, top-k and top-p, each exactly as transformers' logits processors compute them. Random draws come
+from the stream's own torch.Generator, so a stream is reproducible for a given seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    do_sample: bool = True
+    top_k: int = 50
+    top_p: float = 1.0
+    temperature: float = 0.9
+    repetition_penalty: float = 1.05
+    # The code predictor ("sub-talker"); the official generate applies no repetition penalty there.
+    sub_do_sample: bool = True
+    sub_top_k: int = 50
+    sub_top_p: float = 1.0
+    sub_temperature: float = 0.9
+
+    @classmethod
+    def from_generation_config(cls, gen: dict[str, Any], greedy: bool = False) -> SamplingParams:
+        """generation_config.json values over the official hard defaults; greedy turns both samplers off
+        (the repetition penalty still applies, as in the official greedy path)."""
+        base = cls()
+        params = cls(
+            do_sample=bool(gen.get("do_sample", base.do_sample)) and not greedy,
+            top_k=int(gen.get("top_k", base.top_k)),
+            top_p=float(gen.get("top_p", base.top_p)),
+            temperature=float(gen.get("temperature", base.temperature)),
+            repetition_penalty=float(gen.get("repetition_penalty", base.repetition_penalty)),
+            sub_do_sample=bool(gen.get("subtalker_dosample", base.sub_do_sample)) and not greedy,
+            sub_top_k=int(gen.get("subtalker_top_k", base.sub_top_k)),
+            sub_top_p=float(gen.get("subtalker_top_p", base.sub_top_p)),
+            sub_temperature=float(gen.get("subtalker_temperature", base.sub_temperature)),
+        )
+        if params.temperature <= 0 or params.sub_temperature <= 0:
+            raise ValueError("generation_config.json: temperature must be > 0")
+        return params
+
+
+def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Penalise the ids already generated (once each, however often they came)."""
+    if penalty == 1.0:
+        return logits
+    penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def pick(logits: torch.Tensor, do_sample: bool, top_k: int, top_p: float, temperature: float,
+         generator: torch.Generator | None) -> torch.Tensor:
+    """One id from float32 logits [V]: argmax, or a draw after temperature, top-k, top-p."""
+    if not do_sample:
+        return logits.argmax()
+    scores = logits / temperature
+    if 0 < top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=False)
+        cumulative = sorted_scores.softmax(-1).cumsum(-1)
+        remove = cumulative <= 1 - top_p
+        remove[-1] = False
+        scores = scores.masked_fill(remove.scatter(0, order, remove), float("-inf"))
+    probs = scores.softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator)[0]

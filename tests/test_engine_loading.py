@@ -1,0 +1,124 @@
+"""Checkpoint loading: each way a checkpoint can fail to match the code is an error that names the cause."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine import checkpoint
+from engine.checkpoint import CheckpointError
+
+FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # The tiny model is all per-op overhead; two intra-op threads on a shared 2-core box are ~20x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+TENSOR = "talker.model.layers.1.self_attn.k_norm.weight"
+CODEC_TENSOR = "decoder.pre_conv.conv.weight"
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    target = tmp_path / "ckpt"
+    shutil.copytree(FIXTURE, target)
+    return target
+
+
+def _edit(path: Path, edit) -> None:
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path))
+
+
+def test_loads_by_path(copy: Path) -> None:
+    ckpt = checkpoint.load(str(copy), device="cpu")
+    assert ckpt.folder == copy
+    assert "vivian" in ckpt.config.speakers
+
+
+def test_missing_tensor(copy: Path) -> None:
+    _edit(copy / "model.safetensors", lambda t: t.pop(TENSOR))
+    with pytest.raises(CheckpointError, match=f"missing tensors: {TENSOR}"):
+        checkpoint.load(str(copy), device="cpu")
+
+
+def test_unexpected_tensor(copy: Path) -> None:
+    _edit(copy / "model.safetensors", lambda t: t.update({"talker.extra.weight": torch.zeros(2)}))
+    with pytest.raises(CheckpointError, match="unexpected tensors: talker.extra.weight"):
+        checkpoint.load(str(copy), device="cpu")
+
+
+def test_misshapen_tensor(copy: Path) -> None:
+    _edit(copy / "model.safetensors", lambda t: t.update({TENSOR: torch.ones(7)}))
+    with pytest.raises(CheckpointError, match=rf"misshapen tensors: {TENSOR} \[7\] \(expected \[16\]\)"):
+        checkpoint.load(str(copy), device="cpu")
+
+
+def test_misshapen_codec_tensor(copy: Path) -> None:
+    _edit(copy / "speech_tokenizer" / "model.safetensors",
+          lambda t: t.update({CODEC_TENSOR: t[CODEC_TENSOR][:, :, :2].contiguous()}))
+    with pytest.raises(CheckpointError, match=f"speech_tokenizer.*misshapen tensors: {CODEC_TENSOR}"):
+        checkpoint.load(str(copy), device="cpu")
+
+
+def test_missing_codec_tensor(copy: Path) -> None:
+    _edit(copy / "speech_tokenizer" / "model.safetensors", lambda t: t.pop(CODEC_TENSOR))
+    with pytest.raises(CheckpointError, match=f"missing tensors: {CODEC_TENSOR}"):
+        checkpoint.load(str(copy), device="cpu")
+
+
+def test_config_that_does_not_match_the_weights(copy: Path) -> None:
+    config = json.loads((copy / "config.json").read_text())
+    config["talker_config"]["num_hidden_layers"] = 3
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="missing tensors: talker.model.layers.2"):
+        checkpoint.load(str(copy), device="cpu")
+
+
+def test_base_checkpoint_is_refused(copy: Path) -> None:
+    config = json.loads((copy / "config.json").read_text())
+    config["tts_model_type"] = "base"
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="custom_voice"):
+        checkpoint.load(str(copy), device="cpu")
+
+
+def test_missing_folder_names_the_download_command(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="huggingface-cli download Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"):
+        checkpoint.load(str(tmp_path / "nowhere"), device="cpu")
+
+
+def test_hub_id_not_in_cache_names_the_download_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(CheckpointError, match=r"huggingface-cli download Someone/Missing-TTS.*hf download"):
+        checkpoint.load("Someone/Missing-TTS", device="cpu")
+
+
+def test_hub_id_resolves_from_local_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The cache layout huggingface_hub reads offline: refs/main names a snapshot folder.
+    repo = tmp_path / "hub" / "models--Qwen--Qwen3-TTS-12Hz-0.6B-CustomVoice"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    shutil.copytree(FIXTURE, repo / "snapshots" / ("0" * 40))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert checkpoint.resolve("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice") == repo / "snapshots" / ("0" * 40)
+
+
+def test_missing_weights_file(copy: Path) -> None:
+    (copy / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        checkpoint.load(str(copy), device="cpu")

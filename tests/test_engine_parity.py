@@ -1,0 +1,120 @@
+"""The engine against the official qwen-tts 0.1.1 outputs recorded in tests/data/qwen3_tts_tiny
+(scripts/make_parity_fixture.py): identical greedy codes, the same waveform."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine import checkpoint
+from engine.prompt import PromptError, TextTokens, Voice
+from engine.sampling import SamplingParams
+from engine.stream import synthesize
+
+FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # The tiny model is all per-op overhead; two intra-op threads on a shared 2-core box are ~20x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+REFS = json.loads((FIXTURE / "references.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def ckpt() -> checkpoint.Checkpoint:
+    return checkpoint.load(str(FIXTURE), device="cpu", dtype="auto")
+
+
+def test_loads_as_float32_on_cpu(ckpt: checkpoint.Checkpoint) -> None:
+    assert next(ckpt.model.parameters()).dtype == torch.float32
+    assert next(ckpt.codec.parameters()).dtype == torch.float32
+    assert ckpt.model.talker.code_predictor.small_to_mtp_projection is not None  # widths differ in the fixture
+
+
+@pytest.mark.parametrize("prompt", REFS["prompts"], ids=[p["name"] for p in REFS["prompts"]])
+def test_prompt_tokens_match_official(ckpt: checkpoint.Checkpoint, prompt: dict) -> None:
+    tokens = TextTokens(ckpt.tokenizer)
+    ids, _ = tokens.encode(prompt["text"])
+    assert tokens.role_ids + ids == prompt["input_ids"][:-5]
+
+
+@pytest.mark.parametrize("prompt", REFS["prompts"], ids=[p["name"] for p in REFS["prompts"]])
+def test_greedy_codes_match_official(ckpt: checkpoint.Checkpoint, prompt: dict) -> None:
+    params = SamplingParams.from_generation_config(ckpt.generation, greedy=True)
+    assert params.repetition_penalty == REFS["repetition_penalty"]
+    # max_new_tokens N gives the official at most N - 1 complete frames.
+    codes, _ = synthesize(ckpt, prompt["speaker"], prompt["language"], prompt["text"], params,
+                          max_frames=REFS["max_new_tokens"] - 1, non_streaming=prompt["non_streaming_mode"])
+    assert codes.tolist() == prompt["codes"]
+
+
+def test_references_cover_eos_and_cap() -> None:
+    lengths = {len(p["codes"]) for p in REFS["prompts"]}
+    assert REFS["max_new_tokens"] - 1 in lengths  # one ran into the frame cap
+    assert min(lengths) < REFS["max_new_tokens"] - 1  # and some stopped at EOS
+
+
+def test_decoder_matches_official(ckpt: checkpoint.Checkpoint) -> None:
+    refs = load_file(str(FIXTURE / "references.safetensors"))
+    wav = ckpt.codec.decode(refs["decoder_codes"][None])[0]
+    ref = refs["decoder_wav"]
+    assert wav.shape == ref.shape
+    assert float((wav - ref).norm() / ref.norm()) < 1e-4
+
+
+def test_streamed_packets_match_official_waveform(ckpt: checkpoint.Checkpoint) -> None:
+    prompt = REFS["prompts"][0]
+    params = SamplingParams.from_generation_config(ckpt.generation, greedy=True)
+    codes, packets = synthesize(ckpt, prompt["speaker"], prompt["language"], prompt["text"], params,
+                                max_frames=REFS["max_new_tokens"] - 1, packet_frames=4)
+    ref = load_file(str(FIXTURE / "references.safetensors"))["greedy_wav.vivian_en_stream"].numpy()
+    assert [p.codes.shape[1] for p in packets] == [4] * 5 + [1]
+    pcm = np.frombuffer(b"".join(p.pcm for p in packets), dtype=np.int16).astype(np.float64) / 32767
+    assert pcm.shape == ref.shape
+    # pcm16 rounding (half a step, 1.5e-5) plus streamed-vs-whole decoding rounding.
+    assert np.linalg.norm(pcm - ref) / np.linalg.norm(ref) < 1e-3
+    assert "".join(p.text for p in packets) == prompt["text"]
+
+
+def test_dialect_speaker_swaps_language_tag(ckpt: checkpoint.Checkpoint) -> None:
+    cfg = ckpt.config
+    sichuan = cfg.languages["sichuan_dialect"]
+    assert Voice.resolve(cfg, "eric", "chinese").codec_prefix(cfg)[2] == sichuan
+    assert Voice.resolve(cfg, "eric", "auto").codec_prefix(cfg)[2] == sichuan
+    assert Voice.resolve(cfg, "eric", "english").codec_prefix(cfg)[2] == cfg.languages["english"]
+    assert Voice.resolve(cfg, "ryan", "auto").codec_prefix(cfg)[:3] == [cfg.nothink, cfg.think_bos, cfg.think_eos]
+
+
+@pytest.mark.parametrize(("speaker", "language"), [("nobody", "english"), ("ryan", "klingon"),
+                                                   ("ryan", "sichuan_dialect")])
+def test_unknown_voice_or_language(ckpt: checkpoint.Checkpoint, speaker: str, language: str) -> None:
+    with pytest.raises(PromptError):
+        Voice.resolve(ckpt.config, speaker, language)
+
+
+def test_sampling_is_reproducible_per_seed(ckpt: checkpoint.Checkpoint) -> None:
+    params = SamplingParams.from_generation_config(ckpt.generation)
+    assert params.do_sample and params.top_k == 50
+    text = "Hello world, this is a test."
+    first, _ = synthesize(ckpt, "ryan", "english", text, params, max_frames=8, seed=7, min_frames=8)
+    again, _ = synthesize(ckpt, "ryan", "english", text, params, max_frames=8, seed=7, min_frames=8)
+    other, _ = synthesize(ckpt, "ryan", "english", text, params, max_frames=8, seed=8, min_frames=8)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+    assert first.shape == (8, 16)
+
+
+def test_frame_cap_ends_generation(ckpt: checkpoint.Checkpoint) -> None:
+    params = SamplingParams.from_generation_config(ckpt.generation, greedy=True)
+    codes, packets = synthesize(ckpt, "vivian", "english", REFS["prompts"][0]["text"], params, max_frames=5)
+    assert codes.shape == (5, 16)
+    assert sum(len(p.pcm) for p in packets) == 5 * 1920 * 2
