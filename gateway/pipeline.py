@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ class BridgeSettings:
 
     starter_chars: int = 24
     max_segment_chars: int = 160
+
+
+_Outputs = asyncio.Queue[ResponseOutput | asyncio.Task[None]]
 
 
 def _tts_error(exc: Exception) -> BackendError:
@@ -120,9 +124,12 @@ class PipelineResponder:
             stream = self.tts_engine.open(voice, self.language)
         except Exception as exc:
             raise _tts_error(exc) from exc
-        outputs: asyncio.Queue[ResponseOutput | asyncio.Task[None]] = asyncio.Queue()
-        reader = asyncio.create_task(self._read_llm(chat, stream, outputs))
-        player = asyncio.create_task(self._play(stream, outputs))
+        outputs: _Outputs = asyncio.Queue()
+        # Segments as the LLM wrote them, whitespace before them included, in the order fed: the
+        # engine gets them stripped, the transcript needs them whole.
+        written: deque[str] = deque()
+        reader = asyncio.create_task(self._read_llm(chat, stream, outputs, written))
+        player = asyncio.create_task(self._play(stream, outputs, written))
         reader.add_done_callback(outputs.put_nowait)
         player.add_done_callback(outputs.put_nowait)
         finished = False
@@ -145,40 +152,47 @@ class PipelineResponder:
             await asyncio.gather(reader, player, return_exceptions=True)
 
     async def _read_llm(
-        self, chat: AsyncIterator[str], stream: TTSStream, outputs: asyncio.Queue[ResponseOutput | asyncio.Task[None]]
+        self, chat: AsyncIterator[str], stream: TTSStream, outputs: _Outputs, written: deque[str]
     ) -> None:
         bridge = None if self.tts_engine.incremental else TextBridge(**dataclasses.asdict(self.bridge))
+
+        def feed(texts: Iterable[str]) -> None:
+            for text in texts:
+                try:
+                    if bridge is None:
+                        stream.feed(text)
+                    else:
+                        written.append(text)
+                        stream.feed(text.strip())
+                except Exception as exc:
+                    raise _tts_error(exc) from exc
+
         first = True
         async with aclosing(chat):
             async for delta in chat:
                 if first:
                     outputs.put_nowait(TraceMark("llm_first_token"))
                     first = False
-                _feed(stream, [delta] if bridge is None else bridge.feed(delta))
+                feed([delta] if bridge is None else bridge.feed(delta))
         if bridge is not None:
-            _feed(stream, bridge.end())
+            feed(bridge.end())
         stream.end()
 
-    async def _play(self, stream: TTSStream, outputs: asyncio.Queue[ResponseOutput | asyncio.Task[None]]) -> None:
+    async def _play(self, stream: TTSStream, outputs: _Outputs, written: deque[str]) -> None:
         first = True
         try:
             async for chunk in stream:
                 if chunk.text:
-                    outputs.put_nowait(SpeechText(chunk.text))
+                    if written and written[0].strip() == chunk.text:
+                        outputs.put_nowait(SpeechText(written.popleft()))
+                    else:  # an incremental engine's own account of the text
+                        outputs.put_nowait(SpeechText(chunk.text))
                 if chunk.pcm:
                     if first:
                         outputs.put_nowait(TraceMark("tts_first_audio"))
                         first = False
                     outputs.put_nowait(AudioOut(chunk.pcm))
         except Exception as exc:  # an engine failure of any kind fails the response as a tts error
-            raise _tts_error(exc) from exc
-
-
-def _feed(stream: TTSStream, texts: Iterable[str]) -> None:
-    for text in texts:
-        try:
-            stream.feed(text)
-        except Exception as exc:
             raise _tts_error(exc) from exc
 
 

@@ -6,6 +6,9 @@ segment (the starter) is short: it ends at the first punctuation or at the first
 natural prosody; a run without punctuation is cut at a word boundary before ``max_segment_chars``
 (by characters in CJK text, which has no spaces). ``end`` flushes what is left.
 
+A segment keeps the whitespace that came before it in the LLM's text, so the segments joined are
+the reply as written (the transcript); strip a segment before it goes to the engine.
+
 Segmentation depends only on the text, never on how the LLM split it into deltas: a cut is made
 only once the characters that decide it have arrived (a ``.`` is a cut only when followed by a
 space, so ``3.5`` stays whole; this holds back one delta at most).
@@ -53,14 +56,14 @@ class TextBridge:
 
     def feed(self, text: str) -> list[str]:
         self._buf += text
-        if self._scan == 0:
-            self._buf = self._buf.lstrip()
+        if self._starter and self._scan == 0:
+            self._buf = self._buf.lstrip()  # the reply's leading whitespace
         return self._cuts(final=False)
 
     def end(self) -> list[str]:
         """The remaining segments once the LLM is done; the bridge is then ready for a new response."""
         segments = self._cuts(final=True)
-        rest = self._buf.strip()
+        rest = self._buf.rstrip()
         if _speakable(rest):
             segments.append(rest)
         self._buf, self._scan, self._starter = "", 0, True
@@ -69,10 +72,9 @@ class TextBridge:
     def _cuts(self, final: bool) -> list[str]:
         segments = []
         while (cut := self._next_cut(final)) is not None:
-            segment = self._buf[:cut].strip()
-            self._buf = self._buf[cut:].lstrip()
+            segments.append(self._buf[:cut])
+            self._buf = self._buf[cut:]
             self._scan = 0
-            segments.append(segment)
             self._starter = False
         return segments
 

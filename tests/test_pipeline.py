@@ -30,6 +30,7 @@ from gateway.responder import (
 )
 from gateway.tone_tts import ToneEngine, ToneStream, tone_pcm
 from gateway.tts import TTSError
+from tests.conftest import StartGateway, audio_of, connect
 from tests.fake_openai import FakeOpenAI, tokenize
 
 REPLY = "Sure, I can help with that. The weather today is sunny and warm, with a light breeze."
@@ -140,10 +141,17 @@ async def test_full_turn(make: Make, fake: FakeOpenAI):
     assert outs[0] == InputTranscript("item_user", TRANSCRIPT)
     assert marks(outs) == ["stt_done", "llm_first_token", "tts_first_audio"]
     speech = [o.text for o in outs if isinstance(o, SpeechText)]
-    assert speech == ["Sure,", "I can help with that.", "The weather today is sunny and warm,", "with a light breeze."]
-    assert speech == engine.fed
+    # the transcript keeps the reply's spaces; the engine gets each segment stripped
+    assert speech == [
+        "Sure,",
+        " I can help with that.",
+        " The weather today is sunny and warm,",
+        " with a light breeze.",
+    ]
+    assert "".join(speech) == REPLY
+    assert engine.fed == [s.strip() for s in speech]
     audio = b"".join(o.pcm for o in outs if isinstance(o, AudioOut))
-    assert audio == b"".join(tone_pcm(s) for s in speech)
+    assert audio == b"".join(tone_pcm(s) for s in engine.fed)
     # each segment's text comes right before its audio
     kinds = [type(o).__name__ for o in outs if isinstance(o, SpeechText | AudioOut)]
     assert kinds[0] == "SpeechText" and kinds.count("SpeechText") == 4
@@ -435,3 +443,44 @@ def test_build_responder():
     config.tts.engine = "qwen3"
     with pytest.raises(ConfigError, match="checkpoint"):
         build_responder(config)
+
+
+async def test_through_the_gateway(make: Make, fake: FakeOpenAI, start_gateway: StartGateway):
+    """A manual-commit turn over the Realtime protocol: transcript, spoken reply, then a cancelled turn."""
+    gateway = await start_gateway(make(fake.base_url))
+    async with connect(gateway) as client:
+        await client.send(
+            {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}}
+        )
+        await client.until("session.updated")
+        await client.append(USER_AUDIO)
+        await client.send({"type": "input_audio_buffer.commit"})
+        await client.send({"type": "response.create"})
+        events = await client.until("response.done")
+        transcribed = next(
+            e for e in client.received if e["type"] == "conversation.item.input_audio_transcription.completed"
+        )
+        assert transcribed["transcript"] == TRANSCRIPT
+        spoken = [e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta"]
+        assert "".join(spoken) == REPLY
+        assert events[-1]["response"]["status"] == "completed"
+        assert audio_of(events)
+
+        fake.tokens_per_s = 20
+        await client.send({"type": "response.create"})
+        await client.until("response.output_audio.delta")
+        await client.send({"type": "response.cancel"})
+        assert (await client.until("response.done"))[-1]["response"]["status"] == "cancelled"
+        chat = fake.chat_requests[-1]
+        await asyncio.wait_for(chat.done.wait(), 5)
+        assert chat.closed_by_client
+        assert chat.messages[-2:] == [
+            {"role": "user", "content": TRANSCRIPT},
+            {"role": "assistant", "content": REPLY},
+        ]
+
+        fake.llm_failure = "500"
+        await client.send({"type": "response.create"})
+        done = (await client.until("response.done"))[-1]["response"]
+        assert done["status"] == "failed"
+        assert done["status_details"]["error"]["code"] == "llm_backend_error"

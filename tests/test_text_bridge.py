@@ -5,7 +5,7 @@ import pytest
 from gateway.text_bridge import TextBridge
 
 
-def segment(text: str, starter: int = 24, cap: int = 160, step: int | None = None) -> list[str]:
+def raw_segments(text: str, starter: int = 24, cap: int = 160, step: int | None = None) -> list[str]:
     """Feed ``text`` whole (step None) or in deltas of ``step`` characters."""
     bridge = TextBridge(starter_chars=starter, max_segment_chars=cap)
     out: list[str] = []
@@ -13,6 +13,11 @@ def segment(text: str, starter: int = 24, cap: int = 160, step: int | None = Non
     for piece in pieces:
         out += bridge.feed(piece)
     return out + bridge.end()
+
+
+def segment(text: str, starter: int = 24, cap: int = 160, step: int | None = None) -> list[str]:
+    """The segments as the TTS engine gets them."""
+    return [s.strip() for s in raw_segments(text, starter, cap, step)]
 
 
 def test_starter_cut_at_first_punctuation():
@@ -57,7 +62,13 @@ def test_punctuation_is_not_decided_until_the_next_character():
     bridge = TextBridge()
     assert bridge.feed("Costs 3.") == []
     assert bridge.feed("5 now, ok") == ["Costs 3.5 now,"]
-    assert bridge.end() == ["ok"]
+    assert bridge.end() == [" ok"]
+
+
+def test_segments_keep_the_whitespace_before_them():
+    text = "  Sure, I can.\nHere:\n\n- one\n- two 🙂  "
+    out = raw_segments(text, starter=3)
+    assert out == ["Sure,", " I can.", "\nHere:", "\n\n- one\n", "- two 🙂"]
 
 
 def test_cap_cuts_at_a_word_boundary():
@@ -116,7 +127,7 @@ def test_end_resets_for_a_new_response():
     bridge = TextBridge(starter_chars=5)
     bridge.feed("First response here")
     bridge.end()
-    assert bridge.feed("Second one, yes") == ["Second", "one,"]  # a new starter
+    assert bridge.feed("Second one, yes") == ["Second", " one,"]  # a new starter
 
 
 TEXTS = [
@@ -129,10 +140,11 @@ TEXTS = [
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_segmentation_does_not_depend_on_delta_sizes(text):
-    whole = segment(text, starter=12, cap=40)
+    whole = raw_segments(text, starter=12, cap=40)
+    assert "".join(whole) == text.strip()
     rng = random.Random(7)
     for step in (1, 2, 3, 5, 8):
-        assert segment(text, starter=12, cap=40, step=step) == whole
+        assert raw_segments(text, starter=12, cap=40, step=step) == whole
     # irregular deltas, as an LLM streams them
     bridge = TextBridge(starter_chars=12, max_segment_chars=40)
     out: list[str] = []
