@@ -450,6 +450,24 @@ class CodecState:
     def batch_size(self) -> int:
         return self.pos.shape[0]
 
+    def narrow(self, start: int, length: int) -> CodecState:
+        """Rows [start, start + length) as views of this state's memory: stepping the view advances
+        these rows here (e.g. a CUDA graph captured for a smaller batch bucket over the first rows)."""
+        return CodecState(
+            convs={m: c.narrow(0, start, length) for m, c in self.convs.items()},
+            keys=self.keys.narrow(1, start, length),
+            values=self.values.narrow(1, start, length),
+            pos=self.pos.narrow(0, start, length),
+        )
+
+    def copy_rows_(self, dst: Tensor, src: Tensor) -> None:
+        """Move streams between rows in place (rows ``src`` -> rows ``dst``), e.g. to compact a batch."""
+        for cache in self.convs.values():
+            cache[dst] = cache[src]
+        self.keys[:, dst] = self.keys[:, src]
+        self.values[:, dst] = self.values[:, src]
+        self.pos[dst] = self.pos[src]
+
     def reset_(self, rows: Tensor | None = None) -> None:
         """Start new streams in ``rows`` (bool mask or indices; all rows if None), in place."""
         if rows is None:

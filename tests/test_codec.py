@@ -163,3 +163,17 @@ def test_rejects_malformed_codes(codec: CodecDecoder) -> None:
         codec.decode(torch.zeros(1, 8, 4, dtype=torch.long))
     with pytest.raises(ValueError):
         codec.decode_step(torch.zeros(3, 16, 4, dtype=torch.long), codec.new_state(2))
+
+
+def test_narrowed_state_and_moved_rows_continue_their_streams(
+    codec: CodecDecoder, reference: dict[str, torch.Tensor], whole: torch.Tensor
+) -> None:
+    """A 3-slot state: row 0 decodes through a 1-row view, then moves to slot 2 and finishes there."""
+    codes = reference["codes"][:1]
+    state = codec.new_state(3)
+    first = codec.decode_step(codes[:, :, :7], state.narrow(0, 1))
+    assert state.pos.tolist() == [7, 0, 0]
+    state.copy_rows_(torch.tensor([2]), torch.tensor([0]))
+    state.reset_(torch.tensor([0]))
+    rest = codec.decode_step(torch.cat([codes[:, :, 7:]] * 3), state)[2:]
+    assert snr_db(torch.cat([first, rest], dim=-1), whole[:1]) >= 60
