@@ -414,7 +414,7 @@ class Code2Wav(nn.Module):
         )
 
     def forward(self, codes: Tensor, state: CodecState | None) -> Tensor:
-        """codes [B, num_quantizers, T] -> waveform [B, T * samples_per_frame] (model dtype)."""
+        """codes [B, num_quantizers, T] -> float32 waveform [B, T * samples_per_frame]."""
         caches = None if state is None else state.convs
         dtype = self.pre_conv.conv.weight.dtype
         x = self.pre_conv(self.quantizer(codes).to(dtype), caches)
@@ -425,7 +425,7 @@ class Code2Wav(nn.Module):
         for block in self.decoder[1:-2]:
             x = block(x, caches)
         x = self.decoder[-1](self.decoder[-2](x), caches)
-        return x.squeeze(1).clamp(-1.0, 1.0)
+        return x.squeeze(1).clamp(-1.0, 1.0).float()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -515,7 +515,7 @@ class CodecDecoder(nn.Module):
 
     @torch.no_grad()
     def decode(self, codes: Tensor) -> Tensor:
-        """Whole utterance: codes [B, 16, T] (int64) -> waveform [B, T * 1920] in [-1, 1]."""
+        """Whole utterance: codes [B, 16, T] (int64) -> float32 waveform [B, T * 1920] in [-1, 1]."""
         self._check_codes(codes)
         return self.decoder(codes, None)
 
@@ -546,7 +546,7 @@ class CodecDecoder(nn.Module):
 
     @torch.no_grad()
     def decode_step(self, codes: Tensor, state: CodecState) -> Tensor:
-        """Next n frames of each stream: codes [B, 16, n] -> waveform [B, n * 1920], final samples.
+        """Next n frames of each stream: codes [B, 16, n] -> float32 waveform [B, n * 1920], final samples.
 
         Concatenating the outputs of successive calls equals ``decode`` of all frames at once (any
         packet sizes). Host-sync free, so a fixed (B, n) step can be captured in a CUDA graph.
