@@ -114,9 +114,7 @@ class FakeOpenAI:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        server = site._server
-        assert isinstance(server, asyncio.base_events.Server)
-        self.port = server.sockets[0].getsockname()[1]
+        self.port = self._runner.addresses[0][1]
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -292,12 +290,12 @@ async def _serve(args: argparse.Namespace) -> None:
         stt_failure=args.stt_failure,
         fail_after_tokens=args.fail_after_tokens,
     )
-    await fake.start()
-    print(f"listening on {fake.base_url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    await fake.start()
+    print(f"listening on {fake.base_url}", flush=True)
     await stop.wait()
     await fake.stop()
 
