@@ -1,0 +1,599 @@
+"""Headless replay: one Realtime session per WAV file, all at once, with per-turn latency reports.
+
+    python -m gateway replay --url ws://127.0.0.1:8000/v1/realtime --out DIR a.wav b.wav ...
+
+Each WAV is split into turns at silences (``--split-silence-ms``). A turn is streamed like a
+microphone would (paced at ``--speed`` × real time), followed by silence so server VAD ends it.
+The reply is "played" on a simulated clock running at the same speed; once it has played out and
+``--turn-gap-ms`` has passed, the next turn starts. With ``--barge-in-ms`` the next turn starts
+instead when that much of the reply has played, and when the server reports the new speech the
+client stops its playback and sends conversation.item.truncate with what was heard, as a real
+client does.
+
+Written per session, in DIR/<wav name>/: output.wav (every reply's audio as received),
+events.jsonl (every event sent and received, with times; audio reduced to its size) and
+latency.json (per turn: speech_stopped → first audio delta, → response.done, barge-in
+speech_started → response.done), plus latency.png when matplotlib is installed. DIR/summary.json
+collects the sessions and the SHA-256 of each output.wav: with the echo responder, or a model with
+a fixed seed and greedy decoding, the same WAVs give the same hashes (barge-in runs excepted when
+the reply streams in real time, since how much of it is sent before the cancel depends on timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from gateway.audio import SAMPLE_RATE
+from gateway.client import (
+    AUDIO_DELTA,
+    CHUNK_MS,
+    DEFAULT_URL,
+    TAIL_MS,
+    CliError,
+    TurnTracker,
+    open_connection,
+    read_wav,
+    strip_audio,
+    write_wav,
+)
+
+FRAME = SAMPLE_RATE * 20 // 1000  # 20 ms analysis frames for splitting turns
+SPEECH_DB_BELOW_PEAK = 30.0  # a frame this far below the loudest one counts as silence
+MIN_SPEECH_MS = 100  # shorter bursts (clicks) do not make a turn
+NO_SPEECH_WAIT_S = 1.5  # after a turn is sent, how long to wait for speech_started before giving up
+BARGE_IN_LEAD_MS = 100  # lead-in kept before the speech of a turn that interrupts a reply
+POLL_S = 0.005
+
+
+@dataclass
+class Options:
+    out: Path
+    url: str = DEFAULT_URL
+    speed: float = 1.0
+    turn_gap_ms: int = 1000
+    barge_in_ms: list[int | None] = field(default_factory=list)
+    split_silence_ms: int = 800
+    tail_ms: int = TAIL_MS
+    turn_timeout_s: float = 30.0
+    beta: bool = False
+
+    def barge_in_for(self, reply: int) -> int | None:
+        """Barge-in point for the reply to turn ``reply`` (0-based); one value applies to all."""
+        if not self.barge_in_ms:
+            return None
+        if len(self.barge_in_ms) == 1:
+            return self.barge_in_ms[0]
+        return self.barge_in_ms[reply] if reply < len(self.barge_in_ms) else None
+
+
+# --- Turns --------------------------------------------------------------------------------------
+
+
+@dataclass
+class TurnAudio:
+    samples: np.ndarray
+    onset: int  # sample where its speech begins (0 when unknown)
+
+
+def split_turns(samples: np.ndarray, split_silence_ms: int) -> list[TurnAudio]:
+    """Cut a recording into turns at silences of at least ``split_silence_ms``.
+
+    The cuts fall in the middle of each such silence, so every turn keeps its own lead-in and
+    trailing quiet. A file with no clear speech stays one turn and the server decides.
+    """
+    n = len(samples) // FRAME
+    if n == 0:
+        return [TurnAudio(samples, 0)]
+    frames = samples[: n * FRAME].astype(np.float64).reshape(n, FRAME)
+    rms = np.sqrt(np.mean(frames**2, axis=1))
+    voiced = rms > rms.max() * 10 ** (-SPEECH_DB_BELOW_PEAK / 20) if rms.max() > 0 else np.zeros(n, bool)
+    runs: list[list[int]] = []  # [first, last + 1] frame of each stretch of speech
+    for i in np.flatnonzero(voiced):
+        if runs and (i - runs[-1][1]) * 20 < split_silence_ms:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    runs = [r for r in runs if (r[1] - r[0]) * 20 >= MIN_SPEECH_MS]
+    if not runs:
+        return [TurnAudio(samples, 0)]
+    cuts = [(a[1] + b[0]) // 2 * FRAME for a, b in zip(runs, runs[1:], strict=False)]
+    bounds = [0, *cuts, len(samples)]
+    return [
+        TurnAudio(samples[a:b], run[0] * FRAME - a) for a, b, run in zip(bounds[:-1], bounds[1:], runs, strict=True)
+    ]
+
+
+@dataclass
+class TurnReport:
+    turn: int
+    queued_s: float | None = None  # wall time (since connecting) when the turn was queued to send
+    user_item_id: str | None = None
+    response_id: str | None = None
+    responses: int = 0
+    status: str | None = None
+    speech_started_s: float | None = None
+    speech_stopped_s: float | None = None
+    first_audio_s: float | None = None
+    response_done_s: float | None = None
+    reply_audio_ms: float = 0.0
+    played_ms: float | None = None
+    truncated_at_ms: int | None = None
+    barge_in_s: float | None = None  # the next turn's speech_started that interrupted this reply
+    outcome: str = "pending"  # answered | interrupted | no speech detected | timeout
+
+    def latencies(self) -> dict[str, float | None]:
+        def ms(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else round((b - a) * 1000, 1)
+
+        barge = ms(self.barge_in_s, self.response_done_s)
+        return {
+            "speech_stopped_to_first_audio_ms": ms(self.speech_stopped_s, self.first_audio_s),
+            "speech_stopped_to_response_done_ms": ms(self.speech_stopped_s, self.response_done_s),
+            # None when the response had already finished streaming and only playback was stopped
+            "barge_in_to_response_done_ms": barge if barge is not None and barge >= 0 else None,
+        }
+
+
+# --- Simulated listener -------------------------------------------------------------------------
+
+
+class Playback:
+    """What a listener hears: each reply item played from its first delta, on the simulated clock.
+
+    Playback stalls when the audio received so far has all been played (an underrun), and ends
+    once the response is done and everything received has been played.
+    """
+
+    def __init__(self) -> None:
+        self.item_id: str | None = None
+        self.response_id: str | None = None
+        self.received_ms = 0.0
+        self.played_ms = 0.0
+        self.streaming = False
+        self._last: float | None = None
+
+    def advance(self, now_ms: float) -> None:
+        if self._last is not None and self.item_id is not None:
+            self.played_ms = min(self.received_ms, self.played_ms + now_ms - self._last)
+        self._last = now_ms
+
+    def feed(self, response_id: str, item_id: str, ms: float, now_ms: float) -> None:
+        self.advance(now_ms)
+        if item_id != self.item_id:
+            self.item_id, self.response_id = item_id, response_id
+            self.received_ms = self.played_ms = 0.0
+            self.streaming = True
+        self.received_ms += ms
+
+    def response_done(self, response_id: str) -> None:
+        if response_id == self.response_id:
+            self.streaming = False
+
+    def active(self, now_ms: float) -> bool:
+        self.advance(now_ms)
+        return self.item_id is not None and (self.streaming or self.played_ms < self.received_ms)
+
+    def stop(self) -> tuple[str | None, float]:
+        """Stop at once (barge-in): the item that was playing and how much of it was heard."""
+        heard = (self.item_id, self.played_ms)
+        self.item_id = self.response_id = None
+        self.streaming = False
+        return heard
+
+
+# --- One session --------------------------------------------------------------------------------
+
+
+class Session:
+    def __init__(self, wav: Path, out_dir: Path, options: Options) -> None:
+        self.wav = wav
+        self.out_dir = out_dir
+        self.options = options
+        self.turns: list[TurnReport] = []
+        self.reply = bytearray()
+        self.errors: list[str] = []
+        self.tracker = TurnTracker()
+        self.playback = Playback()
+        self.by_response: dict[str, TurnReport] = {}
+        self.played_of: dict[str, TurnReport] = {}  # assistant item → the turn it answers
+        self.ws: ClientConnection | None = None
+        self.closed = False
+        self.log: TextIO | None = None
+        self.t0 = 0.0
+        self.mic = bytearray()  # audio waiting to be sent, as by a microphone
+        self.mic_ready = asyncio.Event()
+        self.mic_idle = asyncio.Event()
+        self.sha256 = ""
+
+    # Clocks: wall seconds since connecting (for latencies), and simulated milliseconds, which
+    # run ``speed`` times faster (for the audio timeline and the listener's playback).
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def sim_ms(self) -> float:
+        return self.now() * 1000 * self.options.speed
+
+    @property
+    def current(self) -> TurnReport | None:
+        return self.turns[-1] if self.turns else None
+
+    async def run(self, samples: np.ndarray) -> None:
+        """Converse, then write output.wav, latency.json (and latency.png) into ``out_dir``."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        turns = split_turns(samples, self.options.split_silence_ms)
+        if len(turns) == 1 and self.options.barge_in_for(0) is not None:
+            turns = [turns[0], turns[0]]  # one turn: its copy is the speech that interrupts the reply
+        with open(self.out_dir / "events.jsonl", "w") as log:
+            self.log = log
+            self.ws = await open_connection(self.options.url, self.options.beta)
+            self.t0 = time.monotonic()
+            receiver = asyncio.create_task(self._receive())
+            sender = asyncio.create_task(self._send_microphone())
+            try:
+                await self._converse(turns)
+            finally:
+                sender.cancel()
+                await self.ws.close()
+                await asyncio.gather(receiver, sender, return_exceptions=True)
+        write_wav(self.out_dir / "output.wav", bytes(self.reply))
+        self.sha256 = hashlib.sha256((self.out_dir / "output.wav").read_bytes()).hexdigest()
+        self._write_report()
+
+    async def _converse(self, turns: list[TurnAudio]) -> None:
+        tail = np.zeros(SAMPLE_RATE * self.options.tail_ms // 1000, dtype=np.int16)
+        lead = SAMPLE_RATE * BARGE_IN_LEAD_MS // 1000
+        interrupting = False
+        for index, audio in enumerate(turns):
+            turn = TurnReport(turn=index + 1, queued_s=round(self.now(), 4))
+            self.turns.append(turn)
+            if interrupting:
+                # The user talks now: the rest of the previous turn's trailing silence and most of
+                # this turn's lead-in are skipped, so the speech starts at the barge-in point.
+                del self.mic[:]
+                self.mic.extend(audio.samples[max(0, audio.onset - lead) :].tobytes())
+            else:
+                self.mic.extend(audio.samples.tobytes())
+            self.mic.extend(tail.tobytes())
+            self.mic_idle.clear()
+            self.mic_ready.set()
+            barge_in = self.options.barge_in_for(index) if index + 1 < len(turns) else None
+            turn.outcome = await self._await_reply(turn, barge_in)
+            interrupting = turn.outcome == "interrupted"
+            if turn.outcome == "connection lost":
+                return
+            if turn.outcome == "answered" and index + 1 < len(turns):
+                await asyncio.sleep(self.options.turn_gap_ms / 1000 / self.options.speed)
+
+    async def _await_reply(self, turn: TurnReport, barge_in: int | None) -> str:
+        """Wait until the reply to ``turn`` has played, or reached the barge-in point."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.turn_timeout_s
+        idle_since: float | None = None
+        while True:
+            await asyncio.sleep(POLL_S)
+            if self.closed:
+                self.errors.append("connection closed by the server")
+                return "connection lost"
+            playing = self.playback.active(self.sim_ms())
+            playing_turn = self.played_of.get(self.playback.item_id or "") if playing else None
+            if barge_in is not None and playing_turn is turn and self.playback.played_ms >= barge_in:
+                return "interrupted"
+            started = turn.speech_started_s is not None
+            if started and self.tracker.quiet and not playing:
+                return "answered" if turn.response_id else "no response"
+            if self.mic_idle.is_set() and not started:
+                idle_since = idle_since or loop.time()
+                if loop.time() - idle_since > NO_SPEECH_WAIT_S:
+                    return "no speech detected"
+            if loop.time() > deadline:
+                self.errors.append(f"turn {turn.turn}: no complete reply within {self.options.turn_timeout_s} s")
+                return "timeout"
+
+    async def _send_microphone(self) -> None:
+        """Stream the queued audio in CHUNK_MS appends on an absolute schedule at ``speed``."""
+        loop = asyncio.get_running_loop()
+        step = SAMPLE_RATE * CHUNK_MS // 1000 * 2
+        interval = CHUNK_MS / 1000 / self.options.speed
+        while True:
+            await self.mic_ready.wait()
+            next_at = loop.time()
+            while self.mic:
+                chunk = base64.b64encode(self.mic[:step]).decode()
+                del self.mic[:step]
+                await asyncio.sleep(max(0.0, next_at - loop.time()))
+                await self._send_event({"type": "input_audio_buffer.append", "audio": chunk})
+                next_at += interval
+            self.mic_ready.clear()
+            self.mic_idle.set()
+
+    async def _send_event(self, event: dict[str, Any]) -> None:
+        assert self.ws is not None
+        self._log("send", event)
+        await self.ws.send(json.dumps(event))
+
+    async def _receive(self) -> None:
+        assert self.ws is not None
+        try:
+            async for message in self.ws:
+                event = json.loads(message)
+                self._log("recv", event)
+                await self._on_event(event)
+        except ConnectionClosed:
+            pass
+        self.closed = True
+
+    async def _on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        self.tracker.update(event)
+        t = round(self.now(), 4)
+        turn = self.current
+        if kind == "input_audio_buffer.speech_started" and turn is not None:
+            if turn.speech_started_s is None:
+                turn.speech_started_s = t
+                turn.user_item_id = event.get("item_id")
+            if self.playback.active(self.sim_ms()):
+                await self._barge_in(t)
+        elif kind == "input_audio_buffer.speech_stopped" and turn is not None:
+            turn.speech_stopped_s = t
+        elif kind == "response.created" and turn is not None:
+            response_id = event["response"]["id"]
+            turn.response_id = response_id
+            turn.responses += 1
+            self.by_response[response_id] = turn
+        elif kind in AUDIO_DELTA:
+            pcm = base64.b64decode(event.get("delta") or "")
+            self.reply.extend(pcm)
+            answered = self.by_response.get(event.get("response_id", ""))
+            if answered is not None:
+                answered.reply_audio_ms += len(pcm) / 2 * 1000 / SAMPLE_RATE
+                if answered.first_audio_s is None:
+                    answered.first_audio_s = t
+                if answered.barge_in_s is None:  # audio after a barge-in is never played
+                    self.played_of[event["item_id"]] = answered
+                    self.playback.feed(
+                        event["response_id"], event["item_id"], len(pcm) / 2 * 1000 / SAMPLE_RATE, self.sim_ms()
+                    )
+        elif kind == "response.done":
+            response = event["response"]
+            answered = self.by_response.get(response["id"])
+            self.playback.response_done(response["id"])
+            if answered is not None:
+                answered.response_done_s = t
+                answered.status = response.get("status")
+        elif kind == "error":
+            err = event.get("error") or {}
+            self.errors.append(f"{err.get('code') or err.get('type')}: {err.get('message')}")
+
+    async def _barge_in(self, t: float) -> None:
+        """New speech while a reply plays: stop playback and tell the server what was heard."""
+        item_id, played_ms = self.playback.stop()
+        answered = self.played_of.get(item_id or "")
+        if item_id is None or answered is None:
+            return
+        answered.barge_in_s = t
+        answered.played_ms = round(played_ms, 1)
+        answered.truncated_at_ms = int(played_ms)
+        await self._send_event(
+            {
+                "type": "conversation.item.truncate",
+                "item_id": item_id,
+                "content_index": 0,
+                "audio_end_ms": int(played_ms),
+            }
+        )
+
+    def _log(self, direction: str, event: dict[str, Any]) -> None:
+        if self.log is not None:
+            line = {"t": round(self.now(), 4), "dir": direction, "event": strip_audio(event)}
+            self.log.write(json.dumps(line) + "\n")
+
+    def _write_report(self) -> None:
+        for turn in self.turns:
+            if turn.played_ms is None and turn.first_audio_s is not None:
+                turn.played_ms = round(turn.reply_audio_ms, 1)  # not interrupted: heard to the end
+        report = {
+            "wav": str(self.wav),
+            "url": self.options.url,
+            "speed": self.options.speed,
+            "output_wav": "output.wav",
+            "output_sha256": self.sha256,
+            "output_audio_ms": round(len(self.reply) / 2 * 1000 / SAMPLE_RATE, 1),
+            "errors": self.errors,
+            "turns": [{**asdict(turn), **turn.latencies()} for turn in self.turns],
+        }
+        (self.out_dir / "latency.json").write_text(json.dumps(report, indent=2) + "\n")
+        plot(self.out_dir / "latency.png", self.wav.name, self.turns)
+
+
+# --- Output -------------------------------------------------------------------------------------
+
+
+def plot(path: Path, title: str, turns: list[TurnReport]) -> bool:
+    """Bar chart of the turns' latencies, when matplotlib is installed (optional dependency)."""
+    try:
+        import matplotlib  # type: ignore[import-not-found]
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    names = list(turns[0].latencies()) if turns else []
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / max(1, len(names))
+    for k, name in enumerate(names):
+        values = [turn.latencies()[name] or 0 for turn in turns]
+        ax.bar([t.turn + (k - 1) * width for t in turns], values, width, label=name.removesuffix("_ms"))
+    ax.set_xlabel("turn")
+    ax.set_ylabel("ms")
+    ax.set_title(title)
+    ax.set_xticks([t.turn for t in turns])
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def _cell(value: float | int | str | None) -> str:
+    return "-" if value is None else f"{value:.0f}" if isinstance(value, float) else str(value)
+
+
+def print_table(sessions: list[Session], out: TextIO = sys.stdout) -> None:
+    header = ("session", "turn", "outcome", "status", "stop→audio", "stop→done", "barge→done", "reply", "heard")
+    rows = [header]
+    for s in sessions:
+        for turn in s.turns:
+            lat = turn.latencies()
+            rows.append(
+                (
+                    s.out_dir.name,
+                    str(turn.turn),
+                    turn.outcome,
+                    turn.status or "-",
+                    _cell(lat["speech_stopped_to_first_audio_ms"]),
+                    _cell(lat["speech_stopped_to_response_done_ms"]),
+                    _cell(lat["barge_in_to_response_done_ms"]),
+                    _cell(turn.reply_audio_ms),
+                    _cell(turn.played_ms),
+                )
+            )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out)
+    print("(times in ms; reply/heard: ms of reply audio received / heard before any barge-in)", file=out)
+    for s in sessions:
+        print(f"{s.out_dir.name}: output.wav sha256 {s.sha256}", file=out)
+
+
+async def replay(wavs: list[Path], options: Options) -> list[Session]:
+    """Run one session per WAV file concurrently; write each one's files and DIR/summary.json."""
+    loaded = [(wav, read_wav(wav)) for wav in wavs]  # bad files fail before anything connects
+    names: dict[str, int] = {}
+    sessions = []
+    for wav, _ in loaded:
+        names[wav.stem] = names.get(wav.stem, 0) + 1
+        name = wav.stem if names[wav.stem] == 1 else f"{wav.stem}-{names[wav.stem]}"
+        sessions.append(Session(wav, options.out / name, options))
+    results = await asyncio.gather(
+        *(session.run(samples) for session, (_, samples) in zip(sessions, loaded, strict=True)),
+        return_exceptions=True,
+    )
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    summary = {
+        "url": options.url,
+        "speed": options.speed,
+        "sessions": [
+            {
+                "wav": str(s.wav),
+                "dir": s.out_dir.name,
+                "output_sha256": s.sha256,
+                "turns": len(s.turns),
+                "errors": s.errors,
+            }
+            for s in sessions
+        ],
+    }
+    options.out.mkdir(parents=True, exist_ok=True)
+    (options.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return sessions
+
+
+# --- Command line -------------------------------------------------------------------------------
+
+
+def _barge_in_list(text: str) -> list[int | None]:
+    values: list[int | None] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part in ("", "-", "none"):
+            values.append(None)
+            continue
+        try:
+            values.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not a number of milliseconds") from None
+    return values
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("wavs", nargs="+", type=Path, metavar="WAV", help="pcm16 WAV files, one session each")
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"Realtime endpoint (default {DEFAULT_URL})")
+    parser.add_argument("--out", required=True, type=Path, help="folder for the per-session results")
+    parser.add_argument(
+        "--speed", type=_positive, default=1.0, help="audio and playback clock speed, × real time (default 1)"
+    )
+    parser.add_argument(
+        "--turn-gap-ms", type=int, default=1000, help="pause after a reply has played, before the next turn"
+    )
+    parser.add_argument(
+        "--barge-in-ms",
+        type=_barge_in_list,
+        default=[],
+        help="start the next turn when this much of a reply has played; one value for all replies or a "
+        "comma list per reply ('-' for none); a one-turn WAV is sent twice so the copy interrupts",
+    )
+    parser.add_argument("--split-silence-ms", type=int, default=800, help="silence that separates turns within a WAV")
+    parser.add_argument(
+        "--tail-ms", type=int, default=TAIL_MS, help="silence sent after each turn so server VAD ends it"
+    )
+    parser.add_argument("--turn-timeout", type=_positive, default=30.0, help="seconds to wait for a reply (default 30)")
+    parser.add_argument("--beta", action="store_true", help="speak the beta protocol (OpenAI-Beta: realtime=v1)")
+
+
+def run(args: argparse.Namespace) -> int:
+    options = Options(
+        out=args.out,
+        url=args.url,
+        speed=args.speed,
+        turn_gap_ms=args.turn_gap_ms,
+        barge_in_ms=args.barge_in_ms,
+        split_silence_ms=args.split_silence_ms,
+        tail_ms=args.tail_ms,
+        turn_timeout_s=args.turn_timeout,
+        beta=args.beta,
+    )
+    try:
+        sessions = asyncio.run(replay(args.wavs, options))
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    print_table(sessions)
+    print(f"results in {options.out}/")
+    return 1 if any(s.errors for s in sessions) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway replay", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
