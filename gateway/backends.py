@@ -110,7 +110,7 @@ class SttClient:
                 model=self.model,
                 language=self.language or openai.omit,
             )
-        except openai.OpenAIError as exc:
+        except Exception as exc:  # whatever broke, the turn fails as an STT failure
             raise BackendError("stt", describe(exc, self.timeout_s)) from exc
         return result.text.strip()
 
@@ -170,13 +170,15 @@ class LlmClient:
                 max_completion_tokens=limit,
                 temperature=self.temperature if temperature is None else temperature,
             )
-        except openai.OpenAIError as exc:
+        except Exception as exc:
             raise BackendError("llm", describe(exc, self.timeout_s)) from exc
         try:
             async for chunk in stream:
-                if chunk.choices and (text := chunk.choices[0].delta.content):
-                    yield text
-        except openai.OpenAIError as exc:
+                # Usage-only chunks have no choices; some servers send a null delta.
+                delta = chunk.choices[0].delta if chunk.choices else None
+                if delta is not None and delta.content:
+                    yield delta.content
+        except Exception as exc:  # a dropped connection, a stall, an error event, a malformed chunk
             raise BackendError("llm", f"stream broken: {describe(exc, self.timeout_s)}") from exc
         finally:
             await stream.close()
