@@ -1,0 +1,324 @@
+"""The WebRTC path end to end: an aiortc client against the running gateway over loopback.
+
+The client POSTs its offer over real HTTP, speaks fixture WAVs through a microphone track paced at
+real time, records the reply from the remote track and checks every data-channel event against the
+openai package's own types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+pytest.importorskip("aiortc")
+
+import aiohttp  # noqa: E402
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  # noqa: E402
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack  # noqa: E402
+from av import AudioFrame  # noqa: E402
+from pydantic import TypeAdapter  # noqa: E402
+
+from gateway.audio import StreamResampler  # noqa: E402
+from gateway.responder import EchoResponder  # noqa: E402
+from gateway.server import Gateway  # noqa: E402
+from gateway.webrtc import WebRTCServer, start_webrtc  # noqa: E402
+from tests.conftest import BETA_EVENTS, GA_EVENTS, StartGateway, load_pcm  # noqa: E402
+
+RATE = 48_000
+FRAME = 960  # 20 ms
+
+
+@dataclass
+class Options:
+    """The [webrtc] options, as gateway.config will hold them."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    ice_servers: str = ""
+    turn_username: str = ""
+    turn_credential_env: str = ""
+    jitter_prefetch: int = 4
+
+
+class Microphone(MediaStreamTrack):
+    """Speaks queued pcm16 24 kHz audio in real-time 20 ms frames at 48 kHz, silence in between.
+
+    ``sent_ms`` is the amount of audio sent so far; ``said_at`` maps audio time to the loop time it
+    went out, for latency measurements.
+    """
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending = np.zeros(0, dtype=np.int16)
+        self._resampler = StreamResampler(24_000, RATE)
+        self._start: float | None = None
+        self._pts = 0
+
+    def say(self, pcm24k: bytes) -> None:
+        out = self._resampler.process(np.frombuffer(pcm24k, dtype="<i2"))
+        self._pending = np.concatenate([self._pending, out, self._resampler.flush()])
+
+    @property
+    def sent_ms(self) -> float:
+        return self._pts * 1000 / RATE
+
+    def said_at(self, audio_ms: float) -> float:
+        """The loop time at which audio time ``audio_ms`` of this track went out."""
+        assert self._start is not None
+        return self._start + audio_ms / 1000
+
+    async def recv(self) -> AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        loop = asyncio.get_running_loop()
+        if self._start is None:
+            self._start = loop.time()
+        else:
+            self._pts += FRAME
+            await asyncio.sleep(self._start + self._pts / RATE - loop.time())
+        samples = np.zeros(FRAME, dtype=np.int16)
+        n = min(FRAME, len(self._pending))
+        samples[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = RATE
+        frame.pts = self._pts
+        frame.time_base = fractions.Fraction(1, RATE)
+        return frame
+
+
+class RtcClient:
+    """An aiortc peer speaking the Realtime WebRTC protocol: events in, speaker audio recorded."""
+
+    def __init__(self, base_url: str, adapter: TypeAdapter[Any] = GA_EVENTS) -> None:
+        self.base_url = base_url
+        self.adapter = adapter
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.mic = Microphone()
+        self.pc.addTrack(self.mic)
+        self.channel = self.pc.createDataChannel("oai-events")
+        self.channel.on("message", self._on_message)
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.received: list[dict[str, Any]] = []
+        self.invalid: list[str] = []
+        # (loop time of arrival, int16 mono 48 kHz) for each frame of the remote track
+        self.speaker: list[tuple[float, np.ndarray]] = []
+        self.location: str | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.pc.on("track", lambda track: self._tasks.append(asyncio.ensure_future(self._listen(track))))
+
+    async def connect(self, path: str = "/v1/realtime/calls", session: dict[str, Any] | None = None) -> None:
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        offer = self.pc.localDescription.sdp
+        async with aiohttp.ClientSession() as http:
+            if session is None:
+                body: Any = offer
+                headers = {"Content-Type": "application/sdp"}
+            else:
+                body = aiohttp.FormData(default_to_multipart=True)
+                body.add_field("sdp", offer)
+                body.add_field("session", orjson.dumps(session).decode())
+                headers = {}
+            async with http.post(self.base_url + path, data=body, headers=headers) as response:
+                assert response.status == 201, await response.text()
+                assert response.content_type == "application/sdp"
+                self.location = response.headers["Location"]
+                answer = await response.text()
+        await self.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+
+    async def hang_up(self) -> int:
+        assert self.location is not None
+        async with aiohttp.ClientSession() as http, http.delete(self.base_url + self.location) as response:
+            return response.status
+
+    def send(self, event: dict[str, Any]) -> None:
+        self.channel.send(orjson.dumps(event).decode())
+
+    async def until(self, kind: str, timeout: float = 10.0, **match: Any) -> list[dict[str, Any]]:
+        """Events up to and including the first of type ``kind`` whose fields equal ``match``."""
+        events = []
+        async with asyncio.timeout(timeout):
+            while True:
+                event = await self.events.get()
+                events.append(event)
+                if event["type"] == kind and all(event.get(k) == v for k, v in match.items()):
+                    return events
+
+    def heard(self, since: float, until: float) -> np.ndarray:
+        """Speaker audio that arrived between two loop times."""
+        frames = [f for t, f in self.speaker if since <= t < until]
+        return np.concatenate(frames) if frames else np.zeros(0, dtype=np.int16)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.pc.close()
+
+    def _on_message(self, message: str | bytes) -> None:
+        try:
+            self.adapter.validate_json(message)
+        except ValueError:
+            self.invalid.append(str(message))
+        event = orjson.loads(message)
+        self.received.append(event)
+        self.events.put_nowait(event)
+
+    async def _listen(self, track: MediaStreamTrack) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            assert isinstance(frame, AudioFrame)
+            stereo = frame.to_ndarray().reshape(-1, len(frame.layout.channels))
+            self.speaker.append((loop.time(), stereo[:, 0].copy()))
+
+
+def rms(samples: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(samples.astype(np.float64) ** 2))) if len(samples) else 0.0
+
+
+async def session_count(gateway: Gateway, expected: int, timeout: float = 5.0) -> int:
+    """The gateway's session count once it equals ``expected`` (or at the timeout)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while len(gateway.sessions) != expected and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    return len(gateway.sessions)
+
+
+@pytest.fixture
+async def rtc(start_gateway: StartGateway) -> AsyncIterator[tuple[Gateway, WebRTCServer]]:
+    gateway = await start_gateway(EchoResponder(pace=1.0))
+    server = await start_webrtc(gateway, Options())
+    yield gateway, server
+    await server.stop()
+
+
+@pytest.fixture
+async def client(rtc: tuple[Gateway, WebRTCServer]) -> AsyncIterator[RtcClient]:
+    peer = RtcClient(f"http://127.0.0.1:{rtc[1].port}")
+    yield peer
+    await peer.close()
+
+
+async def test_turn_reply_barge_in_and_hang_up(rtc, client):
+    gateway, server = rtc
+    speech = load_pcm("one_sentence.wav")  # speech from 500 to 3148 ms
+    await client.connect(session={"type": "realtime", "instructions": "Be brief."})
+    created = (await client.until("session.created"))[-1]
+    assert created["session"]["instructions"] == "Be brief."
+    assert len(gateway.sessions) == 1 and client.location.startswith("/v1/realtime/calls/rtc_")
+
+    client.mic.say(speech)
+    events = await client.until("output_audio_buffer.started")
+    started_at = asyncio.get_running_loop().time()
+    names = [e["type"] for e in events]
+    assert "response.output_audio.delta" not in names  # the audio goes on the track instead
+    speech_started = next(e for e in events if e["type"] == "input_audio_buffer.speech_started")
+    speech_stopped = next(e for e in events if e["type"] == "input_audio_buffer.speech_stopped")
+    response_id = events[-1]["response_id"]
+    reply_ms = speech_stopped["audio_end_ms"] - speech_started["audio_start_ms"]
+
+    # Let ~1 s of the ~2.9 s echo play, then speak over it (speech starts 500 ms into the WAV).
+    await asyncio.sleep(1.0)
+    client.mic.say(speech[: 48 * 1500])
+    events = await client.until("response.done")
+    interrupted_at = asyncio.get_running_loop().time()
+    names = [e["type"] for e in events]
+    assert names.index("input_audio_buffer.speech_started") < names.index("output_audio_buffer.cleared")
+    cleared = next(e for e in events if e["type"] == "output_audio_buffer.cleared")
+    truncated = next(e for e in events if e["type"] == "conversation.item.truncated")
+    done = events[-1]["response"]
+    assert cleared["response_id"] == response_id
+    assert done["id"] == response_id and done["status"] == "cancelled"
+    assert done["status_details"]["reason"] == "turn_detected"
+    assert truncated["item_id"] == done["output"][0]["id"]
+    # Truncated at what was played: some of the reply, not all of it.
+    assert 0 < truncated["audio_end_ms"] < reply_ms
+    assert "output_audio_buffer.stopped" not in names
+
+    # The reply's speech (after its ~300 ms of prefix padding) reached the client's speaker.
+    assert rms(client.heard(started_at, interrupted_at)) > 300
+
+    assert await client.hang_up() == 204
+    assert await session_count(gateway, 0) == 0
+    assert not server.calls
+    assert client.invalid == []
+
+
+async def test_completed_reply_plays_then_stops(rtc, client):
+    await client.connect()
+    await client.until("session.created")
+    client.mic.say(load_pcm("one_sentence.wav")[: 48 * 1800])  # ~1.1 s of speech, ~1.4 s reply
+    started = (await client.until("output_audio_buffer.started"))[-1]
+    events = await client.until("output_audio_buffer.stopped", response_id=started["response_id"])
+    names = [e["type"] for e in events]
+    # stopped comes after response.done, once the last frame has gone out.
+    assert names.index("response.done") < names.index("output_audio_buffer.stopped")
+    assert events[names.index("response.done")]["response"]["status"] == "completed"
+    assert client.invalid == []
+
+
+async def test_beta_route_and_client_clear(rtc):
+    gateway, server = rtc
+    client = RtcClient(f"http://127.0.0.1:{server.port}", BETA_EVENTS)
+    try:
+        await client.connect("/v1/realtime?model=gpt-realtime")
+        created = await client.until("session.created")
+        assert created[-1]["session"]["object"] == "realtime.session"
+        client.mic.say(load_pcm("one_sentence.wav")[: 48 * 1800])
+        started = (await client.until("output_audio_buffer.started"))[-1]
+        await asyncio.sleep(0.5)
+        client.send({"type": "output_audio_buffer.clear"})
+        events = await client.until("response.done")
+        names = [e["type"] for e in events]
+        assert "output_audio_buffer.cleared" in names and "conversation.item.truncated" in names
+        assert events[-1]["response"]["id"] == started["response_id"]
+        assert events[-1]["response"]["status"] == "cancelled"
+        assert "response.audio.delta" not in [e["type"] for e in client.received]
+        assert client.invalid == []
+    finally:
+        await client.close()
+    # Closing the peer connection (no DELETE) frees the session too.
+    assert await session_count(gateway, 0) == 0
+    assert not server.calls
+
+
+async def test_signalling_errors_and_cors(rtc):
+    gateway, server = rtc
+    base = f"http://127.0.0.1:{server.port}"
+    async with aiohttp.ClientSession() as http:
+        async with http.options(base + "/v1/realtime/calls", headers={
+            "Origin": "http://127.0.0.1:8000", "Access-Control-Request-Method": "POST",
+        }) as response:
+            assert response.status == 204
+            assert response.headers["Access-Control-Allow-Origin"] == "http://127.0.0.1:8000"
+            assert "Location" in response.headers["Access-Control-Expose-Headers"]
+        async with http.post(base + "/v1/realtime/calls", data=b"{}",
+                             headers={"Content-Type": "application/json"}) as response:
+            assert response.status == 415
+            assert (await response.json())["error"]["code"] == "unsupported_content_type"
+        async with http.post(base + "/v1/realtime/calls", data="not sdp",
+                             headers={"Content-Type": "application/sdp"}) as response:
+            assert response.status == 400
+        form = aiohttp.FormData()
+        form.add_field("sdp", "v=0")
+        form.add_field("session", '{"type": "transcription"}')
+        async with http.post(base + "/v1/realtime/calls", data=form) as response:
+            assert response.status == 400
+            assert (await response.json())["error"]["code"] == "invalid_session"
+        async with http.delete(base + "/v1/realtime/calls/rtc_nope") as response:
+            assert response.status == 404
+    assert await session_count(gateway, 0) == 0
