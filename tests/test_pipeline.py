@@ -207,7 +207,7 @@ async def test_text_item_turn_needs_no_stt(make: Make, fake: FakeOpenAI):
 
 
 async def test_cancel_while_llm_streams_closes_the_http_stream_and_tts(make: Make, fake: FakeOpenAI):
-    fake.tokens_per_s = 40  # the whole reply would take about 0.4 s
+    fake.tokens_per_s = 20  # the whole reply would take about 0.9 s
     engine = RecordingEngine()
     stream = make(fake.base_url, engine).respond(request(user_audio()))
     async for out in stream:
