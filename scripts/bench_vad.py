@@ -109,6 +109,7 @@ def main() -> None:
         windows[i] = len(vad.process(c))
         calls[i] = (time.thread_time() - t) * 1e6
     report("SileroVAD.process, 20 ms append", calls)
+    report("  ... calls that completed no window", calls[windows == 0])
     report("  ... calls that completed exactly 1 window", calls[windows == 1], "window")
     big = SileroVAD(model)
     us = timed(lambda: big.process(pcm[: 48_000 * 2]), 5) / (2000 // WINDOW_MS)
