@@ -98,6 +98,8 @@ class EngineConfig:
     max_text_chars: int = 2000
     seed: int = 0
     greedy: bool = False
+    # Streams the engine runs at once (each holds a preallocated KV-cache slot); more wait for a slot.
+    max_streams: int = 4
     voices: dict[str, str] = field(default_factory=dict)
 
 

@@ -1,0 +1,189 @@
+"""QwenTTSEngine through the gateway's TTS interface, on the tiny checkpoint: packets, text attribution,
+live text feeds, cancel, several streams, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import checkpoint
+from engine.sampling import SamplingParams
+from engine.stream import synthesize
+from engine.worker import QwenTTSEngine
+from gateway.config import EngineConfig
+from gateway.tts import TTSChunk, TTSError
+
+FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+REFS = json.loads((FIXTURE / "references.json").read_text())
+TEXT = REFS["prompts"][0]["text"]  # vivian, english: 21 frames, then the frame cap of the references
+BYTES_PER_FRAME = 1920 * 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # The tiny model is all per-op overhead; two intra-op threads on a shared 2-core box are ~20x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def ckpt() -> checkpoint.Checkpoint:
+    return checkpoint.load(str(FIXTURE), device="cpu")
+
+
+@pytest.fixture
+def engine(ckpt: checkpoint.Checkpoint):
+    eng = QwenTTSEngine(ckpt, packet_frames=4, max_frames=REFS["max_new_tokens"] - 1, greedy=True,
+                        voices={"alloy": "vivian", "ash": "ryan", "verse": "eric"}, max_streams=2)
+    yield eng
+    eng.close()
+
+
+async def collect(stream, timeout: float = 60) -> list[TTSChunk]:
+    async with asyncio.timeout(timeout):
+        return [chunk async for chunk in stream]
+
+
+async def test_stream_yields_the_official_greedy_audio(engine: QwenTTSEngine, ckpt: checkpoint.Checkpoint) -> None:
+    stream = engine.open("alloy", "english")
+    stream.feed(TEXT)
+    stream.end()
+    chunks = await collect(stream)
+    assert engine.incremental
+    assert [len(c.pcm) for c in chunks] == [4 * BYTES_PER_FRAME] * 5 + [BYTES_PER_FRAME]
+    assert "".join(c.text for c in chunks) == TEXT
+    assert chunks[0].text.startswith("Hello")
+    params = SamplingParams.from_generation_config(ckpt.generation, greedy=True)
+    _, packets = synthesize(ckpt, "vivian", "english", TEXT, params, max_frames=REFS["max_new_tokens"] - 1)
+    assert b"".join(c.pcm for c in chunks) == b"".join(p.pcm for p in packets)
+
+
+async def test_live_feed_waits_for_text(engine: QwenTTSEngine) -> None:
+    """Fragments cut mid-word, with pauses longer than a step: the same audio as the text fed whole."""
+    whole = engine.open("alloy", "english")
+    whole.feed(TEXT)
+    whole.end()
+    expected = await collect(whole)
+
+    stream = engine.open("alloy", "english")
+    chunks: list[TTSChunk] = []
+
+    async def read() -> None:
+        async for chunk in stream:
+            chunks.append(chunk)
+
+    reader = asyncio.create_task(read())
+    for fragment in ("Hel", "lo wor", "ld, this", " is a t", "est."):
+        stream.feed(fragment)
+        await asyncio.sleep(0.05)
+    stream.end()
+    async with asyncio.timeout(60):
+        await reader
+    assert b"".join(c.pcm for c in chunks) == b"".join(c.pcm for c in expected)
+    assert "".join(c.text for c in chunks) == TEXT
+
+
+async def test_two_streams_interleave(engine: QwenTTSEngine) -> None:
+    first = engine.open("ash")  # ryan, language auto
+    second = engine.open("verse", "chinese")  # eric: the sichuan dialect tag
+    first.feed("How are you doing today?")
+    second.feed("你好，世界！这是一个测试。")
+    first.end()
+    second.end()
+    a, b = await asyncio.gather(collect(first), collect(second))
+    # The references hold what each makes alone: 12 and 2 frames.
+    assert sum(len(c.pcm) for c in a) == 12 * BYTES_PER_FRAME
+    assert sum(len(c.pcm) for c in b) == 2 * BYTES_PER_FRAME
+    assert "".join(c.text for c in b) == "你好，世界！这是一个测试。"
+
+
+async def test_more_streams_than_slots_wait(engine: QwenTTSEngine) -> None:
+    streams = [engine.open("alloy", "english") for _ in range(3)]
+    for s in streams:
+        s.feed("How are you?")
+        s.end()
+    results = await asyncio.gather(*(collect(s) for s in streams))
+    assert results[0] and all(
+        b"".join(c.pcm for c in r) == b"".join(c.pcm for c in results[0]) for r in results)
+
+
+async def test_cancel_ends_iteration_and_frees_the_slot(engine: QwenTTSEngine) -> None:
+    stream = engine.open("alloy", "english")
+    stream.feed(TEXT)
+    stream.end()
+    got = []
+    async with asyncio.timeout(60):
+        async for chunk in stream:
+            got.append(chunk)
+            stream.cancel()
+    assert len(got) == 1
+    # Both slots are usable afterwards: two more streams complete.
+    others = [engine.open("ash", "english") for _ in range(2)]
+    for s in others:
+        s.feed("How are you doing today?")
+        s.end()
+    assert all(await asyncio.gather(*(collect(s) for s in others)))
+
+
+async def test_cancel_while_waiting_for_text(engine: QwenTTSEngine) -> None:
+    stream = engine.open("alloy", "english")
+    stream.feed("Hello")  # one unfinished word: not runnable yet
+    await asyncio.sleep(0.05)
+    stream.cancel()
+    assert await collect(stream, timeout=5) == []
+
+
+async def test_bad_input(engine: QwenTTSEngine) -> None:
+    with pytest.raises(TTSError, match="unknown speaker"):
+        engine.open("nova", "english")
+    with pytest.raises(TTSError, match="unknown language"):
+        engine.open("alloy", "klingon")
+    stream = engine.open("alloy", "en")  # ISO codes are accepted
+    stream.feed("  ")
+    with pytest.raises(TTSError, match="empty text"):
+        stream.end()
+    assert await collect(stream, timeout=5) == []
+    with pytest.raises(TTSError, match="feed after end"):
+        stream.feed("more")
+    long = engine.open("alloy")
+    with pytest.raises(TTSError, match="longer than 2000"):
+        long.feed("a" * 2001)
+    long.cancel()
+
+
+async def test_eos_ends_the_stream(ckpt: checkpoint.Checkpoint) -> None:
+    """A model that says EOS as soon as it may (after the official minimum of 2 frames)."""
+    head = ckpt.model.talker.codec_head
+    bias = torch.zeros(head.out_features)
+    bias[ckpt.config.codec_eos] = 1e4
+    head.bias = torch.nn.Parameter(bias)
+    try:
+        engine = QwenTTSEngine(ckpt, greedy=True, max_streams=1)
+        stream = engine.open("vivian", "english")
+        stream.feed(TEXT)
+        stream.end()
+        chunks = await collect(stream)
+        engine.close()
+    finally:
+        head.bias = None
+    assert sum(len(c.pcm) for c in chunks) == 2 * BYTES_PER_FRAME
+    assert "".join(c.text for c in chunks) == TEXT  # the last packet claims the text never spoken
+
+
+def test_from_config(tmp_path: Path) -> None:
+    config = EngineConfig(checkpoint=str(FIXTURE), device="cpu", max_frames=10, voices={"alloy": "vivian"})
+    engine = QwenTTSEngine.from_config(config)
+    try:
+        assert engine.voices == {"alloy": "vivian"}
+    finally:
+        engine.close()
+    with pytest.raises(checkpoint.CheckpointError, match="no such speaker"):
+        QwenTTSEngine.from_config(EngineConfig(checkpoint=str(FIXTURE), voices={"alloy": "nobody"}))
+    with pytest.raises(checkpoint.CheckpointError, match="huggingface-cli download"):
+        QwenTTSEngine.from_config(EngineConfig(checkpoint=str(tmp_path / "absent")))
