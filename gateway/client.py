@@ -266,7 +266,8 @@ async def _stream_microphone(ws: ClientConnection, show: Printer) -> None:
                 await ws.send(audio_append(chunk.tobytes()))
 
 
-async def _session(args: argparse.Namespace) -> int:
+async def session(args: argparse.Namespace) -> int:
+    """Talk to the endpoint once (see the module docstring); returns the exit code."""
     samples = read_wav(args.wav) if args.wav else None
     show = Printer()
     reply = bytearray()
@@ -318,7 +319,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        return asyncio.run(_session(args))
+        return asyncio.run(session(args))
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
