@@ -143,9 +143,7 @@ async def open_connection(url: str, beta: bool = False) -> ClientConnection:
     headers = {"OpenAI-Beta": "realtime=v1"} if beta else None
     try:
         # No compression: PCM barely compresses and deflate costs CPU on both ends.
-        return await connect(
-            url, additional_headers=headers, compression=None, max_size=None, open_timeout=10
-        )
+        return await connect(url, additional_headers=headers, compression=None, max_size=None, open_timeout=10)
     except InvalidURI:
         raise CliError(f"{url}: not a WebSocket URL (expected ws://HOST:PORT/v1/realtime)") from None
     except ConnectionRefusedError:
@@ -256,9 +254,7 @@ async def _stream_microphone(ws: ClientConnection, show: Printer) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, indata[:, 0].copy())
 
     blocksize = rate * CHUNK_MS // 1000
-    with sounddevice.InputStream(
-        samplerate=rate, channels=1, dtype="int16", blocksize=blocksize, callback=on_audio
-    ):
+    with sounddevice.InputStream(samplerate=rate, channels=1, dtype="int16", blocksize=blocksize, callback=on_audio):
         show("*", f"microphone open at {rate} Hz; Ctrl-C to stop")
         while True:
             chunk = resampler.process(await queue.get())
@@ -306,15 +302,9 @@ async def session(args: argparse.Namespace) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=DEFAULT_URL, help=f"Realtime endpoint (default {DEFAULT_URL})")
-    parser.add_argument(
-        "--wav", help="pcm16 WAV file to send (any rate and channels); without it, the microphone"
-    )
-    parser.add_argument(
-        "--out", default="reply.wav", help="where to write the reply audio (default reply.wav)"
-    )
-    parser.add_argument(
-        "--beta", action="store_true", help="speak the beta protocol (OpenAI-Beta: realtime=v1)"
-    )
+    parser.add_argument("--wav", help="pcm16 WAV file to send (any rate and channels); without it, the microphone")
+    parser.add_argument("--out", default="reply.wav", help="where to write the reply audio (default reply.wav)")
+    parser.add_argument("--beta", action="store_true", help="speak the beta protocol (OpenAI-Beta: realtime=v1)")
 
 
 def run(args: argparse.Namespace) -> int:
