@@ -1,0 +1,87 @@
+"""The web page in headless Chromium against the real gateway (echo responder, in-process).
+
+Chromium's fake microphone plays tests/fixtures/one_sentence.wav in a loop: the sentence is a user
+turn, the echo reply starts in the pause after it, and the next round of the sentence interrupts
+that reply, so one run sees a turn, playback and a barge-in with its truncate.
+
+Needs Debian's ``chromium`` package and Playwright for Python (``pip install playwright``; never
+``playwright install``: the system Chromium is used). Skipped with the reason when either is absent.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+async_api = pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip("chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEECH = ROOT / "tests" / "fixtures" / "one_sentence.wav"
+ARTIFACTS = ROOT / "artifacts"
+WAIT_MS = 20_000  # upper bound per step; the whole test takes a few seconds
+
+
+def chromium_args(wav: Path) -> list[str]:
+    return [
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--use-fake-ui-for-media-stream",
+        "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}",
+    ]
+
+
+async def until(page, condition: str) -> None:
+    await page.wait_for_function(condition, polling=50, timeout=WAIT_MS)
+
+
+async def test_turn_playback_and_barge_in(start_gateway) -> None:
+    gateway = await start_gateway()
+    problems: list[str] = []
+    async with async_api.async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=chromium_args(SPEECH))
+        try:
+            page = await browser.new_page()
+            page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+            page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
+            await page.goto(f"http://127.0.0.1:{gateway.port}/")
+            await page.click("#connect")
+
+            await until(page, "window.__gateway.state === 'connected'")
+            await until(page, "window.__gateway.events['session.updated'] >= 1")
+            await until(page, "window.__gateway.speechStopped >= 1")  # a user turn was detected
+            await until(page, "window.__gateway.playedSamples > 0")  # its reply was heard
+            await until(page, "window.__gateway.events['conversation.item.truncated'] >= 1")  # barge-in
+            stats = await page.evaluate("window.__gateway")
+
+            ARTIFACTS.mkdir(exist_ok=True)
+            await page.screenshot(path=str(ARTIFACTS / "web.png"), full_page=True)
+
+            assert stats["errors"] == [] and problems == []
+            assert stats["sentAppends"] > 0 and stats["speechStarted"] >= 2
+            assert stats["bargeIns"] >= 1
+            truncate = stats["truncates"][0]
+            assert truncate["item_id"].startswith("item_")
+            assert 0 < truncate["audio_end_ms"] <= stats["receivedSamples"] / 24
+            turn = stats["turns"][0]
+            assert turn["responseId"] and turn["heardMs"] >= 0
+            assert await page.locator("#transcript li.user").count() >= 1
+            assert "(audio)" in await page.locator("#transcript li.assistant").first.inner_text()
+            assert "interrupted" in await page.locator("#transcript").inner_text()
+            assert await page.locator("#latency-rows tr").count() >= 1
+
+            await page.click("#connect")
+            await until(page, "window.__gateway.state === 'closed'")
+            assert (await page.evaluate("window.__gateway.errors")) == []
+        finally:
+            await browser.close()
