@@ -155,8 +155,10 @@ class PipelineResponder:
         self, chat: AsyncIterator[str], stream: TTSStream, outputs: _Outputs, written: deque[str]
     ) -> None:
         bridge = None if self.tts_engine.incremental else TextBridge(**dataclasses.asdict(self.bridge))
+        spoken = False
 
         def feed(texts: Iterable[str]) -> None:
+            nonlocal spoken
             for text in texts:
                 try:
                     if bridge is None:
@@ -166,6 +168,7 @@ class PipelineResponder:
                         stream.feed(text.strip())
                 except Exception as exc:
                     raise _tts_error(exc) from exc
+                spoken = spoken or bool(text.strip())
 
         first = True
         async with aclosing(chat):
@@ -176,7 +179,14 @@ class PipelineResponder:
                 feed([delta] if bridge is None else bridge.feed(delta))
         if bridge is not None:
             feed(bridge.end())
-        stream.end()
+        if not spoken:
+            # An empty reply: engines refuse an utterance without text, and there is nothing to play.
+            stream.cancel()
+            return
+        try:
+            stream.end()
+        except Exception as exc:
+            raise _tts_error(exc) from exc
 
     async def _play(self, stream: TTSStream, outputs: _Outputs, written: deque[str]) -> None:
         first = True

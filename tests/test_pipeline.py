@@ -369,6 +369,16 @@ async def test_empty_transcript_ends_the_response(make: Make, fake: FakeOpenAI):
     assert fake.chat_requests == []
 
 
+@pytest.mark.parametrize("reply", ["", "  🙂 "])
+async def test_empty_reply_completes_without_audio(make: Make, fake: FakeOpenAI, reply: str):
+    fake.reply = reply
+    engine = RecordingEngine()
+    outs = await collect(make(fake.base_url, engine).respond(request(Message("i1", "user", text="Hi."))))
+    assert not any(isinstance(o, AudioOut | SpeechText) for o in outs)
+    assert engine.fed == [] and engine.streams[0].cancelled
+    assert fake.chat_requests[0].finished
+
+
 async def test_text_modality(make: Make, fake: FakeOpenAI):
     engine = RecordingEngine()
     outs = await collect(make(fake.base_url, engine).respond(request(user_audio(), modalities=["text"])))
