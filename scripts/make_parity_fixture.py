@@ -225,6 +225,9 @@ def main() -> None:
     args = parser.parse_args()
 
     _stub_unused_audio_modules()
+    # References in float32 without TF32 (cuDNN convolutions default to it), so 1e-4 comparisons hold.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     from qwen_tts import Qwen3TTSModel
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
     from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config

@@ -1,9 +1,14 @@
 """The engine against the official qwen-tts 0.1.1 outputs recorded in tests/data/qwen3_tts_tiny
-(scripts/make_parity_fixture.py): identical greedy codes, the same waveform."""
+(scripts/make_parity_fixture.py): identical greedy codes, the same waveform.
+
+The same tests run against a fixture made elsewhere, e.g. the real 0.6B size on a GPU:
+QWEN3_TTS_FIXTURE=/tmp/q06 QWEN3_TTS_DEVICE=cuda pytest tests/test_engine_parity.py
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +21,9 @@ from engine.prompt import PromptError, TextTokens, Voice
 from engine.sampling import SamplingParams
 from engine.stream import synthesize
 
-FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+COMMITTED = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+FIXTURE = Path(os.environ.get("QWEN3_TTS_FIXTURE", COMMITTED))
+DEVICE = os.environ.get("QWEN3_TTS_DEVICE", "cpu")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -24,20 +31,30 @@ def one_thread():
     # The tiny model is all per-op overhead; two intra-op threads on a shared 2-core box are ~20x slower.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    # Parity is checked in float32; TF32 convolutions (cuDNN's default) would blur it on a GPU.
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
     yield
     torch.set_num_threads(threads)
+    torch.backends.cudnn.allow_tf32 = tf32
 REFS = json.loads((FIXTURE / "references.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def ckpt() -> checkpoint.Checkpoint:
-    return checkpoint.load(str(FIXTURE), device="cpu", dtype="auto")
+    return checkpoint.load(str(FIXTURE), device=DEVICE, dtype="float32")
 
 
-def test_loads_as_float32_on_cpu(ckpt: checkpoint.Checkpoint) -> None:
-    assert next(ckpt.model.parameters()).dtype == torch.float32
-    assert next(ckpt.codec.parameters()).dtype == torch.float32
-    assert ckpt.model.talker.code_predictor.small_to_mtp_projection is not None  # widths differ in the fixture
+def test_auto_dtype_is_float32_on_cpu() -> None:
+    assert checkpoint.pick_dtype("auto", torch.device("cpu")) == torch.float32
+    assert checkpoint.pick_dtype("auto", torch.device("cuda")) == torch.bfloat16
+
+
+def test_every_parameter_loaded(ckpt: checkpoint.Checkpoint) -> None:
+    for module in (ckpt.model, ckpt.codec):
+        assert all(p.device.type == DEVICE and p.dtype == torch.float32 for p in module.parameters())
+    widths = ckpt.config.talker.hidden != ckpt.config.predictor.hidden  # 1.7B-style projection, tiny fixture
+    assert (ckpt.model.talker.code_predictor.small_to_mtp_projection is not None) == widths
 
 
 @pytest.mark.parametrize("prompt", REFS["prompts"], ids=[p["name"] for p in REFS["prompts"]])
@@ -57,6 +74,7 @@ def test_greedy_codes_match_official(ckpt: checkpoint.Checkpoint, prompt: dict) 
     assert codes.tolist() == prompt["codes"]
 
 
+@pytest.mark.skipif(FIXTURE != COMMITTED, reason="a property of the committed fixture")
 def test_references_cover_eos_and_cap() -> None:
     lengths = {len(p["codes"]) for p in REFS["prompts"]}
     assert REFS["max_new_tokens"] - 1 in lengths  # one ran into the frame cap
@@ -65,7 +83,7 @@ def test_references_cover_eos_and_cap() -> None:
 
 def test_decoder_matches_official(ckpt: checkpoint.Checkpoint) -> None:
     refs = load_file(str(FIXTURE / "references.safetensors"))
-    wav = ckpt.codec.decode(refs["decoder_codes"][None])[0]
+    wav = ckpt.codec.decode(refs["decoder_codes"][None].to(DEVICE))[0].cpu()
     ref = refs["decoder_wav"]
     assert wav.shape == ref.shape
     assert float((wav - ref).norm() / ref.norm()) < 1e-4
@@ -77,7 +95,8 @@ def test_streamed_packets_match_official_waveform(ckpt: checkpoint.Checkpoint) -
     codes, packets = synthesize(ckpt, prompt["speaker"], prompt["language"], prompt["text"], params,
                                 max_frames=REFS["max_new_tokens"] - 1, packet_frames=4)
     ref = load_file(str(FIXTURE / "references.safetensors"))["greedy_wav.vivian_en_stream"].numpy()
-    assert [p.codes.shape[1] for p in packets] == [4] * 5 + [1]
+    frames = len(prompt["codes"])
+    assert [p.codes.shape[1] for p in packets] == [4] * (frames // 4) + ([frames % 4] if frames % 4 else [])
     pcm = np.frombuffer(b"".join(p.pcm for p in packets), dtype=np.int16).astype(np.float64) / 32767
     assert pcm.shape == ref.shape
     # pcm16 rounding (half a step, 1.5e-5) plus streamed-vs-whole decoding rounding.
