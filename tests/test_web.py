@@ -59,6 +59,10 @@ async def test_turn_playback_and_barge_in(start_gateway) -> None:
 
             await until(page, "window.__gateway.state === 'connected'")
             await until(page, "window.__gateway.events['session.updated'] >= 1")
+            await page.select_option("#voice", "coral")
+            await page.fill("#silence", "450")
+            await page.click("#apply")
+            await until(page, "window.__gateway.events['session.updated'] >= 2")
             await until(page, "window.__gateway.speechStopped >= 1")  # a user turn was detected
             await until(page, "window.__gateway.playedSamples > 0")  # its reply was heard
             await until(page, "window.__gateway.events['conversation.item.truncated'] >= 1")  # barge-in
@@ -80,8 +84,19 @@ async def test_turn_playback_and_barge_in(start_gateway) -> None:
             assert "interrupted" in await page.locator("#transcript").inner_text()
             assert await page.locator("#latency-rows tr").count() >= 1
 
+            # The form shows what the server confirmed in session.updated.
+            assert await page.input_value("#voice") == "coral"
+            assert await page.input_value("#silence") == "450"
+
             await page.click("#connect")
             await until(page, "window.__gateway.state === 'closed'")
             assert (await page.evaluate("window.__gateway.errors")) == []
+
+            # A connection failure is shown plainly.
+            await gateway.stop()
+            await page.click("#connect")
+            await until(page, "window.__gateway.errors.length > 0")
+            assert "could not connect" in await page.locator("#errors").inner_text()
+            assert await page.locator("#errors-panel").is_visible()
         finally:
             await browser.close()

@@ -38,7 +38,8 @@ async function connect() {
     player = await Player.create(onPlayback);
     mic = await startMicrophone(sendAudio);
   } catch (err) {
-    showError(err.message);
+    // The worklet modules come from the gateway too: a network error there means it is down.
+    showError((await reachable()) ? err.message : `could not connect to the gateway at ${location.origin}`);
     teardown("idle");
     return;
   }
@@ -59,6 +60,14 @@ async function connect() {
     else if (!closing) showError(`connection closed by the server (code ${e.code}${e.reason ? `: ${e.reason}` : ""})`);
     teardown("closed");
   };
+}
+
+async function reachable() {
+  try {
+    return (await fetch("/healthz", { cache: "no-store" })).ok;
+  } catch {
+    return false;
+  }
 }
 
 function disconnect() {

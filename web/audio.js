@@ -76,15 +76,20 @@ export class Player {
   static async create(onMessage) {
     requireSecureContext();
     const context = new AudioContext({ sampleRate: RATE, latencyHint: "interactive" });
-    await context.audioWorklet.addModule(new URL("./playback-worklet.js", import.meta.url));
-    const node = new AudioWorkletNode(context, "playback", {
-      numberOfInputs: 0,
-      outputChannelCount: [1],
-      processorOptions: { prebufferSamples: (RATE * PREBUFFER_MS) / 1000 },
-    });
-    node.connect(context.destination);
-    await context.resume();
-    return new Player(context, node, onMessage);
+    try {
+      await context.audioWorklet.addModule(new URL("./playback-worklet.js", import.meta.url));
+      const node = new AudioWorkletNode(context, "playback", {
+        numberOfInputs: 0,
+        outputChannelCount: [1],
+        processorOptions: { prebufferSamples: (RATE * PREBUFFER_MS) / 1000 },
+      });
+      node.connect(context.destination);
+      await context.resume();
+      return new Player(context, node, onMessage);
+    } catch (err) {
+      context.close();
+      throw err;
+    }
   }
 
   constructor(context, node, onMessage) {
