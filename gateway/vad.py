@@ -157,9 +157,9 @@ class SileroVAD:
 def process_many(items: Sequence[tuple[SileroVAD, bytes]]) -> list[Float32Array]:
     """``vad.process(pcm)`` for several sessions at once, batching their windows into shared model calls.
 
-    Equivalent to calling each ``process`` in turn (probabilities agree within ~1e-6), but a batch of
-    8+ streams costs ~35 µs per window instead of ~110 µs. All VADs must share one model, and each
-    VAD may appear only once.
+    Equivalent to calling each ``process`` in turn (probabilities agree within 1e-5), but a batch of
+    8+ streams costs ~48 µs of CPU per window instead of ~90 µs (scripts/bench_vad.py). All VADs must
+    share one model, and each VAD may appear only once.
     """
     if not items:
         return []
@@ -189,7 +189,7 @@ class VadBatcher:
     """Runs many sessions' VAD in shared batched model calls, for use from one asyncio event loop.
 
     Requests that arrive while a batch runs form the next batch, so batches grow by themselves
-    under load (~45 µs instead of ~110 µs a window at 100 sessions) while an idle server runs a
+    under load (~48 µs instead of ~90 µs a window) while an idle server runs a
     request at once: no timer, no added latency. A batch of at most ``inline_windows`` windows runs
     on the loop; a bigger one in ``executor`` (ORT releases the GIL), or inline when it is None.
     Each session must await its result before sending its next audio (the order of its windows).
