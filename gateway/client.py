@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from gateway.audio import SAMPLE_RATE, StreamResampler
 
@@ -170,6 +170,7 @@ class TurnTracker:
         self.response_active = False
         self.last_stop_seq = 0
         self.last_done_seq = -1
+        self.closed = False  # the connection is gone: nothing more will happen
         self.changed = asyncio.Event()
 
     def update(self, event: dict[str, Any]) -> None:
@@ -193,9 +194,14 @@ class TurnTracker:
     def quiet(self) -> bool:
         return not self.speech_active and not self.response_active and self.last_done_seq > self.last_stop_seq
 
+    def close(self) -> None:
+        self.closed = True
+        self.changed.set()
+
     async def wait_quiet(self, timeout: float) -> bool:
+        """True once quiet; False on timeout or when the connection closed first."""
         deadline = asyncio.get_running_loop().time() + timeout
-        while not self.quiet:
+        while not self.quiet and not self.closed:
             self.changed.clear()
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
@@ -204,7 +210,7 @@ class TurnTracker:
                 await asyncio.wait_for(self.changed.wait(), remaining)
             except TimeoutError:
                 return False
-        return True
+        return self.quiet
 
 
 # --- The client ---------------------------------------------------------------------------------
@@ -219,12 +225,15 @@ class Printer:
 
 
 async def _receive(ws: ClientConnection, tracker: TurnTracker, reply: bytearray, show: Printer) -> None:
-    async for message in ws:
-        event = json.loads(message)
-        show("<", describe(event))
-        if event.get("type") in AUDIO_DELTA:
-            reply.extend(base64.b64decode(event.get("delta") or ""))
-        tracker.update(event)
+    try:
+        async for message in ws:
+            event = json.loads(message)
+            show("<", describe(event))
+            if event.get("type") in AUDIO_DELTA:
+                reply.extend(base64.b64decode(event.get("delta") or ""))
+            tracker.update(event)
+    finally:
+        tracker.close()
 
 
 async def _stream_wav(ws: ClientConnection, samples: np.ndarray) -> None:
@@ -239,15 +248,25 @@ async def _stream_wav(ws: ClientConnection, samples: np.ndarray) -> None:
         await ws.send(audio_append(pcm[offset : offset + step]))
 
 
-async def _stream_microphone(ws: ClientConnection, show: Printer) -> None:
-    """Send the default microphone's audio until Ctrl-C (needs the optional sounddevice package)."""
+def _sounddevice() -> Any:
+    """The optional sounddevice module (PortAudio), or CliError saying why there is no microphone."""
     try:
-        import sounddevice  # type: ignore[import-not-found]
+        import sounddevice  # type: ignore[import-not-found]  # noqa: PLC0415 - optional dependency
     except ImportError:
         raise CliError("no --wav given, and microphone input needs the sounddevice package") from None
+    except OSError as exc:  # the package is there but the PortAudio library is not
+        raise CliError(f"microphone unavailable: {exc}") from None
+    return sounddevice
+
+
+async def _stream_microphone(ws: ClientConnection, sounddevice: Any, show: Printer) -> None:
+    """Send the default microphone's audio until Ctrl-C."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[np.ndarray] = asyncio.Queue()
-    rate = int(sounddevice.query_devices(kind="input")["default_samplerate"])
+    try:
+        rate = int(sounddevice.query_devices(kind="input")["default_samplerate"])
+    except (sounddevice.PortAudioError, ValueError) as exc:
+        raise CliError(f"microphone unavailable: {exc}") from None
     resampler = StreamResampler(rate, SAMPLE_RATE)
 
     def on_audio(indata: np.ndarray, frames: int, when: Any, status: Any) -> None:
@@ -265,6 +284,7 @@ async def _stream_microphone(ws: ClientConnection, show: Printer) -> None:
 async def session(args: argparse.Namespace) -> int:
     """Talk to the endpoint once (see the module docstring); returns the exit code."""
     samples = read_wav(args.wav) if args.wav else None
+    sounddevice = _sounddevice() if samples is None else None  # fail before connecting
     show = Printer()
     reply = bytearray()
     tracker = TurnTracker()
@@ -274,10 +294,7 @@ async def session(args: argparse.Namespace) -> int:
     code = 0
     try:
         if samples is None:
-            try:
-                await _stream_microphone(ws, show)
-            except (KeyboardInterrupt, asyncio.CancelledError):
-                show("*", "stopped")
+            await _stream_microphone(ws, sounddevice, show)
         else:
             show("*", f"streaming {args.wav} ({len(samples) / SAMPLE_RATE:.2f} s) at real time")
             await _stream_wav(ws, samples)
@@ -287,14 +304,19 @@ async def session(args: argparse.Namespace) -> int:
                 await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
                 await ws.send(json.dumps({"type": "response.create"}))
             if not await tracker.wait_quiet(RESPONSE_TIMEOUT_S):
-                show("*", f"no complete response within {RESPONSE_TIMEOUT_S:.0f} s")
+                problem = "the connection closed" if tracker.closed else f"{RESPONSE_TIMEOUT_S:.0f} s passed"
+                show("*", f"{problem} before the response was done")
                 code = 1
+    except ConnectionClosed as exc:
+        show("*", f"connection closed by the server: {exc}")
+        code = 1
+    except asyncio.CancelledError:  # Ctrl-C: the way to end a microphone session
+        if samples is not None:
+            raise
+        show("*", "stopped")
     finally:
         receiver.cancel()
         await ws.close()
-    if receiver.done() and not receiver.cancelled() and receiver.exception() is not None:
-        show("*", f"connection lost: {receiver.exception()}")
-        code = 1
     write_wav(args.out, bytes(reply))
     show("*", f"wrote {args.out} ({len(reply) / 2 / SAMPLE_RATE:.2f} s of reply audio)")
     return code

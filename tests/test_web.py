@@ -55,12 +55,13 @@ async def test_turn_playback_and_barge_in(start_gateway) -> None:
             page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
             page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
             await page.goto(f"http://127.0.0.1:{gateway.port}/")
+            # Settings chosen before connecting go out in the first session.update.
+            await page.select_option("#voice", "coral")
+            await page.fill("#silence", "450")
             await page.click("#connect")
 
             await until(page, "window.__gateway.state === 'connected'")
             await until(page, "window.__gateway.events['session.updated'] >= 1")
-            await page.select_option("#voice", "coral")
-            await page.fill("#silence", "450")
             await page.click("#apply")
             await until(page, "window.__gateway.events['session.updated'] >= 2")
             await until(page, "window.__gateway.speechStopped >= 1")  # a user turn was detected
