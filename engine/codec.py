@@ -108,14 +108,18 @@ class CausalConv1d(nn.Module):
 class CausalConvTranspose1d(nn.Module):
     """Transposed conv with its last ``kernel - stride`` outputs cut (official ``CausalTransConvNet``).
 
-    Output block t mixes input frames t and t-1 only, so nothing looks ahead. The cut samples are the
-    part of the next block that the current frame contributes; streaming carries them (without the
-    bias, which the next block adds itself) instead of dropping them.
+    Frame t's ``kernel`` taps land on samples t*stride + j: the first ``stride`` taps form its own
+    output block, the other ``overlap`` taps spill into block t+1. So block t mixes frames t and t-1
+    only and nothing looks ahead; the cut samples are the last frame's spill, which streaming carries
+    into the next step instead of dropping.
+
+    Computed as one GEMM plus that overlap-add rather than ``conv_transpose1d``, whose CPU kernel
+    falls back to a slow im2col path for the few frames of a streaming step.
     """
 
     def __init__(self, cin: int, cout: int, kernel_size: int, stride: int):
         super().__init__()
-        # With kernel > 2*stride the carried overlap would span several output blocks.
+        # With kernel > 2*stride a frame would spill over several output blocks.
         assert stride <= kernel_size <= 2 * stride, (kernel_size, stride)
         self.conv = nn.ConvTranspose1d(cin, cout, kernel_size, stride=stride)
         self.overlap = kernel_size - stride
@@ -126,15 +130,20 @@ class CausalConvTranspose1d(nn.Module):
         return torch.zeros(batch, self.conv.out_channels, self.overlap, dtype=dtype, device=device)
 
     def forward(self, x: Tensor, caches: ConvCaches | None = None) -> Tensor:
-        tail = None if caches is None else caches.get(self)
-        if tail is None:
-            y = self.conv(x)
-            return y[..., : y.shape[-1] - self.overlap]
-        y = F.conv_transpose1d(x, self.conv.weight, None, stride=self.conv.stride)
-        n = y.shape[-1] - self.overlap
-        out = torch.cat([y[..., : self.overlap] + tail, y[..., self.overlap : n]], dim=-1)
-        tail.copy_(y[..., n:])
-        return out + self.conv.bias[:, None]
+        b, cin, frames = x.shape
+        cin, cout, kernel = self.conv.weight.shape
+        stride, overlap = self.conv.stride[0], self.overlap
+        taps = (x.transpose(1, 2) @ self.conv.weight.reshape(cin, cout * kernel)).view(b, frames, cout, kernel)
+        blocks = taps
+        if overlap:
+            spill = taps[..., stride:]  # [B, frames, cout, overlap]
+            carry = None if caches is None else caches.get(self)
+            before = torch.zeros_like(spill[:, :1]) if carry is None else carry[:, None]
+            spilled_in = torch.cat([before, spill[:, :-1]], dim=1)
+            blocks = torch.cat([taps[..., :overlap] + spilled_in, taps[..., overlap:stride]], dim=-1)
+            if carry is not None:
+                carry.copy_(spill[:, -1])
+        return blocks.permute(0, 2, 1, 3).reshape(b, cout, frames * stride) + self.conv.bias[:, None]
 
 
 # ---------------------------------------------------------------------------------------------------
