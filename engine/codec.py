@@ -24,7 +24,13 @@ exactly n * 1920 final samples for n new frames, with no flush and no algorithmi
 frame itself. Left context is carried incrementally in a preallocated ``CodecState``: the input tail
 of each causal conv, the un-emitted overlap of each causal transposed conv, and a (window - 1)-frame
 KV cache per transformer layer. A fresh state holds zeros, which is exactly the official zero
-padding, so streaming reproduces ``decode`` up to float rounding.
+padding, so streaming reproduces ``decode`` up to float rounding. Rows are independent streams with
+their own positions: ``CodecState.reset_`` restarts rows, ``copy_rows_`` moves streams between rows,
+``narrow`` gives a view of consecutive rows (a smaller batch bucket sharing the same memory).
+
+Codes must lie in [0, codebook_size): the official ``decode`` maps its -1 padding to 0 before this.
+Outputs are float32 whatever the model dtype; SnakeBeta, RMSNorm and the codebook lookup compute in
+float32 so a bf16 model stays stable.
 
 Note: the official ``Qwen3TTSTokenizerV2Model.decode`` goes through ``chunked_decode`` (300-frame
 chunks re-decoded with 25 frames of left context), which equals ``decoder(codes)`` only up to 300
