@@ -47,15 +47,19 @@ async function connect() {
   $("mic-rate").textContent = `microphone ${mic.rate} Hz → ${RATE} Hz`;
   const url = new URL("/v1/realtime", location.href);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-  ws = new WebSocket(url);
+  const socket = new WebSocket(url);
+  ws = socket;
   let opened = false;
-  ws.onopen = () => {
+  socket.onopen = () => {
     opened = true;
     setState("connected");
     send(sessionUpdate());
   };
-  ws.onmessage = (e) => handle(JSON.parse(e.data));
-  ws.onclose = (e) => {
+  socket.onmessage = (e) => {
+    if (ws === socket) handle(JSON.parse(e.data));
+  };
+  socket.onclose = (e) => {
+    if (ws !== socket) return; // a connection already left by Disconnect
     if (!opened) showError(`could not connect to ${url}`);
     else if (!closing) showError(`connection closed by the server (code ${e.code}${e.reason ? `: ${e.reason}` : ""})`);
     teardown("closed");
@@ -103,7 +107,7 @@ const handlers = {
   "input_audio_buffer.speech_stopped": onSpeechStopped,
   "conversation.item.input_audio_transcription.delta": (e) => appendText(e.item_id, "user", e.delta),
   "conversation.item.input_audio_transcription.completed": (e) =>
-    setText(e.item_id, "user", e.transcript || "(audio)"),
+    setText(e.item_id, "user", e.transcript),
   "conversation.item.input_audio_transcription.failed": (e) =>
     setText(e.item_id, "user", `(transcription failed: ${e.error?.message ?? "unknown error"})`),
   "response.created": (e) => onResponseCreated(e.response),
@@ -148,7 +152,7 @@ function onSpeechStopped(e) {
   stats.speechStopped++;
   setActivity("thinking…");
   const user = entry(e.item_id, "user");
-  if (!user.text) setText(e.item_id, "user", "(audio)"); // replaced if a transcript arrives
+  if (!user.text) setText(e.item_id, "user", ""); // shows "(audio)" until a transcript arrives
   stats.turns.push({
     n: stats.turns.length + 1,
     itemId: e.item_id,
@@ -181,7 +185,7 @@ function onResponseDone(e) {
   for (const item of response.output ?? []) {
     if (item.type !== "message") continue;
     const known = entries.get(item.id);
-    if (known && !known.text) setText(item.id, "assistant", "(audio)");
+    if (known) setText(item.id, "assistant", known.text); // "(audio)" when no transcript came
     if (!interrupted.has(response.id)) player?.end(item.id);
   }
   if (response.status === "failed") {
@@ -264,7 +268,7 @@ function setText(itemId, role, text) {
 
 function appendText(itemId, role, delta) {
   const e = entry(itemId, role);
-  setText(itemId, role, (e.text === "(audio)" ? "" : e.text) + (delta ?? ""));
+  setText(itemId, role, e.text + (delta ?? ""));
 }
 
 function note(itemId, text) {
