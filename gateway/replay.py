@@ -132,7 +132,7 @@ class TurnReport:
     played_ms: float | None = None
     truncated_at_ms: int | None = None
     barge_in_s: float | None = None  # the next turn's speech_started that interrupted this reply
-    outcome: str = "pending"  # answered | interrupted | no speech detected | timeout
+    outcome: str = "pending"  # answered | interrupted | no response | no speech detected | timeout | connection lost
 
     def latencies(self) -> dict[str, float | None]:
         def ms(a: float | None, b: float | None) -> float | None:
