@@ -50,6 +50,7 @@ class VadConfig:
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: int = 0
+    min_speech_ms: int = 64
     inline_windows: int = 4
 
 

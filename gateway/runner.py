@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from concurrent.futures import Executor
 from typing import Protocol
 
 import orjson
@@ -17,7 +16,7 @@ import orjson
 from gateway.responder import Responder, ResponseRequest
 from gateway.session import ClearPlayout, Effect, Mark, Play, RunVad, Session, StartResponse, StopResponse
 from gateway.trace import TurnTrace
-from gateway.vad import SileroVAD
+from gateway.vad import SileroVAD, VadBatcher
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +39,7 @@ class SessionRunner:
         responder: Responder,
         vad: SileroVAD,
         send: Send,
-        vad_executor: Executor | None = None,
-        inline_windows: int = 4,
+        vad_batcher: VadBatcher | None = None,
         trace: TurnTrace | None = None,
         playout: Playout | None = None,
     ) -> None:
@@ -49,8 +47,7 @@ class SessionRunner:
         self.responder = responder
         self.vad = vad
         self._send = send
-        self._vad_executor = vad_executor
-        self._inline_windows = inline_windows
+        self._vad_batcher = vad_batcher
         self.trace = trace or TurnTrace(session.settings.id)
         self.playout = playout
         self._task: asyncio.Task[None] | None = None
@@ -104,11 +101,11 @@ class SessionRunner:
                 self.trace.mark(effect.name, effect.response_id)
 
     async def _vad(self, pcm: bytes):
-        # ~0.1 ms a window: a few run inline; a big append (audio sent faster than real time) goes to
-        # the worker thread so the loop stays responsive. The caller awaits either way, so order holds.
-        if self._vad_executor is None or self.vad.windows_pending(len(pcm)) <= self._inline_windows:
+        # Sessions' windows are batched into shared model calls (big batches off the loop); an append
+        # that completes no window only buffers. The caller awaits either way, so order holds.
+        if self._vad_batcher is None or self.vad.windows_pending(len(pcm)) == 0:
             return self.vad.process(pcm)
-        return await asyncio.get_running_loop().run_in_executor(self._vad_executor, self.vad.process, pcm)
+        return await self._vad_batcher.process(self.vad, pcm)
 
     async def _respond(self, request: ResponseRequest) -> None:
         rid = request.response_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import mimetypes
 import time
@@ -24,7 +25,7 @@ from gateway.responder import Responder
 from gateway.runner import SessionRunner
 from gateway.session import Session
 from gateway.trace import ACTIVE_SESSIONS, TurnTrace
-from gateway.vad import SileroModel, SileroVAD
+from gateway.vad import SileroModel, SileroVAD, VadBatcher
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class Gateway:
         self.web_dir = (REPO_ROOT / config.server.web_dir).resolve()
         self._vad_model: SileroModel | None = None
         self._vad_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
+        self._vad_batcher = VadBatcher(self._vad_executor, config.vad.inline_windows)
         self._trace_sink: IO[str] | None = None
         self._server: Server | None = None
 
@@ -69,6 +71,9 @@ class Gateway:
             max_size=cfg.max_message_bytes,
             max_queue=cfg.max_queue,
         )
+        # Everything loaded so far (openai, pydantic, onnxruntime, torch) lives as long as the process:
+        # keep it out of the collector, so full collections stay short and the loop keeps its pace.
+        gc.freeze()
         self.ready = True
         log.info("gateway %s listening on ws://%s:%d/v1/realtime (responder: %s)", __version__, cfg.host,
                  self.port, type(self.responder).__name__)
@@ -83,6 +88,9 @@ class Gateway:
             self._server.close()
             await self._server.wait_closed()
         self._vad_executor.shutdown(wait=False, cancel_futures=True)
+        close = getattr(self.responder, "aclose", None)
+        if close is not None:
+            await close()  # the backends' HTTP connection pools
         if self._trace_sink is not None:
             self._trace_sink.close()
 
@@ -128,8 +136,7 @@ class Gateway:
             self.responder,
             SileroVAD(self._vad_model),
             ws.send,
-            vad_executor=self._vad_executor,
-            inline_windows=self.config.vad.inline_windows,
+            vad_batcher=self._vad_batcher,
             trace=TurnTrace(session.settings.id, self._trace_sink),
         )
         self.sessions.add(runner)

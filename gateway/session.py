@@ -172,6 +172,7 @@ class Session:
             threshold=vad.threshold,
             prefix_padding_ms=vad.prefix_padding_ms,
             silence_duration_ms=vad.silence_duration_ms,
+            min_speech_ms=vad.min_speech_ms,
         )
         self._buffer = bytearray()  # uncommitted input, pcm16 24 kHz
         self._buffer_start_ms = 0.0  # input-audio time of self._buffer[0]
@@ -218,7 +219,11 @@ class Session:
     def _on_session_update(self, event: dict[str, Any]) -> list[Effect]:
         new = parse_session(event.get("session"), self.settings, self.dialect, self._voice_locked)
         if new.input_format != self.settings.input_format:
+            # The old decoder holds back a few ms of resampled audio: keep them before switching.
+            tail = self._decoder.flush()
             self._decoder = InputDecoder(new.input_format)
+            self._buffer += tail
+            self._input_ms += len(tail) / BYTES_PER_MS
         td = new.turn_detection
         if td is not None:
             self._detector.threshold = td.threshold
@@ -624,6 +629,10 @@ class Session:
         if status != "completed":
             effects.append(StopResponse(resp.id))
         common = {"response_id": resp.id, "item_id": resp.item_id, "output_index": 0, "content_index": 0}
+        # The encoder's resampler holds back its last few ms: they belong to a completed reply only.
+        tail = resp.encoder.flush() if status == "completed" and not self.server_playout else b""
+        if tail:
+            effects.append(self._delta("response.output_audio.delta", resp, base64.b64encode(tail).decode()))
         if "audio" in resp.modalities:
             effects.append(self._event("response.output_audio.done", **common))
             effects.append(self._event("response.output_audio_transcript.done", **common, transcript=text))

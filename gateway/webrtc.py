@@ -38,8 +38,11 @@ from aiortc import (
     RTCPeerConnection,
     RTCSessionDescription,
 )
-from aiortc.jitterbuffer import JitterBuffer
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
 from aiortc.mediastreams import MediaStreamError
+from aiortc.rtcrtpreceiver import RTCRtpReceiver
+from aiortc.rtp import RtpPacket
+from aiortc.utils import uint16_add
 from av import AudioFrame
 
 from gateway.audio import SAMPLE_RATE, StreamResampler
@@ -65,6 +68,8 @@ CONNECT_TIMEOUT_S = 30.0
 # aiortc's audio jitter buffer: 16 packets, released once 4 later ones have arrived (~80 ms held).
 AIORTC_JITTER_CAPACITY = 16
 AIORTC_JITTER_PREFETCH = 4
+# Longest hole in the input timeline filled with silence (a longer one is a clock jump, not a pause).
+MAX_GAP_S = 2
 
 Notify = Callable[[str, str], Awaitable[None]]
 
@@ -231,8 +236,7 @@ class Call:
             gateway.responder,
             SileroVAD(gateway._vad_model),
             self._send,
-            vad_executor=gateway._vad_executor,
-            inline_windows=gateway.config.vad.inline_windows,
+            vad_batcher=gateway._vad_batcher,
             trace=TurnTrace(self.session.settings.id, gateway._trace_sink),
             playout=self.playout,
         )
@@ -308,7 +312,7 @@ class Call:
         if prefetch != AIORTC_JITTER_PREFETCH:
             for transceiver in self.pc.getTransceivers():
                 if transceiver.receiver.track is track:
-                    _set_jitter_prefetch(transceiver.receiver, prefetch)
+                    set_jitter_prefetch(transceiver.receiver, prefetch)
         self._spawn(self._run_input(track))
 
     def _on_connection_state(self) -> None:
@@ -330,6 +334,7 @@ class Call:
 
     async def _run_input(self, track: MediaStreamTrack) -> None:
         resampler: StreamResampler | None = None
+        next_pts: int | None = None
         while True:
             try:
                 frame = await track.recv()
@@ -341,7 +346,16 @@ class Call:
             assert isinstance(frame, AudioFrame)
             if resampler is None or resampler.in_rate != frame.sample_rate:
                 resampler = StreamResampler(frame.sample_rate, SAMPLE_RATE)
-            pcm = resampler.process(_mono_s16(frame))
+                next_pts = None
+            samples = _mono_s16(frame)
+            if frame.pts is not None:
+                # Lost packets, and senders using DTX (no packets while silent), leave holes in the
+                # RTP timeline: fill them with silence so VAD sees the pause and input times stay true.
+                if next_pts is not None and frame.pts > next_pts:
+                    gap = min(frame.pts - next_pts, MAX_GAP_S * frame.sample_rate)
+                    samples = np.concatenate([np.zeros(gap, dtype=np.int16), samples])
+                next_pts = frame.pts + frame.samples
+            pcm = resampler.process(samples)
             if len(pcm):
                 await self.runner.feed_audio(pcm.tobytes())
 
@@ -362,13 +376,39 @@ class Call:
             channel.send(text)
 
 
-def _set_jitter_prefetch(receiver: Any, prefetch: int) -> None:
-    """aiortc fixes the audio jitter buffer at prefetch 4 (~80 ms); it offers no setting, so swap it."""
+class PassThroughBuffer:
+    """An audio "jitter buffer" that hands each packet to the decoder as it arrives.
+
+    Opus puts one frame in each RTP packet, so no reassembly is needed; the consumer is VAD and
+    speech recognition, not a loudspeaker, so smoothing out arrival jitter buys nothing and costs
+    latency (aiortc's buffer holds ~80 ms, and still 20 ms at prefetch 0). A packet arriving after a
+    later one is dropped (its hole becomes silence); that is rare on a LAN.
+    """
+
+    capacity = AIORTC_JITTER_CAPACITY
+
+    def __init__(self) -> None:
+        self._last: int | None = None
+
+    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
+        if self._last is not None and not 0 < uint16_add(packet.sequence_number, -self._last) < 0x8000:
+            return False, None  # late or duplicate
+        self._last = packet.sequence_number
+        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
+
+
+def set_jitter_prefetch(receiver: RTCRtpReceiver, prefetch: int) -> None:
+    """Swap the receiver's audio jitter buffer: aiortc fixes it at prefetch 4 and offers no setting.
+
+    ``prefetch`` 0 passes packets through (PassThroughBuffer); n > 0 is aiortc's buffer releasing a
+    frame once n later ones have arrived (~n × 20 ms held).
+    """
     name = "_RTCRtpReceiver__jitter_buffer"
     if not hasattr(receiver, name):
         log.warning("this aiortc version has no %s; webrtc.jitter_prefetch is ignored", name)
         return
-    setattr(receiver, name, JitterBuffer(capacity=AIORTC_JITTER_CAPACITY, prefetch=prefetch))
+    buffer = PassThroughBuffer() if prefetch <= 0 else JitterBuffer(AIORTC_JITTER_CAPACITY, prefetch=prefetch)
+    setattr(receiver, name, buffer)
 
 
 # --- HTTP signalling ------------------------------------------------------------------------------
