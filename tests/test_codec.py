@@ -177,3 +177,49 @@ def test_narrowed_state_and_moved_rows_continue_their_streams(
     state.reset_(torch.tensor([0]))
     rest = codec.decode_step(torch.cat([codes[:, :, 7:]] * 3), state)[2:]
     assert snr_db(torch.cat([first, rest], dim=-1), whole[:1]) >= 60
+
+
+def test_published_config_builds_the_published_geometry() -> None:
+    """speech_tokenizer/config.json as published for the 12 Hz checkpoints (decoder part)."""
+    config = {
+        "model_type": "qwen3_tts_tokenizer_12hz",
+        "decode_upsample_rate": 1920,
+        "decoder_config": {
+            "codebook_dim": 512,
+            "codebook_size": 2048,
+            "decoder_dim": 1536,
+            "head_dim": 64,
+            "hidden_act": "silu",
+            "hidden_size": 512,
+            "intermediate_size": 1024,
+            "latent_dim": 1024,
+            "layer_scale_initial_scale": 0.01,
+            "max_position_embeddings": 8000,
+            "num_attention_heads": 16,
+            "num_hidden_layers": 8,
+            "num_key_value_heads": 16,
+            "num_quantizers": 16,
+            "num_semantic_quantizers": 1,
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 10000,
+            "semantic_codebook_size": 4096,
+            "sliding_window": 72,
+            "upsample_rates": [8, 5, 4, 3],
+            "upsampling_ratios": [2, 2],
+        },
+    }
+    with torch.device("meta"):
+        model = CodecDecoder.from_config(config)
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    assert model.samples_per_frame == 1920
+    assert shapes["decoder.quantizer.rvq_rest.vq.layers.14._codebook.embedding_sum"] == (2048, 256)
+    assert shapes["decoder.quantizer.rvq_first.output_proj.weight"] == (512, 256, 1)
+    assert shapes["decoder.pre_conv.conv.weight"] == (1024, 512, 3)
+    assert shapes["decoder.pre_transformer.layers.7.self_attn.q_proj.weight"] == (1024, 512)
+    assert shapes["decoder.pre_transformer.input_proj.weight"] == (512, 1024)
+    assert shapes["decoder.upsample.1.1.pwconv1.weight"] == (4096, 1024)
+    assert shapes["decoder.decoder.1.block.1.conv.weight"] == (1536, 768, 16)
+    assert shapes["decoder.decoder.4.block.4.conv1.conv.weight"] == (96, 96, 7)
+    assert shapes["decoder.decoder.6.conv.weight"] == (1, 96, 7)
+    state = model.new_state(3)
+    assert state.keys.shape == (8, 3, 16, 71, 64)
