@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import sys
@@ -55,7 +56,7 @@ SPEECH_DB_BELOW_PEAK = 30.0  # a frame this far below the loudest one counts as 
 MIN_SPEECH_MS = 100  # shorter bursts (clicks) do not make a turn
 NO_SPEECH_WAIT_S = 1.5  # after a turn is sent, how long to wait for speech_started before giving up
 BARGE_IN_LEAD_MS = 100  # lead-in kept before the speech of a turn that interrupts a reply
-POLL_S = 0.005
+MAX_WAIT_S = 0.05  # longest sleep between checks when no event or playback point is due
 
 
 @dataclass
@@ -210,7 +211,6 @@ class Session:
         self.by_response: dict[str, TurnReport] = {}
         self.played_of: dict[str, TurnReport] = {}  # assistant item → the turn it answers
         self.ws: ClientConnection | None = None
-        self.closed = False
         self.log: TextIO | None = None
         self.t0 = 0.0
         self.mic = bytearray()  # audio waiting to be sent, as by a microphone
@@ -278,22 +278,31 @@ class Session:
                 await asyncio.sleep(self.options.turn_gap_ms / 1000 / self.options.speed)
 
     async def _await_reply(self, turn: TurnReport, barge_in: int | None) -> str:
-        """Wait until the reply to ``turn`` has played, or reached the barge-in point."""
+        """Wait until the reply to ``turn`` has played, or reached the barge-in point.
+
+        Wakes on every server event, and otherwise exactly when the simulated playback reaches
+        the point it is waiting for, so many sessions do not poll.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.turn_timeout_s
         idle_since: float | None = None
         while True:
-            await asyncio.sleep(POLL_S)
-            if self.closed:
+            if self.tracker.closed:
                 self.errors.append("connection closed by the server")
                 return "connection lost"
-            playing = self.playback.active(self.sim_ms())
-            playing_turn = self.played_of.get(self.playback.item_id or "") if playing else None
-            if barge_in is not None and playing_turn is turn and self.playback.played_ms >= barge_in:
+            playback = self.playback
+            playing = playback.active(self.sim_ms())
+            ours = playing and self.played_of.get(playback.item_id or "") is turn
+            if barge_in is not None and ours and playback.played_ms >= barge_in:
                 return "interrupted"
             started = turn.speech_started_s is not None
             if started and self.tracker.quiet and not playing:
                 return "answered" if turn.response_id else "no response"
+            wait = MAX_WAIT_S
+            if playing:
+                target = min(barge_in, playback.received_ms) if barge_in is not None and ours else playback.received_ms
+                if target > playback.played_ms:  # else stalled: the next delta is an event and wakes us
+                    wait = min(wait, (target - playback.played_ms) / 1000 / self.options.speed)
             if self.mic_idle.is_set() and not started:
                 idle_since = idle_since or loop.time()
                 if loop.time() - idle_since > NO_SPEECH_WAIT_S:
@@ -301,6 +310,9 @@ class Session:
             if loop.time() > deadline:
                 self.errors.append(f"turn {turn.turn}: no complete reply within {self.options.turn_timeout_s} s")
                 return "timeout"
+            self.tracker.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.tracker.changed.wait(), wait)
 
     async def _send_microphone(self) -> None:
         """Stream the queued audio in CHUNK_MS appends on an absolute schedule at ``speed``."""
@@ -333,7 +345,7 @@ class Session:
                 await self._on_event(event)
         except ConnectionClosed:
             pass
-        self.closed = True
+        self.tracker.close()
 
     async def _on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
