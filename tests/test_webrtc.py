@@ -28,7 +28,7 @@ from pydantic import TypeAdapter  # noqa: E402
 from gateway.audio import StreamResampler  # noqa: E402
 from gateway.responder import EchoResponder  # noqa: E402
 from gateway.server import Gateway  # noqa: E402
-from gateway.webrtc import WebRTCServer, start_webrtc  # noqa: E402
+from gateway.webrtc import AIORTC_JITTER_PREFETCH, WebRTCServer, set_jitter_prefetch, start_webrtc  # noqa: E402
 from tests.conftest import BETA_EVENTS, GA_EVENTS, StartGateway, load_pcm  # noqa: E402
 
 RATE = 48_000
@@ -99,9 +99,10 @@ class Microphone(MediaStreamTrack):
 class RtcClient:
     """An aiortc peer speaking the Realtime WebRTC protocol: events in, speaker audio recorded."""
 
-    def __init__(self, base_url: str, adapter: TypeAdapter[Any] = GA_EVENTS) -> None:
+    def __init__(self, base_url: str, adapter: TypeAdapter[Any] = GA_EVENTS, jitter_prefetch: int = 4) -> None:
         self.base_url = base_url
         self.adapter = adapter
+        self.jitter_prefetch = jitter_prefetch
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.mic = Microphone()
         self.pc.addTrack(self.mic)
@@ -109,12 +110,13 @@ class RtcClient:
         self.channel.on("message", self._on_message)
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.received: list[dict[str, Any]] = []
+        self.timed: list[tuple[float, dict[str, Any]]] = []  # (loop time of arrival, event)
         self.invalid: list[str] = []
         # (loop time of arrival, int16 mono 48 kHz) for each frame of the remote track
         self.speaker: list[tuple[float, np.ndarray]] = []
         self.location: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self.pc.on("track", lambda track: self._tasks.append(asyncio.ensure_future(self._listen(track))))
+        self.pc.on("track", self._on_track)
 
     async def connect(self, path: str = "/v1/realtime/calls", session: dict[str, Any] | None = None) -> None:
         await self.pc.setLocalDescription(await self.pc.createOffer())
@@ -171,7 +173,15 @@ class RtcClient:
             self.invalid.append(str(message))
         event = orjson.loads(message)
         self.received.append(event)
+        self.timed.append((asyncio.get_running_loop().time(), event))
         self.events.put_nowait(event)
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if self.jitter_prefetch != AIORTC_JITTER_PREFETCH:  # the benchmark's stand-in for a browser's buffer
+            for transceiver in self.pc.getTransceivers():
+                if transceiver.receiver.track is track:
+                    set_jitter_prefetch(transceiver.receiver, self.jitter_prefetch)
+        self._tasks.append(asyncio.ensure_future(self._listen(track)))
 
     async def _listen(self, track: MediaStreamTrack) -> None:
         loop = asyncio.get_running_loop()
