@@ -20,19 +20,19 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Statistics in float32 and the weight applied after the cast back, as the official norm does.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * h.to(x.dtype)
 
 
-def rope_tables(head_dim: int, theta: float, max_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 cos/sin [max_len, head_dim] for positions 0..max_len-1, computed as the official rotary
-    embedding computes them. The talker's interleaved multimodal RoPE gets the same position on all three
-    axes, which makes it plain 1-D RoPE."""
+def rope_tables(head_dim: int, theta: float, max_len: int, device: torch.device,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [max_len, head_dim] for positions 0..max_len-1, computed in float32 and cast to the model
+    dtype as the official rotary embedding does per step. The talker's interleaved multimodal RoPE gets the
+    same position on all three axes, which makes it plain 1-D RoPE."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
     freqs = torch.outer(torch.arange(max_len, dtype=torch.float32, device=device), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -49,13 +49,19 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
-    def update(self, slots: torch.Tensor, input_pos: torch.Tensor, k: torch.Tensor,
+    def update(self, slots: list[int], input_pos: torch.Tensor, k: torch.Tensor,
                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, kv_heads, T, D] at (slots [B], input_pos [B, T]); return the caches of those slots."""
-        rows = slots[:, None]
-        self.k[rows, :, input_pos] = k.transpose(1, 2)
-        self.v[rows, :, input_pos] = v.transpose(1, 2)
-        return self.k[slots], self.v[slots]
+        """Write k, v [B, kv_heads, T, D] at (slots, input_pos [B, T]); return the caches of those slots."""
+        if len(slots) == 1:
+            # One stream: write through a view and attend over it, no gathered copy of the cache.
+            k_cache, v_cache = self.k[slots[0]:slots[0] + 1], self.v[slots[0]:slots[0] + 1]
+            k_cache.index_copy_(2, input_pos[0], k)
+            v_cache.index_copy_(2, input_pos[0], v)
+            return k_cache, v_cache
+        index = torch.tensor(slots, device=self.k.device)
+        self.k[index[:, None], :, input_pos] = k.transpose(1, 2)
+        self.v[index[:, None], :, input_pos] = v.transpose(1, 2)
+        return self.k[index], self.v[index]
 
 
 class Attention(nn.Module):
@@ -70,7 +76,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(head_dim, eps)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
-                slots: torch.Tensor, input_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                slots: list[int], input_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
@@ -104,7 +110,7 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
-                slots: torch.Tensor, input_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                slots: list[int], input_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, cache, slots, input_pos, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 

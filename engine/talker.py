@@ -116,9 +116,9 @@ class Stack(nn.Module):
         self.norm = RMSNorm(c.hidden, c.eps)
 
     def run(self, x: torch.Tensor, caches: list[KVCache], rope: tuple[torch.Tensor, torch.Tensor],
-            slots: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+            slots: list[int], input_pos: torch.Tensor) -> torch.Tensor:
         cos, sin = rope
-        pos_rope = (cos[input_pos].unsqueeze(1).to(x.dtype), sin[input_pos].unsqueeze(1).to(x.dtype))
+        pos_rope = (cos[input_pos].unsqueeze(1), sin[input_pos].unsqueeze(1))
         mask = causal_mask(input_pos, caches[0].k.shape[2])
         for layer, cache in zip(self.layers, caches, strict=True):
             x = layer(x, pos_rope, cache, slots, input_pos, mask)
@@ -205,8 +205,8 @@ class Qwen3TTS(nn.Module):
         # The predictor reads 2 + 14 positions per frame and starts over at 0 on the next frame.
         self.predictor_caches = [KVCache(slots, c.kv_heads, self.cfg.code_groups, c.head_dim, p.dtype, p.device)
                                  for _ in range(c.layers)]
-        self.rope = rope_tables(t.head_dim, t.theta, max_len, p.device)
-        self.predictor_rope = rope_tables(c.head_dim, c.theta, self.cfg.code_groups, p.device)
+        self.rope = rope_tables(t.head_dim, t.theta, max_len, p.device, p.dtype)
+        self.predictor_rope = rope_tables(c.head_dim, c.theta, self.cfg.code_groups, p.device, p.dtype)
         vocab = t.vocab
         # The official generate bans the top 1024 ids (control tokens) except EOS.
         self.suppress = torch.zeros(vocab, dtype=torch.bool, device=p.device)
@@ -243,11 +243,11 @@ class Qwen3TTS(nn.Module):
         """
         b, t, _ = x.shape
         device = x.device
-        slots = torch.tensor([g.slot for g in gens], device=device)
-        start = torch.tensor([g.pos for g in gens], device=device)
-        if int(start.max()) + t > self.max_len:
-            raise RuntimeError(f"talker cache overflow: position {int(start.max()) + t} > {self.max_len}")
-        input_pos = start[:, None] + torch.arange(t, device=device)[None, :]
+        slots = [g.slot for g in gens]
+        # Positions are known on the host: no device round trip per step.
+        if max(g.pos for g in gens) + t > self.max_len:
+            raise RuntimeError(f"talker cache overflow: position {max(g.pos for g in gens) + t} > {self.max_len}")
+        input_pos = torch.tensor([[g.pos + i for i in range(t)] for g in gens], device=device)
         hidden = self.talker.model.run(x, self.caches, self.rope, slots, input_pos)[:, -1]
         logits = self.talker.codec_head(hidden).float()
         code0 = torch.empty(b, dtype=torch.long, device=device)
@@ -264,7 +264,7 @@ class Qwen3TTS(nn.Module):
         rest = self.predict_codes(gens, slots, hidden, code0)
         return torch.cat([code0[:, None], rest], dim=1)
 
-    def predict_codes(self, gens: list[Generation], slots: torch.Tensor, hidden: torch.Tensor,
+    def predict_codes(self, gens: list[Generation], slots: list[int], hidden: torch.Tensor,
                       code0: torch.Tensor) -> torch.Tensor:
         """Codes 1..15 for talker hidden states [B, hidden] and codes 0 [B]: the 15-step predictor loop."""
         cp = self.talker.code_predictor
