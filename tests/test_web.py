@@ -123,6 +123,19 @@ async def test_turn_playback_and_barge_in(start_gateway) -> None:
             assert await page.input_value("#voice") == "coral"
             assert await page.input_value("#silence") == "450"
 
+            # Without turn detection the user ends the turn with "Send turn".
+            assert await page.is_disabled("#commit")
+            updates = await page.evaluate("window.__gateway.events['session.updated']")
+            await page.uncheck("#vad")
+            await page.click("#apply")
+            await until(page, f"window.__gateway.events['session.updated'] > {updates}")
+            assert await page.is_enabled("#commit")
+            appends = await page.evaluate("window.__gateway.sentAppends")
+            await until(page, f"window.__gateway.sentAppends >= {appends + 10}")  # the server wants ≥ 100 ms
+            responses = await page.evaluate("window.__gateway.events['response.done']")
+            await page.click("#commit")
+            await until(page, f"window.__gateway.events['response.done'] > {responses}")
+
             await page.click("#connect")
             await until(page, "window.__gateway.state === 'closed'")
             assert (await page.evaluate("window.__gateway.errors")) == []
