@@ -524,9 +524,9 @@ class Session:
             code, message = f"{error.backend}_backend_error", str(error)
         else:
             code, message = "server_error", f"The response failed: {type(error).__name__}: {error}"
-        effects = self._finish_response("failed", error={"type": "server_error", "code": code, "message": message})
-        effects.append(self._wire(error_event(code, message, error_type="server_error")))
-        return effects
+        return [self._wire(error_event(code, message, error_type="server_error"))] + self._finish_response(
+            "failed", error={"type": "server_error", "code": code, "message": message}
+        )
 
     def _start_response(self, params: dict[str, Any]) -> list[Effect]:
         if self._response is not None:

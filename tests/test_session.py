@@ -90,7 +90,7 @@ def test_backend_failure_fails_the_response_and_names_the_backend():
     done = next(e for e in events if e["type"] == "response.done")["response"]
     assert done["status"] == "failed"
     assert done["status_details"]["error"]["code"] == "llm_backend_error"
-    error = events[-1]["error"]
+    error = events[0]["error"]
     assert error["code"] == "llm_backend_error" and "llm" in error["message"] and "HTTP 503" in error["message"]
     assert session.phase is Phase.LISTENING
     assert isinstance(start_response(session), StartResponse)  # the next turn works
