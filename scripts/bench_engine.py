@@ -57,7 +57,39 @@ def bench_ours(args: argparse.Namespace) -> dict:
 
     runs = [asyncio.run(once()) for _ in range(args.runs + 1)][1:]  # the first warms up kernels and allocators
     engine.close()
-    return summarise("this engine (eager)", runs, args, str(next(ckpt.model.parameters()).dtype))
+    result = summarise("this engine (eager)", runs, args, str(next(ckpt.model.parameters()).dtype))
+    result["stages_ms"] = stages(ckpt, args)
+    return result
+
+
+@torch.no_grad()
+def stages(ckpt, args: argparse.Namespace, reps: int = 20) -> dict:
+    """Where a frame's time goes: the 15-step code predictor and one packet's codec decode, timed alone;
+    the talker step (with sampling and Python overhead) is the rest of a frame."""
+    from engine.sampling import SamplingParams
+
+    model = ckpt.model
+    model.setup(1, 64)
+    gen = model.new_generation(0, SamplingParams.from_generation_config(ckpt.generation), seed=0)
+    hidden = torch.randn(1, model.cfg.talker.hidden, device=args.device, dtype=next(model.parameters()).dtype)
+    code0 = torch.zeros(1, dtype=torch.long, device=args.device)
+    packet = torch.zeros(1, 16, args.packet_frames, dtype=torch.long, device=args.device)
+    state = ckpt.codec.new_state(1)
+
+    def timed(fn) -> float:
+        fn()
+        if args.device != "cpu":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        if args.device != "cpu":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - start) * 1000 / reps
+
+    predictor = timed(lambda: model.predict_codes([gen], [0], hidden, code0))
+    codec = timed(lambda: ckpt.codec.decode_step(packet, state)) / args.packet_frames
+    return {"predictor_per_frame": round(predictor, 2), "codec_per_frame": round(codec, 2)}
 
 
 def bench_official(args: argparse.Namespace) -> dict:
@@ -145,6 +177,9 @@ def main() -> None:
     print(f"| {'-' * 34} | -------------- | -------------- | ----- | -------- |")
     for r in results:
         print(f"| {r['impl']:34} | {r['dtype']:14} | {r['first_audio_ms']:14} | {r['rtf']:5} | {r['ms_per_frame']:8} |")
+    if "stages_ms" in results[0]:
+        print(f"this engine, per frame: code predictor {results[0]['stages_ms']['predictor_per_frame']} ms, "
+              f"codec decode {results[0]['stages_ms']['codec_per_frame']} ms, the rest is the talker step")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

@@ -222,7 +222,13 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=24, help="max_new_tokens of each greedy reference")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--cpu-drift", action="store_true",
+                        help="only re-decode the recorded decoder_codes of --out with the official code on the CPU "
+                             "and print how far that lands from the recorded (e.g. GPU) waveform")
     args = parser.parse_args()
+    if args.cpu_drift:
+        cpu_drift(args.out)
+        return
 
     _stub_unused_audio_modules()
     # References in float32 without TF32 (cuDNN convolutions default to it), so 1e-4 comparisons hold.
@@ -296,6 +302,20 @@ def main() -> None:
     (out / "references.json").write_text(json.dumps(refs, ensure_ascii=False, indent=1))
     (out / "README.md").write_text(README.format(config=args.config, seed=args.seed, frames=args.frames))
     print(f"wrote {out} ({args.config}); official generate seconds: {[round(t, 3) for t in timings]}")
+
+
+def cpu_drift(out: Path) -> None:
+    """The official decoder's own device-to-device float drift: the yardstick for comparing a GPU waveform."""
+    _stub_unused_audio_modules()
+    from qwen_tts.inference.qwen3_tts_tokenizer import Qwen3TTSTokenizer
+    from safetensors.torch import load_file
+
+    refs = load_file(str(out / "references.safetensors"))
+    codec = Qwen3TTSTokenizer.from_pretrained(str(out / "speech_tokenizer"), dtype=torch.float32, device_map="cpu")
+    wavs, _ = codec.decode([{"audio_codes": refs["decoder_codes"].T}])
+    wav, ref = torch.from_numpy(wavs[0]), refs["decoder_wav"]
+    error = float((wav - ref).norm() / ref.norm())
+    print(f"official decode on the CPU vs the recorded waveform: relative error {error:.3g}")
 
 
 README = """# Qwen3-TTS 12Hz parity fixture ({config}, seed {seed})
