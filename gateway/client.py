@@ -67,6 +67,17 @@ def read_wav(path: str | Path) -> np.ndarray:
     return samples.astype(np.int16)
 
 
+def check_writable(path: str | Path) -> None:
+    """Fail before any work when an output file cannot be written."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def write_wav(path: str | Path, pcm: bytes) -> None:
     """pcm16 mono 24 kHz bytes → WAV file (parent folders are created)."""
     path = Path(path)
@@ -285,6 +296,7 @@ async def session(args: argparse.Namespace) -> int:
     """Talk to the endpoint once (see the module docstring); returns the exit code."""
     samples = read_wav(args.wav) if args.wav else None
     sounddevice = _sounddevice() if samples is None else None  # fail before connecting
+    check_writable(args.out)
     show = Printer()
     reply = bytearray()
     tracker = TurnTracker()

@@ -493,6 +493,10 @@ def print_table(sessions: list[Session], out: TextIO = sys.stdout) -> None:
 async def replay(wavs: list[Path], options: Options) -> list[Session]:
     """Run one session per WAV file concurrently; write each one's files and DIR/summary.json."""
     loaded = [(wav, read_wav(wav)) for wav in wavs]  # bad files fail before anything connects
+    try:
+        options.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"cannot create {options.out}: {exc.strerror or exc}") from None
     names: dict[str, int] = {}
     sessions = []
     for wav, _ in loaded:
@@ -520,7 +524,6 @@ async def replay(wavs: list[Path], options: Options) -> list[Session]:
             for s in sessions
         ],
     }
-    options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return sessions
 

@@ -138,3 +138,17 @@ def test_command_line_errors_exit_2_without_traceback(wav, url, message, tmp_pat
     assert client.run(parser.parse_args(["--wav", wav, "--out", str(tmp_path / "r.wav"), *url_args])) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_unwritable_output_exits_2_before_connecting(tmp_path: Path, capsys) -> None:
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    unused_port = f"ws://127.0.0.1:{free_port()}/v1/realtime"  # never reached: the output is checked first
+    assert main(["--out", str(not_a_folder / "results"), "--url", unused_port, str(ONE_SENTENCE)]) == 2
+    assert "cannot create" in capsys.readouterr().err
+
+    parser = argparse.ArgumentParser()
+    client.add_arguments(parser)
+    args = parser.parse_args(["--wav", str(ONE_SENTENCE), "--out", str(not_a_folder / "r.wav"), "--url", unused_port])
+    assert client.run(args) == 2
+    assert "cannot write" in capsys.readouterr().err
