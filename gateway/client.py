@@ -335,6 +335,10 @@ async def session(args: argparse.Namespace) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Stream a WAV file (or the microphone) to a Realtime endpoint at real time, print its events one "
+        "line each, and write the reply audio to a WAV file."
+    )
     parser.add_argument("--url", default=DEFAULT_URL, help=f"Realtime endpoint (default {DEFAULT_URL})")
     parser.add_argument("--wav", help="pcm16 WAV file to send (any rate and channels); without it, the microphone")
     parser.add_argument("--out", default="reply.wav", help="where to write the reply audio (default reply.wav)")
@@ -352,7 +356,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway client", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gateway client")
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -556,6 +556,10 @@ def _positive(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Replay WAV files as concurrent headless sessions (one per file; turns split at silences), with "
+        "simulated playback and optional barge-in; writes output audio, event logs and latency reports."
+    )
     parser.add_argument("wavs", nargs="+", type=Path, metavar="WAV", help="pcm16 WAV files, one session each")
     parser.add_argument("--url", default=DEFAULT_URL, help=f"Realtime endpoint (default {DEFAULT_URL})")
     parser.add_argument("--out", required=True, type=Path, help="folder for the per-session results")
@@ -605,7 +609,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway replay", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gateway replay")
     add_arguments(parser)
     return run(parser.parse_args(argv))
 
