@@ -136,7 +136,7 @@ class CausalConvTranspose1d(nn.Module):
         return torch.zeros(batch, self.conv.out_channels, self.overlap, dtype=dtype, device=device)
 
     def forward(self, x: Tensor, caches: ConvCaches | None = None) -> Tensor:
-        b, cin, frames = x.shape
+        b, _, frames = x.shape
         cin, cout, kernel = self.conv.weight.shape
         stride, overlap = self.conv.stride[0], self.overlap
         taps = (x.transpose(1, 2) @ self.conv.weight.reshape(cin, cout * kernel)).view(b, frames, cout, kernel)
