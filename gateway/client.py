@@ -31,9 +31,7 @@ RESPONSE_TIMEOUT_S = 60.0
 
 # GA names first, beta names second: the client accepts both, whatever it asked for.
 AUDIO_DELTA = frozenset({"response.output_audio.delta", "response.audio.delta"})
-AUDIO_DONE = frozenset({"response.output_audio.done", "response.audio.done"})
 TRANSCRIPT_DELTA = frozenset({"response.output_audio_transcript.delta", "response.audio_transcript.delta"})
-TRANSCRIPT_DONE = frozenset({"response.output_audio_transcript.done", "response.audio_transcript.done"})
 
 
 class CliError(Exception):
