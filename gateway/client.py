@@ -29,7 +29,7 @@ CHUNK_MS = 20
 TAIL_MS = 1000  # silence after the speech: longer than the default silence_duration_ms (500)
 RESPONSE_TIMEOUT_S = 60.0
 
-# GA names first, beta names second: the client accepts both, whatever it asked for.
+# GA and beta event names: the clients accept both, whichever protocol they asked for.
 AUDIO_DELTA = frozenset({"response.output_audio.delta", "response.audio.delta"})
 TRANSCRIPT_DELTA = frozenset({"response.output_audio_transcript.delta", "response.audio_transcript.delta"})
 
