@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import fractions
+import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from gateway.audio import StreamResampler  # noqa: E402
 from gateway.responder import EchoResponder  # noqa: E402
 from gateway.server import Gateway  # noqa: E402
 from gateway.webrtc import AIORTC_JITTER_PREFETCH, WebRTCServer, set_jitter_prefetch, start_webrtc  # noqa: E402
-from tests.conftest import BETA_EVENTS, GA_EVENTS, StartGateway, load_pcm  # noqa: E402
+from tests.conftest import BETA_EVENTS, FIXTURES, GA_EVENTS, StartGateway, load_pcm  # noqa: E402
 
 RATE = 48_000
 FRAME = 960  # 20 ms
@@ -332,3 +333,55 @@ async def test_signalling_errors_and_cors(rtc):
         async with http.delete(base + "/v1/realtime/calls/rtc_nope") as response:
             assert response.status == 404
     assert await session_count(gateway, 0) == 0
+
+
+BROWSER_CALL = """async ([url, session]) => {
+  const { connectWebRTC } = await import("/webrtc.js");
+  const stream = await navigator.mediaDevices.getUserMedia({ audio: { echoCancellation: true } });
+  window.rtc = { events: [], closed: null };
+  window.rtc.call = await connectWebRTC({
+    url, stream, session,
+    onEvent: (e) => window.rtc.events.push(e),
+    onClose: (reason) => { window.rtc.closed = reason; },
+  });
+  return window.rtc.call.callUrl.pathname;
+}"""
+
+
+async def test_browser_page_module(rtc):
+    """web/webrtc.js in headless Chromium, loaded from the gateway's port, calling the WebRTC port.
+
+    Chromium's fake microphone loops one_sentence.wav: the first round is a turn, the second
+    interrupts the echo, so one call sees a reply, a barge-in and the server's truncate.
+    """
+    async_api = pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed")
+    gateway, server = rtc
+    args = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={FIXTURES / 'one_sentence.wav'}"]
+    async with async_api.async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=chromium, args=args)
+        try:
+            page = await browser.new_page()
+            await page.goto(f"http://127.0.0.1:{gateway.port}/")
+            path = await page.evaluate(BROWSER_CALL, [f"http://127.0.0.1:{server.port}", {"instructions": "Hi."}])
+            assert path.startswith("/v1/realtime/calls/rtc_")
+            await page.wait_for_function(
+                "window.rtc.events.some(e => e.type === 'conversation.item.truncated')", polling=50, timeout=20_000
+            )
+            events = await page.evaluate("window.rtc.events")
+            assert len(gateway.sessions) == 1
+            await page.evaluate("window.rtc.call.close()")
+            assert await page.evaluate("window.rtc.closed") == "closed"
+        finally:
+            await browser.close()
+    assert await session_count(gateway, 0) == 0
+    for event in events:
+        GA_EVENTS.validate_python(event)
+    names = [e["type"] for e in events]
+    assert events[0]["session"]["instructions"] == "Hi."
+    assert names.index("output_audio_buffer.started") < names.index("output_audio_buffer.cleared")
+    assert names.index("output_audio_buffer.cleared") < names.index("conversation.item.truncated")
+    assert next(e for e in reversed(events) if e["type"] == "response.done")["response"]["status"] == "cancelled"
