@@ -141,6 +141,7 @@ class OutboundAudio(MediaStreamTrack):
         self._playing = None
         self._item = None
         self._item_samples = 0
+        self._done.clear()
         return (item, heard * 1000 / RTC_RATE) if item is not None else None
 
     def finished(self, response_id: str) -> None:

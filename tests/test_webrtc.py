@@ -45,7 +45,7 @@ class Options:
     ice_servers: str = ""
     turn_username: str = ""
     turn_credential_env: str = ""
-    jitter_prefetch: int = 4
+    jitter_prefetch: int = 0
 
 
 class Microphone(MediaStreamTrack):
