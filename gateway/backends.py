@@ -98,6 +98,8 @@ class SttClient:
         self.language = language
         self.timeout_s = timeout_s
         self._client = _client(base_url, api_key_env, timeout_s)
+        # The SDK imports a resource's modules on first use (~20 ms): pay that at start-up, not in a turn.
+        self._transcriptions = self._client.audio.transcriptions
 
     @classmethod
     def from_config(cls, config: SttConfig) -> SttClient:
@@ -105,7 +107,7 @@ class SttClient:
 
     async def transcribe(self, pcm16_24k: bytes) -> str:
         try:
-            result = await self._client.audio.transcriptions.create(
+            result = await self._transcriptions.create(
                 file=("audio.wav", wav_bytes(pcm16_24k), "audio/wav"),
                 model=self.model,
                 language=self.language or openai.omit,
@@ -135,6 +137,7 @@ class LlmClient:
         self.max_output_tokens = max_output_tokens
         self.timeout_s = timeout_s
         self._client = _client(base_url, api_key_env, timeout_s)
+        self._completions = self._client.chat.completions  # imported now, not in the first turn
 
     @classmethod
     def from_config(cls, config: LlmConfig) -> LlmClient:
@@ -163,7 +166,7 @@ class LlmClient:
         if max_output_tokens is not None:
             limit = min(limit, max_output_tokens)
         try:
-            stream = await self._client.chat.completions.create(
+            stream = await self._completions.create(
                 model=self.model,
                 messages=messages,  # type: ignore[arg-type]  # built by chat_messages
                 stream=True,
