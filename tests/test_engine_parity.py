@@ -86,7 +86,10 @@ def test_decoder_matches_official(ckpt: checkpoint.Checkpoint) -> None:
     wav = ckpt.codec.decode(refs["decoder_codes"][None].to(DEVICE))[0].cpu()
     ref = refs["decoder_wav"]
     assert wav.shape == ref.shape
-    assert float((wav - ref).norm() / ref.norm()) < 1e-4
+    # A fixture recorded on a GPU is only reproducible to float drift: at the real 0.6B size the official
+    # decoder itself lands 2.0e-4 (relative) from its H200 waveform when run on the CPU (--cpu-drift).
+    tolerance = 1e-4 if FIXTURE == COMMITTED else 1e-3
+    assert float((wav - ref).norm() / ref.norm()) < tolerance
 
 
 def test_streamed_packets_match_official_waveform(ckpt: checkpoint.Checkpoint) -> None:
