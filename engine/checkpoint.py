@@ -3,7 +3,8 @@ local Hugging Face cache (never downloaded at run time).
 
 Tensors load strictly: every parameter of engine.talker.Qwen3TTS and engine.codec.CodecDecoder must be in
 the checkpoint with its exact name and shape, and every checkpoint tensor must be used, except the
-speech tokenizer's `encoder.*` (Mimi, only needed to encode reference audio for voice cloning).
+speech tokenizer's `encoder.*` (Mimi) and a `speaker_encoder.*`, both only needed to clone a voice from
+reference audio, which a CustomVoice engine never does.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _weight_files(folder: Path) -> list[Path]:
     return [single]
 
 
-def load_strict(module: torch.nn.Module, files: list[Path], where: str, *, skip_prefix: str | None = None,
+def load_strict(module: torch.nn.Module, files: list[Path], where: str, *, skip_prefix: str,
                 device: torch.device, dtype: torch.dtype) -> None:
     """Fill `module` (built on the meta device) from safetensors files; any missing, unexpected or
     misshapen tensor is an error naming it. Floating tensors are cast to `dtype`."""
@@ -81,7 +82,7 @@ def load_strict(module: torch.nn.Module, files: list[Path], where: str, *, skip_
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
-                if skip_prefix and name.startswith(skip_prefix):
+                if name.startswith(skip_prefix):
                     continue
                 if name not in expected:
                     unexpected.append(name)
@@ -142,7 +143,8 @@ def load(checkpoint: str, device: str = "auto", dtype: str = "auto") -> Checkpoi
             codec = CodecDecoder.from_config(_read_json(folder / "speech_tokenizer" / "config.json"))
     except (ConfigError, KeyError, TypeError, ValueError, NotImplementedError) as exc:
         raise CheckpointError(f"checkpoint {folder}: unsupported config: {exc}") from None
-    load_strict(model, _weight_files(folder), f"{folder}/model.safetensors", device=dev, dtype=dt)
+    load_strict(model, _weight_files(folder), f"{folder}/model.safetensors", skip_prefix="speaker_encoder.",
+                device=dev, dtype=dt)
     load_strict(codec, _weight_files(folder / "speech_tokenizer"), f"{folder}/speech_tokenizer/model.safetensors",
                 skip_prefix="encoder.", device=dev, dtype=dt)
     model.eval()

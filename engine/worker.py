@@ -111,7 +111,11 @@ class QwenTTSStream:
 
 
 class QwenTTSEngine:
-    """gateway.tts.TTSEngine over a loaded checkpoint; `from_config` is what the gateway calls."""
+    """gateway.tts.TTSEngine over a loaded checkpoint; `from_config` is what the gateway calls.
+
+    Streams are opened on the event loop (open needs the running loop). `min_frames` bans EOS before that
+    many frames (benchmarks hold EOS off with it; 2 is the official minimum).
+    """
 
     incremental = True
 

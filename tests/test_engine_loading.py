@@ -122,3 +122,22 @@ def test_missing_weights_file(copy: Path) -> None:
     (copy / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="no model.safetensors"):
         checkpoint.load(str(copy), device="cpu")
+
+
+def test_sharded_weights(copy: Path) -> None:
+    tensors = load_file(str(copy / "model.safetensors"))
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in halves.items():
+        save_file({n: tensors[n] for n in part}, str(copy / file))
+    (copy / "model.safetensors").unlink()
+    weight_map = {n: file for file, part in halves.items() for n in part}
+    (copy / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    ckpt = checkpoint.load(str(copy), device="cpu")
+    assert torch.equal(ckpt.model.talker.codec_head.weight, tensors["talker.codec_head.weight"])
+
+
+def test_speaker_encoder_weights_are_skipped(copy: Path) -> None:
+    """A Base-style speaker encoder next to a CustomVoice talker is unused, not a mismatch."""
+    _edit(copy / "model.safetensors", lambda t: t.update({"speaker_encoder.fc.weight": torch.zeros(2, 2)}))
+    assert checkpoint.load(str(copy), device="cpu").model is not None

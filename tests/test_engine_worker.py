@@ -187,3 +187,16 @@ def test_from_config(tmp_path: Path) -> None:
         QwenTTSEngine.from_config(EngineConfig(checkpoint=str(FIXTURE), voices={"alloy": "nobody"}))
     with pytest.raises(checkpoint.CheckpointError, match="huggingface-cli download"):
         QwenTTSEngine.from_config(EngineConfig(checkpoint=str(tmp_path / "absent")))
+
+
+def test_gateway_builds_this_engine() -> None:
+    from gateway.config import Config
+    from gateway.pipeline import build_tts_engine
+
+    config = Config()
+    config.engine = EngineConfig(checkpoint=str(FIXTURE), device="cpu", max_frames=10)
+    engine = build_tts_engine(config)
+    try:
+        assert isinstance(engine, QwenTTSEngine)
+    finally:
+        engine.close()
