@@ -296,7 +296,15 @@ class Call:
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        # A dead input or event task would leave the call up but deaf (and the track's queue
+        # growing): end the call instead.
+        if not task.cancelled() and task.exception() is not None:
+            log.error("call %s failed", self.id, exc_info=task.exception())
+            self.close_soon()
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != EVENTS_CHANNEL or self._channel is not None:
