@@ -5,11 +5,19 @@ next token has not arrived yet is not runnable: it waits for text instead of rea
 tts_pad on the text track means "the text is over" to the model and invites an early EOS (the failure
 users report when an LLM feed lags). Once the text is final, the frame after the last token reads tts_eos
 and later frames read tts_pad, exactly as the official streaming-text mode does with text known upfront.
-Only the worker thread calls `step`; `feed`/`finish` only append under the worker's lock.
+The model reads text about three times faster than it speaks it (one token per 80 ms frame), so a waiting
+stream is still well ahead of playback whenever the feed averages more than 12.5 tokens a second.
+
+A packet's text is the text whose speech starts in it. The frames tell which tokens the model has read,
+which bounds that from above but runs ahead of the speech by the same factor of three; so a token counts
+as started once a speaking-rate estimate says its speech begins (clamped to the tokens already read), and
+the last packet takes whatever text is left. Only the worker thread calls `step` and `add_text`.
 """
 
 from __future__ import annotations
 
+import bisect
+import unicodedata
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +32,18 @@ class Packet:
     pcm: bytes  # pcm16 mono 24 kHz
     text: str  # text whose speech starts in this packet
     codes: torch.Tensor  # [16, frames] the packet's codes
+
+
+def speech_frames(ch: str) -> float:
+    """Rough speaking time of one character, in 80 ms frames (only used to place text in packets)."""
+    code = ord(ch)
+    if 0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF:
+        return 2.8  # CJK ideographs, about 4.5 a second
+    if 0x3040 <= code <= 0x30FF or 0xAC00 <= code <= 0xD7AF:
+        return 1.8  # kana and hangul syllables, about 7 a second
+    if unicodedata.category(ch).startswith("P"):
+        return 2.0  # punctuation: a short pause
+    return 0.85  # letters, digits and spaces, about 15 a second
 
 
 def to_pcm16(wav: torch.Tensor) -> bytes:
@@ -43,12 +63,14 @@ class Stream:
         self.final = False
         self.ids: list[int] = []
         self.ends: list[int] = []  # per token, the end of its span in self.text
+        self.onsets: list[float] = []  # per token, the estimated frame where its speech starts
+        self.costed = 0  # characters counted into self.cost
+        self.cost = 0.0
         self.tokenized = 0  # characters of self.text already tokenized
         self.next_token = 0  # the text token the next frame reads
         self.eos_read = False
         self.codes_embed: torch.Tensor | None = None  # codec part of the next talker input
         self.pending: list[torch.Tensor] = []  # codes of frames not yet decoded
-        self.pending_text_end = 0
         self.spoken_text_end = 0  # characters attributed to emitted packets
         self.codec_state = ckpt.codec.new_state(1)
         self.done = False
@@ -63,7 +85,11 @@ class Stream:
         if ready:
             ids, spans = self.tokens.encode(self.text[self.tokenized:self.tokenized + ready])
             self.ids += ids
-            self.ends += [self.tokenized + end for _, end in spans]
+            for start, end in spans:
+                self.cost += sum(speech_frames(ch) for ch in self.text[self.costed:self.tokenized + start])
+                self.costed = max(self.costed, self.tokenized + start)
+                self.onsets.append(self.cost)
+                self.ends.append(self.tokenized + end)
             self.tokenized += ready
         if self.final and not self.ids:
             raise PromptError("empty text")
@@ -82,11 +108,9 @@ class Stream:
         if self.codes_embed is None:
             self.next_token = len(self.ids) if self.non_streaming else 1
             self.eos_read = self.non_streaming  # the non-streaming prefill holds tts_eos already
-            self.pending_text_end = self.ends[self.next_token - 1]
             return build_prefill(self.model, self.voice, self.tokens.role_ids, self.ids, self.non_streaming)
         if self.next_token < len(self.ids):
             text_id = self.ids[self.next_token]
-            self.pending_text_end = max(self.pending_text_end, self.ends[self.next_token])
             self.next_token += 1
         elif not self.eos_read:
             text_id, self.eos_read = cfg.tts_eos, True
@@ -120,7 +144,11 @@ class Stream:
         self.pending = []
         wav = self.ckpt.codec.decode_step(codes[None], self.codec_state)[0]
         # The last packet takes whatever text no packet has claimed (text the model never read included).
-        end = len(self.text) if last else self.pending_text_end
+        if last:
+            end = len(self.text)
+        else:
+            started = bisect.bisect_left(self.onsets, self.gen.frames, hi=self.next_token)
+            end = self.ends[started - 1] if started else 0
         text = self.text[self.spoken_text_end:end]
         self.spoken_text_end = max(self.spoken_text_end, end)
         return Packet(pcm=to_pcm16(wav), text=text, codes=codes)
