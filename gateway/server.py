@@ -30,6 +30,7 @@ from gateway.vad import SileroModel, SileroVAD, VadBatcher
 log = logging.getLogger(__name__)
 
 REALTIME_PATHS = ("/v1/realtime", "/realtime")
+TURNS_PREFIX = "/v1/realtime/sessions/"
 
 
 def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
@@ -113,7 +114,17 @@ class Gateway:
             return _response(status, orjson.dumps(body), "application/json")
         if path == "/metrics":
             return _response(HTTPStatus.OK, generate_latest(), CONTENT_TYPE_LATEST)
+        if path.startswith(TURNS_PREFIX) and path.endswith("/turns"):
+            return self._turns(path[len(TURNS_PREFIX) : -len("/turns")])
         return self._static(path)
+
+    def _turns(self, session_id: str) -> Response:
+        """A live session's latency trace: its last turns, stage by stage (the page's latency panel)."""
+        runner = next((r for r in self.sessions if r.session.settings.id == session_id), None)
+        if runner is None:
+            return _response(HTTPStatus.NOT_FOUND, b"no such session\n", "text/plain")
+        body = {"session_id": session_id, "turns": list(runner.trace.records)}
+        return _response(HTTPStatus.OK, orjson.dumps(body), "application/json")
 
     def _static(self, path: str) -> Response:
         relative = path.lstrip("/") or "index.html"

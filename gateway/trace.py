@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 from typing import IO, Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -45,6 +46,7 @@ class TurnTrace:
         self._cancel: float | None = None
         self._last_delta: float | None = None
         self._status = "completed"
+        self.records: deque[dict[str, Any]] = deque(maxlen=100)  # served at /v1/realtime/sessions/{id}/turns
 
     @staticmethod
     def _now() -> float:
@@ -85,6 +87,7 @@ class TurnTrace:
             CANCEL_TO_LAST_DELTA.observe(after)
         record["status"] = self._status
         RESPONSES.labels(self._status).inc()
+        self.records.append(record)
         if self.sink is not None:
             self.sink.write(json.dumps(record) + "\n")
         self._start, self._times, self._cancel, self._last_delta = None, {}, None, None

@@ -303,6 +303,19 @@ async def test_idle_timeout_triggers_a_response(gateway):
     assert events[0]["audio_end_ms"] - events[0]["audio_start_ms"] >= 5000
 
 
+async def test_turn_records_of_a_live_session(gateway):
+    loop = asyncio.get_running_loop()
+    async with connect(gateway) as client:
+        session_id = client.received[0]["session"]["id"]
+        await client.append(load_pcm("one_sentence.wav") + silence(800))
+        done = (await client.until("response.done"))[-1]
+        url = f"http://127.0.0.1:{gateway.port}/v1/realtime/sessions/{session_id}/turns"
+        with await loop.run_in_executor(None, urllib.request.urlopen, url) as response:
+            turns = json.loads(response.read())["turns"]
+    assert [t["response_id"] for t in turns] == [done["response"]["id"]]
+    assert turns[0]["status"] == "completed" and 0 <= turns[0]["committed_ms"] <= turns[0]["first_delta_ms"]
+
+
 @pytest.mark.parametrize("path", ["/healthz", "/metrics"])
 async def test_http_endpoints(gateway, path):
     url = f"http://127.0.0.1:{gateway.port}{path}"

@@ -101,6 +101,7 @@ async def test_turn_playback_and_barge_in(start_gateway) -> None:
             await until(page, "window.__gateway.speechStopped >= 1")  # a user turn was detected
             await until(page, "window.__gateway.playedSamples > 0")  # its reply was heard
             await until(page, "window.__gateway.events['conversation.item.truncated'] >= 1")  # barge-in
+            await until(page, "window.__gateway.turns.some((t) => t.server)")  # the gateway's own timings
             stats = await page.evaluate("window.__gateway")
 
             ARTIFACTS.mkdir(exist_ok=True)
@@ -118,6 +119,7 @@ async def test_turn_playback_and_barge_in(start_gateway) -> None:
             assert "(audio)" in await page.locator("#transcript li.assistant").first.inner_text()
             assert "interrupted" in await page.locator("#transcript").inner_text()
             assert await page.locator("#latency-rows tr").count() >= 1
+            assert "first_delta" in await page.locator("#latency-rows").inner_text()
 
             # The form shows what the server confirmed in session.updated.
             assert await page.input_value("#voice") == "coral"

@@ -21,6 +21,7 @@ const stats = {
 window.__gateway = stats;
 
 let ws = null;
+let sessionId = null; // from session.created: names this session's turn records on the gateway
 let mic = null;
 let player = null;
 let closing = false; // the user pressed Disconnect: a close is not an error
@@ -101,7 +102,10 @@ function sendAudio(samples) {
 // --- Server events ----------------------------------------------------------------------------
 
 const handlers = {
-  "session.created": (e) => showSession(e.session),
+  "session.created": (e) => {
+    sessionId = e.session.id;
+    showSession(e.session);
+  },
   "session.updated": (e) => showSession(e.session),
   "input_audio_buffer.speech_started": onSpeechStarted,
   "input_audio_buffer.speech_stopped": onSpeechStopped,
@@ -192,8 +196,7 @@ function onResponseDone(e) {
     const err = response.status_details?.error;
     showError(`response failed: ${err?.message ?? err?.code ?? "no details"}`);
   }
-  const figures = serverLatencyOf(e);
-  if (figures) recordServerLatency(response.id, figures);
+  fetchServerLatency(response.id);
 }
 
 function onPlayback(msg) {
@@ -215,12 +218,21 @@ function onPlayback(msg) {
 
 // --- Latency ----------------------------------------------------------------------------------
 
-// Hook for the gateway's own timings. It sends none yet; the expected place is response.done's
-// response.metadata, as string values named "*_ms" (metadata is a string map in the protocol).
-function serverLatencyOf(event) {
-  const metadata = event.response?.metadata ?? {};
-  const figures = Object.entries(metadata).filter(([key]) => key.endsWith("_ms"));
-  return figures.length ? Object.fromEntries(figures) : null;
+// The gateway's own timings of a turn, from its trace: each stage in ms after the end of the user's speech.
+const SERVER_STAGES = ["stt_done_ms", "llm_first_token_ms", "tts_first_audio_ms", "first_delta_ms"];
+
+async function fetchServerLatency(responseId) {
+  if (!sessionId) return;
+  try {
+    const reply = await fetch(`/v1/realtime/sessions/${encodeURIComponent(sessionId)}/turns`);
+    if (!reply.ok) return;
+    const record = (await reply.json()).turns.find((t) => t.response_id === responseId);
+    if (!record) return;
+    const figures = SERVER_STAGES.filter((k) => k in record).map((k) => [k, record[k].toFixed(0)]);
+    if (figures.length) recordServerLatency(responseId, Object.fromEntries(figures));
+  } catch {
+    // The panel simply keeps "—": the figures are a nicety, the conversation goes on.
+  }
 }
 
 function recordServerLatency(responseId, figures) {
