@@ -75,7 +75,7 @@ class Stream:
         self.codec_state = ckpt.codec.new_state(1)
         self.done = False
 
-    # -- text side (called by the worker, under its lock, with what the event loop fed) --
+    # -- text side (the worker thread passes on what the event loop fed) --
     def add_text(self, fragment: str, final: bool) -> None:
         if not self.text:
             fragment = fragment.lstrip()  # leading blanks would merge with the role's newline token

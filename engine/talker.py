@@ -218,7 +218,10 @@ class Qwen3TTS(nn.Module):
         generator = None
         if params.do_sample or params.sub_do_sample:
             generator = torch.Generator(device=device)
-            generator.manual_seed(seed if seed is not None else torch.seed())
+            if seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(seed)
         return Generation(slot=slot, params=params, generator=generator, min_frames=max(2, min_frames),
                           seen=torch.zeros(self.cfg.talker.vocab, dtype=torch.bool, device=device))
 
