@@ -52,11 +52,8 @@ def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float)
     return torch.where(seen, penalised, logits)
 
 
-def pick(logits: torch.Tensor, do_sample: bool, top_k: int, top_p: float, temperature: float,
-         generator: torch.Generator | None) -> torch.Tensor:
-    """One id from float32 logits [V]: argmax, or a draw after temperature, top-k, top-p."""
-    if not do_sample:
-        return logits.argmax()
+def warp(logits: torch.Tensor, top_k: int, top_p: float, temperature: float) -> torch.Tensor:
+    """Temperature, then top-k, then top-p over float32 logits [V]; filtered ids get -inf."""
     scores = logits / temperature
     if 0 < top_k < scores.shape[-1]:
         kth = torch.topk(scores, top_k).values[-1]
@@ -67,5 +64,13 @@ def pick(logits: torch.Tensor, do_sample: bool, top_k: int, top_p: float, temper
         remove = cumulative <= 1 - top_p
         remove[-1] = False
         scores = scores.masked_fill(remove.scatter(0, order, remove), float("-inf"))
-    probs = scores.softmax(-1)
+    return scores
+
+
+def pick(logits: torch.Tensor, do_sample: bool, top_k: int, top_p: float, temperature: float,
+         generator: torch.Generator | None) -> torch.Tensor:
+    """One id from float32 logits [V]: argmax, or a draw from the warped distribution."""
+    if not do_sample:
+        return logits.argmax()
+    probs = warp(logits, top_k, top_p, temperature).softmax(-1)
     return torch.multinomial(probs, 1, generator=generator)[0]
