@@ -137,7 +137,12 @@ def load(checkpoint: str, device: str = "auto", dtype: str = "auto") -> Checkpoi
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     try:
-        config = ModelConfig.from_dict(_read_json(folder / "config.json"))
+        raw = _read_json(folder / "config.json")
+        predictor = (raw.get("talker_config") or {}).get("code_predictor_config")
+        if isinstance(predictor, dict):
+            # The official predictor config class defaults head_dim to 128 (not hidden / heads).
+            predictor.setdefault("head_dim", 128)
+        config = ModelConfig.from_dict(raw)
         with torch.device("meta"):
             model = Qwen3TTS(config)
             codec = CodecDecoder.from_config(_read_json(folder / "speech_tokenizer" / "config.json"))

@@ -141,3 +141,12 @@ def test_speaker_encoder_weights_are_skipped(copy: Path) -> None:
     """A Base-style speaker encoder next to a CustomVoice talker is unused, not a mismatch."""
     _edit(copy / "model.safetensors", lambda t: t.update({"speaker_encoder.fc.weight": torch.zeros(2, 2)}))
     assert checkpoint.load(str(copy), device="cpu").model is not None
+
+
+def test_predictor_head_dim_defaults_as_official(copy: Path) -> None:
+    """Without head_dim the official predictor config uses 128 (the tiny fixture has 8: a misfit)."""
+    config = json.loads((copy / "config.json").read_text())
+    del config["talker_config"]["code_predictor_config"]["head_dim"]
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"q_proj.weight \[32, 32\] \(expected \[512, 32\]\)"):
+        checkpoint.load(str(copy), device="cpu")
