@@ -443,6 +443,7 @@ class Session:
         assert self._speech is not None
         item_id, start = self._speech
         self._speech = None
+        self._idle_since_ms = end_ms
         effects: list[Effect] = [
             Mark("speech_stopped"),
             self._event("input_audio_buffer.speech_stopped", audio_end_ms=round(end_ms), item_id=item_id),
