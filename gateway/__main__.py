@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=getattr(args, "log_level", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # websockets reports every plain HTTP answer (page, /healthz, /metrics) as a "rejected connection".
+    logging.getLogger("websockets.server").setLevel(logging.WARNING)
     try:
         return commands[args.command](args)
     except ConfigError as exc:

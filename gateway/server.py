@@ -152,6 +152,8 @@ class Gateway:
         )
         self.sessions.add(runner)
         ACTIVE_SESSIONS.set(len(self.sessions))
+        log.info("session %s opened (%s shape, %s)", session.settings.id, session.dialect.value,
+                 ws.remote_address[0] if ws.remote_address else "?")
         try:
             await runner.start()
             async for message in ws:
@@ -162,4 +164,5 @@ class Gateway:
             await runner.close()
             self.sessions.discard(runner)
             ACTIVE_SESSIONS.set(len(self.sessions))
+            log.info("session %s closed", session.settings.id)
 
