@@ -41,6 +41,16 @@ def silence(ms: int) -> bytes:
     return bytes(48 * ms)
 
 
+def split(data: bytes, sizes: list[int]) -> list[bytes]:
+    """``data`` in pieces of the given sizes, cycling through them (to test chunking invariance)."""
+    out, i, k = [], 0, 0
+    while i < len(data):
+        out.append(data[i : i + sizes[k % len(sizes)]])
+        i += sizes[k % len(sizes)]
+        k += 1
+    return out
+
+
 def make_config(**overrides: Any) -> Config:
     """The repository's defaults with ``section__key=value`` overrides, on a free port."""
     config = load_config(env={})

@@ -11,6 +11,7 @@ import soxr
 
 from gateway import audio
 from gateway.audio import InputDecoder, OutputEncoder, StreamResampler
+from tests.conftest import split
 
 ALL_INT16 = np.arange(-32768, 32768, dtype=np.int16)
 ALL_CODES = bytes(range(256))
@@ -26,14 +27,6 @@ def _audioop():
             pytest.skip("audioop is not available on this Python")
 
 
-def _chunks(data: bytes, sizes: list[int]) -> list[bytes]:
-    """Split data into pieces of the given sizes, cycling through them."""
-    out, i, k = [], 0, 0
-    while i < len(data):
-        out.append(data[i : i + sizes[k % len(sizes)]])
-        i += sizes[k % len(sizes)]
-        k += 1
-    return out
 
 
 def _sine(freq: float, rate: int, seconds: float, amplitude: float = 0.5) -> np.ndarray:
@@ -146,7 +139,7 @@ def test_pcm16_is_identity_and_carries_odd_bytes() -> None:
     assert dec.decode(data) is data  # no copy on the common path
     assert enc.encode(data) is data
     for codec, convert in ((InputDecoder("pcm16"), "decode"), (OutputEncoder("pcm16"), "encode")):
-        out = b"".join(getattr(codec, convert)(c) for c in _chunks(data, [1, 3, 480, 7, 2]))
+        out = b"".join(getattr(codec, convert)(c) for c in split(data, [1, 3, 480, 7, 2]))
         assert out == data
     dec.decode(b"\x01")
     assert dec.flush() == b""
@@ -160,7 +153,7 @@ def test_g711_input_decoder_streams(fmt: str) -> None:
 
     def run(sizes: list[int]) -> bytes:
         dec = InputDecoder(fmt)
-        return b"".join(dec.decode(c) for c in _chunks(encoded, sizes)) + dec.flush()
+        return b"".join(dec.decode(c) for c in split(encoded, sizes)) + dec.flush()
 
     whole = run([len(encoded)])
     assert len(whole) == len(encoded) * 3 * 2  # 8 kHz → 24 kHz, 1 byte → 2 bytes per sample
@@ -175,7 +168,7 @@ def test_g711_output_encoder_streams_and_round_trips(fmt: str) -> None:
 
     def run(sizes: list[int]) -> bytes:
         enc = OutputEncoder(fmt)
-        return b"".join(enc.encode(c) for c in _chunks(pcm, sizes)) + enc.flush()
+        return b"".join(enc.encode(c) for c in split(pcm, sizes)) + enc.flush()
 
     whole = run([len(pcm)])
     assert len(whole) == len(pcm) // 2 // 3

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import wave
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,24 +25,10 @@ from gateway.vad import (
     VadBatcher,
     process_many,
 )
+from tests.conftest import FIXTURES, load_pcm, split
 
-FIXTURES = Path(__file__).parent / "fixtures"
 MANIFEST = json.loads((FIXTURES / "fixtures.json").read_text())
 
-
-def load_pcm(name: str) -> bytes:
-    with wave.open(str(FIXTURES / name), "rb") as w:
-        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 24_000)
-        return w.readframes(w.getnframes())
-
-
-def split(data: bytes, sizes: list[int]) -> list[bytes]:
-    out, i, k = [], 0, 0
-    while i < len(data):
-        out.append(data[i : i + sizes[k % len(sizes)]])
-        i += sizes[k % len(sizes)]
-        k += 1
-    return out
 
 
 @pytest.fixture(scope="module")
