@@ -23,13 +23,23 @@ pytest.importorskip("aiortc")
 import aiohttp  # noqa: E402
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  # noqa: E402
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack  # noqa: E402
+from aiortc.rtp import RtpPacket  # noqa: E402
 from av import AudioFrame  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
 from gateway.audio import StreamResampler  # noqa: E402
 from gateway.responder import EchoResponder  # noqa: E402
 from gateway.server import Gateway  # noqa: E402
-from gateway.webrtc import AIORTC_JITTER_PREFETCH, WebRTCServer, set_jitter_prefetch, start_webrtc  # noqa: E402
+from gateway.webrtc import (  # noqa: E402
+    AIORTC_JITTER_PREFETCH,
+    OutboundAudio,
+    PassThroughBuffer,
+    Upsampler2x,
+    WebRTCServer,
+    _mono_s16,
+    set_jitter_prefetch,
+    start_webrtc,
+)
 from tests.conftest import BETA_EVENTS, FIXTURES, GA_EVENTS, StartGateway, load_pcm  # noqa: E402
 
 RATE = 48_000
@@ -211,7 +221,9 @@ async def session_count(gateway: Gateway, expected: int, timeout: float = 5.0) -
 
 @pytest.fixture
 async def rtc(start_gateway: StartGateway) -> AsyncIterator[tuple[Gateway, WebRTCServer]]:
-    gateway = await start_gateway(EchoResponder(pace=1.0))
+    # Faster than real time, like a TTS engine: the playout then holds audio not yet heard, and a
+    # barge-in has something to truncate.
+    gateway = await start_gateway(EchoResponder(pace=1.5))
     server = await start_webrtc(gateway, Options())
     yield gateway, server
     await server.stop()
@@ -242,8 +254,9 @@ async def test_turn_reply_barge_in_and_hang_up(rtc, client):
     response_id = events[-1]["response_id"]
     reply_ms = speech_stopped["audio_end_ms"] - speech_started["audio_start_ms"]
 
-    # Let ~1 s of the ~2.9 s echo play, then speak over it (speech starts 500 ms into the WAV).
-    await asyncio.sleep(1.0)
+    # Let ~0.5 s of the ~2.9 s echo play, then speak over it (speech starts 500 ms into the WAV):
+    # the barge-in lands ~1 s into the reply, before the echo (1.9 s to make) is complete.
+    await asyncio.sleep(0.5)
     client.mic.say(speech[: 48 * 1500])
     events = await client.until("response.done")
     interrupted_at = asyncio.get_running_loop().time()
@@ -385,3 +398,91 @@ async def test_browser_page_module(rtc):
     assert names.index("output_audio_buffer.started") < names.index("output_audio_buffer.cleared")
     assert names.index("output_audio_buffer.cleared") < names.index("conversation.item.truncated")
     assert next(e for e in reversed(events) if e["type"] == "response.done")["response"]["status"] == "cancelled"
+
+
+# --- the pieces on their own ----------------------------------------------------------------------
+
+
+def tone(ms: int) -> bytes:
+    """A 440 Hz tone, pcm16 24 kHz."""
+    t = np.arange(24 * ms) / 24_000
+    return (np.sin(2 * np.pi * 440 * t) * 8000).astype("<i2").tobytes()
+
+
+class Notes:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    async def __call__(self, kind: str, response_id: str) -> None:
+        self.seen.append((kind.removeprefix("output_audio_buffer."), response_id))
+
+
+async def test_playout_counts_what_went_out_and_clears():
+    notes = Notes()
+    track = OutboundAudio(notes)
+    track.play("resp_1", "item_1", tone(200))
+    frames = [await track.recv() for _ in range(4)]
+    assert [(f.samples, f.sample_rate, f.pts) for f in frames] == [(960, 48_000, 960 * i) for i in range(4)]
+    assert all(rms(f.to_ndarray()) > 1000 for f in frames)
+    assert notes.seen == [("started", "resp_1")]
+    # Four 20 ms frames went out: that is what was heard, whatever was still queued.
+    assert track.clear() == ("item_1", 80.0)
+    assert rms((await track.recv()).to_ndarray()) == 0
+    assert track.clear() is None  # nothing playing: nothing to clear
+    assert notes.seen == [("started", "resp_1")]  # cleared, never stopped
+    track.stop()
+
+
+async def test_playout_clear_before_the_first_frame_hears_nothing():
+    track = OutboundAudio(Notes())
+    track.play("resp_1", "item_1", tone(100))
+    assert track.clear() == ("item_1", 0.0)
+    track.stop()
+
+
+async def test_playout_stops_after_the_response_is_done_and_drained():
+    notes = Notes()
+    track = OutboundAudio(notes)
+    await track.recv()  # idle: silence
+    track.play("resp_1", "item_1", tone(100))
+    for _ in range(6):  # 120 ms: the queue ran dry
+        await track.recv()
+    # ... but the response may still send audio: no stopped yet
+    assert notes.seen == [("started", "resp_1")]
+    track.finished("resp_1")  # response.done: the upsampler's last 1.3 ms is queued too
+    while len(notes.seen) < 2:
+        await track.recv()
+    assert notes.seen == [("started", "resp_1"), ("stopped", "resp_1")]
+    assert track.clear() is None
+    track.stop()
+
+
+def test_upsampler_is_clean_and_chunking_does_not_matter():
+    x = np.frombuffer(tone(1000), dtype="<i2")
+    whole = Upsampler2x().process(x)
+    up = Upsampler2x()
+    bounds = [0, 1, 480, 481, 1440, 9000, len(x)]
+    pieces = np.concatenate([up.process(x[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)])
+    assert len(whole) == 2 * len(x) and np.array_equal(whole, pieces)
+    # The same 440 Hz tone at 48 kHz, 63.5 samples (the filter's delay) later.
+    t = (np.arange(len(whole)) - 63.5) / 48_000
+    ideal = np.sin(2 * np.pi * 440 * t) * 8000
+    error = whole[200:].astype(np.float64) - ideal[200:]
+    assert 10 * np.log10(np.sum(ideal[200:] ** 2) / np.sum(error**2)) > 60
+
+
+def test_pass_through_buffer_drops_late_and_duplicate_packets():
+    buffer = PassThroughBuffer()
+    released = []
+    for seq in (65534, 65535, 65535, 0, 65533, 2, 1):
+        packet = RtpPacket(payload_type=111, sequence_number=seq, timestamp=seq * 960)
+        packet._data = bytes([seq % 256])  # type: ignore[attr-defined]
+        _, frame = buffer.add(packet)
+        if frame is not None:
+            released.append(frame.timestamp // 960)
+    assert released == [65534, 65535, 0, 2]
+
+
+def test_stereo_frames_are_mixed_to_mono():
+    frame = AudioFrame.from_ndarray(np.array([[100, 300, -100, -301]], dtype=np.int16), format="s16", layout="stereo")
+    assert _mono_s16(frame).tolist() == [200, -201]
