@@ -5,17 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from gateway.backends import LlmClient, SttClient
 from gateway.pipeline import BridgeSettings, PipelineResponder
+from gateway.server import Gateway
 from gateway.tone_tts import ToneEngine
-from tests.conftest import audio_of, connect, load_pcm, silence
+from tests.conftest import audio_of, connect, load_pcm, make_config, silence
 from tests.fake_openai import FakeOpenAI
 
 REPLY = "Sure thing. Tomorrow looks sunny and warm, with a light breeze from the west all afternoon."
 TRANSCRIPT = "What will the weather be tomorrow?"
+TINY_CHECKPOINT = Path(__file__).parent / "data" / "qwen3_tts_tiny"
 
 
 @pytest.fixture
@@ -128,3 +131,25 @@ async def test_latency_trace_records_every_stage(fake: FakeOpenAI, start_gateway
               "response_done_ms"]
     times = [record[s] for s in stages]
     assert times == sorted(times) and record["status"] == "completed"
+
+
+async def test_a_turn_spoken_by_the_in_process_engine(fake: FakeOpenAI):
+    """The configured checkpoint (the tiny parity fixture) is the pipeline's TTS, in its worker thread."""
+    fake.reply = "Hello there."
+    config = make_config(
+        responder__kind="pipeline", llm__base_url=fake.base_url, stt__base_url=fake.base_url,
+        tts__engine="qwen3", engine__checkpoint=str(TINY_CHECKPOINT), engine__max_frames=24,
+        engine__voices={"alloy": "vivian"},  # the tiny checkpoint has five of the real one's speakers
+    )
+    gateway = Gateway(config)
+    await gateway.start()
+    try:
+        async with connect(gateway) as client:
+            await client.append(load_pcm("one_sentence.wav") + silence(800), chunk_ms=100)
+            events = await client.until("response.done", timeout=60)
+    finally:
+        await gateway.stop()
+    assert events[-1]["response"]["status"] == "completed"
+    spoken = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
+    assert spoken.strip() == fake.reply
+    assert len(audio_of(events)) >= 48 * 80 * 4  # at least one packet of four 80 ms frames
