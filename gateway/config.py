@@ -27,8 +27,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     web_dir: str = "web"
-    max_message_bytes: int = 16 * 1024 * 1024
-    max_queue: int = 64
+    max_message_bytes: int = 32 * 1024 * 1024
+    max_queue: int = 16
     max_sessions: int = 1000
 
 
@@ -101,6 +101,9 @@ class EngineConfig:
     greedy: bool = False
     # Streams the engine runs at once (each holds a preallocated KV-cache slot); more wait for a slot.
     max_streams: int = 4
+    # CUDA graphs of the engine's step, one per batch size up to graph_max_batch (0 = max_streams).
+    cuda_graphs: bool = True
+    graph_max_batch: int = 0
     voices: dict[str, str] = field(default_factory=dict)
 
 

@@ -251,6 +251,18 @@ async def test_bad_input_gets_errors_and_keeps_the_session(start_gateway):
         assert events[-1]["response"]["status"] == "completed"
 
 
+async def test_an_append_over_the_real_limit_is_refused_and_the_session_goes_on(gateway):
+    limit = gateway.config.session.max_append_bytes  # 15 MiB, as OpenAI's
+    async with connect(gateway) as client:
+        await client.append(silence(100))
+        await client.send({"type": "input_audio_buffer.append", "event_id": "big",
+                           "audio": base64.b64encode(bytes(limit + 48_000)).decode()})
+        error = (await client.until("error", timeout=30))[-1]["error"]
+        assert (error["code"], error["event_id"]) == ("audio_too_large", "big")
+        await client.send({"type": "input_audio_buffer.clear"})
+        assert (await client.until("input_audio_buffer.cleared"))[-1]["type"] == "input_audio_buffer.cleared"
+
+
 async def test_client_items_and_text_response(gateway):
     async with connect(gateway) as client:
         await client.send({"type": "conversation.item.create", "item": {
