@@ -92,28 +92,36 @@ class WebRTCOptions(Protocol):
 # --- outbound audio: the server-side playout buffer ---------------------------------------------
 
 
+HALF_BAND_TAPS = 128
+
+
+def _half_band() -> np.ndarray:
+    """Low-pass at a quarter of the 48 kHz rate (12 kHz): a Kaiser-windowed sinc (β 10), unity DC gain.
+
+    Images and aliases are below −99 dB up to 10 kHz (−56 dB at 11 kHz); the delay is 1.3 ms.
+    """
+    n = np.arange(HALF_BAND_TAPS) - (HALF_BAND_TAPS - 1) / 2
+    h = np.sinc(n / 2) * np.kaiser(HALF_BAND_TAPS, 10.0)
+    return (h / h.sum()).astype(np.float32)
+
+
 class Upsampler2x:
     """pcm16 24 → 48 kHz, exactly two samples out per sample in, with a fixed 1.3 ms delay.
 
     StreamResampler (soxr HQ) releases its output in ~35 ms blocks, so a reply produced at real
     time left the paced track with nothing to send between blocks (5–8 short gaps in a 3 s reply,
-    measured). Here: a 128-tap Kaiser-windowed sinc (β 10) split in its two 64-tap phases, history
-    carried between chunks. Images are below −99 dB up to 10 kHz (−56 dB at 11 kHz); ~40 µs per
-    40 ms chunk.
+    measured). Here the half-band filter runs as its two phases, history carried between chunks;
+    ~40 µs per 40 ms chunk.
     """
 
-    TAPS = 64  # per phase
-
     def __init__(self) -> None:
-        n = np.arange(2 * self.TAPS) - (2 * self.TAPS - 1) / 2
-        h = np.sinc(n / 2) * np.kaiser(2 * self.TAPS, 10.0)
-        # Each phase normalised to unity gain: no DC step between even and odd output samples.
-        self._phases = [(h[p::2] / h[p::2].sum()).astype(np.float32) for p in (0, 1)]
-        self._history = np.zeros(self.TAPS - 1, dtype=np.float32)
+        h = _half_band() * 2  # zero-stuffing halves the level
+        self._phases = (h[0::2], h[1::2])
+        self._history = np.zeros(HALF_BAND_TAPS // 2 - 1, dtype=np.float32)
 
     def process(self, samples: np.ndarray) -> np.ndarray:
         x = np.concatenate([self._history, samples.astype(np.float32)])
-        self._history = x[len(x) - (self.TAPS - 1) :]
+        self._history = x[len(x) - len(self._history) :]
         out = np.empty(2 * len(samples), dtype=np.float32)
         out[0::2] = np.convolve(x, self._phases[0], "valid")
         out[1::2] = np.convolve(x, self._phases[1], "valid")
@@ -121,12 +129,32 @@ class Upsampler2x:
 
     def flush(self) -> np.ndarray:
         """The end of the signal still inside the filter; then ready for a new one."""
-        tail = self.process(np.zeros(self.TAPS - 1, dtype=np.int16))
+        tail = self.process(np.zeros(len(self._history), dtype=np.int16))
         self.reset()
         return tail
 
     def reset(self) -> None:
         self._history[:] = 0
+
+
+class Downsampler2x:
+    """pcm16 48 → 24 kHz, one sample out per two in, with a fixed 1.3 ms delay.
+
+    The microphone's way in: soxr HQ would hand VAD its audio in ~35 ms blocks (21 ms late on
+    average, measured), and every turn's end would be detected that much later.
+    """
+
+    def __init__(self) -> None:
+        self._h = _half_band()
+        self._history = np.zeros(HALF_BAND_TAPS - 1, dtype=np.float32)
+        self._consumed = 0  # input samples so far: which of them fall on the output grid
+
+    def process(self, samples: np.ndarray) -> np.ndarray:
+        x = np.concatenate([self._history, samples.astype(np.float32)])
+        self._history = x[len(x) - len(self._history) :]
+        filtered = np.convolve(x, self._h, "valid")[self._consumed % 2 :: 2]
+        self._consumed += len(samples)
+        return np.clip(np.rint(filtered), -32768, 32767).astype(np.int16)
 
 
 @dataclass
@@ -403,7 +431,8 @@ class Call:
             await self.runner.receive(await self._inbox.get())
 
     async def _run_input(self, track: MediaStreamTrack) -> None:
-        resampler: StreamResampler | None = None
+        resampler: Downsampler2x | StreamResampler | None = None
+        rate = 0
         next_pts: int | None = None
         while True:
             try:
@@ -414,8 +443,10 @@ class Call:
             if not self._started.is_set():
                 continue
             assert isinstance(frame, AudioFrame)
-            if resampler is None or resampler.in_rate != frame.sample_rate:
-                resampler = StreamResampler(frame.sample_rate, SAMPLE_RATE)
+            if resampler is None or rate != frame.sample_rate:
+                rate = frame.sample_rate
+                # Opus is always 48 kHz; G.711 (8 kHz) if that is all the client offered.
+                resampler = Downsampler2x() if rate == RTC_RATE else StreamResampler(rate, SAMPLE_RATE)
                 next_pts = None
             samples = _mono_s16(frame)
             if frame.pts is not None:

@@ -32,6 +32,7 @@ from gateway.responder import EchoResponder  # noqa: E402
 from gateway.server import Gateway  # noqa: E402
 from gateway.webrtc import (  # noqa: E402
     AIORTC_JITTER_PREFETCH,
+    Downsampler2x,
     OutboundAudio,
     PassThroughBuffer,
     Upsampler2x,
@@ -469,6 +470,24 @@ def test_upsampler_is_clean_and_chunking_does_not_matter():
     ideal = np.sin(2 * np.pi * 440 * t) * 8000
     error = whole[200:].astype(np.float64) - ideal[200:]
     assert 10 * np.log10(np.sum(ideal[200:] ** 2) / np.sum(error**2)) > 60
+
+
+def test_downsampler_keeps_speech_band_and_rejects_aliases():
+    t = np.arange(48_000) / 48_000
+
+    def level_db(freq: float, chunk: int) -> float:
+        x = (np.sin(2 * np.pi * freq * t) * 16000).astype(np.int16)
+        down = Downsampler2x()
+        y = np.concatenate([down.process(x[i : i + chunk]) for i in range(0, len(x), chunk)])
+        assert len(y) == len(x) // 2
+        return 20 * np.log10(rms(y[2000:]) / (16000 / np.sqrt(2)))
+
+    assert abs(level_db(1000, 960)) < 0.1 and abs(level_db(10_000, 333)) < 0.1
+    assert level_db(20_000, 960) < -90  # would fold onto 4 kHz
+    x = (np.sin(2 * np.pi * 440 * t) * 16000).astype(np.int16)
+    down = Downsampler2x()
+    odd_chunks = np.concatenate([down.process(x[a:b]) for a, b in [(0, 7), (7, 960), (960, 4001), (4001, 48_000)]])
+    assert np.array_equal(odd_chunks, Downsampler2x().process(x))
 
 
 def test_pass_through_buffer_drops_late_and_duplicate_packets():
