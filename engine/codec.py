@@ -483,6 +483,23 @@ class CodecState:
         self.values[:, dst] = self.values[:, src]
         self.pos[dst] = self.pos[src]
 
+    def load_rows_(self, src: CodecState, rows: Tensor) -> None:
+        """This state's rows become rows ``rows`` of ``src`` (a gather, e.g. the streams whose packet is
+        due into a batch); ``store_rows_`` writes them back after the step."""
+        for module, cache in self.convs.items():
+            cache.copy_(src.convs[module].index_select(0, rows))
+        self.keys.copy_(src.keys.index_select(1, rows))
+        self.values.copy_(src.values.index_select(1, rows))
+        self.pos.copy_(src.pos.index_select(0, rows))
+
+    def store_rows_(self, dst: CodecState, rows: Tensor) -> None:
+        """Rows ``rows`` of ``dst`` become this state's rows (the inverse of ``load_rows_``)."""
+        for module, cache in self.convs.items():
+            dst.convs[module].index_copy_(0, rows, cache)
+        dst.keys.index_copy_(1, rows, self.keys)
+        dst.values.index_copy_(1, rows, self.values)
+        dst.pos.index_copy_(0, rows, self.pos)
+
     def reset_(self, rows: Tensor | None = None) -> None:
         """Start new streams in ``rows`` (bool mask or indices; all rows if None), in place."""
         if rows is None:

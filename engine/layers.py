@@ -1,15 +1,22 @@
 """Qwen3 decoder blocks with a static KV cache (gpt-fast style).
 
-Every cache is preallocated as [slots, kv_heads, max_len, head_dim]; a step writes its keys and values at
-`input_pos` and attends over the whole cache under a mask, so tensor shapes never change between steps and
-a later change can capture a step in a CUDA graph. Parameter names follow the official checkpoint.
+Every cache is preallocated as [rows, kv_heads, max_len, head_dim], one row per running stream. A step
+writes its keys and values in place and attends under a mask, so tensor shapes never change between steps
+and a step over rows [0, B) can be captured once per B in a CUDA graph. How a step writes and reads the
+cache is the caller's (`kv`): decode steps write each row at its own position and read the whole cache, a
+prefill reads only the positions it writes. Parameter names follow the official checkpoint.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# (cache, k, v) -> the keys and values to attend over, after writing k, v [B, kv_heads, T, D] into cache.
+KVAccess = Callable[["KVCache", torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class RMSNorm(nn.Module):
@@ -41,27 +48,17 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class KVCache:
-    """One layer's keys and values for `slots` sequences of up to `max_len` positions."""
+    """One layer's keys and values for `rows` sequences of up to `max_len` positions."""
 
-    def __init__(self, slots: int, kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
+    def __init__(self, rows: int, kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device) -> None:
-        shape = (slots, kv_heads, max_len, head_dim)
+        shape = (rows, kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
-    def update(self, slots: list[int], input_pos: torch.Tensor, k: torch.Tensor,
-               v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, kv_heads, T, D] at (slots, input_pos [B, T]); return the caches of those slots."""
-        if len(slots) == 1:
-            # One stream: write through a view and attend over it, no gathered copy of the cache.
-            k_cache, v_cache = self.k[slots[0]:slots[0] + 1], self.v[slots[0]:slots[0] + 1]
-            k_cache.index_copy_(2, input_pos[0], k)
-            v_cache.index_copy_(2, input_pos[0], v)
-            return k_cache, v_cache
-        index = torch.tensor(slots, device=self.k.device)
-        self.k[index[:, None], :, input_pos] = k.transpose(1, 2)
-        self.v[index[:, None], :, input_pos] = v.transpose(1, 2)
-        return self.k[index], self.v[index]
+    def move_row_(self, src: int, dst: int) -> None:
+        self.k[dst] = self.k[src]
+        self.v[dst] = self.v[src]
 
 
 class Attention(nn.Module):
@@ -75,8 +72,8 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
-                slots: list[int], input_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache, kv: KVAccess,
+                mask: torch.Tensor | None) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
@@ -84,8 +81,16 @@ class Attention(nn.Module):
         cos, sin = rope
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        k, v = cache.update(slots, input_pos, k, v)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        k, v = kv(cache, k, v)
+        if t == 1:
+            # One query per row: the query heads of a kv head become rows of one attention against it, the
+            # same arithmetic as grouped-query attention without the kernels' kv-head repeat (a copy).
+            group = self.heads // self.kv_heads
+            out = F.scaled_dot_product_attention(q.view(b, self.kv_heads, group, self.head_dim), k, v,
+                                                 attn_mask=mask)
+            out = out.reshape(b, self.heads, 1, self.head_dim)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
@@ -109,14 +114,7 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
-                slots: list[int], input_pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, slots, input_pos, mask)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache, kv: KVAccess,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, kv, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
-
-
-def causal_mask(input_pos: torch.Tensor, max_len: int) -> torch.Tensor:
-    """[B, 1, T, max_len]: a query at position p sees cache entries 0..p (entries past p may hold another
-    sequence's leftovers; they stay masked)."""
-    keys = torch.arange(max_len, device=input_pos.device)
-    return (keys[None, None, :] <= input_pos[:, :, None]).unsqueeze(1)

@@ -1,6 +1,7 @@
 """Token choice as the official generate makes it: repetition penalty on codebook 0, then (when sampling)
-temperature, top-k and top-p, each exactly as transformers' logits processors compute them. Random draws come
-from the stream's own torch.Generator, so a stream is reproducible for a given seed."""
+temperature, top-k and top-p, each as transformers' logits processors compute them. Everything is batched over
+streams, and random draws come from a counter-based generator (seed, frame, codebook), so a stream is
+reproducible for a given seed whatever else shares its batch, and the draws run inside a CUDA graph."""
 
 from __future__ import annotations
 
@@ -45,32 +46,52 @@ class SamplingParams:
 
 
 def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """Penalise the ids already generated (once each, however often they came)."""
+    """Penalise the ids already generated (once each, however often they came); logits and seen [B, V]."""
     if penalty == 1.0:
         return logits
     penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
     return torch.where(seen, penalised, logits)
 
 
+MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    # A 32-bit integer hash (Mueller's) in int64 arithmetic: every product stays below 2**63, so CPU and
+    # GPU give the same bits.
+    for _ in range(2):
+        x = (((x >> 16) ^ x) * 0x45D9F3B) & MASK32
+    return (x >> 16) ^ x
+
+
+def uniform(seed: torch.Tensor, counter: torch.Tensor, salt: int) -> torch.Tensor:
+    """Counter-based random numbers in [0, 1), float32 [B], from per-row seeds and counters [B] (int64): a
+    pure function of (seed, counter, salt), so a stream's draws do not depend on the other streams of a
+    batch or on how the step was launched, and a CUDA graph replays them without generator state."""
+    x = _mix32((seed & MASK32) ^ _mix32(counter & MASK32) ^ _mix32(torch.full_like(counter, salt + 1)))
+    return (x >> 8).float() * 2.0**-24
+
+
 def warp(logits: torch.Tensor, top_k: int, top_p: float, temperature: float) -> torch.Tensor:
-    """Temperature, then top-k, then top-p over float32 logits [V]; filtered ids get -inf."""
+    """Temperature, then top-k, then top-p over float32 logits [B, V]; filtered ids get -inf."""
     scores = logits / temperature
     if 0 < top_k < scores.shape[-1]:
-        kth = torch.topk(scores, top_k).values[-1]
+        kth = torch.topk(scores, top_k).values[:, -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if top_p < 1.0:
         sorted_scores, order = torch.sort(scores, descending=False)
         cumulative = sorted_scores.softmax(-1).cumsum(-1)
         remove = cumulative <= 1 - top_p
-        remove[-1] = False
-        scores = scores.masked_fill(remove.scatter(0, order, remove), float("-inf"))
+        remove[:, -1] = False
+        scores = scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))
     return scores
 
 
-def pick(logits: torch.Tensor, do_sample: bool, top_k: int, top_p: float, temperature: float,
-         generator: torch.Generator | None) -> torch.Tensor:
-    """One id from float32 logits [V]: argmax, or a draw from the warped distribution."""
+def choose(logits: torch.Tensor, do_sample: bool, top_k: int, top_p: float, temperature: float,
+           u: torch.Tensor) -> torch.Tensor:
+    """One id per row of float32 logits [B, V]: argmax, or a draw from the warped distribution that
+    inverts its CDF at u [B] (the first id whose cumulative probability exceeds u)."""
     if not do_sample:
-        return logits.argmax()
-    probs = warp(logits, top_k, top_p, temperature).softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator)[0]
+        return logits.argmax(-1)
+    cdf = warp(logits, top_k, top_p, temperature).softmax(-1).cumsum(-1)
+    return (cdf <= u[:, None] * cdf[:, -1:]).sum(-1).clamp(max=logits.shape[-1] - 1)

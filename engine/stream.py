@@ -1,7 +1,8 @@
 """One utterance between steps: its text feed, its talker state, its audio packets.
 
-A stream advances one frame per `step`. In dual-track mode frame k reads text token k, so a stream whose
-next token has not arrived yet is not runnable: it waits for text instead of reading tts_pad, because
+A stream advances one frame per step of engine.runner (which steps all running streams as one batch). In
+dual-track mode frame k reads text token k, so a stream whose next token has not arrived yet is not
+runnable: it sits the step out, its state untouched, and waits for text instead of reading tts_pad, because
 tts_pad on the text track means "the text is over" to the model and invites an early EOS (the failure
 users report when an LLM feed lags). Once the text is final, the frame after the last token reads tts_eos
 and later frames read tts_pad, exactly as the official streaming-text mode does with text known upfront.
@@ -11,12 +12,14 @@ stream is still well ahead of playback whenever the feed averages more than 12.5
 A packet's text is the text whose speech starts in it. The frames tell which tokens the model has read,
 which bounds that from above but runs ahead of the speech by the same factor of three; so a token counts
 as started once a speaking-rate estimate says its speech begins (clamped to the tokens already read), and
-the last packet takes whatever text is left. Only the worker thread calls `step` and `add_text`.
+the last packet takes whatever text is left. engine.runner steps a stream within a batch; only the worker
+thread touches a stream.
 """
 
 from __future__ import annotations
 
 import bisect
+import random
 import unicodedata
 from dataclasses import dataclass
 
@@ -46,17 +49,13 @@ def speech_frames(ch: str) -> float:
     return 0.85  # letters, digits and spaces, about 15 a second
 
 
-def to_pcm16(wav: torch.Tensor) -> bytes:
-    return (wav.float().clamp(-1, 1) * 32767).round().to(torch.int16).cpu().numpy().tobytes()
-
-
 class Stream:
-    def __init__(self, ckpt: Checkpoint, tokens: TextTokens, voice: Voice, slot: int, params: SamplingParams,
-                 seed: int | None, packet_frames: int, max_frames: int, min_frames: int = 2,
-                 non_streaming: bool = False) -> None:
-        self.ckpt, self.tokens, self.voice = ckpt, tokens, voice
+    def __init__(self, ckpt: Checkpoint, tokens: TextTokens, voice: Voice, seed: int | None, packet_frames: int,
+                 max_frames: int, min_frames: int = 2, non_streaming: bool = False) -> None:
+        self.tokens, self.voice = tokens, voice
         self.model = ckpt.model
-        self.gen = self.model.new_generation(slot, params, seed, min_frames)
+        self.seed = seed if seed is not None else random.getrandbits(32)
+        self.min_frames = max(2, min_frames)  # EOS is banned before this many frames (the official minimum: 2)
         self.packet_frames, self.max_frames = packet_frames, max_frames
         self.non_streaming = non_streaming
         self.text = ""  # everything fed so far (NFC)
@@ -69,10 +68,12 @@ class Stream:
         self.tokenized = 0  # characters of self.text already tokenized
         self.next_token = 0  # the text token the next frame reads
         self.eos_read = False
-        self.codes_embed: torch.Tensor | None = None  # codec part of the next talker input
-        self.pending: list[torch.Tensor] = []  # codes of frames not yet decoded
+        self.row = -1  # the runner's batch row while the stream runs
+        self.started = False  # prompt prefilled
+        self.pos = 0  # talker position of the next frame's input
+        self.frames = 0  # frames made (EOS not counted)
+        self.pending: list[torch.Tensor] = []  # codes [16] of frames not yet decoded
         self.spoken_text_end = 0  # characters attributed to emitted packets
-        self.codec_state = ckpt.codec.new_state(1)
         self.done = False
 
     # -- text side (the worker thread passes on what the event loop fed) --
@@ -100,73 +101,70 @@ class Stream:
             return False
         if self.non_streaming:
             return self.final
-        return self.next_token < len(self.ids) or (self.final and self.codes_embed is not None)
+        return self.next_token < len(self.ids) or (self.final and self.started)
 
-    # -- model side --
-    def _next_input(self) -> torch.Tensor:
-        cfg = self.model.cfg
-        if self.codes_embed is None:
-            self.next_token = len(self.ids) if self.non_streaming else 1
-            self.eos_read = self.non_streaming  # the non-streaming prefill holds tts_eos already
-            return build_prefill(self.model, self.voice, self.tokens.role_ids, self.ids, self.non_streaming)
+    # -- model side (called by engine.runner.Runner) --
+    def start(self) -> torch.Tensor:
+        """The prompt embeddings [1, T, hidden] of the first frame; the runner prefills them."""
+        self.next_token = len(self.ids) if self.non_streaming else 1
+        self.eos_read = self.non_streaming  # the non-streaming prefill holds tts_eos already
+        prompt = build_prefill(self.model, self.voice, self.tokens.role_ids, self.ids, self.non_streaming)
+        self.started = True
+        self.pos = prompt.shape[1] - 1
+        return prompt
+
+    def next_text_id(self) -> int:
+        """The text-track token of the next frame (after the first)."""
         if self.next_token < len(self.ids):
-            text_id = self.ids[self.next_token]
             self.next_token += 1
-        elif not self.eos_read:
-            text_id, self.eos_read = cfg.tts_eos, True
-        else:
-            text_id = cfg.tts_pad
-        device = self.codes_embed.device
-        return self.codes_embed + self.model.text_embed(torch.tensor([[text_id]], device=device))
+            return self.ids[self.next_token - 1]
+        if not self.eos_read:
+            self.eos_read = True
+            return self.model.cfg.tts_eos
+        return self.model.cfg.tts_pad
 
-    @torch.no_grad()
-    def step(self) -> Packet | None:
-        """Make one frame; return a packet when one is complete (or the stream ended with frames left)."""
-        codes = self.model.decode_step([self.gen], self._next_input())[0]
+    def take(self, codes: torch.Tensor) -> bool:
+        """Record one frame's codes [16] (on the host); True when a packet is due (full, or the last)."""
         if int(codes[0]) == self.model.cfg.codec_eos:
-            return self.finish()
+            self.done = True
+            return bool(self.pending)
         self.pending.append(codes)
-        if self.gen.frames >= self.max_frames:
-            return self.finish()
-        self.codes_embed = self.model.codes_embed(codes[None])
-        if len(self.pending) >= self.packet_frames:
-            return self._packet(last=False)
-        return None
+        self.frames += 1
+        self.pos += 1
+        if self.frames >= self.max_frames or self.pos >= self.model.max_len:
+            self.done = True
+            return True
+        return len(self.pending) >= self.packet_frames
 
-    def finish(self) -> Packet | None:
-        self.done = True
-        if not self.pending:
-            return None
-        return self._packet(last=True)
-
-    def _packet(self, last: bool) -> Packet:
-        codes = torch.stack(self.pending, dim=1)  # [16, n]
+    def packet(self, pcm: bytes, codes: torch.Tensor) -> Packet:
+        """The packet of the pending frames `codes` [16, n], decoded to `pcm`."""
         self.pending = []
-        wav = self.ckpt.codec.decode_step(codes[None], self.codec_state)[0]
         # The last packet takes whatever text no packet has claimed (text the model never read included).
-        if last:
+        if self.done:
             end = len(self.text)
         else:
-            started = bisect.bisect_left(self.onsets, self.gen.frames, hi=self.next_token)
+            started = bisect.bisect_left(self.onsets, self.frames, hi=self.next_token)
             end = self.ends[started - 1] if started else 0
         text = self.text[self.spoken_text_end:end]
         self.spoken_text_end = max(self.spoken_text_end, end)
-        return Packet(pcm=to_pcm16(wav), text=text, codes=codes)
+        return Packet(pcm=pcm, text=text, codes=codes)
 
 
 def synthesize(ckpt: Checkpoint, speaker: str, language: str | None, text: str, params: SamplingParams,
-               max_frames: int, seed: int | None = 0, non_streaming: bool = False,
-               packet_frames: int = 4, min_frames: int = 2) -> tuple[torch.Tensor, list[Packet]]:
+               max_frames: int, seed: int | None = 0, non_streaming: bool = False, packet_frames: int = 4,
+               min_frames: int = 2, cuda_graphs: bool = False) -> tuple[torch.Tensor, list[Packet]]:
     """A whole utterance on the calling thread (tests, benchmarks): codes [T, 16] and its packets."""
+    from engine.runner import Runner
+
     tokens = TextTokens(ckpt.tokenizer)
-    ckpt.model.setup(1, max_frames + 16 + (len(text.encode()) + 8 if non_streaming else 0))
-    stream = Stream(ckpt, tokens, Voice.resolve(ckpt.config, speaker, language), 0, params, seed,
-                    packet_frames, max_frames, min_frames, non_streaming)
+    runner = Runner(ckpt, 1, max_frames + 16 + (len(text.encode()) + 8 if non_streaming else 0), params,
+                    packet_frames, cuda_graphs=cuda_graphs)
+    stream = Stream(ckpt, tokens, Voice.resolve(ckpt.config, speaker, language), seed, packet_frames, max_frames,
+                    min_frames, non_streaming)
     stream.add_text(text, final=True)
+    runner.add(stream)
     packets = []
     while not stream.done:
-        packet = stream.step()
-        if packet is not None:
-            packets.append(packet)
+        packets += [packet for _, packet in runner.step() if packet is not None]
     codes = torch.cat([p.codes for p in packets], dim=1).T if packets else torch.zeros(0, 16, dtype=torch.long)
     return codes, packets

@@ -1,4 +1,5 @@
-"""The Qwen3-TTS 12Hz talker and its code predictor, and `decode_step`, which makes one frame.
+"""The Qwen3-TTS 12Hz talker and its code predictor, and `Qwen3TTS.step`, which makes one frame for every
+running stream at once.
 
 A frame is 16 codes (80 ms of audio). The talker reads one input embedding per frame and predicts code 0;
 the code predictor, with a fresh cache per frame, reads [talker hidden state, embed(code 0)] and predicts
@@ -15,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers import Block, KVCache, RMSNorm, causal_mask, rope_tables
-from engine.sampling import SamplingParams, pick, repetition_penalty
+from engine.layers import Block, KVAccess, KVCache, RMSNorm, rope_tables
+from engine.sampling import SamplingParams, choose, repetition_penalty, uniform
 
 
 class ConfigError(ValueError):
@@ -115,13 +116,10 @@ class Stack(nn.Module):
             Block(c.hidden, c.intermediate, c.heads, c.kv_heads, c.head_dim, c.eps) for _ in range(c.layers))
         self.norm = RMSNorm(c.hidden, c.eps)
 
-    def run(self, x: torch.Tensor, caches: list[KVCache], rope: tuple[torch.Tensor, torch.Tensor],
-            slots: list[int], input_pos: torch.Tensor) -> torch.Tensor:
-        cos, sin = rope
-        pos_rope = (cos[input_pos].unsqueeze(1), sin[input_pos].unsqueeze(1))
-        mask = causal_mask(input_pos, caches[0].k.shape[2])
+    def run(self, x: torch.Tensor, caches: list[KVCache], rope: tuple[torch.Tensor, torch.Tensor], kv: KVAccess,
+            mask: torch.Tensor | None) -> torch.Tensor:
         for layer, cache in zip(self.layers, caches, strict=True):
-            x = layer(x, pos_rope, cache, slots, input_pos, mask)
+            x = layer(x, rope, cache, kv, mask)
         return self.norm(x)
 
 
@@ -173,21 +171,17 @@ class Talker(nn.Module):
         self.code_predictor = CodePredictor(cfg)
 
 
-@dataclass
-class Generation:
-    """One stream's decoding state: its cache slot, next position, sampling state."""
-
-    slot: int
-    params: SamplingParams
-    generator: torch.Generator | None
-    seen: torch.Tensor  # [talker vocab] bool: codebook-0 ids generated so far (repetition penalty)
-    min_frames: int = 2  # EOS is banned before this many frames (the official min_new_tokens=2)
-    pos: int = 0
-    frames: int = 0
-
 
 class Qwen3TTS(nn.Module):
-    """The talker side of a Qwen3-TTS 12Hz checkpoint, plus its static caches once `setup` ran."""
+    """The talker side of a Qwen3-TTS 12Hz checkpoint, plus, once `setup` ran, the state of `rows` running
+    streams: static KV caches, per-row sampling state and the step's input and output buffers.
+
+    A stream holds one row for its life (`move_row_` moves it when the rows are compacted). `prefill` fills
+    new rows' caches with their prompts but the last position; `step(b)` then makes one frame for every
+    row in [0, b) at once: the talker reads each row's next input at its own position, samples code 0,
+    and the code predictor makes codes 1..15. The step reads and writes only preallocated tensors and never
+    waits for the host, so one CUDA graph per b replays it; without a GPU the same function runs eagerly.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -196,34 +190,38 @@ class Qwen3TTS(nn.Module):
         self.max_len = 0
 
     @torch.no_grad()
-    def setup(self, slots: int, max_len: int) -> None:
-        """Preallocate caches for `slots` concurrent streams of up to `max_len` talker positions."""
+    def setup(self, rows: int, max_len: int, params: SamplingParams) -> None:
+        """Preallocate `rows` streams of up to `max_len` talker positions, all sampled with `params`."""
         p = next(self.parameters())
+        dev, dt = p.device, p.dtype
         t, c = self.cfg.talker, self.cfg.predictor
-        self.max_len = max_len
-        self.caches = [KVCache(slots, t.kv_heads, max_len, t.head_dim, p.dtype, p.device) for _ in range(t.layers)]
+        # A multiple of 16 keeps the attention mask's rows aligned for the fused GPU attention kernels.
+        self.max_len = -(-max_len // 16) * 16
+        self.rows, self.params = rows, params
+        self.caches = [KVCache(rows, t.kv_heads, self.max_len, t.head_dim, dt, dev) for _ in range(t.layers)]
         # The predictor reads 2 + 14 positions per frame and starts over at 0 on the next frame.
-        self.predictor_caches = [KVCache(slots, c.kv_heads, self.cfg.code_groups, c.head_dim, p.dtype, p.device)
+        self.predictor_caches = [KVCache(rows, c.kv_heads, self.cfg.code_groups, c.head_dim, dt, dev)
                                  for _ in range(c.layers)]
-        self.rope = rope_tables(t.head_dim, t.theta, max_len, p.device, p.dtype)
-        self.predictor_rope = rope_tables(c.head_dim, c.theta, self.cfg.code_groups, p.device, p.dtype)
-        vocab = t.vocab
+        self.rope = rope_tables(t.head_dim, t.theta, self.max_len, dev, dt)
+        self.predictor_rope = rope_tables(c.head_dim, c.theta, self.cfg.code_groups, dev, dt)
+        self.positions = torch.arange(self.max_len, device=dev)
+        self.row_index = torch.arange(rows, device=dev)
         # The official generate bans the top 1024 ids (control tokens) except EOS.
-        self.suppress = torch.zeros(vocab, dtype=torch.bool, device=p.device)
-        self.suppress[max(0, vocab - 1024):] = True
+        self.suppress = torch.zeros(t.vocab, dtype=torch.bool, device=dev)
+        self.suppress[max(0, t.vocab - 1024):] = True
         self.suppress[self.cfg.codec_eos] = False
-
-    def new_generation(self, slot: int, params: SamplingParams, seed: int | None, min_frames: int = 2) -> Generation:
-        device = self.suppress.device
-        generator = None
-        if params.do_sample or params.sub_do_sample:
-            generator = torch.Generator(device=device)
-            if seed is None:
-                generator.seed()
-            else:
-                generator.manual_seed(seed)
-        return Generation(slot=slot, params=params, generator=generator, min_frames=max(2, min_frames),
-                          seen=torch.zeros(self.cfg.talker.vocab, dtype=torch.bool, device=device))
+        # Per-row stream state.
+        self.seen = torch.zeros(rows, t.vocab, dtype=torch.bool, device=dev)  # codebook-0 ids generated so far
+        self.seed = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.frames = torch.zeros(rows, dtype=torch.long, device=dev)  # frames made: the sampler's counter
+        self.min_frames = torch.zeros(rows, dtype=torch.long, device=dev)  # EOS is banned before this many
+        self.codes_embed = torch.zeros(rows, 1, t.hidden, dtype=dt, device=dev)  # codec part of the next input
+        self.first_input = torch.zeros(rows, 1, t.hidden, dtype=dt, device=dev)  # a prompt's last position
+        # Step inputs, written by the host before each step: position, text id, live (0/1), first frame (0/1).
+        # A row that is not live (a stream waiting for text, a free row) computes a throwaway frame at its
+        # position, which its next live step overwrites; none of its state advances.
+        self.step_in = torch.zeros(4, rows, dtype=torch.long, device=dev)
+        self.codes = torch.zeros(rows, self.cfg.code_groups, dtype=torch.long, device=dev)  # step output
 
     def text_embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Text-track embeddings of token ids [..., N] -> [..., N, hidden]."""
@@ -232,57 +230,99 @@ class Qwen3TTS(nn.Module):
     def codec_embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.talker.model.codec_embedding(ids)
 
-    def codes_embed(self, codes: torch.Tensor) -> torch.Tensor:
+    def codes_embed_of(self, codes: torch.Tensor) -> torch.Tensor:
         """[B, 16] codes of a frame -> [B, 1, hidden], the codec part of the next talker input."""
         emb = self.talker.code_predictor.model.codec_embedding
         parts = [self.codec_embed(codes[:, :1])] + [emb[i](codes[:, i + 1:i + 2]) for i in range(len(emb))]
         return torch.cat(parts, dim=1).sum(1, keepdim=True)
 
     @torch.no_grad()
-    def decode_step(self, gens: list[Generation], x: torch.Tensor) -> torch.Tensor:
-        """Run the talker over inputs x [B, T, hidden] (T > 1 is a prefill) and make one frame per stream.
+    def prefill(self, rows: list[int], prompts: list[torch.Tensor], seeds: list[int], min_frames: list[int]) -> None:
+        """Start streams in `rows` from their prompt embeddings [1, T, hidden]: positions 0..T-2 go into the
+        cache now (one batched pass, prompts right-padded), the last one is the input of their first step."""
+        dev = self.seed.device
+        index = torch.tensor(rows, device=dev)
+        t = max(p.shape[1] for p in prompts) - 1
+        x = torch.cat([F.pad(p[:, :-1], (0, 0, 0, t - p.shape[1] + 1)) for p in prompts])
+        self.first_input[index] = torch.cat([p[:, -1:] for p in prompts])
 
-        Returns codes [B, 16]; a row whose code 0 is EOS ended that stream (its other codes are unused).
-        """
-        b, t, _ = x.shape
-        device = x.device
-        slots = [g.slot for g in gens]
-        # Positions are known on the host: no device round trip per step.
-        if max(g.pos for g in gens) + t > self.max_len:
-            raise RuntimeError(f"talker cache overflow: position {max(g.pos for g in gens) + t} > {self.max_len}")
-        input_pos = torch.tensor([[g.pos + i for i in range(t)] for g in gens], device=device)
-        hidden = self.talker.model.run(x, self.caches, self.rope, slots, input_pos)[:, -1]
-        logits = self.talker.codec_head(hidden).float()
-        code0 = torch.empty(b, dtype=torch.long, device=device)
-        for i, g in enumerate(gens):
-            row = repetition_penalty(logits[i], g.seen, g.params.repetition_penalty)
-            row = row.masked_fill(self.suppress, float("-inf"))
-            if g.frames < g.min_frames:
-                row[self.cfg.codec_eos] = float("-inf")
-            code0[i] = pick(row, g.params.do_sample, g.params.top_k, g.params.top_p, g.params.temperature,
-                            g.generator)
-            g.seen[code0[i]] = True
-            g.pos += t
-            g.frames += 1
-        rest = self.predict_codes(gens, slots, hidden, code0)
-        return torch.cat([code0[:, None], rest], dim=1)
+        def kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            # A new stream attends to its own prompt only. Padding positions write throwaway entries past a
+            # short prompt's end, which its first steps overwrite before any query reads them.
+            cache.k[index, :, :t] = k
+            cache.v[index, :, :t] = v
+            return k, v
 
-    def predict_codes(self, gens: list[Generation], slots: list[int], hidden: torch.Tensor,
-                      code0: torch.Tensor) -> torch.Tensor:
-        """Codes 1..15 for talker hidden states [B, hidden] and codes 0 [B]: the 15-step predictor loop."""
+        mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
+        self.talker.model.run(x, self.caches, (self.rope[0][:t], self.rope[1][:t]), kv, mask)
+        self.seen[index] = False
+        self.frames[index] = 0
+        self.seed[index] = torch.tensor(seeds, device=dev)
+        self.min_frames[index] = torch.tensor(min_frames, device=dev)
+
+    @torch.no_grad()
+    def move_row_(self, src: int, dst: int) -> None:
+        """Move the stream in row `src` to row `dst` (the predictor's per-frame caches need no move)."""
+        for cache in self.caches:
+            cache.move_row_(src, dst)
+        for state in (self.seen, self.seed, self.frames, self.min_frames, self.codes_embed, self.first_input):
+            state[dst] = state[src]
+
+    @torch.no_grad()
+    def step(self, b: int) -> None:
+        """One frame for rows [0, b), from `step_in` into `codes` [b, 16]; a row whose code 0 is EOS ended."""
+        pos, text, live, first = self.step_in[:, :b]
+        rows = self.row_index[:b]
+        x = torch.where(first.bool()[:, None, None], self.first_input[:b],
+                        self.codes_embed[:b] + self.text_embed(text[:, None]))
+
+        def kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            cache.k[rows, :, pos] = k[:, :, 0]
+            cache.v[rows, :, pos] = v[:, :, 0]
+            return cache.k[:b], cache.v[:b]
+
+        cos, sin = self.rope
+        rope = (cos[pos][:, None, None], sin[pos][:, None, None])
+        mask = (self.positions[None] <= pos[:, None])[:, None, None]  # [b, 1, 1, max_len]
+        hidden = self.talker.model.run(x, self.caches, rope, kv, mask)[:, -1]
+        p = self.params
+        logits = repetition_penalty(self.talker.codec_head(hidden).float(), self.seen[:b], p.repetition_penalty)
+        logits = logits.masked_fill(self.suppress, float("-inf"))
+        eos = self.cfg.codec_eos
+        logits[:, eos] = logits[:, eos].masked_fill(self.frames[:b] < self.min_frames[:b], float("-inf"))
+        seed, frame = self.seed[:b], self.frames[:b]
+        code0 = choose(logits, p.do_sample, p.top_k, p.top_p, p.temperature, uniform(seed, frame, 0))
+        self.seen[:b].scatter_(1, code0[:, None], self.seen[:b].gather(1, code0[:, None]) | live.bool()[:, None])
+        codes = torch.cat([code0[:, None], self.predict_codes(b, hidden, code0, seed, frame)], dim=1)
+        self.codes[:b] = codes
+        self.codes_embed[:b] = torch.where(live.bool()[:, None, None], self.codes_embed_of(codes),
+                                           self.codes_embed[:b])
+        self.frames[:b] += live
+
+    def predict_codes(self, b: int, hidden: torch.Tensor, code0: torch.Tensor, seed: torch.Tensor,
+                      frame: torch.Tensor) -> torch.Tensor:
+        """Codes 1..15 for talker hidden states [b, hidden] and codes 0 [b]: the 15-step predictor loop,
+        each step at fixed positions (prefill of 2, then one at a time) over a fresh per-frame cache."""
         cp = self.talker.code_predictor
-        b = hidden.shape[0]
+        p = self.params
+        cos, sin = self.predictor_rope
         x = torch.stack([hidden, self.codec_embed(code0)], dim=1)
-        pos = torch.arange(2, device=hidden.device).expand(b, 2)
+        causal = torch.ones(2, 2, dtype=torch.bool, device=hidden.device).tril()
         codes = []
         for i in range(self.cfg.code_groups - 1):
-            h = cp.model.run(cp.project(x), self.predictor_caches, self.predictor_rope, slots, pos)[:, -1]
-            logits = cp.lm_head[i](h).float()
-            code = torch.stack([
-                pick(logits[j], g.params.sub_do_sample, g.params.sub_top_k, g.params.sub_top_p,
-                     g.params.sub_temperature, g.generator) for j, g in enumerate(gens)])
+            start, t = (0, 2) if i == 0 else (i + 1, 1)
+
+            def kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, start: int = start,
+                   t: int = t) -> tuple[torch.Tensor, torch.Tensor]:
+                cache.k[:b, :, start:start + t] = k
+                cache.v[:b, :, start:start + t] = v
+                return cache.k[:b, :, :start + t], cache.v[:b, :, :start + t]
+
+            rope = (cos[start:start + t], sin[start:start + t])
+            h = cp.model.run(cp.project(x), self.predictor_caches, rope, kv, causal if i == 0 else None)[:, -1]
+            code = choose(cp.lm_head[i](h).float(), p.sub_do_sample, p.sub_top_k, p.sub_top_p, p.sub_temperature,
+                          uniform(seed, frame, i + 1))
             codes.append(code)
             if i + 1 < self.cfg.code_groups - 1:
                 x = cp.model.codec_embedding[i](code)[:, None]
-                pos = pos[:, -1:] + 1
         return torch.stack(codes, dim=1)

@@ -2,9 +2,10 @@
 
 The event loop only appends text and flags under a lock (feed, end, cancel) and awaits an asyncio.Queue;
 the worker thread tokenizes, steps the model and decodes audio, and hands each packet to the loop with
-call_soon_threadsafe. Each pass of the worker loop admits waiting streams into free cache slots, takes in
-new text, then steps every runnable stream once (round-robin; streams join and leave between steps, so a
-later change can batch the same set into one step). A stream waiting for text costs nothing.
+call_soon_threadsafe. Each pass of the worker loop admits waiting streams into free rows, drops cancelled
+ones, takes in new text, then runs one engine.runner step: every runnable stream makes one frame in one
+batch (continuous batching: streams join and leave between steps, none waits for another). A stream
+waiting for its next text token sits the step out and costs a padding row at most.
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import Gauge, Histogram
+
 from engine import checkpoint
 from engine.checkpoint import Checkpoint, CheckpointError
 from engine.prompt import PromptError, TextTokens, Voice
+from engine.runner import Runner
 from engine.sampling import SamplingParams
 from engine.stream import Packet, Stream
 from gateway.tts import TTSChunk, TTSError
@@ -27,6 +32,10 @@ if TYPE_CHECKING:
     from gateway.config import EngineConfig
 
 log = logging.getLogger(__name__)
+
+ACTIVE = Gauge("tts_engine_active_streams", "Streams holding an engine row (generating or waiting for text)")
+FIRST_AUDIO = Histogram("tts_engine_first_audio_seconds", "From a stream's open() to its first audio packet",
+                        buckets=(.01, .015, .02, .025, .03, .04, .05, .075, .1, .15, .2, .3, .5, 1, 2))
 
 # Language names the checkpoint knows, also by their ISO 639-1 codes (what an STT reports).
 ISO_LANGUAGES = {"zh": "chinese", "en": "english", "de": "german", "it": "italian", "pt": "portuguese",
@@ -49,8 +58,10 @@ class QwenTTSStream:
         self.cancelled = False
         self.chars = 0
         self.has_text = False
+        self.opened = time.perf_counter()
         # The worker's own:
         self.core: Stream | None = None
+        self.heard = False  # a packet was delivered
         self._finished = False  # the consumer saw the end
 
     def feed(self, text: str) -> None:
@@ -114,14 +125,16 @@ class QwenTTSEngine:
     """gateway.tts.TTSEngine over a loaded checkpoint; `from_config` is what the gateway calls.
 
     Streams are opened on the event loop (open needs the running loop). `min_frames` bans EOS before that
-    many frames (benchmarks hold EOS off with it; 2 is the official minimum).
+    many frames (benchmarks hold EOS off with it; 2 is the official minimum). On a GPU the engine captures
+    its CUDA graphs here, before serving (`cuda_graphs`, `graph_max_batch`: see engine.runner).
     """
 
     incremental = True
 
     def __init__(self, ckpt: Checkpoint, *, packet_frames: int = 4, max_frames: int = 1500,
                  max_text_chars: int = 2000, seed: int | None = 0, greedy: bool = False,
-                 voices: dict[str, str] | None = None, max_streams: int = 4, min_frames: int = 2) -> None:
+                 voices: dict[str, str] | None = None, max_streams: int = 4, min_frames: int = 2,
+                 cuda_graphs: bool = True, graph_max_batch: int = 0) -> None:
         for name, value in (("packet_frames", packet_frames), ("max_frames", max_frames),
                             ("max_text_chars", max_text_chars), ("max_streams", max_streams)):
             if value < 1:
@@ -130,17 +143,17 @@ class QwenTTSEngine:
         self.tokens = TextTokens(ckpt.tokenizer)
         self.params = SamplingParams.from_generation_config(ckpt.generation, greedy)
         self.packet_frames, self.max_frames, self.max_text_chars = packet_frames, max_frames, max_text_chars
-        self.seed, self.min_frames = seed, min_frames
+        self.seed, self.min_frames, self.max_streams = seed, min_frames, max_streams
         self.voices = {k.lower(): v.lower() for k, v in (voices or {}).items()}
         for voice, speaker in self.voices.items():
             if speaker not in ckpt.config.speakers:
                 raise CheckpointError(f"[engine.voices] {voice} = {speaker!r}: the checkpoint has no such speaker "
                                       f"(it has {', '.join(sorted(ckpt.config.speakers))})")
-        ckpt.model.setup(max_streams, max_frames + PROMPT_POSITIONS)
+        self.runner = Runner(ckpt, max_streams, max_frames + PROMPT_POSITIONS, self.params, packet_frames,
+                             cuda_graphs=cuda_graphs, graph_max_batch=graph_max_batch)
         self._cond = threading.Condition()
         self._waiting: deque[QwenTTSStream] = deque()
-        self._active: list[QwenTTSStream] = []
-        self._free_slots = list(range(max_streams))
+        self._active: dict[Stream, QwenTTSStream] = {}
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="qwen3-tts-worker", daemon=True)
         self._thread.start()
@@ -150,7 +163,8 @@ class QwenTTSEngine:
         ckpt = checkpoint.load(config.checkpoint, device=config.device, dtype=config.dtype)
         return cls(ckpt, packet_frames=config.packet_frames, max_frames=config.max_frames,
                    max_text_chars=config.max_text_chars, seed=config.seed, greedy=config.greedy,
-                   voices=config.voices, max_streams=config.max_streams)
+                   voices=config.voices, max_streams=config.max_streams, cuda_graphs=config.cuda_graphs,
+                   graph_max_batch=config.graph_max_batch)
 
     def open(self, voice: str, language: str | None = None) -> QwenTTSStream:
         """A new stream for `voice` (an OpenAI voice name from [engine.voices], or a checkpoint speaker)."""
@@ -179,10 +193,10 @@ class QwenTTSEngine:
     def _has_work(self) -> bool:
         if self._closed:
             return True
-        if self._waiting and (self._free_slots or any(s.cancelled for s in self._waiting)):
+        if self._waiting and (len(self._active) < self.max_streams or any(s.cancelled for s in self._waiting)):
             return True
-        return any(s.cancelled or s.incoming or (s.ended and s.core is not None and not s.core.final)
-                   or (s.core is not None and s.core.runnable) for s in self._active)
+        return any(s.cancelled or s.incoming or (s.ended and not core.final) or core.runnable
+                   for core, s in self._active.items())
 
     def _run(self) -> None:
         while True:
@@ -191,15 +205,33 @@ class QwenTTSEngine:
                 if self._closed:
                     break
                 self._admit()
-                work = [(s, s.incoming, s.ended, s.cancelled) for s in self._active]
-                for s in self._active:
+                work = [(s, s.incoming, s.ended, s.cancelled) for s in self._active.values()]
+                for s in self._active.values():
                     s.incoming = []
             for stream, fragments, ended, cancelled in work:
                 if cancelled:
                     self._release(stream)
-                    continue
-                self._guard(stream, lambda s=stream, f=fragments, e=ended: self._advance(s, f, e))
-        for stream in self._active + list(self._waiting):
+                elif fragments or (ended and not stream.core.final):
+                    self._guard(stream, lambda s=stream, f=fragments, e=ended: s.core.add_text("".join(f), e))
+            try:
+                events = self.runner.step()
+            except Exception as exc:  # a failed step fails the streams in it, never the worker
+                log.exception("qwen3-tts step failed")
+                for stream in list(self._active.values()):
+                    stream.deliver(exc)
+                    self._release(stream)
+                continue
+            for core, packet in events:
+                stream = self._active[core]
+                if packet is not None:
+                    if not stream.heard:
+                        stream.heard = True
+                        FIRST_AUDIO.observe(time.perf_counter() - stream.opened)
+                    stream.deliver(_chunk(packet))
+                if core.done:
+                    stream.deliver(None)
+                    self._release(stream)
+        for stream in list(self._active.values()) + list(self._waiting):
             stream.deliver(TTSError("the engine is closed"))
 
     def _admit(self) -> None:
@@ -208,27 +240,15 @@ class QwenTTSEngine:
             stream = self._waiting.popleft()
             if stream.cancelled:
                 continue
-            if not self._free_slots:
+            if len(self._active) >= self.max_streams:
                 kept.append(stream)
                 continue
-            slot = self._free_slots.pop()
-            stream.core = Stream(self.ckpt, self.tokens, stream.voice, slot, self.params, self.seed,
-                                 self.packet_frames, self.max_frames, self.min_frames)
-            self._active.append(stream)
+            stream.core = Stream(self.ckpt, self.tokens, stream.voice, self.seed, self.packet_frames,
+                                 self.max_frames, self.min_frames)
+            self.runner.add(stream.core)
+            self._active[stream.core] = stream
         self._waiting = kept
-
-    def _advance(self, stream: QwenTTSStream, fragments: list[str], ended: bool) -> None:
-        core = stream.core
-        assert core is not None
-        if fragments or (ended and not core.final):
-            core.add_text("".join(fragments), ended)
-        if core.runnable:
-            packet = core.step()
-            if packet is not None:
-                stream.deliver(_chunk(packet))
-        if core.done:
-            stream.deliver(None)
-            self._release(stream)
+        ACTIVE.set(len(self._active))
 
     def _guard(self, stream: QwenTTSStream, action: Callable[[], Any]) -> None:
         try:
@@ -243,10 +263,11 @@ class QwenTTSEngine:
 
     def _release(self, stream: QwenTTSStream) -> None:
         with self._cond:
-            if stream in self._active:
-                self._active.remove(stream)
-                if stream.core is not None:
-                    self._free_slots.append(stream.core.gen.slot)
+            core = stream.core
+            if core is not None and self._active.pop(core, None) is not None:
+                if core.row >= 0:
+                    self.runner.remove(core)
+                ACTIVE.set(len(self._active))
 
 
 def _chunk(packet: Packet) -> TTSChunk:

@@ -1,4 +1,5 @@
-"""Sampling against transformers' own logits processors, which the official generate runs."""
+"""Sampling against transformers' own logits processors, which the official generate runs, and the
+counter-based draws that replace a per-stream torch.Generator (they run inside CUDA graphs)."""
 
 from __future__ import annotations
 
@@ -11,34 +12,47 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from engine.sampling import SamplingParams, pick, repetition_penalty, warp
+from engine.sampling import SamplingParams, choose, repetition_penalty, uniform, warp
 
 
 @pytest.mark.parametrize(("top_k", "top_p", "temperature"), [(50, 1.0, 0.9), (5, 0.8, 1.3), (0, 0.5, 0.7)])
 def test_warp_matches_transformers(top_k: int, top_p: float, temperature: float) -> None:
-    logits = torch.randn(1, 300, generator=torch.Generator().manual_seed(0)) * 3
+    logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(0)) * 3
     expected = TemperatureLogitsWarper(temperature)(None, logits.clone())
     if top_k:
         expected = TopKLogitsWarper(top_k)(None, expected)
     if top_p < 1.0:
         expected = TopPLogitsWarper(top_p)(None, expected)
-    assert torch.equal(warp(logits[0], top_k, top_p, temperature), expected[0])
+    assert torch.equal(warp(logits, top_k, top_p, temperature), expected)
 
 
 def test_repetition_penalty_matches_transformers() -> None:
     logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(1))
     generated = torch.tensor([[3, 7, 7, 42]])
-    seen = torch.zeros(50, dtype=torch.bool)
-    seen[generated[0]] = True
+    seen = torch.zeros(1, 50, dtype=torch.bool)
+    seen[0, generated[0]] = True
     expected = RepetitionPenaltyLogitsProcessor(1.05)(generated, logits.clone())
-    assert torch.equal(repetition_penalty(logits[0], seen, 1.05), expected[0])
+    assert torch.equal(repetition_penalty(logits, seen, 1.05), expected)
 
 
-def test_draws_follow_the_generator() -> None:
-    logits = torch.randn(100)
-    draws = [pick(logits, True, 50, 1.0, 0.9, torch.Generator().manual_seed(3)) for _ in range(2)]
-    assert draws[0] == draws[1]
-    assert pick(logits, False, 50, 1.0, 0.9, None) == logits.argmax()
+def test_draws_invert_the_distribution() -> None:
+    """Draws at evenly spaced u land on each id in proportion to its warped probability."""
+    logits = torch.randn(1, 100, generator=torch.Generator().manual_seed(2)) * 2
+    n = 20000
+    u = (torch.arange(n) + 0.5) / n
+    ids = choose(logits.expand(n, -1), True, 20, 0.9, 0.8, u)
+    probs = warp(logits, 20, 0.9, 0.8).softmax(-1)[0]
+    assert torch.allclose(torch.bincount(ids, minlength=100) / n, probs, atol=2 / n)
+    assert torch.equal(choose(logits, False, 20, 0.9, 0.8, u[:1]), logits.argmax(-1))
+
+
+def test_uniform_is_a_function_of_seed_counter_salt() -> None:
+    counter = torch.arange(50000)
+    u = uniform(torch.full_like(counter, 7), counter, 0)
+    assert torch.equal(u, uniform(torch.full_like(counter, 7), counter, 0))
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
+    assert (u != uniform(torch.full_like(counter, 8), counter, 0)).float().mean() > 0.99
+    assert (u != uniform(torch.full_like(counter, 7), counter, 1)).float().mean() > 0.99
 
 
 def test_generation_config_and_greedy() -> None:

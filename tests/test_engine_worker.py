@@ -7,6 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -110,8 +111,12 @@ async def test_more_streams_than_slots_wait(engine: QwenTTSEngine) -> None:
         s.feed("How are you?")
         s.end()
     results = await asyncio.gather(*(collect(s) for s in streams))
-    assert results[0] and all(
-        b"".join(c.pcm for c in r) == b"".join(c.pcm for c in results[0]) for r in results)
+    # Two streams run as one batch, the third alone once a row is free: the same codes, and the same audio
+    # up to float rounding (a batch of 2 takes other GEMM kernels than a batch of 1 in the codec).
+    waves = [np.frombuffer(b"".join(c.pcm for c in r), dtype=np.int16).astype(np.float64) for r in results]
+    assert waves[0].size and all(w.shape == waves[0].shape for w in waves)
+    assert all(np.linalg.norm(w - waves[0]) / np.linalg.norm(waves[0]) < 1e-3 for w in waves)
+    assert all([c.text for c in r] == [c.text for c in results[0]] for r in results)
 
 
 async def test_cancel_ends_iteration_and_frees_the_slot(engine: QwenTTSEngine) -> None:

@@ -1,0 +1,201 @@
+"""Continuous batching: every running stream advances one frame per step, in one batch.
+
+A `Runner` owns the model's rows. Streams join (`add`) and leave (`remove`) between steps; the rows in use
+stay packed at [0, n) (a leaving stream's row takes the last stream), so a step over n streams is a step
+over rows [0, b) for the smallest captured batch size b >= n, and the rows past n are throwaway padding.
+A step prefills the streams that start (one eager batched pass), makes one frame for all rows (talker,
+sampling, the 15-step code predictor: one CUDA graph), then decodes the packets that are due in one batched
+codec step (a second graph), padding a short last packet with frames whose samples are cut (the codec is
+causal, so they change nothing before them). Streams waiting for text sit the step out.
+
+On a GPU both steps are captured at start-up once per batch size (1, 2, 4, ... up to the rows, or
+`graph_max_batch`); a batch with no graph, and everything on a CPU, runs the same function eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+from prometheus_client import Counter, Histogram
+
+from engine.checkpoint import Checkpoint
+from engine.codec import CodecDecoder
+from engine.sampling import SamplingParams
+from engine.stream import Packet, Stream
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512)
+STEP_SECONDS = Histogram("tts_engine_step_seconds", "Wall time of one engine step (every running stream makes a "
+                         "frame; due packets decoded)", buckets=(.002, .004, .006, .008, .01, .015, .02, .03, .04,
+                                                                 .06, .08, .1, .15, .25, .5))
+BATCH = Histogram("tts_engine_batch_size", "Streams that made a frame in one engine step", buckets=BATCH_SIZES)
+STEPS = Counter("tts_engine_steps_total", "Batched steps by stage (frame: talker + code predictor; packet: codec "
+                "decode) and path (graph: CUDA graph replay; eager: no graph for that batch size, or no GPU)",
+                ["stage", "path"])
+
+
+class Graphs:
+    """fn(b) captured as one CUDA graph per batch size in `sizes` (fn reads and writes only preallocated
+    tensors); `run(n)` replays the smallest captured size >= n, or runs fn(n) eagerly when there is none."""
+
+    def __init__(self, stage: str, fn: Callable[[int], None], sizes: list[int], pool: tuple | None) -> None:
+        self.stage, self.fn = stage, fn
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        for b in sorted(sizes, reverse=True):  # the largest first: the smaller ones reuse its memory pool
+            start = time.perf_counter()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn(b)  # lazy initialisation (cuBLAS handles and workspaces) must happen outside the capture
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                fn(b)
+            self.graphs[b] = graph
+            log.info("captured the %s step for batch %d in %.2f s", stage, b, time.perf_counter() - start)
+
+    def size(self, n: int) -> int:
+        return min((b for b in self.graphs if b >= n), default=n)
+
+    def run(self, b: int) -> None:
+        graph = self.graphs.get(b)
+        if graph is None:
+            self.fn(b)
+        else:
+            graph.replay()
+        STEPS.labels(self.stage, "eager" if graph is None else "graph").inc()
+
+
+class PacketDecoder:
+    """Codec steps over the streams whose packet is due: their rows of one streaming state are gathered
+    into a batch, decoded `frames` frames each, and written back; pcm16 comes out on the device."""
+
+    def __init__(self, codec: CodecDecoder, rows: int, frames: int) -> None:
+        self.codec, self.frames = codec, frames
+        self.state = codec.new_state(rows + 1)  # row `rows` takes what the padding rows of a batch write
+        self.stage = codec.new_state(rows)
+        dev = self.state.pos.device
+        self.index = torch.full((rows,), rows, dtype=torch.long, device=dev)
+        self.codes = torch.zeros(rows, codec.cfg.num_quantizers, frames, dtype=torch.long, device=dev)
+        self.pcm = torch.zeros(rows, frames * codec.samples_per_frame, dtype=torch.int16, device=dev)
+
+    @torch.no_grad()
+    def decode(self, b: int) -> None:
+        index, stage = self.index[:b], self.stage.narrow(0, b)
+        stage.load_rows_(self.state, index)
+        wav = self.codec.decode_step(self.codes[:b], stage)
+        stage.store_rows_(self.state, index)
+        self.pcm[:b] = (wav.clamp(-1, 1) * 32767).round().to(torch.int16)
+
+
+class Runner:
+    """Up to `rows` streams of up to `max_len` talker positions, all sampled with `params`."""
+
+    def __init__(self, ckpt: Checkpoint, rows: int, max_len: int, params: SamplingParams, packet_frames: int,
+                 cuda_graphs: bool = True, graph_max_batch: int = 0) -> None:
+        self.model, self.rows, self.packet_frames = ckpt.model, rows, packet_frames
+        self.model.setup(rows, max_len, params)
+        self.decoder = PacketDecoder(ckpt.codec, rows, packet_frames)
+        self.samples_per_frame = ckpt.codec.samples_per_frame
+        self.streams: list[Stream] = []  # streams[i] holds row i
+        self.device = self.model.seed.device
+        sizes: list[int] = []
+        pool = None
+        if cuda_graphs and self.device.type == "cuda":
+            limit = min(graph_max_batch or rows, rows)
+            sizes = sorted({b for b in BATCH_SIZES if b < limit} | {limit})
+            pool = torch.cuda.graph_pool_handle()
+        start = time.perf_counter()
+        try:
+            self.frame_graphs = Graphs("frame", self.model.step, sizes, pool)
+            self.packet_graphs = Graphs("packet", self.decoder.decode, sizes, pool)
+        except RuntimeError:  # a failed capture costs speed, never a session
+            log.exception("CUDA graph capture failed; every step runs eagerly")
+            self.frame_graphs = Graphs("frame", self.model.step, [], None)
+            self.packet_graphs = Graphs("packet", self.decoder.decode, [], None)
+        if sizes:
+            log.info("captured %d CUDA graphs (batch sizes %s) in %.1f s", 2 * len(sizes), sizes,
+                     time.perf_counter() - start)
+
+    def add(self, stream: Stream) -> None:
+        if len(self.streams) >= self.rows:
+            raise RuntimeError("no free row")
+        stream.row = len(self.streams)
+        self.streams.append(stream)
+
+    def remove(self, stream: Stream) -> None:
+        row, last = stream.row, len(self.streams) - 1
+        if row != last:
+            moved = self.streams[last]
+            self.model.move_row_(last, row)
+            self.decoder.state.copy_rows_(torch.tensor([row], device=self.device),
+                                          torch.tensor([last], device=self.device))
+            moved.row = row
+            self.streams[row] = moved
+        self.streams.pop()
+        stream.row = -1
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[Stream, Packet | None]]:
+        """Advance every runnable stream one frame. Returns the packets made, and (stream, None) for a
+        stream that ended without one; ended streams have left the runner."""
+        start = time.perf_counter()
+        live = [s for s in self.streams if s.runnable]
+        if not live:
+            return []
+        fresh = [s for s in live if not s.started]
+        if fresh:
+            prompts = [s.start() for s in fresh]
+            self.model.prefill([s.row for s in fresh], prompts, [s.seed for s in fresh],
+                               [s.min_frames for s in fresh])
+            self.decoder.state.reset_(torch.tensor([s.row for s in fresh], device=self.device))
+        n = len(self.streams)
+        b = self.frame_graphs.size(n)
+        pos, text, on, first = [0] * b, [0] * b, [0] * b, [0] * b
+        for s in self.streams:
+            pos[s.row] = s.pos
+        for s in live:
+            on[s.row] = 1
+            if s.frames == 0:
+                first[s.row] = 1
+            else:
+                text[s.row] = s.next_text_id()
+        self.model.step_in[:, :b].copy_(torch.tensor([pos, text, on, first]), non_blocking=True)
+        self.frame_graphs.run(b)
+        codes = self.model.codes[:n].to("cpu", copy=True)  # a copy also on a CPU: the buffer is reused
+        events: list[tuple[Stream, Packet | None]] = []
+        due = []
+        for s in live:
+            if s.take(codes[s.row]):
+                due.append(s)
+            elif s.done:
+                events.append((s, None))
+        if due:
+            events += self._packets(due)
+        for s, _ in events:
+            if s.done:
+                self.remove(s)
+        STEP_SECONDS.observe(time.perf_counter() - start)
+        BATCH.observe(len(live))
+        return events
+
+    def _packets(self, due: list[Stream]) -> list[tuple[Stream, Packet]]:
+        b = self.packet_graphs.size(len(due))
+        codes = torch.zeros(b, self.decoder.codes.shape[1], self.packet_frames, dtype=torch.long)
+        index = [self.rows] * b
+        frames = []
+        for i, s in enumerate(due):
+            pending = torch.stack(s.pending, dim=1)
+            codes[i, :, :pending.shape[1]] = pending
+            index[i] = s.row
+            frames.append(pending.shape[1])
+        self.decoder.codes[:b].copy_(codes, non_blocking=True)
+        self.decoder.index[:b].copy_(torch.tensor(index), non_blocking=True)
+        self.packet_graphs.run(b)
+        pcm = self.decoder.pcm[:len(due)].cpu().numpy()
+        return [(s, s.packet(pcm[i, :k * self.samples_per_frame].tobytes(), codes[i, :, :k]))
+                for i, (s, k) in enumerate(zip(due, frames, strict=True))]

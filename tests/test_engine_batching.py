@@ -1,0 +1,136 @@
+"""Continuous batching (engine.runner) on the tiny checkpoint: streams that share steps, join late, wait
+for text, leave early, make the codes each makes alone; on a GPU, CUDA graph replay makes the eager codes.
+
+QWEN3_TTS_FIXTURE / QWEN3_TTS_DEVICE point these at another fixture and device, as in test_engine_parity.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import checkpoint
+from engine.prompt import TextTokens, Voice
+from engine.runner import Runner
+from engine.sampling import SamplingParams
+from engine.stream import Stream, synthesize
+
+FIXTURE = Path(os.environ.get("QWEN3_TTS_FIXTURE", Path(__file__).parent / "data" / "qwen3_tts_tiny"))
+DEVICE = os.environ.get("QWEN3_TTS_DEVICE", "cpu")
+REFS = json.loads((FIXTURE / "references.json").read_text())
+BY_NAME = {p["name"]: p for p in REFS["prompts"]}
+# English, Chinese with a dialect speaker (joins late), English fed word by word (waits for text).
+PROMPTS = [BY_NAME["vivian_en_stream"], BY_NAME["dylan_auto_dialect_stream"], BY_NAME["ryan_auto_stream"]]
+FRAMES = 12
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.set_num_threads(threads)
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+@pytest.fixture(scope="module")
+def ckpt() -> checkpoint.Checkpoint:
+    return checkpoint.load(str(FIXTURE), device=DEVICE, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def greedy(ckpt: checkpoint.Checkpoint) -> SamplingParams:
+    return SamplingParams.from_generation_config(ckpt.generation, greedy=True)
+
+
+def alone(ckpt: checkpoint.Checkpoint, params: SamplingParams, prompt: dict, **kw) -> torch.Tensor:
+    return synthesize(ckpt, prompt["speaker"], prompt["language"], prompt["text"], params, max_frames=FRAMES,
+                      **kw)[0]
+
+
+def make(ckpt: checkpoint.Checkpoint, prompt: dict) -> Stream:
+    voice = Voice.resolve(ckpt.config, prompt["speaker"], prompt["language"])
+    return Stream(ckpt, TextTokens(ckpt.tokenizer), voice, 0, 4, FRAMES)
+
+
+def test_streams_in_one_batch_make_their_solo_codes(ckpt: checkpoint.Checkpoint, greedy: SamplingParams) -> None:
+    solo = [alone(ckpt, greedy, p) for p in PROMPTS[:3]]
+    runner = Runner(ckpt, 4, FRAMES + 16, greedy, 4, cuda_graphs=False)
+    streams = [make(ckpt, p) for p in PROMPTS[:3]]
+    codes: dict[int, list[torch.Tensor]] = {i: [] for i in range(3)}
+    # Stream 0 starts alone; stream 1 joins after two steps; stream 2 is open from the start but its text
+    # (fed in two parts, the first one word long) arrives late: it sits out steps while the others advance.
+    runner.add(streams[0])
+    runner.add(streams[2])
+    streams[0].add_text(PROMPTS[0]["text"], final=True)
+    first_word = PROMPTS[2]["text"].split(" ")[0]
+    steps = 0
+    while any(not s.done for s in streams):
+        if steps == 2:
+            runner.add(streams[1])
+            streams[1].add_text(PROMPTS[1]["text"], final=True)
+        if steps == 3:
+            streams[2].add_text(first_word + " ", final=False)
+        if steps == 6:
+            streams[2].add_text(PROMPTS[2]["text"][len(first_word) + 1:], final=True)
+        for stream, packet in runner.step():
+            if packet is not None:
+                codes[streams.index(stream)].append(packet.codes)
+        steps += 1
+        assert steps < 100
+    assert not runner.streams
+    for i in range(3):
+        assert torch.equal(torch.cat(codes[i], dim=1).T, solo[i]), PROMPTS[i]["name"]
+
+
+def test_a_stream_that_leaves_frees_its_row(ckpt: checkpoint.Checkpoint, greedy: SamplingParams) -> None:
+    """Removing a stream mid-utterance (a cancel) moves the last row into its place; the moved stream
+    carries on exactly."""
+    solo = alone(ckpt, greedy, PROMPTS[1])
+    runner = Runner(ckpt, 3, FRAMES + 16, greedy, 4, cuda_graphs=False)
+    streams = [make(ckpt, PROMPTS[0]), make(ckpt, PROMPTS[0]), make(ckpt, PROMPTS[1])]
+    for s, p in zip(streams, (PROMPTS[0], PROMPTS[0], PROMPTS[1]), strict=True):
+        runner.add(s)
+        s.add_text(p["text"], final=True)
+    got = []
+    for _ in range(3):
+        got += [packet.codes for stream, packet in runner.step() if stream is streams[2] and packet]
+    runner.remove(streams[0])
+    assert streams[2].row == 0 and runner.streams == [streams[2], streams[1]]
+    while not streams[2].done:
+        got += [packet.codes for stream, packet in runner.step() if stream is streams[2] and packet]
+    assert torch.equal(torch.cat(got, dim=1).T, solo)
+
+
+def test_sampled_streams_do_not_depend_on_their_batch(ckpt: checkpoint.Checkpoint) -> None:
+    params = SamplingParams.from_generation_config(ckpt.generation)
+    solo = alone(ckpt, params, PROMPTS[0], seed=5, min_frames=FRAMES)
+    runner = Runner(ckpt, 2, FRAMES + 16, params, 4, cuda_graphs=False)
+    streams = [make(ckpt, PROMPTS[1]), make(ckpt, PROMPTS[0])]
+    streams[1].seed, streams[1].min_frames = 5, FRAMES
+    got = []
+    for s, p in zip(streams, PROMPTS[1::-1], strict=True):
+        runner.add(s)
+        s.add_text(p["text"], final=True)
+    while not streams[1].done:
+        got += [packet.codes for stream, packet in runner.step() if stream is streams[1] and packet]
+    assert torch.equal(torch.cat(got, dim=1).T, solo)
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("prompt", REFS["prompts"], ids=[p["name"] for p in REFS["prompts"]])
+def test_graph_replay_makes_the_eager_greedy_codes(ckpt: checkpoint.Checkpoint, greedy: SamplingParams,
+                                                   prompt: dict) -> None:
+    frames = len(prompt["codes"])
+    kw = {"max_frames": frames, "non_streaming": prompt["non_streaming_mode"]}
+    eager = synthesize(ckpt, prompt["speaker"], prompt["language"], prompt["text"], greedy, **kw)[0]
+    graph = synthesize(ckpt, prompt["speaker"], prompt["language"], prompt["text"], greedy, cuda_graphs=True,
+                       **kw)[0]
+    assert torch.equal(graph, eager)
+    assert graph.tolist() == prompt["codes"]
