@@ -28,6 +28,7 @@ from av import AudioFrame  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
 from gateway.audio import StreamResampler  # noqa: E402
+from gateway.config import Config  # noqa: E402
 from gateway.responder import EchoResponder  # noqa: E402
 from gateway.server import Gateway  # noqa: E402
 from gateway.webrtc import (  # noqa: E402
@@ -399,6 +400,19 @@ async def test_browser_page_module(rtc):
     assert names.index("output_audio_buffer.started") < names.index("output_audio_buffer.cleared")
     assert names.index("output_audio_buffer.cleared") < names.index("conversation.item.truncated")
     assert next(e for e in reversed(events) if e["type"] == "response.done")["response"]["status"] == "cancelled"
+
+
+@pytest.mark.skipif(not hasattr(Config(), "webrtc"), reason="the [webrtc] config section is not wired in yet")
+async def test_gateway_starts_and_stops_webrtc_from_config(start_gateway):
+    gateway = await start_gateway(EchoResponder(pace=1.5), webrtc__enabled=True, webrtc__port=0)
+    client = RtcClient(f"http://127.0.0.1:{gateway.webrtc.port}")
+    try:
+        await client.connect()
+        await client.until("session.created")
+        assert len(gateway.sessions) == 1
+    finally:
+        await client.close()
+    assert await session_count(gateway, 0) == 0
 
 
 # --- the pieces on their own ----------------------------------------------------------------------
