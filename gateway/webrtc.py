@@ -68,10 +68,10 @@ CONNECT_TIMEOUT_S = 30.0
 # aiortc's audio jitter buffer: 16 packets, released once 4 later ones have arrived (~80 ms held).
 AIORTC_JITTER_CAPACITY = 16
 AIORTC_JITTER_PREFETCH = 4
-# Audio a response queues before its playout starts (or resumes after running dry): covers a
-# producer at real-time pace whose chunks arrive just after a frame went out. 15 ms, so a 20 ms
-# first chunk (less the upsampler's delay) starts at once.
-CUSHION_SAMPLES = 720
+# Audio a response queues before its playout starts (or resumes after running dry): one frame, so
+# a producer at real-time pace whose chunks land just after a frame went out does not run dry at
+# the next one; a first chunk of 20 ms or more still starts at once.
+CUSHION_SAMPLES = FRAME_SAMPLES
 # Longest hole in the input timeline filled with silence (a longer one is a clock jump, not a pause).
 MAX_GAP_S = 2
 
