@@ -108,6 +108,17 @@ class EngineConfig:
 
 
 @dataclass
+class WebRtcConfig:
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 8001
+    ice_servers: str = ""
+    turn_username: str = ""
+    turn_credential_env: str = "TURN_CREDENTIAL"
+    jitter_prefetch: int = 0
+
+
+@dataclass
 class TraceConfig:
     jsonl_path: str = ""
 
@@ -122,6 +133,7 @@ class Config:
     llm: LlmConfig = field(default_factory=LlmConfig)
     tts: TtsConfig = field(default_factory=TtsConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
 
 

@@ -9,7 +9,7 @@ import mimetypes
 import time
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -26,6 +26,9 @@ from gateway.runner import SessionRunner
 from gateway.session import Session
 from gateway.trace import ACTIVE_SESSIONS, TurnTrace
 from gateway.vad import SileroModel, SileroVAD, VadBatcher
+
+if TYPE_CHECKING:
+    from gateway.webrtc import WebRTCServer
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,7 @@ class Gateway:
         self._vad_batcher = VadBatcher(self._vad_executor, config.vad.inline_windows)
         self._trace_sink: IO[str] | None = None
         self._server: Server | None = None
+        self.webrtc: WebRTCServer | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -72,6 +76,13 @@ class Gateway:
             max_size=cfg.max_message_bytes,
             max_queue=cfg.max_queue,
         )
+        if self.config.webrtc.enabled:
+            try:
+                from gateway.webrtc import start_webrtc  # noqa: PLC0415 - aiortc is an optional extra
+            except ImportError:
+                log.info("WebRTC off: aiortc is not installed (pip install '.[webrtc]')")
+            else:
+                self.webrtc = await start_webrtc(self)
         # Everything loaded so far (openai, pydantic, onnxruntime, torch) lives as long as the process:
         # keep it out of the collector, so full collections stay short and the loop keeps its pace.
         gc.freeze()
@@ -85,6 +96,8 @@ class Gateway:
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        if self.webrtc is not None:
+            await self.webrtc.stop()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -110,7 +123,8 @@ class Gateway:
         if path == "/healthz":
             status = HTTPStatus.OK if self.ready else HTTPStatus.SERVICE_UNAVAILABLE
             body = {"status": "ok" if self.ready else "starting", "version": __version__,
-                    "active_sessions": len(self.sessions), "uptime_s": round(time.time() - self.started_at, 1)}
+                    "active_sessions": len(self.sessions), "uptime_s": round(time.time() - self.started_at, 1),
+                    "webrtc_port": self.webrtc.port if self.webrtc is not None else None}
             return _response(status, orjson.dumps(body), "application/json")
         if path == "/metrics":
             return _response(HTTPStatus.OK, generate_latest(), CONTENT_TYPE_LATEST)

@@ -55,6 +55,7 @@ def make_config(**overrides: Any) -> Config:
     """The repository's defaults with ``section__key=value`` overrides, on a free port."""
     config = load_config(env={})
     config.server.port = 0
+    config.webrtc.enabled = False  # tests that want it turn it on, on a free port
     for name, value in overrides.items():
         section, key = name.split("__")
         setattr(getattr(config, section), key, value)
