@@ -1,15 +1,18 @@
-"""Time to first audio and real-time factor of one stream: this engine (eager) beside the official qwen-tts.
+"""Time to first audio and per-stream real-time factor at 1..N concurrent streams: this engine with CUDA
+graphs and batching, the same engine eager, and the official qwen-tts (one stream: it has no batching here).
 
-Both read the same checkpoint, sample with its generation_config.json and make exactly --frames frames
-(EOS is held off, so random weights give a fixed length). This engine is timed through QwenTTSEngine (worker
-thread, asyncio, pcm16 packets of 4 frames) from open() to each packet; the official code has no audio
-streaming, so its first audio is its whole generate + decode. RTF = wall time / audio time.
+All read the same checkpoint, sample with its generation_config.json and make exactly --frames frames per
+stream (EOS is held off, so random weights give a fixed length). This engine is timed through QwenTTSEngine
+(worker thread, asyncio, pcm16 packets of --packet-frames frames): a wave opens N streams at once, feeds each
+the whole text, and times every stream from open() to its first and last packet. RTF = wall time / audio
+time, per stream. The official code has no audio streaming, so its first audio is its whole generate +
+decode. A level is realtime when every stream's RTF < 1 and first audio P95 < 200 ms.
 
 The official side needs qwen-tts and transformers 4.57.3, so it runs in a child process with
 --official-pythonpath prepended (this engine uses the gateway's transformers 5.x):
 
     python scripts/make_parity_fixture.py --config real-0.6b --out /tmp/q06 --device cuda   # (oracle env)
-    python scripts/bench_engine.py --checkpoint /tmp/q06 --official-pythonpath /tmp/site-oracle
+    python scripts/bench_engine.py --checkpoint /tmp/q06 --official-pythonpath /tmp/site-oracle --numerics
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -34,62 +38,139 @@ SPEAKER, LANGUAGE = "vivian", "english"
 SAMPLE_RATE = 24000
 
 
-def bench_ours(args: argparse.Namespace) -> dict:
-    from engine import checkpoint
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def bench_ours(args: argparse.Namespace, ckpt, graphs: bool, levels: list[int]) -> dict:
+    """Waves of N streams opened at once (the worst case for first audio), for each N in levels."""
     from engine.worker import QwenTTSEngine
 
-    ckpt = checkpoint.load(args.checkpoint, device=args.device, dtype=args.dtype)
+    name = "this engine, CUDA graphs" if graphs else "this engine, eager"
+    start = time.perf_counter()
     engine = QwenTTSEngine(ckpt, packet_frames=args.packet_frames, max_frames=args.frames,
-                           min_frames=args.frames, max_streams=1, seed=0)
+                           min_frames=args.frames, max_streams=max(levels), seed=0, cuda_graphs=graphs)
+    setup_s = time.perf_counter() - start
+    log(f"{name}: engine ready in {setup_s:.1f} s (rows {max(levels)})")
 
-    async def once() -> tuple[float, float, float]:
-        start = time.perf_counter()
-        stream = engine.open(SPEAKER, LANGUAGE)
-        stream.feed(TEXT)
-        stream.end()
+    async def one(stream, opened: float) -> tuple[float, float, float]:
         first, samples = None, 0
         async for chunk in stream:
             if first is None:
-                first = time.perf_counter() - start
+                first = time.perf_counter() - opened
             samples += len(chunk.pcm) // 2
         assert first is not None
-        return first, time.perf_counter() - start, samples / SAMPLE_RATE
+        return first, time.perf_counter() - opened, samples / SAMPLE_RATE
 
-    runs = [asyncio.run(once()) for _ in range(args.runs + 1)][1:]  # the first warms up kernels and allocators
+    async def wave(n: int) -> list[tuple[float, float, float]]:
+        tasks = []
+        for _ in range(n):
+            opened = time.perf_counter()
+            stream = engine.open(SPEAKER, LANGUAGE)
+            stream.feed(TEXT)
+            stream.end()
+            tasks.append(one(stream, opened))
+        return await asyncio.gather(*tasks)
+
+    asyncio.run(wave(1))  # warms up kernels and allocators
+    asyncio.run(wave(min(8, max(levels))))
+    rows = []
+    for n in levels:
+        if time.perf_counter() > args.deadline:
+            log(f"{name}: out of time before {n} streams")
+            break
+        t0 = time.perf_counter()
+        runs = [r for _ in range(args.runs) for r in asyncio.run(wave(n))]
+        wall = (time.perf_counter() - t0) / args.runs
+        firsts = [r[0] for r in runs]
+        rtfs = [r[1] / r[2] for r in runs]
+        row = {"streams": n, "first_audio_p50_ms": round(percentile(firsts, 50) * 1000, 1),
+               "first_audio_p95_ms": round(percentile(firsts, 95) * 1000, 1),
+               "rtf_p50": round(percentile(rtfs, 50), 4), "rtf_max": round(max(rtfs), 4),
+               "ms_per_step": round(wall * 1000 / args.frames, 2)}
+        row["realtime"] = row["rtf_max"] < 1 and row["first_audio_p95_ms"] < 200
+        rows.append(row)
+        log(f"{name}: {row}")
+    result = {"impl": name, "dtype": str(next(ckpt.model.parameters()).dtype), "setup_s": round(setup_s, 1),
+              "frames": args.frames, "runs": args.runs, "levels": rows,
+              "max_realtime_streams": max((r["streams"] for r in rows if r["realtime"]), default=0)}
+    if graphs:
+        result["steps_ms"] = step_times(engine.runner, args)
     engine.close()
-    result = summarise("this engine (eager)", runs, args, str(next(ckpt.model.parameters()).dtype))
-    result["stages_ms"] = stages(ckpt, args)
     return result
 
 
 @torch.no_grad()
-def stages(ckpt, args: argparse.Namespace, reps: int = 20) -> dict:
-    """Where a frame's time goes: the 15-step code predictor and one packet's codec decode, timed alone;
-    the talker step (with sampling and Python overhead) is the rest of a frame."""
-    from engine.sampling import SamplingParams
-
-    model = ckpt.model
-    model.setup(1, 64)
-    gen = model.new_generation(0, SamplingParams.from_generation_config(ckpt.generation), seed=0)
-    hidden = torch.randn(1, model.cfg.talker.hidden, device=args.device, dtype=next(model.parameters()).dtype)
-    code0 = torch.zeros(1, dtype=torch.long, device=args.device)
-    packet = torch.zeros(1, 16, args.packet_frames, dtype=torch.long, device=args.device)
-    state = ckpt.codec.new_state(1)
+def step_times(runner, args: argparse.Namespace, reps: int = 30) -> dict:
+    """One step alone at each captured batch size: the frame step (talker + 15-step code predictor, graph
+    replay), the packet step (codec, --packet-frames frames per stream), and the eager frame step at 1."""
+    runner.model.step_in.zero_()  # no live row: nothing advances
+    runner.decoder.index.fill_(runner.rows)  # every row decodes into the scratch row
 
     def timed(fn) -> float:
         fn()
-        if args.device != "cpu":
-            torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         for _ in range(reps):
             fn()
-        if args.device != "cpu":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - start) * 1000 / reps
+        sync()
+        return round((time.perf_counter() - start) * 1000 / reps, 3)
 
-    predictor = timed(lambda: model.predict_codes([gen], [0], hidden, code0))
-    codec = timed(lambda: ckpt.codec.decode_step(packet, state)) / args.packet_frames
-    return {"predictor_per_frame": round(predictor, 2), "codec_per_frame": round(codec, 2)}
+    out = {"eager_frame_b1": timed(lambda: runner.model.step(1))}
+    for b in sorted(runner.frame_graphs.graphs):
+        out[f"frame_b{b}"] = timed(lambda b=b: runner.frame_graphs.graphs[b].replay())
+        out[f"packet_b{b}"] = timed(lambda b=b: runner.packet_graphs.graphs[b].replay())
+    return out
+
+
+@torch.no_grad()
+def numerics(ckpt, args: argparse.Namespace) -> dict:
+    """Greedy, in the benchmark dtype: each parity prompt alone on the eager path, against all of them at
+    once in one batch on the graph path. Code match rate over all 16 codebooks of the common frames, and
+    the waveform SNR of the graph path against the eager one."""
+    import math
+
+    from engine.prompt import TextTokens, Voice
+    from engine.runner import Runner
+    from engine.sampling import SamplingParams
+    from engine.stream import Stream, synthesize
+
+    params = SamplingParams.from_generation_config(ckpt.generation, greedy=True)
+    prompts = [("vivian", "english", TEXT), ("ryan", "english", "How are you doing today? I am fine, thanks!"),
+               ("ryan", "chinese", "今天天气很好，我们去公园散步吧。"),
+               ("eric", "chinese", "你好，世界！这是一个测试。"),
+               ("dylan", "auto", "我们一起吃饭吧。"),
+               ("serena", "english", "The quick brown fox jumps over the lazy dog.")]
+    frames = 48
+    eager = [synthesize(ckpt, spk, lang, text, params, max_frames=frames) for spk, lang, text in prompts]
+    runner = Runner(ckpt, len(prompts), frames + 16, params, args.packet_frames, cuda_graphs=True)
+    tokens = TextTokens(ckpt.tokenizer)
+    streams = []
+    for spk, lang, text in prompts:
+        stream = Stream(ckpt, tokens, Voice.resolve(ckpt.config, spk, lang), 0, args.packet_frames, frames)
+        stream.add_text(text, final=True)
+        runner.add(stream)
+        streams.append(stream)
+    packets: dict[int, list] = {i: [] for i in range(len(prompts))}
+    while runner.streams:
+        for stream, packet in runner.step():
+            if packet is not None:
+                packets[streams.index(stream)].append(packet)
+    same = total = 0
+    signal = noise = 0.0
+    for i, (codes, ref_packets) in enumerate(eager):
+        got = torch.cat([p.codes for p in packets[i]], dim=1).T
+        n = min(len(got), len(codes))
+        same += int((got[:n] == codes[:n]).sum())
+        total += 16 * max(len(got), len(codes))
+        ref = torch.frombuffer(bytearray(b"".join(p.pcm for p in ref_packets)), dtype=torch.int16).double()
+        wav = torch.frombuffer(bytearray(b"".join(p.pcm for p in packets[i])), dtype=torch.int16).double()
+        m = min(len(ref), len(wav))
+        signal += float((ref[:m] ** 2).sum())
+        noise += float(((ref[:m] - wav[:m]) ** 2).sum())
+    return {"prompts": len(prompts), "frames": frames, "code_match_rate": round(same / total, 4),
+            "snr_db": round(10 * math.log10(signal / noise), 1) if noise else float("inf")}
 
 
 def bench_official(args: argparse.Namespace) -> dict:
@@ -131,8 +212,17 @@ def summarise(name: str, runs: list[tuple[float, float, float]], args: argparse.
     wall = statistics.median(r[1] for r in runs)
     audio = statistics.median(r[2] for r in runs)
     return {"impl": name, "dtype": dtype, "runs": len(runs), "frames": args.frames,
-            "first_audio_ms": round(first * 1000, 1), "wall_s": round(wall, 3), "audio_s": round(audio, 3),
-            "rtf": round(wall / audio, 3), "ms_per_frame": round(wall * 1000 / args.frames, 2)}
+            "levels": [{"streams": 1, "first_audio_p50_ms": round(first * 1000, 1), "rtf_p50": round(wall / audio, 4),
+                        "ms_per_step": round(wall * 1000 / args.frames, 2)}]}
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def machine() -> str:
@@ -144,42 +234,68 @@ def machine() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True)
-    parser.add_argument("--impl", choices=("both", "ours", "official"), default="both")
+    parser.add_argument("--impl", choices=("all", "ours", "official"), default="all")
     parser.add_argument("--official-pythonpath", default="", help="site folder holding qwen-tts + transformers 4.57.3")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--frames", type=int, default=125, help="frames per utterance (125 = 10 s of audio)")
     parser.add_argument("--packet-frames", type=int, default=4)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--streams", default="1,8,32,64,128,256", help="concurrent streams, CUDA-graph path")
+    parser.add_argument("--eager-streams", default="1,8,32,64", help="concurrent streams, eager path ('' = none)")
+    parser.add_argument("--runs", type=int, default=3, help="waves per level (the first audio and RTF of every "
+                        "stream of every wave are pooled)")
+    parser.add_argument("--official-runs", type=int, default=1)
+    parser.add_argument("--numerics", action="store_true", help="bf16 graph-vs-eager code match rate and SNR")
+    parser.add_argument("--time-budget", type=float, default=480, help="seconds; later levels are skipped past it")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    args.deadline = time.perf_counter() + args.time_budget
 
     if args.impl == "official":
+        args.runs = args.official_runs
         print(json.dumps(bench_official(args)))
         return
-    results = [bench_ours(args)]
-    if args.impl == "both":
+    from engine import checkpoint
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s")
+    ckpt = checkpoint.load(args.checkpoint, device=args.device, dtype=args.dtype)
+    levels = [int(n) for n in args.streams.split(",") if n]
+    eager_levels = [int(n) for n in args.eager_streams.split(",") if n]
+    results = [bench_ours(args, ckpt, graphs=True, levels=levels)]
+    if eager_levels:
+        results.append(bench_ours(args, ckpt, graphs=False, levels=eager_levels))
+    report = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
+              "command": " ".join(["python"] + sys.argv), "text": TEXT, "results": results}
+    if args.numerics:
+        report["numerics"] = numerics(ckpt, args)
+        log(f"numerics: {report['numerics']}")
+    if args.impl == "all":
         env = dict(os.environ)
         if args.official_pythonpath:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.official_pythonpath, env.get("PYTHONPATH")]))
         child = [sys.executable, __file__, "--impl", "official", "--checkpoint", args.checkpoint,
                  "--device", args.device, "--dtype", args.dtype, "--frames", str(args.frames),
-                 "--runs", str(args.runs)]
+                 "--official-runs", str(args.official_runs)]
         out = subprocess.run(child, env=env, capture_output=True, text=True, check=False)
         if out.returncode != 0:
             sys.stderr.write(out.stderr[-4000:])
             raise SystemExit("the official benchmark failed")
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    report = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
-              "command": " ".join(["python"] + sys.argv), "text": TEXT, "results": results}
-    print(f"{report['machine']}; {args.frames} frames ({args.frames * 0.08:.1f} s of audio), median of {args.runs}")
-    print(f"| {'implementation':34} | dtype          | first audio ms | RTF   | ms/frame |")
-    print(f"| {'-' * 34} | -------------- | -------------- | ----- | -------- |")
+    print(f"{report['machine']}; {args.frames} frames ({args.frames * 0.08:.1f} s of audio) per stream; "
+          f"streams opened at once; {args.runs} waves per level pooled")
+    print("| implementation | dtype | streams | first audio P50 ms | P95 ms | RTF P50 | RTF max | ms/step |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
-        print(f"| {r['impl']:34} | {r['dtype']:14} | {r['first_audio_ms']:14} | {r['rtf']:5} | {r['ms_per_frame']:8} |")
-    if "stages_ms" in results[0]:
-        print(f"this engine, per frame: code predictor {results[0]['stages_ms']['predictor_per_frame']} ms, "
-              f"codec decode {results[0]['stages_ms']['codec_per_frame']} ms, the rest is the talker step")
+        for row in r["levels"]:
+            print(f"| {r['impl']} | {r['dtype']} | {row['streams']} | {row['first_audio_p50_ms']} | "
+                  f"{row.get('first_audio_p95_ms', '')} | {row['rtf_p50']} | {row.get('rtf_max', '')} | "
+                  f"{row['ms_per_step']} |")
+    for r in results:
+        if "max_realtime_streams" in r:
+            print(f"{r['impl']}: at most {r['max_realtime_streams']} concurrent streams all realtime with first "
+                  f"audio P95 < 200 ms (of the levels run); start-up {r['setup_s']} s")
+    if "steps_ms" in results[0]:
+        print(f"one step alone, ms: {results[0]['steps_ms']}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 
