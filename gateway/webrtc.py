@@ -670,8 +670,8 @@ class WebRTCServer:
         return web.Response(status=204)
 
 
-async def start_webrtc(gateway: Gateway, options: WebRTCOptions | None = None) -> WebRTCServer:
-    """Start the signalling server for ``gateway`` (its config's [webrtc] section unless ``options``)."""
-    server = WebRTCServer(gateway, options if options is not None else gateway.config.webrtc)  # type: ignore[attr-defined]
+async def start_webrtc(gateway: Gateway) -> WebRTCServer:
+    """Start the signalling server for ``gateway``, as its config's [webrtc] section says."""
+    server = WebRTCServer(gateway, gateway.config.webrtc)
     await server.start()
     return server

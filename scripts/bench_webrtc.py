@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gateway.config import load_config  # noqa: E402
 from gateway.responder import EchoResponder  # noqa: E402
 from gateway.server import Gateway  # noqa: E402
-from gateway.webrtc import WebRTCServer, start_webrtc  # noqa: E402
+from gateway.webrtc import WebRTCServer  # noqa: E402
 from tests.conftest import FIXTURES, load_pcm  # noqa: E402
-from tests.test_webrtc import Options, RtcClient, rms  # noqa: E402
+from tests.test_webrtc import RtcClient, rms  # noqa: E402
 
 CHUNK_MS = 20
 ENERGY = 300.0  # RMS of a 20 ms piece that counts as reply speech (about -40 dBFS)
@@ -161,11 +161,13 @@ async def main() -> None:
     end_ms = json.loads((FIXTURES / "fixtures.json").read_text())[args.wav]["speech_ms"][-1][1]
     config = load_config(env={})
     config.server.port = 0
+    config.webrtc.enabled = True
+    config.webrtc.port = 0
     config.vad.prefix_padding_ms = args.prefix_padding_ms
     gateway = Gateway(config, EchoResponder(pace=1.0))
     await gateway.start()
-    options = Options()
-    server = await start_webrtc(gateway, options)
+    server = gateway.webrtc
+    assert server is not None, "aiortc is not installed"
     try:
         # Warm up codecs, VAD and imports once on each path.
         await ws_trial(gateway, speech, end_ms)
@@ -179,7 +181,7 @@ async def main() -> None:
             base.append(await ws_trial(gateway, speech, end_ms))
             await wait_idle(gateway)
         for sp in (int(v) for v in args.server_prefetch.split(",")):
-            options.jitter_prefetch = sp
+            config.webrtc.jitter_prefetch = sp  # read at each call's set-up
             for cp in (int(v) for v in args.client_prefetch.split(",")):
                 trials = []
                 for _ in range(args.trials):
@@ -188,7 +190,6 @@ async def main() -> None:
                 rows.append((f"WebRTC, server prefetch {sp}, client prefetch {cp}", trials))
                 print(f"done: server {sp} client {cp}", file=sys.stderr)
     finally:
-        await server.stop()
         await gateway.stop()
 
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.processor() or platform.machine()}, "

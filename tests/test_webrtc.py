@@ -11,7 +11,6 @@ import asyncio
 import fractions
 import shutil
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,6 @@ from av import AudioFrame  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
 from gateway.audio import StreamResampler  # noqa: E402
-from gateway.config import Config  # noqa: E402
 from gateway.responder import EchoResponder  # noqa: E402
 from gateway.server import Gateway  # noqa: E402
 from gateway.webrtc import (  # noqa: E402
@@ -40,24 +38,11 @@ from gateway.webrtc import (  # noqa: E402
     WebRTCServer,
     _mono_s16,
     set_jitter_prefetch,
-    start_webrtc,
 )
 from tests.conftest import BETA_EVENTS, FIXTURES, GA_EVENTS, StartGateway, load_pcm  # noqa: E402
 
 RATE = 48_000
 FRAME = 960  # 20 ms
-
-
-@dataclass
-class Options:
-    """The [webrtc] options, as gateway.config will hold them."""
-
-    host: str = "127.0.0.1"
-    port: int = 0
-    ice_servers: str = ""
-    turn_username: str = ""
-    turn_credential_env: str = ""
-    jitter_prefetch: int = 0
 
 
 class Microphone(MediaStreamTrack):
@@ -222,13 +207,13 @@ async def session_count(gateway: Gateway, expected: int, timeout: float = 5.0) -
 
 
 @pytest.fixture
-async def rtc(start_gateway: StartGateway) -> AsyncIterator[tuple[Gateway, WebRTCServer]]:
+async def rtc(start_gateway: StartGateway) -> tuple[Gateway, WebRTCServer]:
     # Faster than real time, like a TTS engine: the playout then holds audio not yet heard, and a
     # barge-in has something to truncate.
-    gateway = await start_gateway(EchoResponder(pace=1.5))
-    server = await start_webrtc(gateway, Options())
-    yield gateway, server
-    await server.stop()
+    # The gateway starts the signalling server itself, from its [webrtc] config.
+    gateway = await start_gateway(EchoResponder(pace=1.5), webrtc__enabled=True, webrtc__port=0)
+    assert gateway.webrtc is not None
+    return gateway, gateway.webrtc
 
 
 @pytest.fixture
@@ -400,19 +385,6 @@ async def test_browser_page_module(rtc):
     assert names.index("output_audio_buffer.started") < names.index("output_audio_buffer.cleared")
     assert names.index("output_audio_buffer.cleared") < names.index("conversation.item.truncated")
     assert next(e for e in reversed(events) if e["type"] == "response.done")["response"]["status"] == "cancelled"
-
-
-@pytest.mark.skipif(not hasattr(Config(), "webrtc"), reason="the [webrtc] config section is not wired in yet")
-async def test_gateway_starts_and_stops_webrtc_from_config(start_gateway):
-    gateway = await start_gateway(EchoResponder(pace=1.5), webrtc__enabled=True, webrtc__port=0)
-    client = RtcClient(f"http://127.0.0.1:{gateway.webrtc.port}")
-    try:
-        await client.connect()
-        await client.until("session.created")
-        assert len(gateway.sessions) == 1
-    finally:
-        await client.close()
-    assert await session_count(gateway, 0) == 0
 
 
 # --- the pieces on their own ----------------------------------------------------------------------
