@@ -307,6 +307,15 @@ async def test_beta_route_and_client_clear(rtc):
     assert not server.calls
 
 
+async def test_closing_the_data_channel_ends_the_call(rtc, client):
+    gateway, server = rtc
+    await client.connect()
+    await client.until("session.created")
+    client.channel.close()
+    assert await session_count(gateway, 0) == 0
+    assert not server.calls
+
+
 async def test_signalling_errors_and_cors(rtc):
     gateway, server = rtc
     base = f"http://127.0.0.1:{server.port}"
