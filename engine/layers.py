@@ -26,9 +26,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Statistics in float32 and the weight applied after the cast back, as the official norm does.
-        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * h.to(x.dtype)
+        # rms_norm computes its statistics in float32 and rounds once to x's dtype; the weight comes after
+        # that rounding, as in the official norm (two kernels where the official takes four).
+        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
 
 
 def rope_tables(head_dim: int, theta: float, max_len: int, device: torch.device,
@@ -61,6 +61,18 @@ class KVCache:
         self.v[dst] = self.v[src]
 
 
+def fuse_linears(*linears: nn.Linear) -> torch.Tensor:
+    """One weight for several bias-free linears of the same input (one GEMM instead of several): the
+    linears' weights become views of it, so the checkpoint's names and memory stay as they were."""
+    fused = torch.cat([lin.weight.detach() for lin in linears])
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(fused[start:start + rows], requires_grad=False)
+        start += rows
+    return fused
+
+
 class Attention(nn.Module):
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
         super().__init__()
@@ -72,26 +84,32 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
+    def fuse(self) -> None:
+        """After loading: one q/k/v projection, and the q and k norm weights side by side per head."""
+        self.qkv_weight = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        self.qk_norm_weight = torch.cat([self.q_norm.weight.detach().expand(self.heads, -1),
+                                         self.k_norm.weight.detach().expand(self.kv_heads, -1)])
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache, kv: KVAccess,
                 mask: torch.Tensor | None) -> torch.Tensor:
+        """x [B, T, hidden]; rope cos/sin broadcast to [B, T, heads, head_dim]."""
         b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        h, g, d = self.heads, self.kv_heads, self.head_dim
+        qkv = F.linear(x, self.qkv_weight).view(b, t, h + 2 * g, d)
+        # q and k heads normalised and rotated together: the same arithmetic as one head at a time.
+        qk = F.rms_norm(qkv[:, :, :h + g], (d,), eps=self.q_norm.eps) * self.qk_norm_weight
         cos, sin = rope
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        k, v = kv(cache, k, v)
+        qk = qk * cos + _rotate_half(qk) * sin
+        q, k = qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2)
+        k, v = kv(cache, k, qkv[:, :, h + g:].transpose(1, 2))
         if t == 1:
             # One query per row: the query heads of a kv head become rows of one attention against it, the
             # same arithmetic as grouped-query attention without the kernels' kv-head repeat (a copy).
-            group = self.heads // self.kv_heads
-            out = F.scaled_dot_product_attention(q.view(b, self.kv_heads, group, self.head_dim), k, v,
-                                                 attn_mask=mask)
-            out = out.reshape(b, self.heads, 1, self.head_dim)
+            out = F.scaled_dot_product_attention(q.reshape(b, g, h // g, d), k, v, attn_mask=mask)
+            out = out.reshape(b, h, 1, d)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=h != g)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, h * d))
 
 
 class MLP(nn.Module):
@@ -101,8 +119,12 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
+    def fuse(self) -> None:
+        self.gate_up_weight = fuse_linears(self.gate_proj, self.up_proj)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from prometheus_client import Counter, Histogram
@@ -72,34 +73,39 @@ class Graphs:
 
 class PacketDecoder:
     """Codec steps over the streams whose packet is due: their rows of one streaming state are gathered
-    into a batch, decoded `frames` frames each, and written back; pcm16 comes out on the device."""
+    into a batch, decoded `frames` frames each (one buffer per packet size), and written back; pcm16
+    comes out on the device."""
 
-    def __init__(self, codec: CodecDecoder, rows: int, frames: int) -> None:
-        self.codec, self.frames = codec, frames
+    def __init__(self, codec: CodecDecoder, rows: int, sizes: list[int]) -> None:
+        self.codec = codec
         self.state = codec.new_state(rows + 1)  # row `rows` takes what the padding rows of a batch write
         self.stage = codec.new_state(rows)
         dev = self.state.pos.device
         self.index = torch.full((rows,), rows, dtype=torch.long, device=dev)
-        self.codes = torch.zeros(rows, codec.cfg.num_quantizers, frames, dtype=torch.long, device=dev)
-        self.pcm = torch.zeros(rows, frames * codec.samples_per_frame, dtype=torch.int16, device=dev)
+        q, spf = codec.cfg.num_quantizers, codec.samples_per_frame
+        self.codes = {n: torch.zeros(rows, q, n, dtype=torch.long, device=dev) for n in sizes}
+        self.pcm = {n: torch.zeros(rows, n * spf, dtype=torch.int16, device=dev) for n in sizes}
 
     @torch.no_grad()
-    def decode(self, b: int) -> None:
+    def decode(self, b: int, frames: int) -> None:
         index, stage = self.index[:b], self.stage.narrow(0, b)
         stage.load_rows_(self.state, index)
-        wav = self.codec.decode_step(self.codes[:b], stage)
+        wav = self.codec.decode_step(self.codes[frames][:b], stage)
         stage.store_rows_(self.state, index)
-        self.pcm[:b] = (wav.clamp(-1, 1) * 32767).round().to(torch.int16)
+        self.pcm[frames][:b] = (wav.clamp(-1, 1) * 32767).round().to(torch.int16)
 
 
 class Runner:
     """Up to `rows` streams of up to `max_len` talker positions, all sampled with `params`."""
 
     def __init__(self, ckpt: Checkpoint, rows: int, max_len: int, params: SamplingParams, packet_frames: int,
-                 cuda_graphs: bool = True, graph_max_batch: int = 0) -> None:
-        self.model, self.rows, self.packet_frames = ckpt.model, rows, packet_frames
+                 first_packet_frames: int = 0, cuda_graphs: bool = True, graph_max_batch: int = 0) -> None:
+        self.model, self.rows = ckpt.model, rows
         self.model.setup(rows, max_len, params)
-        self.decoder = PacketDecoder(ckpt.codec, rows, packet_frames)
+        # Packets hold packet_frames frames; a stream's first may hold fewer (sooner audio); a last packet
+        # is padded up to the next of these sizes.
+        self.packet_sizes = sorted({first_packet_frames or packet_frames, packet_frames})
+        self.decoder = PacketDecoder(ckpt.codec, rows, self.packet_sizes)
         self.samples_per_frame = ckpt.codec.samples_per_frame
         self.streams: list[Stream] = []  # streams[i] holds row i
         self.device = self.model.seed.device
@@ -112,14 +118,17 @@ class Runner:
         start = time.perf_counter()
         try:
             self.frame_graphs = Graphs("frame", self.model.step, sizes, pool)
-            self.packet_graphs = Graphs("packet", self.decoder.decode, sizes, pool)
+            self.packet_graphs = {n: Graphs("packet", partial(self.decoder.decode, frames=n), sizes, pool)
+                                  for n in self.packet_sizes}
         except RuntimeError:  # a failed capture costs speed, never a session
             log.exception("CUDA graph capture failed; every step runs eagerly")
+            sizes = []
             self.frame_graphs = Graphs("frame", self.model.step, [], None)
-            self.packet_graphs = Graphs("packet", self.decoder.decode, [], None)
+            self.packet_graphs = {n: Graphs("packet", partial(self.decoder.decode, frames=n), [], None)
+                                  for n in self.packet_sizes}
         if sizes:
-            log.info("captured %d CUDA graphs (batch sizes %s) in %.1f s", 2 * len(sizes), sizes,
-                     time.perf_counter() - start)
+            log.info("captured %d CUDA graphs (batch sizes %s) in %.1f s", (1 + len(self.packet_sizes)) * len(sizes),
+                     sizes, time.perf_counter() - start)
 
     def add(self, stream: Stream) -> None:
         if len(self.streams) >= self.rows:
@@ -174,8 +183,11 @@ class Runner:
                 due.append(s)
             elif s.done:
                 events.append((s, None))
-        if due:
-            events += self._packets(due)
+        for n in self.packet_sizes:
+            batch = [s for s in due if len(s.pending) <= n]
+            due = [s for s in due if len(s.pending) > n]
+            if batch:
+                events += self._packets(batch, n)
         for s, _ in events:
             if s.done:
                 self.remove(s)
@@ -183,19 +195,20 @@ class Runner:
         BATCH.observe(len(live))
         return events
 
-    def _packets(self, due: list[Stream]) -> list[tuple[Stream, Packet]]:
-        b = self.packet_graphs.size(len(due))
-        codes = torch.zeros(b, self.decoder.codes.shape[1], self.packet_frames, dtype=torch.long)
+    def _packets(self, due: list[Stream], n: int) -> list[tuple[Stream, Packet]]:
+        graphs = self.packet_graphs[n]
+        b = graphs.size(len(due))
+        codes = torch.zeros(b, self.decoder.codes[n].shape[1], n, dtype=torch.long)
         index = [self.rows] * b
         frames = []
         for i, s in enumerate(due):
-            pending = torch.stack(s.pending, dim=1)
-            codes[i, :, :pending.shape[1]] = pending
+            for j, frame in enumerate(s.pending):
+                codes[i, :, j] = frame
             index[i] = s.row
-            frames.append(pending.shape[1])
-        self.decoder.codes[:b].copy_(codes, non_blocking=True)
+            frames.append(len(s.pending))
+        self.decoder.codes[n][:b].copy_(codes, non_blocking=True)
         self.decoder.index[:b].copy_(torch.tensor(index), non_blocking=True)
-        self.packet_graphs.run(b)
-        pcm = self.decoder.pcm[:len(due)].cpu().numpy()
+        graphs.run(b)
+        pcm = self.decoder.pcm[n][:len(due)].cpu().numpy()
         return [(s, s.packet(pcm[i, :k * self.samples_per_frame].tobytes(), codes[i, :, :k]))
                 for i, (s, k) in enumerate(zip(due, frames, strict=True))]

@@ -51,12 +51,15 @@ def speech_frames(ch: str) -> float:
 
 class Stream:
     def __init__(self, ckpt: Checkpoint, tokens: TextTokens, voice: Voice, seed: int | None, packet_frames: int,
-                 max_frames: int, min_frames: int = 2, non_streaming: bool = False) -> None:
+                 max_frames: int, min_frames: int = 2, non_streaming: bool = False,
+                 first_packet_frames: int = 0) -> None:
         self.tokens, self.voice = tokens, voice
         self.model = ckpt.model
         self.seed = seed if seed is not None else random.getrandbits(32)
         self.min_frames = max(2, min_frames)  # EOS is banned before this many frames (the official minimum: 2)
         self.packet_frames, self.max_frames = packet_frames, max_frames
+        self.first_packet_frames = first_packet_frames or packet_frames  # fewer: audio starts sooner
+        self.packets = 0
         self.non_streaming = non_streaming
         self.text = ""  # everything fed so far (NFC)
         self.final = False
@@ -127,18 +130,20 @@ class Stream:
         """Record one frame's codes [16] (on the host); True when a packet is due (full, or the last)."""
         if int(codes[0]) == self.model.cfg.codec_eos:
             self.done = True
-            return bool(self.pending)
+            # With no frame left, a last packet still carries the text no packet has claimed (no audio).
+            return bool(self.pending) or self.spoken_text_end < len(self.text)
         self.pending.append(codes)
         self.frames += 1
         self.pos += 1
         if self.frames >= self.max_frames or self.pos >= self.model.max_len:
             self.done = True
             return True
-        return len(self.pending) >= self.packet_frames
+        return len(self.pending) >= (self.packet_frames if self.packets else self.first_packet_frames)
 
     def packet(self, pcm: bytes, codes: torch.Tensor) -> Packet:
         """The packet of the pending frames `codes` [16, n], decoded to `pcm`."""
         self.pending = []
+        self.packets += 1
         # The last packet takes whatever text no packet has claimed (text the model never read included).
         if self.done:
             end = len(self.text)
@@ -152,15 +157,16 @@ class Stream:
 
 def synthesize(ckpt: Checkpoint, speaker: str, language: str | None, text: str, params: SamplingParams,
                max_frames: int, seed: int | None = 0, non_streaming: bool = False, packet_frames: int = 4,
-               min_frames: int = 2, cuda_graphs: bool = False) -> tuple[torch.Tensor, list[Packet]]:
+               min_frames: int = 2, cuda_graphs: bool = False,
+               first_packet_frames: int = 0) -> tuple[torch.Tensor, list[Packet]]:
     """A whole utterance on the calling thread (tests, benchmarks): codes [T, 16] and its packets."""
     from engine.runner import Runner
 
     tokens = TextTokens(ckpt.tokenizer)
     runner = Runner(ckpt, 1, max_frames + 16 + (len(text.encode()) + 8 if non_streaming else 0), params,
-                    packet_frames, cuda_graphs=cuda_graphs)
+                    packet_frames, first_packet_frames, cuda_graphs=cuda_graphs)
     stream = Stream(ckpt, tokens, Voice.resolve(ckpt.config, speaker, language), seed, packet_frames, max_frames,
-                    min_frames, non_streaming)
+                    min_frames, non_streaming, first_packet_frames)
     stream.add_text(text, final=True)
     runner.add(stream)
     packets = []

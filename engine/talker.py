@@ -116,6 +116,12 @@ class Stack(nn.Module):
             Block(c.hidden, c.intermediate, c.heads, c.kv_heads, c.head_dim, c.eps) for _ in range(c.layers))
         self.norm = RMSNorm(c.hidden, c.eps)
 
+    def fuse(self) -> None:
+        """Fused projection weights (after loading; see engine.layers.fuse_linears)."""
+        for layer in self.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+
     def run(self, x: torch.Tensor, caches: list[KVCache], rope: tuple[torch.Tensor, torch.Tensor], kv: KVAccess,
             mask: torch.Tensor | None) -> torch.Tensor:
         for layer, cache in zip(self.layers, caches, strict=True):
@@ -188,12 +194,17 @@ class Qwen3TTS(nn.Module):
         self.cfg = cfg
         self.talker = Talker(cfg)
         self.max_len = 0
+        self.fused = False
 
     @torch.no_grad()
     def setup(self, rows: int, max_len: int, params: SamplingParams) -> None:
         """Preallocate `rows` streams of up to `max_len` talker positions, all sampled with `params`."""
         p = next(self.parameters())
         dev, dt = p.device, p.dtype
+        if not self.fused:
+            self.talker.model.fuse()
+            self.talker.code_predictor.model.fuse()
+            self.fused = True
         t, c = self.cfg.talker, self.cfg.predictor
         # A multiple of 16 keeps the attention mask's rows aligned for the fused GPU attention kernels.
         self.max_len = -(-max_len // 16) * 16
@@ -254,7 +265,7 @@ class Qwen3TTS(nn.Module):
             return k, v
 
         mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
-        self.talker.model.run(x, self.caches, (self.rope[0][:t], self.rope[1][:t]), kv, mask)
+        self.talker.model.run(x, self.caches, (self.rope[0][:t, None], self.rope[1][:t, None]), kv, mask)
         self.seen[index] = False
         self.frames[index] = 0
         self.seed[index] = torch.tensor(seeds, device=dev)
@@ -283,7 +294,9 @@ class Qwen3TTS(nn.Module):
 
         cos, sin = self.rope
         rope = (cos[pos][:, None, None], sin[pos][:, None, None])
-        mask = (self.positions[None] <= pos[:, None])[:, None, None]  # [b, 1, 1, max_len]
+        # An additive mask [b, 1, 1, max_len], made once for all layers (a boolean one is converted per call).
+        mask = torch.zeros(b, 1, 1, self.max_len, dtype=x.dtype, device=x.device).masked_fill(
+            (self.positions > pos[:, None])[:, None, None], float("-inf"))
         hidden = self.talker.model.run(x, self.caches, rope, kv, mask)[:, -1]
         p = self.params
         logits = repetition_penalty(self.talker.codec_head(hidden).float(), self.seen[:b], p.repetition_penalty)
@@ -318,7 +331,7 @@ class Qwen3TTS(nn.Module):
                 cache.v[:b, :, start:start + t] = v
                 return cache.k[:b, :, :start + t], cache.v[:b, :, :start + t]
 
-            rope = (cos[start:start + t], sin[start:start + t])
+            rope = (cos[start:start + t, None], sin[start:start + t, None])
             h = cp.model.run(cp.project(x), self.predictor_caches, rope, kv, causal if i == 0 else None)[:, -1]
             code = choose(cp.lm_head[i](h).float(), p.sub_do_sample, p.sub_top_k, p.sub_top_p, p.sub_temperature,
                           uniform(seed, frame, i + 1))

@@ -125,8 +125,9 @@ class QwenTTSEngine:
     """gateway.tts.TTSEngine over a loaded checkpoint; `from_config` is what the gateway calls.
 
     Streams are opened on the event loop (open needs the running loop). `min_frames` bans EOS before that
-    many frames (benchmarks hold EOS off with it; 2 is the official minimum). On a GPU the engine captures
-    its CUDA graphs here, before serving (`cuda_graphs`, `graph_max_batch`: see engine.runner).
+    many frames (benchmarks hold EOS off with it; 2 is the official minimum). `first_packet_frames` (0 = the
+    same as packet_frames) makes a stream's first packet shorter, so its audio starts sooner. On a GPU the
+    engine captures its CUDA graphs here, before serving (`cuda_graphs`, `graph_max_batch`: see engine.runner).
     """
 
     incremental = True
@@ -134,7 +135,7 @@ class QwenTTSEngine:
     def __init__(self, ckpt: Checkpoint, *, packet_frames: int = 4, max_frames: int = 1500,
                  max_text_chars: int = 2000, seed: int | None = 0, greedy: bool = False,
                  voices: dict[str, str] | None = None, max_streams: int = 4, min_frames: int = 2,
-                 cuda_graphs: bool = True, graph_max_batch: int = 0) -> None:
+                 first_packet_frames: int = 0, cuda_graphs: bool = True, graph_max_batch: int = 0) -> None:
         for name, value in (("packet_frames", packet_frames), ("max_frames", max_frames),
                             ("max_text_chars", max_text_chars), ("max_streams", max_streams)):
             if value < 1:
@@ -144,13 +145,14 @@ class QwenTTSEngine:
         self.params = SamplingParams.from_generation_config(ckpt.generation, greedy)
         self.packet_frames, self.max_frames, self.max_text_chars = packet_frames, max_frames, max_text_chars
         self.seed, self.min_frames, self.max_streams = seed, min_frames, max_streams
+        self.first_packet_frames = first_packet_frames
         self.voices = {k.lower(): v.lower() for k, v in (voices or {}).items()}
         for voice, speaker in self.voices.items():
             if speaker not in ckpt.config.speakers:
                 raise CheckpointError(f"[engine.voices] {voice} = {speaker!r}: the checkpoint has no such speaker "
                                       f"(it has {', '.join(sorted(ckpt.config.speakers))})")
         self.runner = Runner(ckpt, max_streams, max_frames + PROMPT_POSITIONS, self.params, packet_frames,
-                             cuda_graphs=cuda_graphs, graph_max_batch=graph_max_batch)
+                             first_packet_frames, cuda_graphs=cuda_graphs, graph_max_batch=graph_max_batch)
         self._cond = threading.Condition()
         self._waiting: deque[QwenTTSStream] = deque()
         self._active: dict[Stream, QwenTTSStream] = {}
@@ -163,7 +165,8 @@ class QwenTTSEngine:
         ckpt = checkpoint.load(config.checkpoint, device=config.device, dtype=config.dtype)
         return cls(ckpt, packet_frames=config.packet_frames, max_frames=config.max_frames,
                    max_text_chars=config.max_text_chars, seed=config.seed, greedy=config.greedy,
-                   voices=config.voices, max_streams=config.max_streams, cuda_graphs=config.cuda_graphs,
+                   voices=config.voices, max_streams=config.max_streams,
+                   first_packet_frames=config.first_packet_frames, cuda_graphs=config.cuda_graphs,
                    graph_max_batch=config.graph_max_batch)
 
     def open(self, voice: str, language: str | None = None) -> QwenTTSStream:
@@ -244,7 +247,7 @@ class QwenTTSEngine:
                 kept.append(stream)
                 continue
             stream.core = Stream(self.ckpt, self.tokens, stream.voice, self.seed, self.packet_frames,
-                                 self.max_frames, self.min_frames)
+                                 self.max_frames, self.min_frames, first_packet_frames=self.first_packet_frames)
             self.runner.add(stream.core)
             self._active[stream.core] = stream
         self._waiting = kept

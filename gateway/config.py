@@ -95,6 +95,8 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     packet_frames: int = 4
+    # Frames in a stream's first packet (0 = packet_frames): 1 starts audio after a single frame.
+    first_packet_frames: int = 1
     max_frames: int = 1500
     max_text_chars: int = 2000
     seed: int = 0

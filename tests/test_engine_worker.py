@@ -206,3 +206,25 @@ def test_gateway_builds_this_engine() -> None:
         assert isinstance(engine, QwenTTSEngine)
     finally:
         engine.close()
+
+
+async def test_a_short_first_packet(ckpt: checkpoint.Checkpoint, engine: QwenTTSEngine) -> None:
+    """first_packet_frames=1: the first 80 ms go out after one frame; the audio is the same."""
+    whole = engine.open("alloy", "english")
+    whole.feed(TEXT)
+    whole.end()
+    expected = await collect(whole)
+    quick = QwenTTSEngine(ckpt, packet_frames=4, first_packet_frames=1, max_frames=REFS["max_new_tokens"] - 1,
+                          greedy=True, max_streams=1)
+    try:
+        stream = quick.open("vivian", "english")
+        stream.feed(TEXT)
+        stream.end()
+        chunks = await collect(stream)
+    finally:
+        quick.close()
+    # 1 + 5 x 4 frames, then EOS with no frame pending: a last packet with the text left and no audio.
+    assert [len(c.pcm) for c in chunks] == [BYTES_PER_FRAME] + [4 * BYTES_PER_FRAME] * 5 + [0]
+    assert chunks[-1].text and "".join(c.text for c in chunks) == TEXT
+    a, b = (np.frombuffer(b"".join(c.pcm for c in r), dtype=np.int16).astype(np.float64) for r in (chunks, expected))
+    assert np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-3  # other packet sizes: other float rounding
