@@ -14,7 +14,17 @@ from typing import Protocol
 import orjson
 
 from gateway.responder import Responder, ResponseRequest
-from gateway.session import ClearPlayout, Effect, Mark, Play, RunVad, Session, StartResponse, StopResponse
+from gateway.session import (
+    ClearPlayout,
+    Effect,
+    Mark,
+    Play,
+    PlayoutEnd,
+    RunVad,
+    Session,
+    StartResponse,
+    StopResponse,
+)
 from gateway.trace import TurnTrace
 from gateway.vad import SileroVAD, VadBatcher
 
@@ -27,6 +37,9 @@ class Playout(Protocol):
     """Server-side playout of response audio (the WebRTC outbound track)."""
 
     def play(self, response_id: str, item_id: str, pcm: bytes) -> None: ...
+
+    def finished(self, response_id: str) -> None:
+        """No more audio of this response is coming."""
 
     def clear(self) -> tuple[str, float] | None:
         """Drop everything queued; return (item id, ms of it played) if an item was playing."""
@@ -93,6 +106,9 @@ class SessionRunner:
             elif isinstance(effect, Play):
                 if self.playout is not None:
                     self.playout.play(effect.response_id, effect.item_id, effect.pcm)
+            elif isinstance(effect, PlayoutEnd):
+                if self.playout is not None:
+                    self.playout.finished(effect.response_id)
             elif isinstance(effect, ClearPlayout):
                 heard = self.playout.clear() if self.playout is not None else None
                 if heard is not None:

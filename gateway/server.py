@@ -22,7 +22,7 @@ from gateway import __version__
 from gateway.config import REPO_ROOT, Config
 from gateway.protocol import Dialect
 from gateway.responder import Responder
-from gateway.runner import SessionRunner
+from gateway.runner import Playout, Send, SessionRunner
 from gateway.session import Session
 from gateway.trace import ACTIVE_SESSIONS, TurnTrace
 from gateway.vad import SileroModel, SileroVAD, VadBatcher
@@ -152,18 +152,23 @@ class Gateway:
             content_type = "text/javascript"
         return _response(HTTPStatus.OK, file.read_bytes(), content_type)
 
-    async def _handle(self, ws: ServerConnection) -> None:
-        beta = "realtime=v1" in (ws.request.headers.get("OpenAI-Beta") or "")
-        session = Session(self.config, Dialect.BETA if beta else Dialect.GA)
+    def new_runner(self, session: Session, send: Send, playout: Playout | None = None) -> SessionRunner:
+        """A runner for ``session`` on this gateway's responder, VAD model and trace (any transport)."""
         assert self._vad_model is not None and self.responder is not None
-        runner = SessionRunner(
+        return SessionRunner(
             session,
             self.responder,
             SileroVAD(self._vad_model),
-            ws.send,
+            send,
             vad_batcher=self._vad_batcher,
             trace=TurnTrace(session.settings.id, self._trace_sink),
+            playout=playout,
         )
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        beta = "realtime=v1" in (ws.request.headers.get("OpenAI-Beta") or "")
+        session = Session(self.config, Dialect.BETA if beta else Dialect.GA)
+        runner = self.new_runner(session, ws.send)
         self.sessions.add(runner)
         ACTIVE_SESSIONS.set(len(self.sessions))
         log.info("session %s opened (%s shape, %s)", session.settings.id, session.dialect.value,

@@ -94,6 +94,13 @@ class Play:
 
 
 @dataclass
+class PlayoutEnd:
+    """Server-side playout: this response sends no more audio; once its queue has played, it has stopped."""
+
+    response_id: str
+
+
+@dataclass
 class ClearPlayout:
     """Server-side playout: drop queued audio at once, then call ``playout_cleared`` with what was heard."""
 
@@ -106,7 +113,7 @@ class Mark:
     response_id: str | None = None
 
 
-Effect = dict[str, Any] | RunVad | StartResponse | StopResponse | Play | ClearPlayout | Mark
+Effect = dict[str, Any] | RunVad | StartResponse | StopResponse | Play | PlayoutEnd | ClearPlayout | Mark
 
 
 @dataclass
@@ -629,6 +636,8 @@ class Session:
         effects: list[Effect] = []
         if status != "completed":
             effects.append(StopResponse(resp.id))
+        if self.server_playout and resp.audio_ms:
+            effects.append(PlayoutEnd(resp.id))
         common = {"response_id": resp.id, "item_id": resp.item_id, "output_index": 0, "content_index": 0}
         # The encoder's resampler holds back its last few ms: they belong to a completed reply only.
         tail = resp.encoder.flush() if status == "completed" and not self.server_playout else b""

@@ -45,12 +45,10 @@ from aiortc.rtp import RtpPacket
 from aiortc.utils import uint16_add
 from av import AudioFrame
 
-from gateway.audio import SAMPLE_RATE, StreamResampler
+from gateway.audio import SAMPLE_RATE, Downsampler2x, StreamResampler, Upsampler2x
 from gateway.protocol import Dialect
-from gateway.runner import SessionRunner
 from gateway.session import Session
-from gateway.trace import ACTIVE_SESSIONS, TurnTrace
-from gateway.vad import SileroVAD
+from gateway.trace import ACTIVE_SESSIONS
 
 if TYPE_CHECKING:
     from gateway.server import Gateway
@@ -90,71 +88,6 @@ class WebRTCOptions(Protocol):
 
 
 # --- outbound audio: the server-side playout buffer ---------------------------------------------
-
-
-HALF_BAND_TAPS = 128
-
-
-def _half_band() -> np.ndarray:
-    """Low-pass at a quarter of the 48 kHz rate (12 kHz): a Kaiser-windowed sinc (β 10), unity DC gain.
-
-    Images and aliases are below −99 dB up to 10 kHz (−56 dB at 11 kHz); the delay is 1.3 ms.
-    """
-    n = np.arange(HALF_BAND_TAPS) - (HALF_BAND_TAPS - 1) / 2
-    h = np.sinc(n / 2) * np.kaiser(HALF_BAND_TAPS, 10.0)
-    return (h / h.sum()).astype(np.float32)
-
-
-class Upsampler2x:
-    """pcm16 24 → 48 kHz, exactly two samples out per sample in, with a fixed 1.3 ms delay.
-
-    StreamResampler (soxr HQ) releases its output in ~35 ms blocks, so a reply produced at real
-    time left the paced track with nothing to send between blocks (5–8 short gaps in a 3 s reply,
-    measured). Here the half-band filter runs as its two phases, history carried between chunks;
-    ~40 µs per 40 ms chunk.
-    """
-
-    def __init__(self) -> None:
-        h = _half_band() * 2  # zero-stuffing halves the level
-        self._phases = (h[0::2], h[1::2])
-        self._history = np.zeros(HALF_BAND_TAPS // 2 - 1, dtype=np.float32)
-
-    def process(self, samples: np.ndarray) -> np.ndarray:
-        x = np.concatenate([self._history, samples.astype(np.float32)])
-        self._history = x[len(x) - len(self._history) :]
-        out = np.empty(2 * len(samples), dtype=np.float32)
-        out[0::2] = np.convolve(x, self._phases[0], "valid")
-        out[1::2] = np.convolve(x, self._phases[1], "valid")
-        return np.clip(np.rint(out), -32768, 32767).astype(np.int16)
-
-    def flush(self) -> np.ndarray:
-        """The end of the signal still inside the filter; then ready for a new one."""
-        tail = self.process(np.zeros(len(self._history), dtype=np.int16))
-        self.reset()
-        return tail
-
-    def reset(self) -> None:
-        self._history[:] = 0
-
-
-class Downsampler2x:
-    """pcm16 48 → 24 kHz, one sample out per two in, with a fixed 1.3 ms delay.
-
-    The microphone's way in: soxr HQ would hand VAD its audio in ~35 ms blocks (21 ms late on
-    average, measured), and every turn's end would be detected that much later.
-    """
-
-    def __init__(self) -> None:
-        self._h = _half_band()
-        self._history = np.zeros(HALF_BAND_TAPS - 1, dtype=np.float32)
-        self._consumed = 0  # input samples so far: which of them fall on the output grid
-
-    def process(self, samples: np.ndarray) -> np.ndarray:
-        x = np.concatenate([self._history, samples.astype(np.float32)])
-        self._history = x[len(x) - len(self._history) :]
-        filtered = np.convolve(x, self._h, "valid")[self._consumed % 2 :: 2]
-        self._consumed += len(samples)
-        return np.clip(np.rint(filtered), -32768, 32767).astype(np.int16)
 
 
 @dataclass
@@ -315,21 +248,12 @@ class Call:
 
     def __init__(self, server: WebRTCServer, dialect: Dialect) -> None:
         gateway = server.gateway
-        assert gateway._vad_model is not None and gateway.responder is not None
         self.id = "rtc_" + secrets.token_hex(12)
         self.server = server
         self.pc = RTCPeerConnection(server.rtc_configuration)
         self.session = Session(gateway.config, dialect, server_playout=True)
         self.playout = OutboundAudio(self._on_playout)
-        self.runner = SessionRunner(
-            self.session,
-            gateway.responder,
-            SileroVAD(gateway._vad_model),
-            self._send,
-            vad_batcher=gateway._vad_batcher,
-            trace=TurnTrace(self.session.settings.id, gateway._trace_sink),
-            playout=self.playout,
-        )
+        self.runner = gateway.new_runner(self.session, self._send, self.playout)
         self._channel: RTCDataChannel | None = None
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
         self._started = asyncio.Event()
@@ -467,11 +391,6 @@ class Call:
             await self.runner.playout_stopped(response_id)
 
     async def _send(self, text: str) -> None:
-        # The playout must know when a response has no more audio coming, to send .stopped after
-        # its last frame; the session says so only with response.done. Events are built with
-        # "type" first, so a prefix test spares parsing every event.
-        if text.startswith('{"type":"response.done"'):
-            self.playout.finished(orjson.loads(text)["response"]["id"])
         channel = self._channel
         if channel is not None and channel.readyState == "open":
             channel.send(text)

@@ -26,15 +26,17 @@ from aiortc.rtp import RtpPacket  # noqa: E402
 from av import AudioFrame  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
-from gateway.audio import StreamResampler  # noqa: E402
+from gateway.audio import (  # noqa: E402
+    Downsampler2x,
+    StreamResampler,  # noqa: E402
+    Upsampler2x,
+)
 from gateway.responder import EchoResponder  # noqa: E402
 from gateway.server import Gateway  # noqa: E402
 from gateway.webrtc import (  # noqa: E402
     AIORTC_JITTER_PREFETCH,
-    Downsampler2x,
     OutboundAudio,
     PassThroughBuffer,
-    Upsampler2x,
     WebRTCServer,
     _mono_s16,
     set_jitter_prefetch,
