@@ -10,6 +10,7 @@ Needs Debian's ``chromium`` package and Playwright for Python (``pip install pla
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -150,3 +151,41 @@ async def test_turn_playback_and_barge_in(start_gateway) -> None:
             assert await page.locator("#errors-panel").is_visible()
         finally:
             await browser.close()
+
+
+async def test_the_page_over_webrtc(start_gateway) -> None:
+    """The WebRTC transport: the browser's media stack carries the audio, the gateway owns the playout."""
+    from gateway.responder import EchoResponder
+
+    pytest.importorskip("aiortc")
+    # Echo a little faster than real time, as a TTS engine produces: unheard audio is left to cut.
+    gateway = await start_gateway(EchoResponder(pace=1.5), webrtc__enabled=True, webrtc__port=0)
+    problems: list[str] = []
+    async with async_api.async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=chromium_args(SPEECH))
+        try:
+            page = await browser.new_page()
+            page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+            page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
+            await page.goto(f"http://127.0.0.1:{gateway.port}/")
+            await page.select_option("#transport", "webrtc")
+            await page.select_option("#voice", "coral")
+            await page.click("#connect")
+            await until(page, "window.__gateway.state === 'connected'")
+            await until(page, "window.__gateway.events['input_audio_buffer.speech_stopped'] >= 1")
+            await until(page, "window.__gateway.events['output_audio_buffer.started'] >= 1")  # the reply plays
+            await until(page, "window.__gateway.events['conversation.item.truncated'] >= 1")  # cut by the server
+            stats = await page.evaluate("window.__gateway")
+            assert len(gateway.sessions) == 1
+            await page.click("#connect")  # hang up
+            await until(page, "window.__gateway.state === 'closed'")
+        finally:
+            await browser.close()
+    assert stats["errors"] == [] and problems == []
+    assert stats["sentAppends"] == 0 and stats["events"].get("response.output_audio.delta") is None
+    assert stats["events"]["output_audio_buffer.cleared"] >= 1
+    for _ in range(100):  # the gateway frees the call once the page hangs up
+        if not gateway.sessions:
+            break
+        await asyncio.sleep(0.05)
+    assert not gateway.sessions

@@ -21,6 +21,8 @@ const stats = {
 window.__gateway = stats;
 
 let ws = null;
+let rtc = null; // the WebRTC call ({send, close}) when that transport is chosen
+let rtcStream = null; // its microphone
 let sessionId = null; // from session.created: names this session's turn records on the gateway
 let mic = null;
 let player = null;
@@ -35,6 +37,7 @@ const entries = new Map(); // item id → transcript entry {el, text}
 async function connect() {
   closing = false;
   setState("connecting");
+  if ($("transport").value === "webrtc") return connectRtc();
   try {
     player = await Player.create(onPlayback);
     mic = await startMicrophone(sendAudio);
@@ -67,6 +70,50 @@ async function connect() {
   };
 }
 
+// WebRTC: the browser's media stack sends the microphone and plays the reply; the gateway owns the
+// playout, so barge-in needs nothing from the page (the server clears its buffer and truncates).
+async function connectRtc() {
+  let health = null;
+  try {
+    health = await (await fetch("/healthz", { cache: "no-store" })).json();
+  } catch {
+    showError(`could not connect to the gateway at ${location.origin}`);
+    return teardown("idle");
+  }
+  if (!health.webrtc_port) {
+    showError("this gateway has no WebRTC path: enable [webrtc] and install the extra (pip install '.[webrtc]')");
+    return teardown("idle");
+  }
+  try {
+    rtcStream = await navigator.mediaDevices.getUserMedia({
+      audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+    });
+    if (closing) return teardown("closed");
+    const { connectWebRTC } = await import("./webrtc.js");
+    const call = await connectWebRTC({
+      url: `${location.protocol}//${location.hostname}:${health.webrtc_port}`,
+      stream: rtcStream,
+      audio: $("remote-audio"),
+      session: sessionUpdate().session,
+      onEvent: (e) => {
+        if (rtc === call) handle(e);
+      },
+      onClose: (reason) => {
+        if (rtc !== call) return;
+        if (!closing) showError(`call ended: ${reason}`);
+        teardown("closed");
+      },
+    });
+    rtc = call;
+    if (closing) return disconnect();
+    $("mic-rate").textContent = "WebRTC (Opus 48 kHz)";
+    setState("connected");
+  } catch (err) {
+    showError(`WebRTC call failed: ${err.message}`);
+    teardown("idle");
+  }
+}
+
 async function reachable() {
   try {
     return (await fetch("/healthz", { cache: "no-store" })).ok;
@@ -78,19 +125,22 @@ async function reachable() {
 function disconnect() {
   closing = true;
   ws?.close(1000);
+  rtc?.close();
   teardown("closed");
 }
 
 function teardown(state) {
   mic?.stop();
   player?.close();
-  mic = player = ws = null;
+  for (const track of rtcStream?.getTracks() ?? []) track.stop();
+  mic = player = ws = rtc = rtcStream = null;
   activeResponses.clear();
   setState(state);
 }
 
 function send(event) {
-  if (ws?.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
+  if (rtc) rtc.send(event);
+  else if (ws?.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
 }
 
 function sendAudio(samples) {
@@ -127,6 +177,10 @@ const handlers = {
   "response.output_text.delta": (e) => appendText(e.item_id, "assistant", e.delta),
   "response.output_text.done": (e) => setText(e.item_id, "assistant", e.text),
   "response.done": onResponseDone,
+  // WebRTC: the server's playout reports what the listener hears.
+  "output_audio_buffer.started": (e) => onRtcPlayout("started", e.response_id),
+  "output_audio_buffer.stopped": (e) => onRtcPlayout("finished", e.response_id),
+  "output_audio_buffer.cleared": (e) => onRtcPlayout("finished", e.response_id),
   "conversation.item.truncated": (e) =>
     note(e.item_id, `interrupted: heard ${(e.audio_end_ms / 1000).toFixed(2)} s`),
   error: (e) => showError(`${e.error?.code || e.error?.type || "error"}: ${e.error?.message}`),
@@ -166,6 +220,17 @@ function onSpeechStopped(e) {
     server: null,
   });
   renderLatency();
+}
+
+function onRtcPlayout(kind, responseId) {
+  if (kind === "finished") return setActivity("listening");
+  setActivity("assistant speaking");
+  // The server started sending this reply's audio: the nearest the page gets to "heard" over WebRTC.
+  const turn = stats.turns.find((t) => t.responseId === responseId && t.heardMs === null);
+  if (turn) {
+    turn.heardMs = Math.max(0, Math.round(performance.now() - turn.stoppedAt));
+    renderLatency();
+  }
 }
 
 function onResponseCreated(response) {
