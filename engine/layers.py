@@ -33,18 +33,20 @@ class RMSNorm(nn.Module):
 
 def rope_tables(head_dim: int, theta: float, max_len: int, device: torch.device,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [max_len, head_dim] for positions 0..max_len-1, computed in float32 and cast to the model
-    dtype as the official rotary embedding does per step. The talker's interleaved multimodal RoPE gets the
-    same position on all three axes, which makes it plain 1-D RoPE."""
+    """cos and signed sin [max_len, head_dim] for positions 0..max_len-1, computed in float32 and cast to
+    the model dtype as the official rotary embedding does per step. The sin's first half is negated, so
+    that `rotate` needs no negation of its own. The talker's interleaved multimodal RoPE gets the same
+    position on all three axes, which makes it plain 1-D RoPE."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
     freqs = torch.outer(torch.arange(max_len, dtype=torch.float32, device=device), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    sign = torch.cat((-torch.ones_like(inv_freq), torch.ones_like(inv_freq)))
+    return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, where rotate_half(x) = (-x2, x1) = roll(x) * sign: three kernels."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
 
 
 class KVCache:
@@ -73,6 +75,12 @@ def fuse_linears(*linears: nn.Linear) -> torch.Tensor:
     return fused
 
 
+def add_linear(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """residual + linear(x) as one GEMM that accumulates into the residual (bias-free linear)."""
+    shape = residual.shape
+    return torch.addmm(residual.reshape(-1, shape[-1]), x.reshape(-1, x.shape[-1]), linear.weight.t()).view(shape)
+
+
 class Attention(nn.Module):
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
         super().__init__()
@@ -91,15 +99,15 @@ class Attention(nn.Module):
                                          self.k_norm.weight.detach().expand(self.kv_heads, -1)])
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache, kv: KVAccess,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        """x [B, T, hidden]; rope cos/sin broadcast to [B, T, heads, head_dim]."""
+                mask: torch.Tensor | None, residual: torch.Tensor) -> torch.Tensor:
+        """residual + attention(x), x and residual [B, T, hidden]; rope cos/sin broadcast to
+        [B, T, heads, head_dim]."""
         b, t, _ = x.shape
         h, g, d = self.heads, self.kv_heads, self.head_dim
         qkv = F.linear(x, self.qkv_weight).view(b, t, h + 2 * g, d)
         # q and k heads normalised and rotated together: the same arithmetic as one head at a time.
         qk = F.rms_norm(qkv[:, :, :h + g], (d,), eps=self.q_norm.eps) * self.qk_norm_weight
-        cos, sin = rope
-        qk = qk * cos + _rotate_half(qk) * sin
+        qk = rotate(qk, *rope)
         q, k = qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2)
         k, v = kv(cache, k, qkv[:, :, h + g:].transpose(1, 2))
         if t == 1:
@@ -109,7 +117,7 @@ class Attention(nn.Module):
             out = out.reshape(b, h, 1, d)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=h != g)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, h * d))
+        return add_linear(residual, out.transpose(1, 2).reshape(b, t, h * d), self.o_proj)
 
 
 class MLP(nn.Module):
@@ -122,9 +130,10 @@ class MLP(nn.Module):
     def fuse(self) -> None:
         self.gate_up_weight = fuse_linears(self.gate_proj, self.up_proj)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + mlp(x)."""
         gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return add_linear(residual, F.silu(gate) * up, self.down_proj)
 
 
 class Block(nn.Module):
@@ -138,5 +147,5 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache, kv: KVAccess,
                 mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, kv, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(self.input_layernorm(x), rope, cache, kv, mask, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)

@@ -64,11 +64,13 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
-def uniform(seed: torch.Tensor, counter: torch.Tensor, salt: int) -> torch.Tensor:
-    """Counter-based random numbers in [0, 1), float32 [B], from per-row seeds and counters [B] (int64): a
-    pure function of (seed, counter, salt), so a stream's draws do not depend on the other streams of a
-    batch or on how the step was launched, and a CUDA graph replays them without generator state."""
-    x = _mix32((seed & MASK32) ^ _mix32(counter & MASK32) ^ _mix32(torch.full_like(counter, salt + 1)))
+def uniform(seed: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
+    """Counter-based random numbers in [0, 1), float32 [B, n], from per-row seeds and counters [B] (int64):
+    draw i of row r is a pure function of (seed[r], counter[r], i), so a stream's draws do not depend on the
+    other streams of a batch or on how the step was launched, and a CUDA graph replays them without
+    generator state."""
+    x = ((counter & MASK32)[:, None] * n + torch.arange(n, device=counter.device)) & MASK32
+    x = _mix32(_mix32(x) ^ (seed & MASK32)[:, None])
     return (x >> 8).float() * 2.0**-24
 
 
@@ -88,10 +90,10 @@ def warp(logits: torch.Tensor, top_k: int, top_p: float, temperature: float) -> 
 
 
 def choose(logits: torch.Tensor, do_sample: bool, top_k: int, top_p: float, temperature: float,
-           u: torch.Tensor) -> torch.Tensor:
+           u: torch.Tensor | None) -> torch.Tensor:
     """One id per row of float32 logits [B, V]: argmax, or a draw from the warped distribution that
     inverts its CDF at u [B] (the first id whose cumulative probability exceeds u)."""
-    if not do_sample:
+    if not do_sample or u is None:
         return logits.argmax(-1)
     cdf = warp(logits, top_k, top_p, temperature).softmax(-1).cumsum(-1)
     return (cdf <= u[:, None] * cdf[:, -1:]).sum(-1).clamp(max=logits.shape[-1] - 1)

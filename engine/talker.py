@@ -303,17 +303,18 @@ class Qwen3TTS(nn.Module):
         logits = logits.masked_fill(self.suppress, float("-inf"))
         eos = self.cfg.codec_eos
         logits[:, eos] = logits[:, eos].masked_fill(self.frames[:b] < self.min_frames[:b], float("-inf"))
-        seed, frame = self.seed[:b], self.frames[:b]
-        code0 = choose(logits, p.do_sample, p.top_k, p.top_p, p.temperature, uniform(seed, frame, 0))
+        # The frame's 16 draws at once (not made when greedy): column 0 for code 0, i for code i.
+        u = uniform(self.seed[:b], self.frames[:b], self.cfg.code_groups) if p.do_sample or p.sub_do_sample else None
+        code0 = choose(logits, p.do_sample, p.top_k, p.top_p, p.temperature, None if u is None else u[:, 0])
         self.seen[:b].scatter_(1, code0[:, None], self.seen[:b].gather(1, code0[:, None]) | live.bool()[:, None])
-        codes = torch.cat([code0[:, None], self.predict_codes(b, hidden, code0, seed, frame)], dim=1)
+        codes = torch.cat([code0[:, None], self.predict_codes(b, hidden, code0, u)], dim=1)
         self.codes[:b] = codes
         self.codes_embed[:b] = torch.where(live.bool()[:, None, None], self.codes_embed_of(codes),
                                            self.codes_embed[:b])
         self.frames[:b] += live
 
-    def predict_codes(self, b: int, hidden: torch.Tensor, code0: torch.Tensor, seed: torch.Tensor,
-                      frame: torch.Tensor) -> torch.Tensor:
+    def predict_codes(self, b: int, hidden: torch.Tensor, code0: torch.Tensor,
+                      u: torch.Tensor | None) -> torch.Tensor:
         """Codes 1..15 for talker hidden states [b, hidden] and codes 0 [b]: the 15-step predictor loop,
         each step at fixed positions (prefill of 2, then one at a time) over a fresh per-frame cache."""
         cp = self.talker.code_predictor
@@ -334,7 +335,7 @@ class Qwen3TTS(nn.Module):
             rope = (cos[start:start + t, None], sin[start:start + t, None])
             h = cp.model.run(cp.project(x), self.predictor_caches, rope, kv, causal if i == 0 else None)[:, -1]
             code = choose(cp.lm_head[i](h).float(), p.sub_do_sample, p.sub_top_k, p.sub_top_p, p.sub_temperature,
-                          uniform(seed, frame, i + 1))
+                          None if u is None else u[:, i + 1])
             codes.append(code)
             if i + 1 < self.cfg.code_groups - 1:
                 x = cp.model.codec_embedding[i](code)[:, None]

@@ -49,8 +49,9 @@ def bench_ours(args: argparse.Namespace, ckpt, graphs: bool, levels: list[int]) 
 
     name = "this engine, CUDA graphs" if graphs else "this engine, eager"
     start = time.perf_counter()
-    engine = QwenTTSEngine(ckpt, packet_frames=args.packet_frames, max_frames=args.frames,
-                           min_frames=args.frames, max_streams=max(levels), seed=0, cuda_graphs=graphs)
+    engine = QwenTTSEngine(ckpt, packet_frames=args.packet_frames, first_packet_frames=args.first_packet_frames,
+                           max_frames=args.frames, min_frames=args.frames, max_streams=max(levels), seed=0,
+                           cuda_graphs=graphs)
     setup_s = time.perf_counter() - start
     log(f"{name}: engine ready in {setup_s:.1f} s (rows {max(levels)})")
 
@@ -107,6 +108,7 @@ def step_times(runner, args: argparse.Namespace, reps: int = 30) -> dict:
     replay), the packet step (codec, --packet-frames frames per stream), and the eager frame step at 1."""
     runner.model.step_in.zero_()  # no live row: nothing advances
     runner.decoder.index.fill_(runner.rows)  # every row decodes into the scratch row
+    n = args.packet_frames
 
     def timed(fn) -> float:
         fn()
@@ -118,17 +120,26 @@ def step_times(runner, args: argparse.Namespace, reps: int = 30) -> dict:
         return round((time.perf_counter() - start) * 1000 / reps, 3)
 
     out = {"eager_frame_b1": timed(lambda: runner.model.step(1))}
+    if torch.cuda.is_available():
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            runner.model.step(1)
+            sync()
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        out["kernels_per_frame"] = len(kernels)
+        out["kernel_time_b1_ms"] = round(sum(e.device_time for e in kernels) / 1000, 3)
     for b in sorted(runner.frame_graphs.graphs):
         out[f"frame_b{b}"] = timed(lambda b=b: runner.frame_graphs.graphs[b].replay())
-        out[f"packet_b{b}"] = timed(lambda b=b: runner.packet_graphs.graphs[b].replay())
+        out[f"packet_b{b}"] = timed(lambda b=b: runner.packet_graphs[n].graphs[b].replay())
     return out
 
 
 @torch.no_grad()
 def numerics(ckpt, args: argparse.Namespace) -> dict:
-    """Greedy, in the benchmark dtype: each parity prompt alone on the eager path, against all of them at
-    once in one batch on the graph path. Code match rate over all 16 codebooks of the common frames, and
-    the waveform SNR of the graph path against the eager one."""
+    """Greedy, in the benchmark dtype, 6 prompts of 48 frames: each prompt alone on the eager path against
+    all of them in one batch, eager and with graph replay. Code match rate over all 16 codebooks, and the
+    waveform SNR against each prompt alone."""
     import math
 
     from engine.prompt import TextTokens, Voice
@@ -143,34 +154,43 @@ def numerics(ckpt, args: argparse.Namespace) -> dict:
                ("dylan", "auto", "我们一起吃饭吧。"),
                ("serena", "english", "The quick brown fox jumps over the lazy dog.")]
     frames = 48
-    eager = [synthesize(ckpt, spk, lang, text, params, max_frames=frames) for spk, lang, text in prompts]
-    runner = Runner(ckpt, len(prompts), frames + 16, params, args.packet_frames, cuda_graphs=True)
-    tokens = TextTokens(ckpt.tokenizer)
-    streams = []
-    for spk, lang, text in prompts:
-        stream = Stream(ckpt, tokens, Voice.resolve(ckpt.config, spk, lang), 0, args.packet_frames, frames)
-        stream.add_text(text, final=True)
-        runner.add(stream)
-        streams.append(stream)
-    packets: dict[int, list] = {i: [] for i in range(len(prompts))}
-    while runner.streams:
-        for stream, packet in runner.step():
-            if packet is not None:
-                packets[streams.index(stream)].append(packet)
-    same = total = 0
-    signal = noise = 0.0
-    for i, (codes, ref_packets) in enumerate(eager):
-        got = torch.cat([p.codes for p in packets[i]], dim=1).T
-        n = min(len(got), len(codes))
-        same += int((got[:n] == codes[:n]).sum())
-        total += 16 * max(len(got), len(codes))
-        ref = torch.frombuffer(bytearray(b"".join(p.pcm for p in ref_packets)), dtype=torch.int16).double()
-        wav = torch.frombuffer(bytearray(b"".join(p.pcm for p in packets[i])), dtype=torch.int16).double()
-        m = min(len(ref), len(wav))
-        signal += float((ref[:m] ** 2).sum())
-        noise += float(((ref[:m] - wav[:m]) ** 2).sum())
-    return {"prompts": len(prompts), "frames": frames, "code_match_rate": round(same / total, 4),
-            "snr_db": round(10 * math.log10(signal / noise), 1) if noise else float("inf")}
+    alone = [synthesize(ckpt, spk, lang, text, params, max_frames=frames) for spk, lang, text in prompts]
+
+    def batched(graphs: bool) -> list[tuple[torch.Tensor, bytes]]:
+        runner = Runner(ckpt, len(prompts), frames + 16, params, args.packet_frames, cuda_graphs=graphs)
+        tokens = TextTokens(ckpt.tokenizer)
+        streams = []
+        for spk, lang, text in prompts:
+            stream = Stream(ckpt, tokens, Voice.resolve(ckpt.config, spk, lang), 0, args.packet_frames, frames)
+            stream.add_text(text, final=True)
+            runner.add(stream)
+            streams.append(stream)
+        packets: dict[int, list] = {i: [] for i in range(len(prompts))}
+        while runner.streams:
+            for stream, packet in runner.step():
+                if packet is not None:
+                    packets[streams.index(stream)].append(packet)
+        return [(torch.cat([p.codes for p in ps], dim=1).T, b"".join(p.pcm for p in ps)) for ps in packets.values()]
+
+    def compare(got: list[tuple[torch.Tensor, bytes]], ref: list[tuple[torch.Tensor, bytes]]) -> dict:
+        same = total = 0
+        signal = noise = 0.0
+        for (codes, pcm), (ref_codes, ref_pcm) in zip(got, ref, strict=True):
+            n = min(len(codes), len(ref_codes))
+            same += int((codes[:n] == ref_codes[:n]).sum())
+            total += 16 * max(len(codes), len(ref_codes))
+            a = torch.frombuffer(bytearray(ref_pcm), dtype=torch.int16).double()
+            b = torch.frombuffer(bytearray(pcm), dtype=torch.int16).double()
+            m = min(len(a), len(b))
+            signal += float((a[:m] ** 2).sum())
+            noise += float(((a[:m] - b[:m]) ** 2).sum())
+        return {"code_match_rate": round(same / total, 4),
+                "snr_db": round(10 * math.log10(signal / noise), 1) if noise else "inf (identical)"}
+
+    ref = [(codes, b"".join(p.pcm for p in packets)) for codes, packets in alone]
+    eager, graph = batched(False), batched(True)
+    return {"prompts": len(prompts), "frames": frames, "graph_batch_vs_eager_alone": compare(graph, ref),
+            "eager_batch_vs_eager_alone": compare(eager, ref), "graph_batch_vs_eager_batch": compare(graph, eager)}
 
 
 def bench_official(args: argparse.Namespace) -> dict:
@@ -240,6 +260,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--frames", type=int, default=125, help="frames per utterance (125 = 10 s of audio)")
     parser.add_argument("--packet-frames", type=int, default=4)
+    parser.add_argument("--first-packet-frames", type=int, default=1)
     parser.add_argument("--streams", default="1,8,32,64,128,256", help="concurrent streams, CUDA-graph path")
     parser.add_argument("--eager-streams", default="1,8,32,64", help="concurrent streams, eager path ('' = none)")
     parser.add_argument("--runs", type=int, default=3, help="waves per level (the first audio and RTF of every "

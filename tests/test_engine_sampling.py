@@ -46,13 +46,14 @@ def test_draws_invert_the_distribution() -> None:
     assert torch.equal(choose(logits, False, 20, 0.9, 0.8, u[:1]), logits.argmax(-1))
 
 
-def test_uniform_is_a_function_of_seed_counter_salt() -> None:
-    counter = torch.arange(50000)
-    u = uniform(torch.full_like(counter, 7), counter, 0)
-    assert torch.equal(u, uniform(torch.full_like(counter, 7), counter, 0))
+def test_uniform_is_a_function_of_seed_counter_and_index() -> None:
+    counter = torch.arange(5000)
+    u = uniform(torch.full_like(counter, 7), counter, 16)
+    assert u.shape == (5000, 16)
+    assert torch.equal(u[1234], uniform(torch.tensor([7]), torch.tensor([1234]), 16)[0])  # whatever the batch
     assert 0 <= u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
-    assert (u != uniform(torch.full_like(counter, 8), counter, 0)).float().mean() > 0.99
-    assert (u != uniform(torch.full_like(counter, 7), counter, 1)).float().mean() > 0.99
+    assert (u != uniform(torch.full_like(counter, 8), counter, 16)).float().mean() > 0.99
+    assert (u[:, 0] != u[:, 1]).float().mean() > 0.99
 
 
 def test_generation_config_and_greedy() -> None:
