@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,22 @@ def chromium_args(wav: Path) -> list[str]:
     ]
 
 
+@asynccontextmanager
+async def open_page(gateway, problems: list[str] | None = None):
+    """The gateway's page in headless Chromium, its fake microphone speaking SPEECH; page errors go to problems."""
+    async with async_api.async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=chromium_args(SPEECH))
+        try:
+            page = await browser.new_page()
+            if problems is not None:
+                page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+                page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
+            await page.goto(f"http://127.0.0.1:{gateway.port}/")
+            yield page
+        finally:
+            await browser.close()
+
+
 async def until(page, condition: str) -> None:
     await page.wait_for_function(condition, polling=50, timeout=WAIT_MS)
 
@@ -67,90 +84,76 @@ RESAMPLER_CHECK = """async ([inRate, chunk]) => {
 async def test_microphone_resampler_is_continuous_across_chunks(start_gateway) -> None:
     """The capture worklet's resampler carries state: odd chunk sizes give a clean tone, no clicks."""
     gateway = await start_gateway()
-    async with async_api.async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=chromium_args(SPEECH))
-        try:
-            page = await browser.new_page()
-            await page.goto(f"http://127.0.0.1:{gateway.port}/")
-            for rate, chunk in ((48000, 128), (44100, 100), (24000, 128)):
-                result = await page.evaluate(RESAMPLER_CHECK, [rate, chunk])
-                assert abs(result["samples"] - 24000) < 40  # one second in, one second out (less the delay)
-                assert result["snrDb"] > 90
-        finally:
-            await browser.close()
+    async with open_page(gateway) as page:
+        for rate, chunk in ((48000, 128), (44100, 100), (24000, 128)):
+            result = await page.evaluate(RESAMPLER_CHECK, [rate, chunk])
+            assert abs(result["samples"] - 24000) < 40  # one second in, one second out (less the delay)
+            assert result["snrDb"] > 90
 
 
 async def test_turn_playback_and_barge_in(start_gateway) -> None:
     gateway = await start_gateway()
     problems: list[str] = []
-    async with async_api.async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=chromium_args(SPEECH))
-        try:
-            page = await browser.new_page()
-            page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-            page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
-            await page.goto(f"http://127.0.0.1:{gateway.port}/")
-            # Settings chosen before connecting go out in the first session.update.
-            await page.select_option("#voice", "coral")
-            await page.fill("#silence", "450")
-            await page.click("#connect")
+    async with open_page(gateway, problems) as page:
+        # Settings chosen before connecting go out in the first session.update.
+        await page.select_option("#voice", "coral")
+        await page.fill("#silence", "450")
+        await page.click("#connect")
 
-            await until(page, "window.__gateway.state === 'connected'")
-            await until(page, "window.__gateway.events['session.updated'] >= 1")
-            await page.click("#apply")
-            await until(page, "window.__gateway.events['session.updated'] >= 2")
-            await until(page, "window.__gateway.speechStopped >= 1")  # a user turn was detected
-            await until(page, "window.__gateway.playedSamples > 0")  # its reply was heard
-            await until(page, "window.__gateway.events['conversation.item.truncated'] >= 1")  # barge-in
-            await until(page, "window.__gateway.turns.some((t) => t.server)")  # the gateway's own timings
-            stats = await page.evaluate("window.__gateway")
+        await until(page, "window.__gateway.state === 'connected'")
+        await until(page, "window.__gateway.events['session.updated'] >= 1")
+        await page.click("#apply")
+        await until(page, "window.__gateway.events['session.updated'] >= 2")
+        await until(page, "window.__gateway.speechStopped >= 1")  # a user turn was detected
+        await until(page, "window.__gateway.playedSamples > 0")  # its reply was heard
+        await until(page, "window.__gateway.events['conversation.item.truncated'] >= 1")  # barge-in
+        await until(page, "window.__gateway.turns.some((t) => t.server)")  # the gateway's own timings
+        stats = await page.evaluate("window.__gateway")
 
-            ARTIFACTS.mkdir(exist_ok=True)
-            await page.screenshot(path=str(ARTIFACTS / "web.png"), full_page=True)
+        ARTIFACTS.mkdir(exist_ok=True)
+        await page.screenshot(path=str(ARTIFACTS / "web.png"), full_page=True)
 
-            assert stats["errors"] == [] and problems == []
-            assert stats["sentAppends"] > 0 and stats["speechStarted"] >= 2
-            assert stats["bargeIns"] >= 1
-            truncate = stats["truncates"][0]
-            assert truncate["item_id"].startswith("item_")
-            assert 0 < truncate["audio_end_ms"] <= stats["receivedSamples"] / 24
-            turn = stats["turns"][0]
-            assert turn["responseId"] and turn["heardMs"] >= 0
-            assert await page.locator("#transcript li.user").count() >= 1
-            assert "(audio)" in await page.locator("#transcript li.assistant").first.inner_text()
-            assert "interrupted" in await page.locator("#transcript").inner_text()
-            assert await page.locator("#latency-rows tr").count() >= 1
-            assert "first_delta" in await page.locator("#latency-rows").inner_text()
+        assert stats["errors"] == [] and problems == []
+        assert stats["sentAppends"] > 0 and stats["speechStarted"] >= 2
+        assert stats["bargeIns"] >= 1
+        truncate = stats["truncates"][0]
+        assert truncate["item_id"].startswith("item_")
+        assert 0 < truncate["audio_end_ms"] <= stats["receivedSamples"] / 24
+        turn = stats["turns"][0]
+        assert turn["responseId"] and turn["heardMs"] >= 0
+        assert await page.locator("#transcript li.user").count() >= 1
+        assert "(audio)" in await page.locator("#transcript li.assistant").first.inner_text()
+        assert "interrupted" in await page.locator("#transcript").inner_text()
+        assert await page.locator("#latency-rows tr").count() >= 1
+        assert "first_delta" in await page.locator("#latency-rows").inner_text()
 
-            # The form shows what the server confirmed in session.updated.
-            assert await page.input_value("#voice") == "coral"
-            assert await page.input_value("#silence") == "450"
+        # The form shows what the server confirmed in session.updated.
+        assert await page.input_value("#voice") == "coral"
+        assert await page.input_value("#silence") == "450"
 
-            # Without turn detection the user ends the turn with "Send turn".
-            assert await page.is_disabled("#commit")
-            updates = await page.evaluate("window.__gateway.events['session.updated']")
-            await page.uncheck("#vad")
-            await page.click("#apply")
-            await until(page, f"window.__gateway.events['session.updated'] > {updates}")
-            assert await page.is_enabled("#commit")
-            appends = await page.evaluate("window.__gateway.sentAppends")
-            await until(page, f"window.__gateway.sentAppends >= {appends + 10}")  # the server wants ≥ 100 ms
-            responses = await page.evaluate("window.__gateway.events['response.done']")
-            await page.click("#commit")
-            await until(page, f"window.__gateway.events['response.done'] > {responses}")
+        # Without turn detection the user ends the turn with "Send turn".
+        assert await page.is_disabled("#commit")
+        updates = await page.evaluate("window.__gateway.events['session.updated']")
+        await page.uncheck("#vad")
+        await page.click("#apply")
+        await until(page, f"window.__gateway.events['session.updated'] > {updates}")
+        assert await page.is_enabled("#commit")
+        appends = await page.evaluate("window.__gateway.sentAppends")
+        await until(page, f"window.__gateway.sentAppends >= {appends + 10}")  # the server wants ≥ 100 ms
+        responses = await page.evaluate("window.__gateway.events['response.done']")
+        await page.click("#commit")
+        await until(page, f"window.__gateway.events['response.done'] > {responses}")
 
-            await page.click("#connect")
-            await until(page, "window.__gateway.state === 'closed'")
-            assert (await page.evaluate("window.__gateway.errors")) == []
+        await page.click("#connect")
+        await until(page, "window.__gateway.state === 'closed'")
+        assert (await page.evaluate("window.__gateway.errors")) == []
 
-            # A connection failure is shown plainly.
-            await gateway.stop()
-            await page.click("#connect")
-            await until(page, "window.__gateway.errors.length > 0")
-            assert "could not connect" in await page.locator("#errors").inner_text()
-            assert await page.locator("#errors-panel").is_visible()
-        finally:
-            await browser.close()
+        # A connection failure is shown plainly.
+        await gateway.stop()
+        await page.click("#connect")
+        await until(page, "window.__gateway.errors.length > 0")
+        assert "could not connect" in await page.locator("#errors").inner_text()
+        assert await page.locator("#errors-panel").is_visible()
 
 
 async def test_the_page_over_webrtc(start_gateway) -> None:
@@ -161,26 +164,18 @@ async def test_the_page_over_webrtc(start_gateway) -> None:
     # Echo a little faster than real time, as a TTS engine produces: unheard audio is left to cut.
     gateway = await start_gateway(EchoResponder(pace=1.5), webrtc__enabled=True, webrtc__port=0)
     problems: list[str] = []
-    async with async_api.async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=chromium_args(SPEECH))
-        try:
-            page = await browser.new_page()
-            page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-            page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
-            await page.goto(f"http://127.0.0.1:{gateway.port}/")
-            await page.select_option("#transport", "webrtc")
-            await page.select_option("#voice", "coral")
-            await page.click("#connect")
-            await until(page, "window.__gateway.state === 'connected'")
-            await until(page, "window.__gateway.events['input_audio_buffer.speech_stopped'] >= 1")
-            await until(page, "window.__gateway.events['output_audio_buffer.started'] >= 1")  # the reply plays
-            await until(page, "window.__gateway.events['conversation.item.truncated'] >= 1")  # cut by the server
-            stats = await page.evaluate("window.__gateway")
-            assert len(gateway.sessions) == 1
-            await page.click("#connect")  # hang up
-            await until(page, "window.__gateway.state === 'closed'")
-        finally:
-            await browser.close()
+    async with open_page(gateway, problems) as page:
+        await page.select_option("#transport", "webrtc")
+        await page.select_option("#voice", "coral")
+        await page.click("#connect")
+        await until(page, "window.__gateway.state === 'connected'")
+        await until(page, "window.__gateway.events['input_audio_buffer.speech_stopped'] >= 1")
+        await until(page, "window.__gateway.events['output_audio_buffer.started'] >= 1")  # the reply plays
+        await until(page, "window.__gateway.events['conversation.item.truncated'] >= 1")  # cut by the server
+        stats = await page.evaluate("window.__gateway")
+        assert len(gateway.sessions) == 1
+        await page.click("#connect")  # hang up
+        await until(page, "window.__gateway.state === 'closed'")
     assert stats["errors"] == [] and problems == []
     assert stats["sentAppends"] == 0 and stats["events"].get("response.output_audio.delta") is None
     assert stats["events"]["output_audio_buffer.cleared"] >= 1
