@@ -175,7 +175,7 @@ class Runner:
                 text[s.row] = s.next_text_id()
         self.model.step_in[:, :b].copy_(torch.tensor([pos, text, on, first]), non_blocking=True)
         self.frame_graphs.run(b)
-        codes = self.model.codes[:n].to("cpu", copy=True)  # a copy also on a CPU: the buffer is reused
+        codes = self.model.codes[:n].tolist()
         events: list[tuple[Stream, Packet | None]] = []
         due = []
         for s in live:
@@ -198,14 +198,13 @@ class Runner:
     def _packets(self, due: list[Stream], n: int) -> list[tuple[Stream, Packet]]:
         graphs = self.packet_graphs[n]
         b = graphs.size(len(due))
-        codes = torch.zeros(b, self.decoder.codes[n].shape[1], n, dtype=torch.long)
-        index = [self.rows] * b
-        frames = []
-        for i, s in enumerate(due):
-            for j, frame in enumerate(s.pending):
-                codes[i, :, j] = frame
-            index[i] = s.row
-            frames.append(len(s.pending))
+        silence = [0] * self.decoder.codes[n].shape[1]
+        # Frames [b, n, 16]: each stream's pending frames, then zero frames (the padding of a short last
+        # packet, and the rows past the streams).
+        rows = [s.pending + [silence] * (n - len(s.pending)) for s in due] + [[silence] * n] * (b - len(due))
+        codes = torch.tensor(rows).transpose(1, 2)
+        index = [s.row for s in due] + [self.rows] * (b - len(due))
+        frames = [len(s.pending) for s in due]
         self.decoder.codes[n][:b].copy_(codes, non_blocking=True)
         self.decoder.index[:b].copy_(torch.tensor(index), non_blocking=True)
         graphs.run(b)

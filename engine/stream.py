@@ -75,7 +75,7 @@ class Stream:
         self.started = False  # prompt prefilled
         self.pos = 0  # talker position of the next frame's input
         self.frames = 0  # frames made (EOS not counted)
-        self.pending: list[torch.Tensor] = []  # codes [16] of frames not yet decoded
+        self.pending: list[list[int]] = []  # the 16 codes of each frame not yet decoded
         self.spoken_text_end = 0  # characters attributed to emitted packets
         self.done = False
 
@@ -126,9 +126,9 @@ class Stream:
             return self.model.cfg.tts_eos
         return self.model.cfg.tts_pad
 
-    def take(self, codes: torch.Tensor) -> bool:
-        """Record one frame's codes [16] (on the host); True when a packet is due (full, or the last)."""
-        if int(codes[0]) == self.model.cfg.codec_eos:
+    def take(self, codes: list[int]) -> bool:
+        """Record one frame's 16 codes; True when a packet is due (full, or the last)."""
+        if codes[0] == self.model.cfg.codec_eos:
             self.done = True
             # With no frame left, a last packet still carries the text no packet has claimed (no audio).
             return bool(self.pending) or self.spoken_text_end < len(self.text)
