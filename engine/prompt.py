@@ -23,9 +23,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from engine.talker import ModelConfig, Qwen3TTS
+from engine.talker import ModelConfig
 
 ROLE = "<|im_start|>assistant\n"
 
@@ -64,29 +62,26 @@ class Voice:
         return tags + [cfg.speakers[self.speaker], cfg.codec_pad]
 
 
-def _ids(values: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor([values], dtype=torch.long, device=device)
+NO_CODEC = -1  # a position with a text-track token only
 
 
-@torch.no_grad()
-def build_prefill(model: Qwen3TTS, voice: Voice, role_ids: list[int], text_ids: list[int],
-                  non_streaming: bool = False) -> torch.Tensor:
-    """The talker's prefill embeddings [1, T, hidden]. Streaming mode needs text_ids[0] only."""
-    cfg = model.cfg
-    device = model.talker.codec_head.weight.device
+def prompt_ids(cfg: ModelConfig, voice: Voice, role_ids: list[int], text_ids: list[int],
+               non_streaming: bool = False) -> tuple[list[int], list[int]]:
+    """The talker's prompt as two id tracks of equal length: text-track ids and codec-track ids (NO_CODEC
+    where a position has none). Its embedding is text_embed(text) + codec_embed(codec), position by
+    position. Streaming mode needs text_ids[0] only."""
     if not text_ids:
         raise PromptError("empty text")
     prefix = voice.codec_prefix(cfg)
-    control_text = [cfg.tts_pad] * (len(prefix) - 1) + [cfg.tts_bos]
-    parts = [model.text_embed(_ids(role_ids, device)),
-             model.text_embed(_ids(control_text, device)) + model.codec_embed(_ids(prefix, device))]
+    text = role_ids + [cfg.tts_pad] * (len(prefix) - 1) + [cfg.tts_bos]
+    codec = [NO_CODEC] * len(role_ids) + prefix
     if non_streaming:
-        text = model.text_embed(_ids(text_ids + [cfg.tts_eos], device))
-        parts.append(text + model.codec_embed(_ids([cfg.codec_pad] * (len(text_ids) + 1), device)))
-        parts.append(model.text_embed(_ids([cfg.tts_pad], device)) + model.codec_embed(_ids([cfg.codec_bos], device)))
+        text += text_ids + [cfg.tts_eos, cfg.tts_pad]
+        codec += [cfg.codec_pad] * (len(text_ids) + 1) + [cfg.codec_bos]
     else:
-        parts.append(model.text_embed(_ids(text_ids[:1], device)) + model.codec_embed(_ids([cfg.codec_bos], device)))
-    return torch.cat(parts, dim=1)
+        text.append(text_ids[0])
+        codec.append(cfg.codec_bos)
+    return text, codec
 
 
 class TextTokens:

@@ -3,13 +3,14 @@
 A `Runner` owns the model's rows. Streams join (`add`) and leave (`remove`) between steps; the rows in use
 stay packed at [0, n) (a leaving stream's row takes the last stream), so a step over n streams is a step
 over rows [0, b) for the smallest captured batch size b >= n, and the rows past n are throwaway padding.
-A step prefills the streams that start (one eager batched pass), makes one frame for all rows (talker,
-sampling, the 15-step code predictor: one CUDA graph), then decodes the packets that are due in one batched
-codec step (a second graph), padding a short last packet with frames whose samples are cut (the codec is
-causal, so they change nothing before them). Streams waiting for text sit the step out.
+A step prefills the streams that start (their prompts batched, right-padded to PREFILL_LEN positions),
+makes one frame for all rows (talker, sampling, the 15-step code predictor), then decodes the packets that
+are due in one batched codec step per packet size, padding a short last packet with frames whose samples
+are cut (the codec is causal, so they change nothing before them). Streams waiting for text sit it out.
 
-On a GPU both steps are captured at start-up once per batch size (1, 2, 4, ... up to the rows, or
-`graph_max_batch`); a batch with no graph, and everything on a CPU, runs the same function eagerly.
+On a GPU each of these is captured at start-up as one CUDA graph per batch size (1, 2, 4, ... up to the
+rows, or `graph_max_batch`); a batch with no graph, a longer (non-streaming) prompt, and everything on a
+CPU run the same functions eagerly.
 """
 
 from __future__ import annotations
@@ -24,18 +25,22 @@ from prometheus_client import Counter, Histogram
 
 from engine.checkpoint import Checkpoint
 from engine.codec import CodecDecoder
+from engine.prompt import NO_CODEC
 from engine.sampling import SamplingParams
 from engine.stream import Packet, Stream
 
 log = logging.getLogger(__name__)
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512)
+# Prompt positions of a captured prefill: a streaming prompt takes 9 to 11 (role, control tags, first token).
+PREFILL_LEN = 16
 STEP_SECONDS = Histogram("tts_engine_step_seconds", "Wall time of one engine step (every running stream makes a "
                          "frame; due packets decoded)", buckets=(.002, .004, .006, .008, .01, .015, .02, .03, .04,
                                                                  .06, .08, .1, .15, .25, .5))
 BATCH = Histogram("tts_engine_batch_size", "Streams that made a frame in one engine step", buckets=BATCH_SIZES)
-STEPS = Counter("tts_engine_steps_total", "Batched steps by stage (frame: talker + code predictor; packet: codec "
-                "decode) and path (graph: CUDA graph replay; eager: no graph for that batch size, or no GPU)",
+STEPS = Counter("tts_engine_steps_total", "Batched steps by stage (prefill: new streams' prompts; frame: talker + "
+                "code predictor; packet: codec decode) and path (graph: CUDA graph replay; eager: no graph for "
+                "that batch size or prompt length, or no GPU)",
                 ["stage", "path"])
 
 
@@ -117,17 +122,19 @@ class Runner:
             pool = torch.cuda.graph_pool_handle()
         start = time.perf_counter()
         try:
+            self.prefill_graphs = Graphs("prefill", partial(self.model.prefill, length=PREFILL_LEN), sizes, pool)
             self.frame_graphs = Graphs("frame", self.model.step, sizes, pool)
             self.packet_graphs = {n: Graphs("packet", partial(self.decoder.decode, frames=n), sizes, pool)
                                   for n in self.packet_sizes}
         except RuntimeError:  # a failed capture costs speed, never a session
             log.exception("CUDA graph capture failed; every step runs eagerly")
             sizes = []
+            self.prefill_graphs = Graphs("prefill", partial(self.model.prefill, length=PREFILL_LEN), [], None)
             self.frame_graphs = Graphs("frame", self.model.step, [], None)
             self.packet_graphs = {n: Graphs("packet", partial(self.decoder.decode, frames=n), [], None)
                                   for n in self.packet_sizes}
         if sizes:
-            log.info("captured %d CUDA graphs (batch sizes %s) in %.1f s", (1 + len(self.packet_sizes)) * len(sizes),
+            log.info("captured %d CUDA graphs (batch sizes %s) in %.1f s", (2 + len(self.packet_sizes)) * len(sizes),
                      sizes, time.perf_counter() - start)
 
     def add(self, stream: Stream) -> None:
@@ -158,10 +165,7 @@ class Runner:
             return []
         fresh = [s for s in live if not s.started]
         if fresh:
-            prompts = [s.start() for s in fresh]
-            self.model.prefill([s.row for s in fresh], prompts, [s.seed for s in fresh],
-                               [s.min_frames for s in fresh])
-            self.decoder.state.reset_(torch.tensor([s.row for s in fresh], device=self.device))
+            self._prefill(fresh)
         n = len(self.streams)
         b = self.frame_graphs.size(n)
         pos, text, on, first = [0] * b, [0] * b, [0] * b, [0] * b
@@ -194,6 +198,25 @@ class Runner:
         STEP_SECONDS.observe(time.perf_counter() - start)
         BATCH.observe(len(live))
         return events
+
+    def _prefill(self, fresh: list[Stream]) -> None:
+        prompts = [s.start() for s in fresh]
+        length = max(len(text) for text, _ in prompts)
+        graphed = length <= PREFILL_LEN  # streaming prompts; longer (non-streaming) ones run eagerly
+        b, length = (self.prefill_graphs.size(len(fresh)), PREFILL_LEN) if graphed else (len(fresh), length)
+        pad = b - len(fresh)
+        ids = [[text + [0] * (length - len(text)) for text, _ in prompts] + [[0] * length] * pad,
+               [codec + [NO_CODEC] * (length - len(codec)) for _, codec in prompts] + [[NO_CODEC] * length] * pad]
+        meta = [[s.row for s in fresh] + [self.rows] * pad, [len(text) - 1 for text, _ in prompts] + [0] * pad,
+                [s.seed for s in fresh] + [0] * pad, [s.min_frames for s in fresh] + [0] * pad]
+        self.model.prompt_ids[:, :b, :length].copy_(torch.tensor(ids), non_blocking=True)
+        self.model.prompt_meta[:, :b].copy_(torch.tensor(meta), non_blocking=True)
+        if graphed:
+            self.prefill_graphs.run(b)
+        else:
+            self.model.prefill(b, length)
+            STEPS.labels("prefill", "eager").inc()
+        self.decoder.state.reset_(torch.tensor(meta[0][:len(fresh)], device=self.device))
 
     def _packets(self, due: list[Stream], n: int) -> list[tuple[Stream, Packet]]:
         graphs = self.packet_graphs[n]

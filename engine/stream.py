@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.checkpoint import Checkpoint
-from engine.prompt import PromptError, TextTokens, Voice, build_prefill
+from engine.prompt import PromptError, TextTokens, Voice, prompt_ids
 from engine.sampling import SamplingParams
 
 
@@ -107,13 +107,13 @@ class Stream:
         return self.next_token < len(self.ids) or (self.final and self.started)
 
     # -- model side (called by engine.runner.Runner) --
-    def start(self) -> torch.Tensor:
-        """The prompt embeddings [1, T, hidden] of the first frame; the runner prefills them."""
+    def start(self) -> tuple[list[int], list[int]]:
+        """The prompt's text-track and codec-track ids (engine.prompt.prompt_ids); the runner prefills them."""
         self.next_token = len(self.ids) if self.non_streaming else 1
         self.eos_read = self.non_streaming  # the non-streaming prefill holds tts_eos already
-        prompt = build_prefill(self.model, self.voice, self.tokens.role_ids, self.ids, self.non_streaming)
+        prompt = prompt_ids(self.model.cfg, self.voice, self.tokens.role_ids, self.ids, self.non_streaming)
         self.started = True
-        self.pos = prompt.shape[1] - 1
+        self.pos = len(prompt[0]) - 1  # the last prompt position is the first step's input
         return prompt
 
     def next_text_id(self) -> int:

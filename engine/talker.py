@@ -209,7 +209,9 @@ class Qwen3TTS(nn.Module):
         # A multiple of 16 keeps the attention mask's rows aligned for the fused GPU attention kernels.
         self.max_len = -(-max_len // 16) * 16
         self.rows, self.params = rows, params
-        self.caches = [KVCache(rows, t.kv_heads, self.max_len, t.head_dim, dt, dev) for _ in range(t.layers)]
+        # Row `rows` is scratch: the padding rows of a batched prefill write there.
+        state_rows = rows + 1
+        self.caches = [KVCache(state_rows, t.kv_heads, self.max_len, t.head_dim, dt, dev) for _ in range(t.layers)]
         # The predictor reads 2 + 14 positions per frame and starts over at 0 on the next frame.
         self.predictor_caches = [KVCache(rows, c.kv_heads, self.cfg.code_groups, c.head_dim, dt, dev)
                                  for _ in range(c.layers)]
@@ -222,12 +224,17 @@ class Qwen3TTS(nn.Module):
         self.suppress[max(0, t.vocab - 1024):] = True
         self.suppress[self.cfg.codec_eos] = False
         # Per-row stream state.
-        self.seen = torch.zeros(rows, t.vocab, dtype=torch.bool, device=dev)  # codebook-0 ids generated so far
-        self.seed = torch.zeros(rows, dtype=torch.long, device=dev)
-        self.frames = torch.zeros(rows, dtype=torch.long, device=dev)  # frames made: the sampler's counter
-        self.min_frames = torch.zeros(rows, dtype=torch.long, device=dev)  # EOS is banned before this many
-        self.codes_embed = torch.zeros(rows, 1, t.hidden, dtype=dt, device=dev)  # codec part of the next input
-        self.first_input = torch.zeros(rows, 1, t.hidden, dtype=dt, device=dev)  # a prompt's last position
+        self.seen = torch.zeros(state_rows, t.vocab, dtype=torch.bool, device=dev)  # codebook-0 ids so far
+        self.seed = torch.zeros(state_rows, dtype=torch.long, device=dev)
+        self.frames = torch.zeros(state_rows, dtype=torch.long, device=dev)  # frames made: the sampler's counter
+        self.min_frames = torch.zeros(state_rows, dtype=torch.long, device=dev)  # EOS is banned before this many
+        self.codes_embed = torch.zeros(state_rows, 1, t.hidden, dtype=dt, device=dev)  # codec part of next input
+        self.first_input = torch.zeros(state_rows, 1, t.hidden, dtype=dt, device=dev)  # a prompt's last position
+        # Prefill inputs, written by the host: per new stream its prompt's text-track and codec-track ids
+        # (right-padded), and its row (default: scratch), last prompt position, seed and EOS-ban length.
+        self.prompt_ids = torch.zeros(2, rows, self.max_len, dtype=torch.long, device=dev)
+        self.prompt_meta = torch.zeros(4, rows, dtype=torch.long, device=dev)
+        self.prompt_meta[0] = rows
         # Step inputs, written by the host before each step: position, text id, live (0/1), first frame (0/1).
         # A row that is not live (a stream waiting for text, a free row) computes a throwaway frame at its
         # position, which its next live step overwrites; none of its state advances.
@@ -248,28 +255,29 @@ class Qwen3TTS(nn.Module):
         return torch.cat(parts, dim=1).sum(1, keepdim=True)
 
     @torch.no_grad()
-    def prefill(self, rows: list[int], prompts: list[torch.Tensor], seeds: list[int], min_frames: list[int]) -> None:
-        """Start streams in `rows` from their prompt embeddings [1, T, hidden]: positions 0..T-2 go into the
-        cache now (one batched pass, prompts right-padded), the last one is the input of their first step."""
-        dev = self.seed.device
-        index = torch.tensor(rows, device=dev)
-        t = max(p.shape[1] for p in prompts) - 1
-        x = torch.cat([F.pad(p[:, :-1], (0, 0, 0, t - p.shape[1] + 1)) for p in prompts])
-        self.first_input[index] = torch.cat([p[:, -1:] for p in prompts])
+    def prefill(self, n: int, length: int) -> None:
+        """Start the streams described by the first n rows of `prompt_ids` / `prompt_meta`: embed their
+        prompts (`length` positions, right-padded), fill their rows' caches, keep each prompt's last
+        position as the input of its first step, and reset their sampling state."""
+        text, codec = self.prompt_ids[:, :n, :length]
+        row, last, seed, min_frames = self.prompt_meta[:, :n]
+        x = self.text_embed(text) + torch.where((codec >= 0)[..., None], self.codec_embed(codec.clamp(min=0)), 0)
 
         def kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            # A new stream attends to its own prompt only. Padding positions write throwaway entries past a
-            # short prompt's end, which its first steps overwrite before any query reads them.
-            cache.k[index, :, :t] = k
-            cache.v[index, :, :t] = v
+            # A new stream attends to its own prompt only. Positions from its last one on hold throwaway
+            # entries, which its steps overwrite before any query reads them.
+            cache.k[row, :, :length] = k
+            cache.v[row, :, :length] = v
             return k, v
 
-        mask = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
-        self.talker.model.run(x, self.caches, (self.rope[0][:t, None], self.rope[1][:t, None]), kv, mask)
-        self.seen[index] = False
-        self.frames[index] = 0
-        self.seed[index] = torch.tensor(seeds, device=dev)
-        self.min_frames[index] = torch.tensor(min_frames, device=dev)
+        mask = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+        cos, sin = self.rope
+        self.talker.model.run(x, self.caches, (cos[:length, None], sin[:length, None]), kv, mask)
+        self.first_input[row] = x.gather(1, last[:, None, None].expand(-1, 1, x.shape[-1]))
+        self.seen[row] = False
+        self.frames[row] = 0
+        self.seed[row] = seed
+        self.min_frames[row] = min_frames
 
     @torch.no_grad()
     def move_row_(self, src: int, dst: int) -> None:
