@@ -273,11 +273,12 @@ class Qwen3TTS(nn.Module):
         mask = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
         cos, sin = self.rope
         self.talker.model.run(x, self.caches, (cos[:length, None], sin[:length, None]), kv, mask)
-        self.first_input[row] = x.gather(1, last[:, None, None].expand(-1, 1, x.shape[-1]))
-        self.seen[row] = False
-        self.frames[row] = 0
-        self.seed[row] = seed
-        self.min_frames[row] = min_frames
+        self.first_input.index_copy_(0, row, x.gather(1, last[:, None, None].expand(-1, 1, x.shape[-1])))
+        # index_fill_/index_copy_: no host scalar to copy in, so the prefill can be captured in a CUDA graph.
+        self.seen.index_fill_(0, row, False)
+        self.frames.index_fill_(0, row, 0)
+        self.seed.index_copy_(0, row, seed)
+        self.min_frames.index_copy_(0, row, min_frames)
 
     @torch.no_grad()
     def move_row_(self, src: int, dst: int) -> None:
