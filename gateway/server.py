@@ -105,6 +105,7 @@ class Gateway:
         close = getattr(self.responder, "aclose", None)
         if close is not None:
             await close()  # the backends' HTTP connection pools
+        gc.unfreeze()  # what start-up kept out of the collector may go now
         if self._trace_sink is not None:
             self._trace_sink.close()
 
