@@ -134,3 +134,22 @@ def test_graph_replay_makes_the_eager_greedy_codes(ckpt: checkpoint.Checkpoint, 
                        **kw)[0]
     assert torch.equal(graph, eager)
     assert graph.tolist() == prompt["codes"]
+
+
+def test_engine_metrics(ckpt: checkpoint.Checkpoint, greedy: SamplingParams) -> None:
+    """The engine's step counters and step-time histogram land in prometheus_client's default registry,
+    which the gateway's /metrics serves."""
+    from prometheus_client import REGISTRY
+
+    def value(name: str, labels: dict | None = None) -> float:
+        return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+    path = "graph" if DEVICE == "cuda" else "eager"
+    before = [value("tts_engine_steps_total", {"stage": stage, "path": path}) for stage in ("frame", "packet")]
+    steps = value("tts_engine_step_seconds_count")
+    codes = alone(ckpt, greedy, PROMPTS[2], cuda_graphs=DEVICE == "cuda")
+    after = [value("tts_engine_steps_total", {"stage": stage, "path": path}) for stage in ("frame", "packet")]
+    # One frame step per frame (and one more when the stream ends on EOS), one step time each.
+    assert after[0] - before[0] in (len(codes), len(codes) + 1) and after[1] > before[1]
+    assert value("tts_engine_step_seconds_count") - steps == after[0] - before[0]
+    assert value("tts_engine_batch_size_count") > 0

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from engine import checkpoint
 from engine.sampling import SamplingParams
@@ -216,6 +217,7 @@ async def test_a_short_first_packet(ckpt: checkpoint.Checkpoint, engine: QwenTTS
     expected = await collect(whole)
     quick = QwenTTSEngine(ckpt, packet_frames=4, first_packet_frames=1, max_frames=REFS["max_new_tokens"] - 1,
                           greedy=True, max_streams=1)
+    heard = REGISTRY.get_sample_value("tts_engine_first_audio_seconds_count") or 0
     try:
         stream = quick.open("vivian", "english")
         stream.feed(TEXT)
@@ -223,6 +225,9 @@ async def test_a_short_first_packet(ckpt: checkpoint.Checkpoint, engine: QwenTTS
         chunks = await collect(stream)
     finally:
         quick.close()
+    # The engine metrics the gateway's /metrics serves: one more first audio, no stream left.
+    assert REGISTRY.get_sample_value("tts_engine_first_audio_seconds_count") == heard + 1
+    assert REGISTRY.get_sample_value("tts_engine_active_streams") == 0
     # 1 + 5 x 4 frames, then EOS with no frame pending: a last packet with the text left and no audio.
     assert [len(c.pcm) for c in chunks] == [BYTES_PER_FRAME] + [4 * BYTES_PER_FRAME] * 5 + [0]
     assert chunks[-1].text and "".join(c.text for c in chunks) == TEXT
