@@ -187,11 +187,11 @@ class Runner:
                 due.append(s)
             elif s.done:
                 events.append((s, None))
-        for n in self.packet_sizes:
-            batch = [s for s in due if len(s.pending) <= n]
-            due = [s for s in due if len(s.pending) > n]
+        for size in self.packet_sizes:
+            batch = [s for s in due if len(s.pending) <= size]
+            due = [s for s in due if len(s.pending) > size]
             if batch:
-                events += self._packets(batch, n)
+                events += self._packets(batch, size)
         for s, _ in events:
             if s.done:
                 self.remove(s)
