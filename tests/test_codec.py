@@ -99,12 +99,9 @@ def test_whole_decode_matches_official_checkpoint_fixture() -> None:
     )
     refs = load_file(str(PARITY_TINY / "references.safetensors"))
     codes, wav = refs["decoder_codes"][None], refs["decoder_wav"][None]
+    assert_informative(wav)
     out = model.decode(codes)
     assert rel_error(out, wav) <= 1e-4
-    # That fixture's random weights drive most samples into the clamp: the rest carry the comparison.
-    unclipped = wav.abs() < 1.0
-    assert unclipped.float().mean() > 0.05
-    assert rel_error(out[unclipped], wav[unclipped]) <= 1e-4
     assert snr_db(stream(model, codes, 4), wav) >= 60
 
 
