@@ -46,6 +46,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine import kernels
+from engine.layers import RMSNorm
+
 # Conv caches are keyed by the module that owns them; the transformer KV cache is separate.
 ConvCaches = dict[nn.Module, Tensor]
 
@@ -90,12 +93,18 @@ class CausalConv1d(nn.Module):
     """Stride-1 conv padded on the left only (official ``CausalConvNet``).
 
     Streaming keeps the last ``context`` input samples; zeros at the start match the official padding.
+    On a GPU (with engine.kernels on) three shapes leave cuDNN, which runs them on slow fallbacks (~3 ms
+    each for 64 streams' packets): ``as_gemm`` convs (wide, at the frame rate: a few samples per stream and
+    a thousand channels) run as one GEMM over the unfolded input, depthwise convs as a multiply-sum over
+    it, and the last conv (to one channel, the waveform) as engine.kernels.conv1d_to_one.
     """
 
-    def __init__(self, cin: int, cout: int, kernel_size: int, dilation: int = 1, groups: int = 1):
+    def __init__(self, cin: int, cout: int, kernel_size: int, dilation: int = 1, groups: int = 1,
+                 as_gemm: bool = False):
         super().__init__()
         self.conv = nn.Conv1d(cin, cout, kernel_size, dilation=dilation, groups=groups)
         self.context = (kernel_size - 1) * dilation
+        self.as_gemm = as_gemm and groups == 1
 
     def new_cache(self, batch: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
         if self.context == 0:
@@ -105,10 +114,35 @@ class CausalConv1d(nn.Module):
     def forward(self, x: Tensor, caches: ConvCaches | None = None) -> Tensor:
         cache = None if caches is None else caches.get(self)
         if cache is None:
-            return self.conv(F.pad(x, (self.context, 0)))
-        x = torch.cat([cache, x], dim=-1)
-        cache.copy_(x[..., x.shape[-1] - self.context :])
+            x = F.pad(x, (self.context, 0))
+        else:
+            x = torch.cat([cache, x], dim=-1)
+            cache.copy_(x[..., x.shape[-1] - self.context :])
+        if self.conv.out_channels == 1 and self.conv.dilation[0] == 1:  # the waveform
+            return kernels.conv1d_to_one(x, self.conv.weight, self.conv.bias)
+        if kernels.available(x):
+            if self.as_gemm:
+                return self._gemm(x)
+            if self.conv.groups == self.conv.in_channels == self.conv.out_channels:
+                return self._depthwise(x)
         return self.conv(x)
+
+    def _columns(self, x: Tensor) -> Tensor:
+        """[B, C, T, K]: the K inputs of each output sample, a view of x."""
+        return x.unfold(2, self.context + 1, 1)[..., :: self.conv.dilation[0]]
+
+    def _gemm(self, x: Tensor) -> Tensor:
+        weight = self.conv.weight
+        cout, cin, k = weight.shape
+        cols = self._columns(x)
+        b, _, t, _ = cols.shape
+        cols = cols.permute(0, 2, 1, 3).reshape(b * t, cin * k)
+        out = torch.addmm(self.conv.bias, cols, weight.reshape(cout, cin * k).t())
+        return out.view(b, t, cout).transpose(1, 2).contiguous()
+
+    def _depthwise(self, x: Tensor) -> Tensor:
+        weight = self.conv.weight[:, 0, None, :]  # [C, 1, K]
+        return (self._columns(x) * weight).sum(-1) + self.conv.bias[:, None]
 
 
 class CausalConvTranspose1d(nn.Module):
@@ -165,11 +199,10 @@ class EuclideanCodebook(nn.Module):
         self.cluster_usage = nn.Parameter(torch.ones(size))
         self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
 
-    def forward(self, codes: Tensor) -> Tensor:
-        # Same elementwise division as the official (whole table, then lookup), done on the looked-up
-        # rows only, and in float32 so bf16 weights do not lose the quotient's precision.
-        usage = self.cluster_usage.float().clamp(min=self.eps)
-        return F.embedding(codes, self.embedding_sum.float()) / usage[codes][..., None]
+    def entries(self) -> Tensor:
+        """The whole table [size, dim], divided as the official does, in float32 so bf16 weights do not
+        lose the quotient's precision."""
+        return self.embedding_sum.float() / self.cluster_usage.float().clamp(min=self.eps)[:, None]
 
 
 class VectorQuantization(nn.Module):
@@ -181,7 +214,11 @@ class VectorQuantization(nn.Module):
 
 
 class ResidualVectorQuantizer(nn.Module):
-    """A group of residual codebooks: summed entries, then a 1x1 conv out of codebook space."""
+    """A group of residual codebooks: summed entries, then a 1x1 conv out of codebook space.
+
+    The codebooks' entries are dequantized once into one table (a frame's codes then take one lookup, not
+    a lookup and a division per codebook), again after loading weights or moving the module.
+    """
 
     def __init__(self, n_q: int, dim: int, size: int, io_dim: int):
         super().__init__()
@@ -189,10 +226,20 @@ class ResidualVectorQuantizer(nn.Module):
         self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)
         self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
         self.vq = nn.ModuleDict({"layers": nn.ModuleList(VectorQuantization(dim, size) for _ in range(n_q))})
+        self.size = size
+        self._table: Tensor | None = None
+        self.register_load_state_dict_post_hook(lambda module, keys: setattr(module, "_table", None))
+
+    def _apply(self, fn, recurse=True):  # .to(), .cuda(), .bfloat16(): the table follows the weights
+        self._table = None
+        return super()._apply(fn, recurse)
 
     def forward(self, codes: Tensor) -> Tensor:
         """codes [B, n_q, T] -> float32 [B, io_dim, T]."""
-        summed = sum(layer._codebook(codes[:, i]) for i, layer in enumerate(self.vq["layers"]))
+        if self._table is None:
+            self._table = torch.cat([layer._codebook.entries() for layer in self.vq["layers"]])
+        offsets = torch.arange(0, self._table.shape[0], self.size, device=codes.device)
+        summed = F.embedding(codes.transpose(1, 2) + offsets, self._table).sum(2)
         return F.conv1d(summed.transpose(1, 2), self.output_proj.weight.float())
 
 
@@ -213,39 +260,25 @@ class SplitResidualVectorQuantizer(nn.Module):
 # Sliding-window transformer
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
-
 class LayerScale(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
         self.scale = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.scale * x
+    def add_to(self, residual: Tensor, x: Tensor) -> Tensor:
+        """residual + scale * x, one kernel."""
+        return torch.addcmul(residual, self.scale, x)
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos/sin [..., head_dim] for integer positions, computed in float32 like the official rotary."""
+    """cos and signed sin [..., head_dim] for integer positions (engine.kernels.rotate), computed in float32
+    like the official rotary."""
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
     inv_freq = 1.0 / (theta**exponent)
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    sign = torch.cat([-torch.ones_like(inv_freq), torch.ones_like(inv_freq)])
+    return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
 
 
 class Attention(nn.Module):
@@ -259,22 +292,23 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=bias)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, kv_cache: tuple[Tensor, Tensor] | None
+        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, kv_cache: tuple[Tensor, Tensor] | None
     ) -> Tensor:
-        """x [B, T, hidden]; cos/sin broadcast to [B, 1, T, head_dim]; mask (bool, True = attend)
+        """x [B, T, hidden]; rope cos/signed sin broadcast to [B, 1, T, head_dim]; mask (bool, True = attend)
         [.., T, S] where S = T, or window - 1 + T with ``kv_cache`` = (k, v) [B, n_kv, window - 1, D]."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        h, g, d = self.n_heads, self.n_kv, self.head_dim
+        q = self.q_proj(x).view(b, t, h, d).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, g, d).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, g, d).transpose(1, 2)
+        q, k = kernels.rotate(q, *rope), kernels.rotate(k, *rope)
         if kv_cache is not None:
             k_cache, v_cache = kv_cache
             ctx = k_cache.shape[2]
             k, v = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
             k_cache.copy_(k[:, :, k.shape[2] - ctx :])
             v_cache.copy_(v[:, :, v.shape[2] - ctx :])
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=g != h)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -300,10 +334,10 @@ class TransformerLayer(nn.Module):
         self.mlp_layer_scale = LayerScale(cfg.hidden_size)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, kv_cache: tuple[Tensor, Tensor] | None
+        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, kv_cache: tuple[Tensor, Tensor] | None
     ) -> Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache))
-        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+        x = self.self_attn_layer_scale.add_to(x, self.self_attn(self.input_layernorm(x), rope, mask, kv_cache))
+        return self.mlp_layer_scale.add_to(x, self.mlp(self.post_attention_layernorm(x)))
 
 
 class SlidingWindowTransformer(nn.Module):
@@ -339,7 +373,7 @@ class SlidingWindowTransformer(nn.Module):
             mask = mask[:, None]  # [B, 1, T, S] broadcasts over heads
         for i, layer in enumerate(self.layers):
             kv_cache = None if state is None else (state.keys[i], state.values[i])
-            x = layer(x, cos, sin, mask, kv_cache)
+            x = layer(x, (cos, sin), mask, kv_cache)
         return self.output_proj(self.norm(x))
 
 
@@ -365,7 +399,7 @@ class ConvNeXtBlock(nn.Module):
 class SnakeBeta(nn.Module):
     """x + sin^2(x * e^alpha) / e^beta, per channel (log-scale parameters).
 
-    Evaluated in float32: in bf16 the sine of a large argument is meaningless, and 1/e^beta amplifies it.
+    Evaluated in float32 (one fused kernel on a GPU: engine.kernels.snake_beta).
     """
 
     def __init__(self, dim: int):
@@ -374,10 +408,7 @@ class SnakeBeta(nn.Module):
         self.beta = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        alpha = self.alpha.float().exp()[:, None]
-        inv_beta = 1.0 / (self.beta.float().exp()[:, None] + 1e-9)
-        return (xf + inv_beta * torch.sin(xf * alpha).pow(2)).to(x.dtype)
+        return kernels.snake_beta(x, self.alpha, self.beta)
 
 
 class ResidualUnit(nn.Module):
@@ -415,7 +446,7 @@ class Code2Wav(nn.Module):
     def __init__(self, cfg: CodecConfig):
         super().__init__()
         self.quantizer = SplitResidualVectorQuantizer(cfg)
-        self.pre_conv = CausalConv1d(cfg.codebook_dim, cfg.latent_dim, 3)
+        self.pre_conv = CausalConv1d(cfg.codebook_dim, cfg.latent_dim, 3, as_gemm=True)
         self.pre_transformer = SlidingWindowTransformer(cfg)
         self.upsample = nn.ModuleList(
             nn.ModuleList([CausalConvTranspose1d(cfg.latent_dim, cfg.latent_dim, r, r), ConvNeXtBlock(cfg.latent_dim)])
@@ -423,7 +454,7 @@ class Code2Wav(nn.Module):
         )
         dims = [cfg.decoder_dim // 2**i for i in range(len(cfg.upsample_rates) + 1)]
         self.decoder = nn.ModuleList(
-            [CausalConv1d(cfg.latent_dim, cfg.decoder_dim, 7)]
+            [CausalConv1d(cfg.latent_dim, cfg.decoder_dim, 7, as_gemm=True)]
             + [DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(cfg.upsample_rates)]
             + [SnakeBeta(dims[-1]), CausalConv1d(dims[-1], 1, 7)]
         )

@@ -1,22 +1,40 @@
 """Qwen3 decoder blocks with a static KV cache (gpt-fast style).
 
 Every cache is preallocated as [rows, kv_heads, max_len, head_dim], one row per running stream. A step
-writes its keys and values in place and attends under a mask, so tensor shapes never change between steps
-and a step over rows [0, B) can be captured once per B in a CUDA graph. How a step writes and reads the
-cache is the caller's (`kv`): decode steps write each row at its own position and read the whole cache, a
-prefill reads only the positions it writes. Parameter names follow the official checkpoint.
+writes its keys and values in place, so tensor shapes never change between steps and a step over rows
+[0, B) can be captured once per B in a CUDA graph. A block runs in one of two ways: `Decode` (the frame
+steps: a few new positions per row, attended over each row's cache up to them, by engine.kernels'
+fused attention on a GPU) or `Prefill` (prompts: the caller says how keys and values are written and read,
+and gives the mask). Parameter names follow the official checkpoint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import kernels
+
 # (cache, k, v) -> the keys and values to attend over, after writing k, v [B, kv_heads, T, D] into cache.
 KVAccess = Callable[["KVCache", torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Decode:
+    """Rows [0, B) of the caches; row r's new positions are start (+ pos[r]) onwards."""
+
+    start: int = 0
+    pos: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Prefill:
+    kv: KVAccess
+    mask: torch.Tensor | None
 
 
 class RMSNorm(nn.Module):
@@ -26,27 +44,25 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # rms_norm computes its statistics in float32 and rounds once to x's dtype; the weight comes after
-        # that rounding, as in the official norm (two kernels where the official takes four).
-        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
+        return kernels.rms_norm(x, self.weight, self.eps)
+
+    @property
+    def fused(self) -> tuple[torch.Tensor, float]:
+        """(weight, eps), for an engine.kernels.linear that applies this norm to its input."""
+        return self.weight, self.eps
 
 
 def rope_tables(head_dim: int, theta: float, max_len: int, device: torch.device,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and signed sin [max_len, head_dim] for positions 0..max_len-1, computed in float32 and cast to
     the model dtype as the official rotary embedding does per step. The sin's first half is negated, so
-    that `rotate` needs no negation of its own. The talker's interleaved multimodal RoPE gets the same
-    position on all three axes, which makes it plain 1-D RoPE."""
+    that `engine.kernels.rotate` needs no negation of its own. The talker's interleaved multimodal RoPE gets
+    the same position on all three axes, which makes it plain 1-D RoPE."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
     freqs = torch.outer(torch.arange(max_len, dtype=torch.float32, device=device), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     sign = torch.cat((-torch.ones_like(inv_freq), torch.ones_like(inv_freq)))
     return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin, where rotate_half(x) = (-x2, x1) = roll(x) * sign: three kernels."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
 
 
 class KVCache:
@@ -63,22 +79,17 @@ class KVCache:
         self.v[dst] = self.v[src]
 
 
-def fuse_linears(*linears: nn.Linear) -> torch.Tensor:
-    """One weight for several bias-free linears of the same input (one GEMM instead of several): the
-    linears' weights become views of it, so the checkpoint's names and memory stay as they were."""
-    fused = torch.cat([lin.weight.detach() for lin in linears])
+def fuse_weights(*modules: nn.Linear | nn.Embedding) -> torch.Tensor:
+    """One weight, stacked on the first dimension, for several bias-free linears of the same input (one GEMM
+    instead of several) or several embedding tables (one lookup): the modules' weights become views of it,
+    so the checkpoint's names and memory stay as they were."""
+    fused = torch.cat([module.weight.detach() for module in modules])
     start = 0
-    for lin in linears:
-        rows = lin.weight.shape[0]
-        lin.weight = nn.Parameter(fused[start:start + rows], requires_grad=False)
+    for module in modules:
+        rows = module.weight.shape[0]
+        module.weight = nn.Parameter(fused[start:start + rows], requires_grad=False)
         start += rows
     return fused
-
-
-def add_linear(residual: torch.Tensor, x: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """residual + linear(x) as one GEMM that accumulates into the residual (bias-free linear)."""
-    shape = residual.shape
-    return torch.addmm(residual.reshape(-1, shape[-1]), x.reshape(-1, x.shape[-1]), linear.weight.t()).view(shape)
 
 
 class Attention(nn.Module):
@@ -94,30 +105,25 @@ class Attention(nn.Module):
 
     def fuse(self) -> None:
         """After loading: one q/k/v projection, and the q and k norm weights side by side per head."""
-        self.qkv_weight = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight = fuse_weights(self.q_proj, self.k_proj, self.v_proj)
         self.qk_norm_weight = torch.cat([self.q_norm.weight.detach().expand(self.heads, -1),
                                          self.k_norm.weight.detach().expand(self.kv_heads, -1)])
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache, kv: KVAccess,
-                mask: torch.Tensor | None, residual: torch.Tensor) -> torch.Tensor:
-        """residual + attention(x), x and residual [B, T, hidden]; rope cos/sin broadcast to
-        [B, T, heads, head_dim]."""
-        b, t, _ = x.shape
+    def forward(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
+                how: Decode | Prefill) -> torch.Tensor:
+        """qkv [B, T, (heads + 2 kv_heads) * head_dim] -> attention output [B, T, heads * head_dim]; rope is
+        the cos/sin tables (Decode) or their rows for the T positions (Prefill)."""
+        if isinstance(how, Decode):
+            return kernels.decode_attention(qkv, self.q_norm.weight, self.k_norm.weight, self.qk_norm_weight,
+                                            self.q_norm.eps, rope, cache.k, cache.v, how.start, how.pos, self.heads)
+        b, t, _ = qkv.shape
         h, g, d = self.heads, self.kv_heads, self.head_dim
-        qkv = F.linear(x, self.qkv_weight).view(b, t, h + 2 * g, d)
-        # q and k heads normalised and rotated together: the same arithmetic as one head at a time.
-        qk = F.rms_norm(qkv[:, :, :h + g], (d,), eps=self.q_norm.eps) * self.qk_norm_weight
-        qk = rotate(qk, *rope)
-        q, k = qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2)
-        k, v = kv(cache, k, qkv[:, :, h + g:].transpose(1, 2))
-        if t == 1:
-            # One query per row: the query heads of a kv head become rows of one attention against it, the
-            # same arithmetic as grouped-query attention without the kernels' kv-head repeat (a copy).
-            out = F.scaled_dot_product_attention(q.reshape(b, g, h // g, d), k, v, attn_mask=mask)
-            out = out.reshape(b, h, 1, d)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=h != g)
-        return add_linear(residual, out.transpose(1, 2).reshape(b, t, h * d), self.o_proj)
+        qkv = qkv.view(b, t, h + 2 * g, d)
+        qk = kernels.rotate(F.rms_norm(qkv[:, :, :h + g], (d,), eps=self.q_norm.eps) * self.qk_norm_weight, *rope)
+        k, v = how.kv(cache, qk[:, :, h:].transpose(1, 2), qkv[:, :, h + g:].transpose(1, 2))
+        out = F.scaled_dot_product_attention(qk[:, :, :h].transpose(1, 2), k, v, attn_mask=how.mask,
+                                             enable_gqa=h != g)
+        return out.transpose(1, 2).reshape(b, t, h * d)
 
 
 class MLP(nn.Module):
@@ -128,12 +134,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def fuse(self) -> None:
-        self.gate_up_weight = fuse_linears(self.gate_proj, self.up_proj)
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + mlp(x)."""
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return add_linear(residual, F.silu(gate) * up, self.down_proj)
+        self.gate_up_weight = fuse_weights(self.gate_proj, self.up_proj)
 
 
 class Block(nn.Module):
@@ -145,7 +146,12 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache, kv: KVAccess,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.self_attn(self.input_layernorm(x), rope, cache, kv, mask, residual=x)
-        return self.mlp(self.post_attention_layernorm(x), residual=x)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: KVCache,
+                how: Decode | Prefill) -> torch.Tensor:
+        """x + attention, then + mlp: five kernels on a GPU (see engine.kernels), norms and residual adds
+        fused into the projections."""
+        attn, mlp = self.self_attn, self.mlp
+        qkv = kernels.linear(x, attn.qkv_weight, norm=self.input_layernorm.fused)
+        x = kernels.linear(attn(qkv, rope, cache, how), attn.o_proj.weight, residual=x)
+        gate_up = kernels.linear(x, mlp.gate_up_weight, norm=self.post_attention_layernorm.fused)
+        return kernels.linear(gate_up, mlp.down_proj.weight, silu=True, residual=x)

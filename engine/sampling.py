@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from engine import kernels
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -91,9 +93,11 @@ def warp(logits: torch.Tensor, top_k: int, top_p: float, temperature: float) -> 
 
 def choose(logits: torch.Tensor, do_sample: bool, top_k: int, top_p: float, temperature: float,
            u: torch.Tensor | None) -> torch.Tensor:
-    """One id per row of float32 logits [B, V]: argmax, or a draw from the warped distribution that
-    inverts its CDF at u [B] (the first id whose cumulative probability exceeds u)."""
+    """One id per row of logits [B, V]: argmax, or a draw from the warped distribution that inverts its
+    CDF at u [B] (the first id whose cumulative probability exceeds u), computed in float32."""
     if not do_sample or u is None:
         return logits.argmax(-1)
-    cdf = warp(logits, top_k, top_p, temperature).softmax(-1).cumsum(-1)
+    if top_p >= 1.0 and kernels.can_sample(logits):
+        return kernels.sample(logits, u, top_k, temperature)
+    cdf = warp(logits.float(), top_k, top_p, temperature).softmax(-1).cumsum(-1)
     return (cdf <= u[:, None] * cdf[:, -1:]).sum(-1).clamp(max=logits.shape[-1] - 1)

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.layers import Block, KVAccess, KVCache, RMSNorm, rope_tables
+from engine import kernels
+from engine.layers import Block, Decode, KVCache, Prefill, RMSNorm, fuse_weights, rope_tables
 from engine.sampling import SamplingParams, choose, repetition_penalty, uniform
 
 
@@ -117,16 +118,17 @@ class Stack(nn.Module):
         self.norm = RMSNorm(c.hidden, c.eps)
 
     def fuse(self) -> None:
-        """Fused projection weights (after loading; see engine.layers.fuse_linears)."""
+        """Fused projection weights (after loading; see engine.layers.fuse_weights)."""
         for layer in self.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
 
-    def run(self, x: torch.Tensor, caches: list[KVCache], rope: tuple[torch.Tensor, torch.Tensor], kv: KVAccess,
-            mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, caches: list[KVCache], rope: tuple[torch.Tensor, torch.Tensor],
+                how: Decode | Prefill) -> torch.Tensor:
+        """The residual stream after the last layer; the caller applies `norm` (fused into what follows)."""
         for layer, cache in zip(self.layers, caches, strict=True):
-            x = layer(x, rope, cache, kv, mask)
-        return self.norm(x)
+            x = layer(x, rope, cache, how)
+        return x
 
 
 class TalkerModel(Stack):
@@ -204,6 +206,10 @@ class Qwen3TTS(nn.Module):
         if not self.fused:
             self.talker.model.fuse()
             self.talker.code_predictor.model.fuse()
+            # The 16 codebooks' embedding tables as one, so a frame's 16 codes are embedded in one lookup.
+            tables = [self.talker.model.codec_embedding, *self.talker.code_predictor.model.codec_embedding]
+            self.code_table = fuse_weights(*tables)
+            self.code_offsets = torch.tensor([0] + [t.num_embeddings for t in tables[:-1]], device=dev).cumsum(0)
             self.fused = True
         t, c = self.cfg.talker, self.cfg.predictor
         # A multiple of 16 keeps the attention mask's rows aligned for the fused GPU attention kernels.
@@ -217,8 +223,6 @@ class Qwen3TTS(nn.Module):
                                  for _ in range(c.layers)]
         self.rope = rope_tables(t.head_dim, t.theta, self.max_len, dev, dt)
         self.predictor_rope = rope_tables(c.head_dim, c.theta, self.cfg.code_groups, dev, dt)
-        self.positions = torch.arange(self.max_len, device=dev)
-        self.row_index = torch.arange(rows, device=dev)
         # The official generate bans the top 1024 ids (control tokens) except EOS.
         self.suppress = torch.zeros(t.vocab, dtype=torch.bool, device=dev)
         self.suppress[max(0, t.vocab - 1024):] = True
@@ -249,10 +253,9 @@ class Qwen3TTS(nn.Module):
         return self.talker.model.codec_embedding(ids)
 
     def codes_embed_of(self, codes: torch.Tensor) -> torch.Tensor:
-        """[B, 16] codes of a frame -> [B, 1, hidden], the codec part of the next talker input."""
-        emb = self.talker.code_predictor.model.codec_embedding
-        parts = [self.codec_embed(codes[:, :1])] + [emb[i](codes[:, i + 1:i + 2]) for i in range(len(emb))]
-        return torch.cat(parts, dim=1).sum(1, keepdim=True)
+        """[B, 16] codes of a frame -> [B, 1, hidden], the codec part of the next talker input: the sum of
+        each code's embedding in its codebook's table."""
+        return F.embedding(codes + self.code_offsets, self.code_table).sum(1, keepdim=True)
 
     @torch.no_grad()
     def prefill(self, n: int, length: int) -> None:
@@ -272,7 +275,7 @@ class Qwen3TTS(nn.Module):
 
         mask = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
         cos, sin = self.rope
-        self.talker.model.run(x, self.caches, (cos[:length, None], sin[:length, None]), kv, mask)
+        self.talker.model(x, self.caches, (cos[:length, None], sin[:length, None]), Prefill(kv, mask))
         self.first_input.index_copy_(0, row, x.gather(1, last[:, None, None].expand(-1, 1, x.shape[-1])))
         # index_fill_/index_copy_: no host scalar to copy in, so the prefill can be captured in a CUDA graph.
         self.seen.index_fill_(0, row, False)
@@ -292,21 +295,10 @@ class Qwen3TTS(nn.Module):
     def step(self, b: int) -> None:
         """One frame for rows [0, b), from `step_in` into `codes` [b, 16]; a row whose code 0 is EOS ended."""
         pos, text, live, first = self.step_in[:, :b]
-        rows = self.row_index[:b]
         x = torch.where(first.bool()[:, None, None], self.first_input[:b],
                         self.codes_embed[:b] + self.text_embed(text[:, None]))
-
-        def kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            cache.k[rows, :, pos] = k[:, :, 0]
-            cache.v[rows, :, pos] = v[:, :, 0]
-            return cache.k[:b], cache.v[:b]
-
-        cos, sin = self.rope
-        rope = (cos[pos][:, None, None], sin[pos][:, None, None])
-        # An additive mask [b, 1, 1, max_len], made once for all layers (a boolean one is converted per call).
-        mask = torch.zeros(b, 1, 1, self.max_len, dtype=x.dtype, device=x.device).masked_fill(
-            (self.positions > pos[:, None])[:, None, None], float("-inf"))
-        hidden = self.talker.model.run(x, self.caches, rope, kv, mask)[:, -1]
+        model = self.talker.model
+        hidden = model.norm(model(x, self.caches, self.rope, Decode(pos=pos))[:, -1])
         p = self.params
         logits = repetition_penalty(self.talker.codec_head(hidden).float(), self.seen[:b], p.repetition_penalty)
         logits = logits.masked_fill(self.suppress, float("-inf"))
@@ -328,22 +320,13 @@ class Qwen3TTS(nn.Module):
         each step at fixed positions (prefill of 2, then one at a time) over a fresh per-frame cache."""
         cp = self.talker.code_predictor
         p = self.params
-        cos, sin = self.predictor_rope
         x = torch.stack([hidden, self.codec_embed(code0)], dim=1)
-        causal = torch.ones(2, 2, dtype=torch.bool, device=hidden.device).tril()
         codes = []
         for i in range(self.cfg.code_groups - 1):
-            start, t = (0, 2) if i == 0 else (i + 1, 1)
-
-            def kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, start: int = start,
-                   t: int = t) -> tuple[torch.Tensor, torch.Tensor]:
-                cache.k[:b, :, start:start + t] = k
-                cache.v[:b, :, start:start + t] = v
-                return cache.k[:b, :, :start + t], cache.v[:b, :, :start + t]
-
-            rope = (cos[start:start + t, None], sin[start:start + t, None])
-            h = cp.model.run(cp.project(x), self.predictor_caches, rope, kv, causal if i == 0 else None)[:, -1]
-            code = choose(cp.lm_head[i](h).float(), p.sub_do_sample, p.sub_top_k, p.sub_top_p, p.sub_temperature,
+            how = Decode(start=0 if i == 0 else i + 1)
+            h = cp.model(cp.project(x), self.predictor_caches, self.predictor_rope, how)
+            logits = kernels.linear(h[:, -1], cp.lm_head[i].weight, norm=cp.model.norm.fused)
+            code = choose(logits, p.sub_do_sample, p.sub_top_k, p.sub_top_p, p.sub_temperature,
                           None if u is None else u[:, i + 1])
             codes.append(code)
             if i + 1 < self.cfg.code_groups - 1:

@@ -46,9 +46,12 @@ def percentile(values: list[float], q: float) -> float:
 
 def bench_ours(args: argparse.Namespace, ckpt, graphs: bool, levels: list[int]) -> dict:
     """Waves of N streams opened at once (the worst case for first audio), for each N in levels."""
+    from engine import kernels
     from engine.worker import QwenTTSEngine
 
     name = "this engine, CUDA graphs" if graphs else "this engine, eager"
+    if not kernels.available(torch.zeros(0, device=args.device)):
+        name += ", no fused kernels"
     start = time.perf_counter()
     engine = QwenTTSEngine(ckpt, packet_frames=args.packet_frames, first_packet_frames=args.first_packet_frames,
                            max_frames=args.frames, min_frames=args.frames, max_streams=max(levels), seed=0,
@@ -121,27 +124,40 @@ def step_times(runner, args: argparse.Namespace, reps: int = 30) -> dict:
 
     out = {"eager_frame_b1": timed(lambda: runner.model.step(1))}
     if torch.cuda.is_available():
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            runner.model.step(1)
-            sync()
-        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-        out["kernels_per_frame"] = len(kernels)
-        out["kernel_time_b1_ms"] = round(sum(e.device_time for e in kernels) / 1000, 3)
+        out["frame_b1_kernels"] = kernel_profile(lambda: runner.model.step(1))
+        for b in sorted({1, min(64, max(runner.frame_graphs.graphs, default=1))}):
+            out[f"packet_b{b}_kernels"] = kernel_profile(lambda b=b: runner.decoder.decode(b, n))
     for b in sorted(runner.frame_graphs.graphs):
         out[f"frame_b{b}"] = timed(lambda b=b: runner.frame_graphs.graphs[b].replay())
         out[f"packet_b{b}"] = timed(lambda b=b: runner.packet_graphs[n].graphs[b].replay())
     return out
 
 
+def kernel_profile(fn, top: int = 6) -> dict:
+    """The GPU kernels one eager call of fn launches: how many, their busy time, and the costliest names."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync()
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name[:60], []).append(e.device_time)
+    costliest = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"count": len(kernels), "busy_ms": round(sum(e.device_time for e in kernels) / 1000, 3),
+            "top_ms": {name: [len(t), round(sum(t) / 1000, 3)] for name, t in costliest}}
+
+
 @torch.no_grad()
 def numerics(ckpt, args: argparse.Namespace) -> dict:
     """Greedy, in the benchmark dtype, 6 prompts of 48 frames: each prompt alone on the eager path against
-    all of them in one batch, eager and with graph replay. Code match rate over all 16 codebooks, and the
-    waveform SNR against each prompt alone."""
+    all of them in one batch, eager and with graph replay, and alone without engine.kernels (the same
+    arithmetic through other kernels: how far rounding alone moves the codes). Code match rate over all 16
+    codebooks, and the waveform SNR against each prompt alone."""
     import math
 
+    from engine import kernels
     from engine.prompt import TextTokens, Voice
     from engine.runner import Runner
     from engine.sampling import SamplingParams
@@ -189,8 +205,14 @@ def numerics(ckpt, args: argparse.Namespace) -> dict:
 
     ref = [(codes, b"".join(p.pcm for p in packets)) for codes, packets in alone]
     eager, graph = batched(False), batched(True)
+    enabled = kernels.available(torch.zeros(0, device=args.device))
+    kernels.set_enabled(not enabled)
+    other = [synthesize(ckpt, spk, lang, text, params, max_frames=frames) for spk, lang, text in prompts]
+    kernels.set_enabled(enabled)
+    other_ref = [(codes, b"".join(p.pcm for p in packets)) for codes, packets in other]
     return {"prompts": len(prompts), "frames": frames, "graph_batch_vs_eager_alone": compare(graph, ref),
-            "eager_batch_vs_eager_alone": compare(eager, ref), "graph_batch_vs_eager_batch": compare(graph, eager)}
+            "eager_batch_vs_eager_alone": compare(eager, ref), "graph_batch_vs_eager_batch": compare(graph, eager),
+            "eager_alone_vs_eager_alone_other_kernels": compare(other_ref, ref)}
 
 
 def bench_official(args: argparse.Namespace) -> dict:
@@ -267,6 +289,8 @@ def main() -> None:
                         "stream of every wave are pooled)")
     parser.add_argument("--official-runs", type=int, default=1)
     parser.add_argument("--numerics", action="store_true", help="bf16 graph-vs-eager code match rate and SNR")
+    parser.add_argument("--no-fused-kernels", action="store_true",
+                        help="this engine without engine.kernels (its PyTorch paths), for comparison")
     parser.add_argument("--time-budget", type=float, default=480, help="seconds; later levels are skipped past it")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
@@ -276,8 +300,9 @@ def main() -> None:
         args.runs = args.official_runs
         print(json.dumps(bench_official(args)))
         return
-    from engine import checkpoint
+    from engine import checkpoint, kernels
 
+    kernels.set_enabled(not args.no_fused_kernels)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s")
     ckpt = checkpoint.load(args.checkpoint, device=args.device, dtype=args.dtype)
     levels = [int(n) for n in args.streams.split(",") if n]
@@ -287,6 +312,8 @@ def main() -> None:
         results.append(bench_ours(args, ckpt, graphs=False, levels=eager_levels))
     report = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
               "command": " ".join(["python"] + sys.argv), "text": TEXT, "results": results}
+    if kernels.triton is not None and args.device != "cpu":
+        report["gemv_configs"] = {str(key[:5]): str(config) for key, config in kernels._gemv_kernel.cache.items()}
     if args.numerics:
         report["numerics"] = numerics(ckpt, args)
         log(f"numerics: {report['numerics']}")

@@ -6,7 +6,16 @@ SDK's own server-event union (GA or beta) with pydantic; an invalid event fails 
 
 from __future__ import annotations
 
-import asyncio
+import os
+
+import torch
+
+# Without a GPU, engine.kernels' Triton kernels run in Triton's interpreter (tests/test_kernels.py); this
+# must be set before Triton is first imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import asyncio  # noqa: E402
 import base64
 import wave
 from collections.abc import AsyncIterator, Awaitable, Callable

@@ -220,3 +220,16 @@ def test_published_config_builds_the_published_geometry() -> None:
     assert shapes["decoder.decoder.6.conv.weight"] == (1, 96, 7)
     state = model.new_state(3)
     assert state.keys.shape == (8, 3, 16, 71, 64)
+
+
+@pytest.mark.parametrize("dilation", [1, 3])
+def test_causal_conv_gpu_paths_equal_the_conv(dilation: int) -> None:
+    """The GPU paths of the wide frame-rate convs (one GEMM over the unfolded input) and of the depthwise
+    convs (a multiply-sum over it) compute the conv."""
+    from engine.codec import CausalConv1d
+
+    conv = CausalConv1d(8, 5, 7, dilation=dilation, as_gemm=True)
+    x = torch.randn(2, 8, 40 + conv.context)
+    assert rel_error(conv._gemm(x), conv.conv(x)) < 1e-6
+    depthwise = CausalConv1d(8, 8, 7, dilation=dilation, groups=8)
+    assert rel_error(depthwise._depthwise(x), depthwise.conv(x)) < 1e-6

@@ -1,0 +1,176 @@
+"""engine.kernels' fused kernels against their PyTorch references (the code the model runs without them).
+
+On a GPU the kernels run there; without one they run in Triton's interpreter (conftest sets
+TRITON_INTERPRET=1 before Triton is imported), so every test here runs in CI too. Inputs are random and
+drawn afresh per case; outputs are poisoned first, so a lane a kernel fails to write shows up.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import checkpoint, kernels
+from engine.sampling import SamplingParams, choose
+from engine.stream import synthesize
+
+pytestmark = pytest.mark.skipif(kernels.triton is None, reason="Triton is not installed")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+
+
+@pytest.fixture(autouse=True)
+def on_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every op takes its kernel path, also for CPU tensors (in the interpreter)."""
+    monkeypatch.setattr(kernels, "available", lambda x: kernels.triton is not None)
+
+
+def reference(fn, *args, **kwargs):
+    """fn's PyTorch path."""
+    kernels.set_enabled(False)
+    try:
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(kernels, "available", lambda x: False)
+            return fn(*args, **kwargs)
+    finally:
+        kernels.set_enabled(True)
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+# Relative error allowed: float32 differs by summation order only; bfloat16 by an ulp where a rounding flips
+# (more in Triton's interpreter, whose bf16 conversion does not round to nearest).
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2 if DEVICE == "cuda" else 3e-2}
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+
+
+@DTYPES
+@pytest.mark.parametrize("shape", [(1, 64), (3, 5, 96)])
+def test_rms_norm(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    x, w = randn(*shape, dtype=dtype), (1 + 0.1 * randn(shape[-1])).to(dtype)
+    assert rel(kernels.rms_norm(x, w, 1e-6), kernels.rms_norm_reference(x, w, 1e-6)) < TOLERANCE[dtype]
+
+
+@DTYPES
+def test_silu_mul(dtype: torch.dtype) -> None:
+    x = randn(2, 3, 2 * 80, dtype=dtype)
+    assert rel(kernels.silu_mul(x), kernels.silu_mul_reference(x)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("rows", [1, 3])  # the matrix-vector kernel, and cuBLAS with fused norm and SiLU kernels
+@pytest.mark.parametrize("fusion", ["plain", "norm", "silu", "residual", "norm+residual"])
+@DTYPES
+def test_linear(rows: int, fusion: str, dtype: torch.dtype) -> None:
+    k, n = 96, 40
+    weight = (randn(n, k) / k**0.5).to(dtype)
+    x = randn(rows, 1, 2 * k if "silu" in fusion else k, dtype=dtype)
+    norm = ((1 + 0.1 * randn(k)).to(dtype), 1e-6) if "norm" in fusion else None
+    residual = randn(rows, 1, n, dtype=dtype) if "residual" in fusion else None
+    got = kernels.linear(x, weight, norm=norm, silu="silu" in fusion, residual=residual)
+    want = kernels.linear_reference(x, weight, norm=norm, silu="silu" in fusion, residual=residual)
+    assert got.shape == want.shape
+    assert rel(got, want) < TOLERANCE[dtype]
+
+
+def test_linear_reads_a_strided_row() -> None:
+    """The code predictor projects the last of two positions: rows with a stride of two positions."""
+    x, weight = randn(2, 2, 64), randn(32, 64)
+    norm = (1 + 0.1 * randn(64), 1e-6)
+    kernels.GEMV_MAX_ROWS, limit = 2, kernels.GEMV_MAX_ROWS
+    try:
+        got = kernels.linear(x[:, -1], weight, norm=norm)
+    finally:
+        kernels.GEMV_MAX_ROWS = limit
+    assert rel(got, kernels.linear_reference(x[:, -1], weight, norm=norm)) < 1e-5
+
+
+def attention_case(b: int, t: int, start: int, with_pos: bool, dtype: torch.dtype, heads: int = 4,
+                   kv_heads: int = 2, d: int = 16, max_len: int = 40):
+    """A cache holding random history, and the fused projection's output for t new positions per row."""
+    qkv = randn(b, t, (heads + 2 * kv_heads) * d, dtype=dtype)
+    cache = (randn(b + 1, kv_heads, max_len, d, dtype=dtype), randn(b + 1, kv_heads, max_len, d, dtype=dtype))
+    q_norm, k_norm = (1 + 0.1 * randn(d)).to(dtype), (1 + 0.1 * randn(d)).to(dtype)
+    qk_norm = torch.cat([q_norm.expand(heads, -1), k_norm.expand(kv_heads, -1)])
+    inv_freq = 1.0 / (1e4 ** (torch.arange(0, d, 2, device=DEVICE).float() / d))
+    angles = torch.outer(torch.arange(max_len, device=DEVICE).float(), inv_freq)
+    emb = torch.cat([angles, angles], -1)
+    sign = torch.cat([-torch.ones_like(inv_freq), torch.ones_like(inv_freq)])
+    rope = (emb.cos().to(dtype), (emb.sin() * sign).to(dtype))
+    pos = torch.randint(0, max_len - t, (b,), device=DEVICE) if with_pos else None
+    return qkv, q_norm, k_norm, qk_norm, rope, cache, pos
+
+
+@DTYPES
+@pytest.mark.parametrize("b,t,start,with_pos", [(3, 1, 0, True), (2, 2, 0, False), (2, 1, 7, False),
+                                                (1, 1, 0, True)])
+def test_decode_attention(b: int, t: int, start: int, with_pos: bool, dtype: torch.dtype) -> None:
+    if dtype == torch.bfloat16 and DEVICE == "cpu":
+        pytest.skip("Triton's interpreter multiplies bf16 tl.dot operands as raw bits (checked on a GPU)")
+    qkv, q_norm, k_norm, qk_norm, rope, (k, v), pos = attention_case(b, t, start, with_pos, dtype)
+    k_ref, v_ref = k.clone(), v.clone()
+    got = kernels.decode_attention(qkv, q_norm, k_norm, qk_norm, 1e-6, rope, k, v, start, pos, 4)
+    want = kernels.decode_attention_reference(qkv, qk_norm, 1e-6, rope, k_ref, v_ref, start, pos, 4)
+    # bfloat16: the kernel rounds the attention weights to bf16 for the second product, as flash kernels do.
+    assert rel(got, want) < 2 * TOLERANCE[dtype]
+    # The new keys and values landed where the reference put them, and nothing else moved.
+    assert rel(k, k_ref) < TOLERANCE[dtype] and torch.equal(v, v_ref)
+
+
+@DTYPES
+def test_snake_beta(dtype: torch.dtype) -> None:
+    x, alpha, beta = (3 * randn(2, 6, 50)).to(dtype), 0.2 * randn(6), 0.2 * randn(6)
+    assert rel(kernels.snake_beta(x, alpha, beta), kernels.snake_beta_reference(x, alpha, beta)) < TOLERANCE[dtype]
+
+
+@DTYPES
+def test_conv1d_to_one(dtype: torch.dtype) -> None:
+    x, weight, bias = randn(2, 6, 300, dtype=dtype), randn(1, 6, 7, dtype=dtype), randn(1, dtype=dtype)
+    want = torch.nn.functional.conv1d(x.float(), weight.float(), bias.float())
+    assert rel(kernels.conv1d_to_one(x, weight, bias), want) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("top_k", [0, 5])
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+def test_sample_matches_choose(top_k: int, ties: bool) -> None:
+    """Ties at the k-th score stay in, as torch.topk's threshold keeps them; -inf scores (suppressed ids)
+    are never drawn."""
+    logits = torch.randint(-3, 4, (16, 100), device=DEVICE).float() if ties else 3 * randn(16, 100)
+    logits[:, 90:] = float("-inf")
+    u = torch.rand(16, device=DEVICE)
+    got = choose(logits, True, top_k, 1.0, 0.9, u)
+    want = reference(choose, logits, True, top_k, 1.0, 0.9, u)
+    # The inverse-CDF draw may land on the other side of a boundary by rounding: rare, never wholesale.
+    assert (got == want).float().mean() >= 0.9
+    assert (got < 90).all()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_greedy_codes_through_the_kernels_equal_the_official() -> None:
+    """The whole frame step (projections, attention, norms, SiLU) through the kernels, on the tiny parity
+    checkpoint: the official greedy codes, frame for frame."""
+    ckpt = checkpoint.load(str(FIXTURE), device=DEVICE, dtype="float32")
+    prompt = json.loads((FIXTURE / "references.json").read_text())["prompts"][0]
+    params = SamplingParams.from_generation_config(ckpt.generation, greedy=True)
+    codes, _ = synthesize(ckpt, prompt["speaker"], prompt["language"], prompt["text"], params,
+                          max_frames=8)
+    assert codes.tolist() == prompt["codes"][:8]
+
+
+def test_self_test_passes_and_names_a_broken_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine checks the kernels at start-up and runs its PyTorch code if one fails."""
+    assert kernels.self_test(torch.device(DEVICE), torch.float32) is None
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such GPU")
+
+    monkeypatch.setattr(kernels, "snake_beta", broken)
+    assert kernels.self_test(torch.device(DEVICE), torch.float32).startswith("snake_beta: RuntimeError")
