@@ -4,9 +4,15 @@ A `Runner` owns the model's rows. Streams join (`add`) and leave (`remove`) betw
 stay packed at [0, n) (a leaving stream's row takes the last stream), so a step over n streams is a step
 over rows [0, b) for the smallest captured batch size b >= n, and the rows past n are throwaway padding.
 A step prefills the streams that start (their prompts batched, right-padded to PREFILL_LEN positions),
-makes one frame for all rows (talker, sampling, the 15-step code predictor), then decodes the packets that
-are due in one batched codec step per packet size, padding a short last packet with frames whose samples
-are cut (the codec is causal, so they change nothing before them). Streams waiting for text sit it out.
+launches one frame for all rows (talker, sampling, the 15-step code predictor), then, while that frame runs
+on the device, takes the codes of the frame the previous step launched and decodes the packets now due in
+one batched codec step per packet size, padding a short last packet with frames whose samples are cut
+(the codec is causal, so they change nothing before them). Streams waiting for text sit it out.
+
+Launching a frame before reading the previous one's codes keeps the device busy through the host's
+bookkeeping; the price is one frame of latency on each packet, and a stream that says EOS has made one
+more frame by then, which is dropped. Every device operation is ordered on one CUDA stream, so row moves,
+prefills and packet decodes queued after a launched frame see its results.
 
 On a GPU each of these is captured at start-up as one CUDA graph per batch size (1, 2, 4, ... up to the
 rows, or `graph_max_batch`); a batch with no graph, a longer (non-streaming) prompt, and everything on a
@@ -18,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -42,6 +49,15 @@ STEPS = Counter("tts_engine_steps_total", "Batched steps by stage (prefill: new 
                 "code predictor; packet: codec decode) and path (graph: CUDA graph replay; eager: no graph for "
                 "that batch size or prompt length, or no GPU)",
                 ["stage", "path"])
+
+
+@dataclass
+class _Launched:
+    """A frame on its way: the streams in it with their rows at launch, and its codes once `done`."""
+
+    streams: list[tuple[Stream, int]]
+    codes: torch.Tensor  # [b, 16] host memory
+    done: torch.cuda.Event | None  # None on a CPU, where the copy is synchronous
 
 
 class Graphs:
@@ -114,6 +130,12 @@ class Runner:
         self.samples_per_frame = ckpt.codec.samples_per_frame
         self.streams: list[Stream] = []  # streams[i] holds row i
         self.device = self.model.seed.device
+        # Host copies of launched frames' codes: two, one for the frame in flight and one being taken.
+        pinned = self.device.type == "cuda"
+        self._codes_host = [torch.zeros(rows, self.model.codes.shape[1], dtype=torch.long, pin_memory=pinned)
+                            for _ in range(2)]
+        self._launches = 0
+        self._launched: _Launched | None = None
         sizes: list[int] = []
         pool = None
         if cuda_graphs and self.device.type == "cuda":
@@ -155,35 +177,60 @@ class Runner:
         self.streams.pop()
         stream.row = -1
 
+    @property
+    def busy(self) -> bool:
+        """A launched frame's codes are still to be taken: the next step has work even if no stream runs."""
+        return self._launched is not None
+
     @torch.no_grad()
     def step(self) -> list[tuple[Stream, Packet | None]]:
-        """Advance every runnable stream one frame. Returns the packets made, and (stream, None) for a
-        stream that ended without one; ended streams have left the runner."""
+        """Launch the next frame of every runnable stream, then take the codes of the frame launched by the
+        previous step. Returns the packets made, and (stream, None) for a stream that ended without one;
+        ended streams have left the runner."""
         start = time.perf_counter()
+        previous, self._launched = self._launched, self._launch()
+        events = self._take(previous) if previous is not None else []
+        if self._launched is not None:
+            STEP_SECONDS.observe(time.perf_counter() - start)
+            BATCH.observe(len(self._launched.streams))
+        return events
+
+    def _launch(self) -> _Launched | None:
         live = [s for s in self.streams if s.runnable]
         if not live:
-            return []
+            return None
         fresh = [s for s in live if not s.started]
         if fresh:
             self._prefill(fresh)
-        n = len(self.streams)
-        b = self.frame_graphs.size(n)
+        b = self.frame_graphs.size(len(self.streams))
         pos, text, on, first = [0] * b, [0] * b, [0] * b, [0] * b
         for s in self.streams:
             pos[s.row] = s.pos
         for s in live:
+            pos[s.row], text[s.row], first[s.row] = s.launch()
             on[s.row] = 1
-            if s.frames == 0:
-                first[s.row] = 1
-            else:
-                text[s.row] = s.next_text_id()
         self.model.step_in[:, :b].copy_(torch.tensor([pos, text, on, first]), non_blocking=True)
         self.frame_graphs.run(b)
-        codes = self.model.codes[:n].tolist()
+        # The codes go to host memory behind the frame, so the next frame may overwrite them on the device.
+        codes = self._codes_host[self._launches % 2][:b]
+        self._launches += 1
+        codes.copy_(self.model.codes[:b], non_blocking=True)
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return _Launched([(s, s.row) for s in live], codes, done)
+
+    def _take(self, frame: _Launched) -> list[tuple[Stream, Packet | None]]:
+        if frame.done is not None:
+            frame.done.synchronize()
+        codes = frame.codes.tolist()
         events: list[tuple[Stream, Packet | None]] = []
         due = []
-        for s in live:
-            if s.take(codes[s.row]):
+        for s, row in frame.streams:
+            if s.done or s.row < 0:
+                continue  # it ended (EOS in the frame before) or left after this frame was launched
+            if s.take(codes[row]):
                 due.append(s)
             elif s.done:
                 events.append((s, None))
@@ -195,8 +242,6 @@ class Runner:
         for s, _ in events:
             if s.done:
                 self.remove(s)
-        STEP_SECONDS.observe(time.perf_counter() - start)
-        BATCH.observe(len(live))
         return events
 
     def _prefill(self, fresh: list[Stream]) -> None:

@@ -73,8 +73,12 @@ class Stream:
         self.eos_read = False
         self.row = -1  # the runner's batch row while the stream runs
         self.started = False  # prompt prefilled
-        self.pos = 0  # talker position of the next frame's input
-        self.frames = 0  # frames made (EOS not counted)
+        # The runner launches a frame before it reads the codes of the one before (engine.runner), so the
+        # launch side (position, frames launched) runs one frame ahead of the codes taken.
+        self.pos = 0  # talker position of the next frame launched
+        self.launched = 0  # frames launched
+        self.frame_cap = 0  # frames this stream may make (max_frames, and the cache's length)
+        self.frames = 0  # frames taken (EOS not counted)
         self.pending: list[list[int]] = []  # the 16 codes of each frame not yet decoded
         self.spoken_text_end = 0  # characters attributed to emitted packets
         self.done = False
@@ -100,7 +104,7 @@ class Stream:
 
     @property
     def runnable(self) -> bool:
-        if self.done:
+        if self.done or (self.started and self.launched >= self.frame_cap):
             return False
         if self.non_streaming:
             return self.final
@@ -114,10 +118,20 @@ class Stream:
         prompt = prompt_ids(self.model.cfg, self.voice, self.tokens.role_ids, self.ids, self.non_streaming)
         self.started = True
         self.pos = len(prompt[0]) - 1  # the last prompt position is the first step's input
+        self.frame_cap = min(self.max_frames, self.model.max_len - self.pos)
         return prompt
 
+    def launch(self) -> tuple[int, int, int]:
+        """The inputs of this stream's next frame (position, text-track token, first frame 0/1), which the
+        runner is about to launch."""
+        first = self.launched == 0
+        text = 0 if first else self.next_text_id()
+        self.pos += 1
+        self.launched += 1
+        return self.pos - 1, text, int(first)
+
     def next_text_id(self) -> int:
-        """The text-track token of the next frame (after the first)."""
+        """The text-track token of the next frame launched (after the first)."""
         if self.next_token < len(self.ids):
             self.next_token += 1
             return self.ids[self.next_token - 1]
@@ -134,8 +148,7 @@ class Stream:
             return bool(self.pending) or self.spoken_text_end < len(self.text)
         self.pending.append(codes)
         self.frames += 1
-        self.pos += 1
-        if self.frames >= self.max_frames or self.pos >= self.model.max_len:
+        if self.frames >= self.frame_cap:
             self.done = True
             return True
         return len(self.pending) >= (self.packet_frames if self.packets else self.first_packet_frames)

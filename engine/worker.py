@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Gauge, Histogram
 
-from engine import checkpoint
+from engine import checkpoint, kernels
 from engine.checkpoint import Checkpoint, CheckpointError
 from engine.prompt import PromptError, TextTokens, Voice
 from engine.runner import Runner
@@ -151,6 +151,11 @@ class QwenTTSEngine:
             if speaker not in ckpt.config.speakers:
                 raise CheckpointError(f"[engine.voices] {voice} = {speaker!r}: the checkpoint has no such speaker "
                                       f"(it has {', '.join(sorted(ckpt.config.speakers))})")
+        weight = ckpt.codec.decoder.pre_conv.conv.weight
+        problem = kernels.self_test(weight.device, weight.dtype) if kernels.available(weight) else None
+        if problem:
+            log.warning("fused kernels off (the engine runs its PyTorch code, slower): %s", problem)
+            kernels.set_enabled(False)
         self.runner = Runner(ckpt, max_streams, max_frames + PROMPT_POSITIONS, self.params, packet_frames,
                              first_packet_frames, cuda_graphs=cuda_graphs, graph_max_batch=graph_max_batch)
         self._cond = threading.Condition()
@@ -162,6 +167,7 @@ class QwenTTSEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> QwenTTSEngine:
+        kernels.set_enabled(config.fused_kernels)
         ckpt = checkpoint.load(config.checkpoint, device=config.device, dtype=config.dtype)
         return cls(ckpt, packet_frames=config.packet_frames, max_frames=config.max_frames,
                    max_text_chars=config.max_text_chars, seed=config.seed, greedy=config.greedy,
@@ -194,7 +200,7 @@ class QwenTTSEngine:
 
     # -- worker thread --
     def _has_work(self) -> bool:
-        if self._closed:
+        if self._closed or self.runner.busy:
             return True
         if self._waiting and (len(self._active) < self.max_streams or any(s.cancelled for s in self._waiting)):
             return True

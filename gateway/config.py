@@ -106,6 +106,8 @@ class EngineConfig:
     # CUDA graphs of the engine's step, one per batch size up to graph_max_batch (0 = max_streams).
     cuda_graphs: bool = True
     graph_max_batch: int = 0
+    # engine.kernels' Triton kernels on a GPU (false: the PyTorch ops, ~2.5x slower per frame).
+    fused_kernels: bool = True
     voices: dict[str, str] = field(default_factory=dict)
 
 
