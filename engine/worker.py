@@ -146,8 +146,8 @@ class QwenTTSEngine:
         self.packet_frames, self.max_frames, self.max_text_chars = packet_frames, max_frames, max_text_chars
         self.seed, self.min_frames, self.max_streams = seed, min_frames, max_streams
         self.first_packet_frames = first_packet_frames
-        self.voices = {k.lower(): v.lower() for k, v in (voices or {}).items()}
-        for voice, speaker in self.voices.items():
+        self._voice_map = {k.lower(): v.lower() for k, v in (voices or {}).items()}
+        for voice, speaker in self._voice_map.items():
             if speaker not in ckpt.config.speakers:
                 raise CheckpointError(f"[engine.voices] {voice} = {speaker!r}: the checkpoint has no such speaker "
                                       f"(it has {', '.join(sorted(ckpt.config.speakers))})")
@@ -175,10 +175,15 @@ class QwenTTSEngine:
                    first_packet_frames=config.first_packet_frames, cuda_graphs=config.cuda_graphs,
                    graph_max_batch=config.graph_max_batch)
 
+    @property
+    def voices(self) -> frozenset[str]:
+        """OpenAI voice names mapped in [engine.voices], and the checkpoint's own speakers."""
+        return frozenset(self._voice_map) | frozenset(self.ckpt.config.speakers)
+
     def open(self, voice: str, language: str | None = None) -> QwenTTSStream:
         """A new stream for `voice` (an OpenAI voice name from [engine.voices], or a checkpoint speaker)."""
         loop = asyncio.get_running_loop()
-        speaker = self.voices.get(voice.lower(), voice)
+        speaker = self._voice_map.get(voice.lower(), voice)
         lang = ISO_LANGUAGES.get((language or "auto").lower(), language)
         try:
             resolved = Voice.resolve(self.ckpt.config, speaker, lang)

@@ -105,12 +105,13 @@ class SttClient:
     def from_config(cls, config: SttConfig) -> SttClient:
         return cls(config.base_url, config.model, config.api_key_env, config.language, config.timeout_s)
 
-    async def transcribe(self, pcm16_24k: bytes) -> str:
+    async def transcribe(self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None) -> str:
         try:
             result = await self._transcriptions.create(
                 file=("audio.wav", wav_bytes(pcm16_24k), "audio/wav"),
                 model=self.model,
-                language=self.language or openai.omit,
+                language=language or self.language or openai.omit,
+                prompt=prompt or openai.omit,
             )
         except Exception as exc:  # whatever broke, the turn fails as an STT failure
             raise BackendError("stt", describe(exc, self.timeout_s)) from exc

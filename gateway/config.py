@@ -39,6 +39,7 @@ class SessionConfig:
     instructions: str = "You are a helpful voice assistant. Answer briefly."
     max_append_bytes: int = 15 * 1024 * 1024
     max_buffer_seconds: float = 900.0
+    idle_buffer_seconds: float = 60.0
 
 
 @dataclass

@@ -23,8 +23,6 @@ from gateway.responder import (
     AudioOut,
     BackendError,
     EchoResponder,
-    InputTranscript,
-    InputTranscriptFailed,
     Responder,
     ResponseOutput,
     ResponseRequest,
@@ -77,29 +75,41 @@ class PipelineResponder:
             await self.stt.aclose()
         await self.llm.aclose()
 
+    @property
+    def voices(self) -> frozenset[str] | None:
+        return self.tts_engine.voices
+
+    @property
+    def transcriber(self) -> SttClient | None:
+        """User audio is transcribed as each item is committed, unless it goes to the LLM as audio."""
+        return None if self.audio_in else self.stt
+
     async def respond(self, request: ResponseRequest) -> AsyncIterator[ResponseOutput]:
         messages = list(request.messages)
-        # Only the latest untranscribed user turn needs STT: earlier ones were transcribed on
-        # their own turn, or failed then and are left out of the prompt.
-        index = next(
-            (i for i in reversed(range(len(messages))) if messages[i].role == "user" and messages[i].audio),
-            None,
-        )
-        if not self.audio_in and index is not None and not messages[index].text:
-            item = messages[index]
-            assert item.audio is not None
-            try:
-                if self.stt is None:
-                    raise BackendError("stt", "no STT backend configured ([stt] base_url is empty)")
-                text = await self.stt.transcribe(item.audio)
-            except BackendError as exc:
-                yield InputTranscriptFailed(item.item_id, exc.cause)
-                raise
-            yield InputTranscript(item.item_id, text)
-            yield TraceMark("stt_done")
-            if not text:
-                return  # nothing was said (noise, a cough): there is nothing to answer
-            messages[index] = dataclasses.replace(item, text=text)
+        if not self.audio_in:
+            # The turn being answered: the last user item, when it is audio.
+            turn = next((i for i in reversed(range(len(messages))) if messages[i].role == "user"), None)
+            for i, item in enumerate(messages):
+                if item.role != "user" or not item.audio or item.text:
+                    continue
+                # Still transcribing (a turn that was cut short keeps its place in the conversation), or
+                # failed: an earlier turn is then left out, this turn fails the response.
+                transcript = request.transcripts.get(item.item_id)
+                try:
+                    if transcript is None:
+                        raise BackendError("stt", "no STT backend configured ([stt] base_url is empty)"
+                                           if self.stt is None else "the turn was not transcribed")
+                    # shield: closing this response must not cancel the item's transcription.
+                    text = await asyncio.shield(transcript)
+                except BackendError:
+                    if i == turn:
+                        raise
+                    continue
+                messages[i] = dataclasses.replace(item, text=text)
+                if i == turn:
+                    yield TraceMark("stt_done")
+                    if not text:
+                        return  # nothing was said (noise, a cough): there is nothing to answer
 
         chat = self.llm.stream_chat(
             chat_messages(request.instructions, messages, self.audio_in),

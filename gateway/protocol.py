@@ -156,6 +156,7 @@ class TurnDetection:
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: int | None = None
+    eagerness: str = "auto"  # semantic_vad only (run as server VAD; echoed back)
 
 
 @dataclass
@@ -181,7 +182,12 @@ class SessionSettings:
     max_output_tokens: int | str = "inf"
     speed: float = 1.0
     tools: list[Any] = field(default_factory=list)
-    tool_choice: str = "auto"
+    tool_choice: str | dict[str, Any] = "auto"
+    # GA settings the gateway keeps and reports back but does not act on.
+    tracing: str | dict[str, Any] | None = None
+    truncation: str | dict[str, Any] = "auto"
+    prompt: dict[str, Any] | None = None
+    include: list[str] | None = None
 
 
 def _parse_format_ga(value: Any, param: str) -> str:
@@ -200,15 +206,18 @@ def _parse_format_ga(value: Any, param: str) -> str:
     return _choice(kind, tuple(_GA_FORMATS.values()), f"{param}.type")
 
 
-def _parse_turn_detection(value: Any, current: TurnDetection | None, param: str) -> TurnDetection | None:
+def _parse_turn_detection(value: Any, current: TurnDetection | None, defaults: TurnDetection,
+                          param: str) -> TurnDetection | None:
     if value is None:
         return None
     td = field_of({"t": value}, "t", dict, param, required=True)
     kind = field_of(td, "type", str, f"{param}.type") or (current.type if current else "server_vad")
     # semantic_vad is accepted and run as server_vad: the gateway has no semantic turn model.
     _choice(kind, ("server_vad", "semantic_vad"), f"{param}.type")
-    base = replace(current) if current else TurnDetection()
+    base = replace(current or defaults)
     base.type = kind
+    if (eagerness := field_of(td, "eagerness", str, f"{param}.eagerness")) is not None:
+        base.eagerness = _choice(eagerness, ("low", "medium", "high", "auto"), f"{param}.eagerness")
     threshold = field_of(td, "threshold", float, f"{param}.threshold")
     if threshold is not None:
         if not 0.0 <= threshold <= 1.0:
@@ -266,9 +275,11 @@ def _parse_max_tokens(value: Any, param: str) -> int | str:
 
 
 def parse_session(
-    body: Any, current: SessionSettings, dialect: Dialect, voice_locked: bool
+    body: Any, current: SessionSettings, dialect: Dialect, voice_locked: bool, vad_defaults: TurnDetection,
+    voices: frozenset[str] | None = None,
 ) -> SessionSettings:
-    """A session.update's ``session`` applied to ``current``; only the fields sent change."""
+    """A session.update's ``session`` applied to ``current``; only the fields sent change. Turn detection
+    switched on starts from ``vad_defaults``; ``voices`` are the voices the speech engine has (None: any)."""
     s = field_of({"session": body}, "session", dict, "session", required=True)
     new = replace(current)
     if (instructions := field_of(s, "instructions", str, "session.instructions")) is not None:
@@ -292,7 +303,7 @@ def parse_session(
             new.output_format = _parse_format_ga(out["format"], "session.audio.output.format")
         if "turn_detection" in inp:
             new.turn_detection = _parse_turn_detection(
-                inp["turn_detection"], current.turn_detection, "session.audio.input.turn_detection"
+                inp["turn_detection"], current.turn_detection, vad_defaults, "session.audio.input.turn_detection"
             )
         if "transcription" in inp:
             new.transcription = _parse_transcription(inp["transcription"], "session.audio.input.transcription")
@@ -302,6 +313,7 @@ def parse_session(
         voice = field_of(out, "voice", (str, dict), "session.audio.output.voice")
         speed = field_of(out, "speed", float, "session.audio.output.speed")
         voice_param = "session.audio.output.voice"
+        _parse_ga_extras(s, new)
     else:
         if "modalities" in s:
             new.modalities = _parse_modalities(s["modalities"], "session.modalities")
@@ -314,7 +326,7 @@ def parse_session(
                 setattr(new, attr, _choice(fmt, AUDIO_FORMATS, f"session.{key}"))
         if "turn_detection" in s:
             new.turn_detection = _parse_turn_detection(
-                s["turn_detection"], current.turn_detection, "session.turn_detection"
+                s["turn_detection"], current.turn_detection, vad_defaults, "session.turn_detection"
             )
         if "input_audio_transcription" in s:
             new.transcription = _parse_transcription(
@@ -338,21 +350,69 @@ def parse_session(
             raise ProtocolError(
                 "cannot_update_voice", "Cannot update a session's voice after audio has been output.", voice_param
             )
-        new.voice = name
+        new.voice = check_voice(name, voices, voice_param)
     if speed is not None:
         if not 0.25 <= speed <= 1.5:
             raise ProtocolError("invalid_value", "speed must be between 0.25 and 1.5.", voice_param[:-5] + "speed")
         new.speed = float(speed)
     if (tools := field_of(s, "tools", list, "session.tools")) is not None:
         new.tools = tools
-    if (tool_choice := field_of(s, "tool_choice", str, "session.tool_choice")) is not None:
+    if (tool_choice := field_of(s, "tool_choice", (str, dict), "session.tool_choice")) is not None:
+        if isinstance(tool_choice, str):
+            _choice(tool_choice, ("none", "auto", "required"), "session.tool_choice")
+        else:
+            _choice(field_of(tool_choice, "type", str, "session.tool_choice.type", required=True),
+                    ("function", "mcp"), "session.tool_choice.type")
         new.tool_choice = tool_choice
     return new
+
+
+def response_format(params: dict[str, Any], dialect: Dialect) -> str | None:
+    """A response.create's own output audio format, if it sets one."""
+    if dialect is Dialect.GA:
+        audio = field_of(params, "audio", dict, "response.audio") or {}
+        out = field_of(audio, "output", dict, "response.audio.output") or {}
+        return _parse_format_ga(out["format"], "response.audio.output.format") if out.get("format") else None
+    fmt = field_of(params, "output_audio_format", str, "response.output_audio_format")
+    return None if fmt is None else _choice(fmt, AUDIO_FORMATS, "response.output_audio_format")
+
+
+def check_voice(name: str, voices: frozenset[str] | None, param: str) -> str:
+    if voices is not None and name.lower() not in voices:
+        raise ProtocolError(
+            "invalid_value", f"Voice '{name}' is not available; this gateway has: {', '.join(sorted(voices))}.", param
+        )
+    return name
+
+
+def _parse_ga_extras(s: dict[str, Any], new: SessionSettings) -> None:
+    """Settings kept and reported back as sent (the gateway has no tracing, truncation policy or stored
+    prompts): their shape is checked, their content is not acted on."""
+    if "tracing" in s:
+        tracing = field_of(s, "tracing", (str, dict), "session.tracing")
+        if isinstance(tracing, str):
+            _choice(tracing, ("auto",), "session.tracing")
+        new.tracing = tracing
+    if "truncation" in s:
+        truncation = field_of(s, "truncation", (str, dict), "session.truncation") or "auto"
+        if isinstance(truncation, str):
+            _choice(truncation, ("auto", "disabled"), "session.truncation")
+        new.truncation = truncation
+    if "prompt" in s:
+        new.prompt = field_of(s, "prompt", dict, "session.prompt")
+    if "include" in s:
+        include = field_of(s, "include", list, "session.include")
+        for i, entry in enumerate(include or []):
+            _choice(entry, ("item.input_audio_transcription.logprobs",), f"session.include[{i}]")
+        new.include = include
 
 
 def _td_wire(td: TurnDetection | None, dialect: Dialect) -> dict[str, Any] | None:
     if td is None:
         return None
+    if td.type == "semantic_vad":
+        return {"type": td.type, "eagerness": td.eagerness, "create_response": td.create_response,
+                "interrupt_response": td.interrupt_response}
     out = {
         "type": td.type,
         "threshold": td.threshold,
@@ -389,9 +449,10 @@ def session_wire(s: SessionSettings, dialect: Dialect) -> dict[str, Any]:
             "tools": s.tools,
             "tool_choice": s.tool_choice,
             "max_output_tokens": s.max_output_tokens,
-            "tracing": None,
-            "truncation": "auto",
-            "prompt": None,
+            "tracing": s.tracing,
+            "truncation": s.truncation,
+            "prompt": s.prompt,
+            "include": s.include,
             "audio": {
                 "input": {
                     "format": format_wire(s.input_format),

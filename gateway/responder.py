@@ -34,7 +34,10 @@ class ResponseRequest:
     voice: str
     modalities: list[str] = field(default_factory=lambda: ["audio"])
     max_output_tokens: int | None = None
-    temperature: float | None = None
+    temperature: float | None = None  # None: the backend's configured temperature
+    # Transcriptions of user audio items, started when each item was committed (the runner's): the
+    # responder awaits those of messages that have no text yet. A failed one raises its BackendError.
+    transcripts: dict[str, asyncio.Future[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -59,27 +62,13 @@ class TextOut:
 
 
 @dataclass
-class InputTranscript:
-    """The transcription of a user audio item, produced on the way to the answer."""
-
-    item_id: str
-    text: str
-
-
-@dataclass
-class InputTranscriptFailed:
-    item_id: str
-    message: str
-
-
-@dataclass
 class TraceMark:
     """A latency checkpoint (stt_done, llm_first_token, tts_first_audio) reached by the responder."""
 
     name: str
 
 
-ResponseOutput = AudioOut | SpeechText | TextOut | InputTranscript | InputTranscriptFailed | TraceMark
+ResponseOutput = AudioOut | SpeechText | TextOut | TraceMark
 
 
 class BackendError(Exception):
@@ -91,7 +80,17 @@ class BackendError(Exception):
         self.cause = cause
 
 
+class Transcriber(Protocol):
+    async def transcribe(self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None) -> str:
+        """The text of the audio; ``language`` and ``prompt`` from the session override the configured ones."""
+
+
 class Responder(Protocol):
+    # Transcribes each committed user audio item (None: the responder reads no transcripts).
+    transcriber: Transcriber | None
+    # The voices it speaks with, lower case (None: any name will do).
+    voices: frozenset[str] | None
+
     def respond(self, request: ResponseRequest) -> AsyncIterator[ResponseOutput]: ...
 
 
@@ -100,6 +99,9 @@ class EchoResponder:
 
     pace 1.0 sends audio at real time, 2.0 at twice real time, 0 as fast as possible.
     """
+
+    transcriber = None
+    voices = None
 
     def __init__(self, pace: float = 1.0, chunk_ms: int = 40) -> None:
         self.pace = pace

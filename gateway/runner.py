@@ -13,7 +13,7 @@ from typing import Protocol
 
 import orjson
 
-from gateway.responder import Responder, ResponseRequest
+from gateway.responder import BackendError, Responder, ResponseRequest
 from gateway.session import (
     ClearPlayout,
     Effect,
@@ -24,6 +24,7 @@ from gateway.session import (
     Session,
     StartResponse,
     StopResponse,
+    Transcribe,
 )
 from gateway.trace import TurnTrace
 from gateway.vad import SileroVAD, VadBatcher
@@ -64,7 +65,11 @@ class SessionRunner:
         self.trace = trace or TurnTrace(session.settings.id)
         self.playout = playout
         self._task: asyncio.Task[None] | None = None
+        # Transcriptions by user item id: they outlive the responses that wait for them.
+        self._transcripts: dict[str, asyncio.Task[str]] = {}
         self._closed = False
+        session.transcribes = responder.transcriber is not None
+        session.voices = responder.voices
 
     async def start(self) -> None:
         await self._apply(self.session.open())
@@ -85,9 +90,10 @@ class SessionRunner:
 
     async def close(self) -> None:
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [t for t in (self._task, *self._transcripts.values()) if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _apply(self, effects: Iterable[Effect]) -> None:
         for effect in effects:
@@ -98,11 +104,20 @@ class SessionRunner:
             elif isinstance(effect, RunVad):
                 await self._apply(self.session.vad_result(await self._vad(effect.pcm)))
             elif isinstance(effect, StartResponse):
-                self._task = asyncio.create_task(self._respond(effect.request))
+                request = effect.request
+                request.transcripts = {m.item_id: self._transcripts[m.item_id] for m in request.messages
+                                       if m.role == "user" and not m.text and m.item_id in self._transcripts}
+                self._task = asyncio.create_task(self._respond(request))
             elif isinstance(effect, StopResponse):
                 self.trace.cancelled(effect.response_id)
-                if self._task is not None:
+                # A response that failed stops itself: its own task is the one sending its last events.
+                if self._task is not None and self._task is not asyncio.current_task():
                     self._task.cancel()
+            elif isinstance(effect, Transcribe):
+                task = asyncio.create_task(self._transcribe(effect))
+                # A failure is reported to the client at once; a response may await it or not.
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+                self._transcripts[effect.item_id] = task
             elif isinstance(effect, Play):
                 if self.playout is not None:
                     self.playout.play(effect.response_id, effect.item_id, effect.pcm)
@@ -122,6 +137,16 @@ class SessionRunner:
         if self._vad_batcher is None or self.vad.windows_pending(len(pcm)) == 0:
             return self.vad.process(pcm)
         return await self._vad_batcher.process(self.vad, pcm)
+
+    async def _transcribe(self, effect: Transcribe) -> str:
+        assert self.responder.transcriber is not None
+        try:
+            text = await self.responder.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
+        except BackendError as exc:
+            await self._apply(self.session.input_transcribed(effect.item_id, None, exc.cause))
+            raise
+        await self._apply(self.session.input_transcribed(effect.item_id, text))
+        return text
 
     async def _respond(self, request: ResponseRequest) -> None:
         rid = request.response_id

@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import IO, TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -168,7 +169,8 @@ class Gateway:
 
     async def _handle(self, ws: ServerConnection) -> None:
         beta = "realtime=v1" in (ws.request.headers.get("OpenAI-Beta") or "")
-        session = Session(self.config, Dialect.BETA if beta else Dialect.GA)
+        model = parse_qs(urlsplit(ws.request.path).query).get("model", [None])[0]
+        session = Session(self.config, Dialect.BETA if beta else Dialect.GA, model=model)
         runner = self.new_runner(session, ws.send)
         self.sessions.add(runner)
         ACTIVE_SESSIONS.set(len(self.sessions))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -29,20 +29,20 @@ from gateway.protocol import (
     ProtocolError,
     SessionSettings,
     TurnDetection,
+    check_voice,
     error_event,
     field_of,
     format_wire,
     new_id,
     parse_item,
     parse_session,
+    response_format,
     session_wire,
     to_wire,
 )
 from gateway.responder import (
     AudioOut,
     BackendError,
-    InputTranscript,
-    InputTranscriptFailed,
     Message,
     ResponseOutput,
     ResponseRequest,
@@ -106,6 +106,16 @@ class ClearPlayout:
 
 
 @dataclass
+class Transcribe:
+    """Transcribe this committed user audio item and pass the result to ``input_transcribed``."""
+
+    item_id: str
+    pcm: bytes
+    language: str | None = None  # the session's transcription language and prompt, if it set them
+    prompt: str | None = None
+
+
+@dataclass
 class Mark:
     """A latency checkpoint of the current turn (for the trace)."""
 
@@ -113,7 +123,8 @@ class Mark:
     response_id: str | None = None
 
 
-Effect = dict[str, Any] | RunVad | StartResponse | StopResponse | Play | PlayoutEnd | ClearPlayout | Mark
+Effect = (dict[str, Any] | RunVad | StartResponse | StopResponse | Play | PlayoutEnd | ClearPlayout | Mark
+          | Transcribe)
 
 
 @dataclass
@@ -144,31 +155,31 @@ class _Response:
 
 
 class Session:
-    def __init__(self, config: Config, dialect: Dialect = Dialect.GA, server_playout: bool = False) -> None:
+    def __init__(self, config: Config, dialect: Dialect = Dialect.GA, server_playout: bool = False,
+                 model: str | None = None) -> None:
         """``server_playout``: the server plays the audio out itself (WebRTC), so it sends no audio deltas,
-        knows what was heard, and truncates the assistant item itself on barge-in."""
+        knows what was heard, and truncates the assistant item itself on barge-in. ``model``: the model the
+        client asked for (the ?model= query), reported back; the gateway's own models answer."""
         self.config = config
         self.dialect = dialect
         self.server_playout = server_playout
         vad = config.vad
-        td = (
-            TurnDetection(
-                threshold=vad.threshold,
-                prefix_padding_ms=vad.prefix_padding_ms,
-                silence_duration_ms=vad.silence_duration_ms,
-                create_response=vad.create_response,
-                interrupt_response=vad.interrupt_response,
-                idle_timeout_ms=vad.idle_timeout_ms or None,
-            )
-            if vad.enabled
-            else None
+        # What turn detection starts from, at the start and when a session.update switches it back on.
+        self._vad_defaults = TurnDetection(
+            threshold=vad.threshold,
+            prefix_padding_ms=vad.prefix_padding_ms,
+            silence_duration_ms=vad.silence_duration_ms,
+            create_response=vad.create_response,
+            interrupt_response=vad.interrupt_response,
+            idle_timeout_ms=vad.idle_timeout_ms or None,
         )
         self.settings = SessionSettings(
             id=new_id("sess"),
-            model=config.session.model,
+            model=model or config.session.model,
             instructions=config.session.instructions,
             voice=config.session.voice,
-            turn_detection=td,
+            turn_detection=replace(self._vad_defaults) if vad.enabled else None,
+            temperature=config.llm.temperature,
         )
         self.conversation_id = new_id("conv")
         self.phase = Phase.LISTENING
@@ -188,6 +199,11 @@ class Session:
         self._idle_since_ms = 0.0
         self._response: _Response | None = None
         self._voice_locked = False
+        # Set by the runner when its responder reads transcripts: each user audio item is then
+        # transcribed as it is committed, whatever becomes of the response to it.
+        self.transcribes = False
+        # Set by the runner from its speech engine: the voices it has (None: any name will do).
+        self.voices: frozenset[str] | None = None
 
     # --- client events --------------------------------------------------------------------------
 
@@ -224,13 +240,13 @@ class Session:
             return [self._wire(error_event(exc.code, exc.message, exc.param, event_id))]
 
     def _on_session_update(self, event: dict[str, Any]) -> list[Effect]:
-        new = parse_session(event.get("session"), self.settings, self.dialect, self._voice_locked)
+        new = parse_session(event.get("session"), self.settings, self.dialect, self._voice_locked,
+                            self._vad_defaults, self.voices)
+        tail: list[Effect] = []
         if new.input_format != self.settings.input_format:
             # The old decoder holds back a few ms of resampled audio: keep them before switching.
-            tail = self._decoder.flush()
+            tail = self.input_audio(self._decoder.flush())
             self._decoder = InputDecoder(new.input_format)
-            self._buffer += tail
-            self._input_ms += len(tail) / BYTES_PER_MS
         td = new.turn_detection
         if td is not None:
             self._detector.threshold = td.threshold
@@ -239,7 +255,7 @@ class Session:
         elif self._speech is not None:
             self._end_speech()
         self.settings = new
-        return [self._session_event("session.updated")]
+        return [self._session_event("session.updated"), *tail]
 
     def _on_input_audio_buffer_append(self, event: dict[str, Any]) -> list[Effect]:
         audio = field_of(event, "audio", str, "audio", required=True)
@@ -270,9 +286,13 @@ class Session:
             )
         item_id = self._speech[0] if self._speech else new_id("item")
         self._end_speech()
-        return self._commit(item_id, self._buffer_start_ms, self._input_ms)
+        # A G.711 decoder holds back a few ms of resampled audio: they belong to this commit (and go
+        # through VAD like all input, which keeps its clock on the input's).
+        tail = self.input_audio(self._decoder.flush())
+        return self._commit(item_id, self._buffer_start_ms, self._input_ms) + tail
 
     def _on_input_audio_buffer_clear(self, event: dict[str, Any]) -> list[Effect]:
+        self._decoder.reset()
         self._buffer.clear()
         self._buffer_start_ms = self._input_ms
         self._end_speech()
@@ -294,12 +314,18 @@ class Session:
                     raise ProtocolError(
                         "invalid_base64", "Audio is not valid base64.", f"item.content[{i}].audio"
                     ) from None
-                stored.audio += InputDecoder(self.settings.input_format).decode(raw)
+                decoder = InputDecoder(self.settings.input_format)
+                stored.audio += decoder.decode(raw) + decoder.flush()
             part.pop("audio", None)
         index = 0 if previous == "root" else (
             self._order.index(previous) + 1 if previous else len(self._order)
         )
-        return self._insert(stored, index)
+        effects = self._insert(stored, index)
+        if item.get("role") == "user" and stored.audio and not any(
+            p.get("transcript") for p in item["content"] if p["type"] == "input_audio"
+        ):
+            effects += self._transcribe(stored)
+        return effects
 
     def _on_conversation_item_retrieve(self, event: dict[str, Any]) -> list[Effect]:
         stored = self._item(event)
@@ -394,8 +420,9 @@ class Session:
         """The playout dropped its queue; ``heard_ms`` of ``item_id`` had been played."""
         effects: list[Effect] = [self._event("output_audio_buffer.cleared", response_id=self._response_of(item_id))]
         stored = self._items.get(item_id)
-        if stored is not None and heard_ms * BYTES_PER_MS < len(stored.audio):
-            effects += self._truncate(stored, 0, int(heard_ms))
+        if stored is not None:
+            # Also when everything made so far was heard: the transcript may run ahead of the audio.
+            effects += self._truncate(stored, 0, min(int(heard_ms), int(len(stored.audio) / BYTES_PER_MS)))
         return effects
 
     def playout_event(self, kind: str, response_id: str) -> list[Effect]:
@@ -464,22 +491,24 @@ class Session:
 
     def _idle_timeout(self, td: TurnDetection) -> list[Effect]:
         item_id = new_id("item")
-        start, end = self._idle_since_ms, self._input_ms
+        start, end = max(self._idle_since_ms, self._buffer_start_ms), self._input_ms
         self._idle_since_ms = end
         effects: list[Effect] = [self._event(
             "input_audio_buffer.timeout_triggered", audio_start_ms=round(start), audio_end_ms=round(end),
             item_id=item_id,
         )]
-        effects += self._commit(item_id, max(start, self._buffer_start_ms), end)
+        effects += self._commit(item_id, start, end)
         return effects + self._start_response({})
 
     def _trim_buffer(self) -> None:
-        """Bound the uncommitted buffer; with VAD on and no speech, only the prefix padding matters."""
+        """Bound the uncommitted buffer. With VAD on and no speech, a VAD turn needs only the prefix
+        padding, but a manual commit or an idle timeout commits what is there: keep idle_buffer_seconds."""
+        cfg = self.config.session
         td = self.settings.turn_detection
         if td is not None and self._speech is None:
-            keep_ms = td.prefix_padding_ms + 1000
+            keep_ms = max(td.prefix_padding_ms + 1000, cfg.idle_buffer_seconds * 1000)
         else:
-            keep_ms = self.config.session.max_buffer_seconds * 1000
+            keep_ms = cfg.max_buffer_seconds * 1000
         excess = len(self._buffer) - int(keep_ms) * BYTES_PER_MS
         if excess > 0:
             del self._buffer[:excess]
@@ -489,8 +518,6 @@ class Session:
 
     def response_output(self, response_id: str, out: ResponseOutput) -> list[Effect]:
         """Something the responder of ``response_id`` produced; dropped if that response has ended."""
-        if isinstance(out, InputTranscript | InputTranscriptFailed):
-            return self._input_transcript(out)
         resp = self._response
         if resp is None or resp.id != response_id:
             return []
@@ -512,7 +539,8 @@ class Session:
                 effects.append(Play(resp.id, resp.item_id, out.pcm))
                 return effects
             encoded = resp.encoder.encode(out.pcm)
-            effects.append(self._delta("response.output_audio.delta", resp, base64.b64encode(encoded).decode()))
+            if encoded:  # a G.711 resampler may hold all of a short chunk back
+                effects.append(self._delta("response.output_audio.delta", resp, base64.b64encode(encoded).decode()))
             return effects
         if isinstance(out, SpeechText | TextOut) and out.text:
             if audio_mode:
@@ -548,14 +576,18 @@ class Session:
             mods = field_of(params, "output_modalities", list, "response.output_modalities")
             audio = field_of(params, "audio", dict, "response.audio") or {}
             out = field_of(audio, "output", dict, "response.audio.output") or {}
-            voice = field_of(out, "voice", str, "response.audio.output.voice")
+            voice_param = "response.audio.output.voice"
             max_tokens = params.get("max_output_tokens")
             max_param = "response.max_output_tokens"
         else:
             mods = field_of(params, "modalities", list, "response.modalities")
-            voice = field_of(params, "voice", str, "response.voice")
+            out = params
+            voice_param = "response.voice"
             max_tokens = params.get("max_response_output_tokens")
             max_param = "response.max_response_output_tokens"
+        voice = field_of(out, "voice", str, voice_param)
+        if voice is not None:
+            check_voice(voice, self.voices, voice_param)
         if mods is not None:
             for i, m in enumerate(mods):
                 if m not in ("text", "audio"):
@@ -571,6 +603,9 @@ class Session:
                                 "response.conversation")
         instructions = field_of(params, "instructions", str, "response.instructions")
         metadata = field_of(params, "metadata", dict, "response.metadata")
+        output_format = response_format(params, self.dialect) or s.output_format
+        # An out-of-band context replaces the conversation for this response ("input": items or references).
+        context = self._response_input(params["input"]) if params.get("input") is not None else None
 
         item_id = new_id("item")
         part = {"type": "output_audio", "transcript": ""} if "audio" in modalities else {"type": "output_text",
@@ -584,11 +619,11 @@ class Session:
             item_id=item_id,
             modalities=modalities,
             voice=voice or s.voice,
-            output_format=s.output_format,
+            output_format=output_format,
             in_conversation=conversation == "auto",
             max_output_tokens=max_tokens if max_tokens is not None else s.max_output_tokens,
             metadata=metadata,
-            encoder=OutputEncoder(s.output_format),
+            encoder=OutputEncoder(output_format),
             stored=stored,
         )
         stored.response_id = resp.id
@@ -596,7 +631,7 @@ class Session:
             response_id=resp.id,
             item_id=resp.item_id,
             instructions=instructions if instructions is not None else s.instructions,
-            messages=self._messages(),
+            messages=self._messages(context),
             voice=resp.voice,
             modalities=modalities,
             max_output_tokens=resp.max_output_tokens if isinstance(resp.max_output_tokens, int) else None,
@@ -701,11 +736,18 @@ class Session:
             "content": [{"type": "input_audio", "transcript": None}],
         }
         previous = self._order[-1] if self._order else None
+        stored = _Stored(item, bytearray(audio))
         effects: list[Effect] = [
             Mark("committed"),
             self._event("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous),
         ]
-        return effects + self._insert(_Stored(item, bytearray(audio)), len(self._order))
+        return effects + self._insert(stored, len(self._order)) + self._transcribe(stored)
+
+    def _transcribe(self, stored: _Stored) -> list[Effect]:
+        if not self.transcribes:
+            return []
+        tr = self.settings.transcription
+        return [Transcribe(stored.data["id"], bytes(stored.audio), tr and tr.language, tr and tr.prompt)]
 
     def _insert(self, stored: _Stored, index: int, done: bool = True) -> list[Effect]:
         item_id = stored.data["id"]
@@ -730,28 +772,52 @@ class Session:
             raise ProtocolError("item_not_found", f"Item with id '{item_id}' not found.", "item_id")
         return stored
 
-    def _input_transcript(self, out: InputTranscript | InputTranscriptFailed) -> list[Effect]:
-        stored = self._items.get(out.item_id)
+    def input_transcribed(self, item_id: str, text: str | None, error: str | None = None) -> list[Effect]:
+        """The transcription of user audio item ``item_id`` (see Transcribe): its text, or why it failed."""
+        stored = self._items.get(item_id)
         if stored is None:
-            return []
-        if isinstance(out, InputTranscriptFailed):
+            return []  # deleted meanwhile
+        if text is None:
             return [self._event(
-                "conversation.item.input_audio_transcription.failed", item_id=out.item_id, content_index=0,
-                error={"type": "transcription_error", "code": "stt_backend_error", "message": out.message,
+                "conversation.item.input_audio_transcription.failed", item_id=item_id, content_index=0,
+                error={"type": "transcription_error", "code": "stt_backend_error", "message": error,
                        "param": None},
             )]
         for part in stored.data.get("content", []):
             if part["type"] == "input_audio":
-                part["transcript"] = out.text
+                part["transcript"] = text
         return [self._event(
-            "conversation.item.input_audio_transcription.completed", item_id=out.item_id, content_index=0,
-            transcript=out.text, usage={"type": "duration", "seconds": round(len(stored.audio) / 48000, 3)},
+            "conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0,
+            transcript=text, usage={"type": "duration", "seconds": round(len(stored.audio) / 48000, 3)},
         )]
 
-    def _messages(self) -> list[Message]:
+    def _response_input(self, value: Any) -> list[_Stored]:
+        """response.input: the items a response sees instead of the conversation."""
+        entries = field_of({"input": value}, "input", list, "response.input")
+        context = []
+        for i, entry in enumerate(entries):
+            param = f"response.input[{i}]"
+            body = field_of({"e": entry}, "e", dict, param, required=True)
+            if body.get("type") == "item_reference":
+                ref = field_of(body, "id", str, f"{param}.id", required=True)
+                if ref not in self._items:
+                    raise ProtocolError("item_not_found", f"Item with id '{ref}' not found.", f"{param}.id")
+                context.append(self._items[ref])
+            else:
+                item = parse_item(body, param)
+                stored = _Stored(item)
+                for j, part in enumerate(item.get("content", [])):
+                    if part.pop("audio", None):
+                        raise ProtocolError("unsupported_content", "Audio in response.input is not supported; "
+                                            "create the item first and reference it.", f"{param}.content[{j}]")
+                context.append(stored)
+        return context
+
+    def _messages(self, context: list[_Stored] | None = None) -> list[Message]:
+        """The conversation as the responder sees it (or ``context``, a response's own input)."""
         messages = []
-        for item_id in self._order:
-            stored = self._items[item_id]
+        for stored in context if context is not None else (self._items[i] for i in self._order):
+            item_id = stored.data["id"]
             data = stored.data
             if data["type"] != "message":
                 continue

@@ -36,5 +36,6 @@ class TTSStream(Protocol):
 
 class TTSEngine(Protocol):
     incremental: bool
+    voices: frozenset[str] | None  # the voice names open() takes, lower case (None: any)
 
     def open(self, voice: str, language: str | None = None) -> TTSStream: ...

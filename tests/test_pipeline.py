@@ -19,8 +19,6 @@ from gateway.responder import (
     AudioOut,
     BackendError,
     EchoResponder,
-    InputTranscript,
-    InputTranscriptFailed,
     Message,
     ResponseOutput,
     ResponseRequest,
@@ -118,6 +116,20 @@ def request(*messages: Message, modalities: list[str] | None = None, **kwargs: A
     )
 
 
+def respond(responder: PipelineResponder, req: ResponseRequest) -> AsyncIterator[ResponseOutput]:
+    """responder.respond as the session runner calls it: the transcription of each user audio item was
+    started when the item was committed (gateway.runner)."""
+    if responder.transcriber is not None:
+        for m in req.messages:
+            if m.role == "user" and m.audio and not m.text and m.item_id not in req.transcripts:
+                req.transcripts[m.item_id] = asyncio.ensure_future(responder.transcriber.transcribe(m.audio))
+    return responder.respond(req)
+
+
+def transcript(req: ResponseRequest, item_id: str = "item_user") -> str:
+    return req.transcripts[item_id].result()
+
+
 def user_audio(item_id: str = "item_user") -> Message:
     return Message(item_id, "user", audio=USER_AUDIO)
 
@@ -136,9 +148,10 @@ def marks(outs: list[ResponseOutput]) -> list[str]:
 
 async def test_full_turn(make: Make, fake: FakeOpenAI):
     engine = RecordingEngine()
-    outs = await collect(make(fake.base_url, engine).respond(request(user_audio())))
+    req = request(user_audio())
+    outs = await collect(respond(make(fake.base_url, engine), req))
 
-    assert outs[0] == InputTranscript("item_user", TRANSCRIPT)
+    assert transcript(req) == TRANSCRIPT
     assert marks(outs) == ["stt_done", "llm_first_token", "tts_first_audio"]
     speech = [o.text for o in outs if isinstance(o, SpeechText)]
     # the transcript keeps the reply's spaces; the engine gets each segment stripped
@@ -182,8 +195,8 @@ async def test_llm_sees_instructions_and_history(make: Make, fake: FakeOpenAI):
         Message("i6", "user", audio=USER_AUDIO),  # this turn
     ]
     req = request(*history, instructions="Be brief.", max_output_tokens=40, temperature=0.2)
-    outs = await collect(make(fake.base_url).respond(req))
-    assert InputTranscript("i6", TRANSCRIPT) in outs
+    await collect(respond(make(fake.base_url), req))
+    assert transcript(req, "i6") == TRANSCRIPT
     assert len(fake.stt_requests) == 1  # only the new turn is transcribed
     (chat,) = fake.chat_requests
     assert chat.messages == [
@@ -200,7 +213,7 @@ async def test_llm_sees_instructions_and_history(make: Make, fake: FakeOpenAI):
 
 
 async def test_text_item_turn_needs_no_stt(make: Make, fake: FakeOpenAI):
-    outs = await collect(make(fake.base_url).respond(request(Message("i1", "user", text="Hi."))))
+    outs = await collect(respond(make(fake.base_url), request(Message("i1", "user", text="Hi."))))
     assert fake.stt_requests == []
     assert marks(outs) == ["llm_first_token", "tts_first_audio"]
     assert fake.chat_requests[0].messages[-1] == {"role": "user", "content": "Hi."}
@@ -209,7 +222,7 @@ async def test_text_item_turn_needs_no_stt(make: Make, fake: FakeOpenAI):
 async def test_cancel_while_llm_streams_closes_the_http_stream_and_tts(make: Make, fake: FakeOpenAI):
     fake.tokens_per_s = 20  # the whole reply would take about 0.9 s
     engine = RecordingEngine()
-    stream = make(fake.base_url, engine).respond(request(user_audio()))
+    stream = respond(make(fake.base_url, engine), request(user_audio()))
     async for out in stream:
         if isinstance(out, AudioOut):
             break
@@ -229,7 +242,7 @@ async def test_task_cancel_before_first_token_closes_the_http_stream(make: Make,
     got: list[ResponseOutput] = []
 
     async def consume() -> None:
-        async for out in make(fake.base_url, engine).respond(request(user_audio())):
+        async for out in respond(make(fake.base_url, engine), request(user_audio())):
             got.append(out)
 
     task = asyncio.create_task(consume())
@@ -246,23 +259,36 @@ async def test_task_cancel_before_first_token_closes_the_http_stream(make: Make,
     assert pipeline_tasks() == []
 
 
-async def test_cancel_during_stt_stops_the_request(make: Make, fake: FakeOpenAI):
-    fake.stt_ms = 60_000
-    stream = make(fake.base_url).respond(request(user_audio()))
-    task = asyncio.create_task(collect(stream))
+async def test_cancel_during_stt_leaves_the_transcription_running(make: Make, fake: FakeOpenAI):
+    """A response cut short while its turn is being transcribed stops waiting; the item still gets its
+    transcript (and the conversation keeps the turn), so the transcription goes on."""
+    fake.stt_ms = 300
+    req = request(user_audio())
+    task = asyncio.create_task(collect(respond(make(fake.base_url), req)))
     while not fake.stt_requests:
         await asyncio.sleep(0.005)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.wait_for(fake.stt_requests[0].done.wait(), 5)
-    assert fake.stt_requests[0].closed_by_client
+    assert await asyncio.wait_for(req.transcripts["item_user"], 5) == TRANSCRIPT
+    assert not fake.stt_requests[0].closed_by_client
     assert fake.chat_requests == []
+
+
+async def test_an_earlier_turn_still_transcribing_joins_the_prompt(make: Make, fake: FakeOpenAI):
+    """The user spoke again while the first turn was being transcribed (barge-in): the next response
+    waits for both transcripts and the LLM sees both turns."""
+    fake.stt_ms = 200
+    req = request(user_audio("i1"), user_audio("i2"))
+    await collect(respond(make(fake.base_url), req))
+    assert len(fake.stt_requests) == 2
+    assert [m for m in fake.chat_requests[0].messages if m["role"] == "user"] == [
+        {"role": "user", "content": TRANSCRIPT}, {"role": "user", "content": TRANSCRIPT}]
 
 
 async def test_cancel_while_tts_plays(make: Make, fake: FakeOpenAI):
     engine = RecordingEngine(realtime=True)  # the speech takes seconds to come out
-    stream = make(fake.base_url, engine).respond(request(user_audio()))
+    stream = respond(make(fake.base_url, engine), request(user_audio()))
     n = 0
     async for out in stream:
         if isinstance(out, AudioOut):
@@ -295,7 +321,8 @@ async def test_llm_failures(make: Make, fake: FakeOpenAI, failure: str, fail_aft
     else:
         base_url = fake.base_url
         fake.llm_failure, fake.fail_after_tokens = failure, fail_after
-    stream = make(base_url, engine, stt_url=fake.base_url, timeout_s=0.3).respond(request(user_audio()))
+    req = request(user_audio())
+    stream = respond(make(base_url, engine, stt_url=fake.base_url, timeout_s=0.3), req)
     got: list[ResponseOutput] = []
     with pytest.raises(BackendError) as info:
         async for out in stream:
@@ -303,7 +330,7 @@ async def test_llm_failures(make: Make, fake: FakeOpenAI, failure: str, fail_aft
     assert info.value.backend == "llm"
     assert cause in info.value.cause
     assert str(info.value).startswith("llm backend failed: ")
-    assert InputTranscript("item_user", TRANSCRIPT) in got
+    assert transcript(req) == TRANSCRIPT
     assert engine.streams[0].cancelled
     assert pipeline_tasks() == []
 
@@ -323,23 +350,33 @@ async def test_stt_failures(make: Make, fake: FakeOpenAI, failure: str, cause: s
     else:
         stt_url = fake.base_url
         fake.stt_failure = failure
-    stream = make(fake.base_url, stt_url=stt_url, timeout_s=0.3).respond(request(user_audio()))
+    stream = respond(make(fake.base_url, stt_url=stt_url, timeout_s=0.3), request(user_audio()))
     got: list[ResponseOutput] = []
     with pytest.raises(BackendError) as info:
         async for out in stream:
             got.append(out)
     assert info.value.backend == "stt" and cause in info.value.cause
-    assert got == [InputTranscriptFailed("item_user", info.value.cause)]
+    assert got == []
     assert fake.chat_requests == []
+
+
+async def test_a_failed_earlier_turn_is_left_out(make: Make, fake: FakeOpenAI):
+    responder = make(fake.base_url)
+    req = request(user_audio("i1"), Message("i2", "assistant", text="Pardon?"), user_audio("i3"))
+    failed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    failed.set_exception(BackendError("stt", "HTTP 500"))
+    req.transcripts["i1"] = failed
+    await collect(respond(responder, req))
+    assert [m["role"] for m in fake.chat_requests[0].messages] == ["system", "assistant", "user"]
 
 
 async def test_no_stt_backend(make: Make, fake: FakeOpenAI):
     got: list[ResponseOutput] = []
     with pytest.raises(BackendError) as info:
-        async for out in make(fake.base_url, stt=False).respond(request(user_audio())):
+        async for out in respond(make(fake.base_url, stt=False), request(user_audio())):
             got.append(out)
-    assert info.value.backend == "stt"
-    assert isinstance(got[0], InputTranscriptFailed)
+    assert info.value.backend == "stt" and "no STT backend configured" in info.value.cause
+    assert got == []
 
 
 async def test_tts_failure(make: Make, fake: FakeOpenAI):
@@ -355,7 +392,7 @@ async def test_tts_failure(make: Make, fake: FakeOpenAI):
 
     engine = BrokenEngine()
     with pytest.raises(BackendError) as info:
-        await collect(make(fake.base_url, engine).respond(request(user_audio())))
+        await collect(respond(make(fake.base_url, engine), request(user_audio())))
     assert info.value.backend == "tts" and "text too long" in info.value.cause
     assert engine.streams[0].cancelled
     await asyncio.wait_for(fake.chat_requests[0].done.wait(), 5)
@@ -364,8 +401,8 @@ async def test_tts_failure(make: Make, fake: FakeOpenAI):
 
 async def test_empty_transcript_ends_the_response(make: Make, fake: FakeOpenAI):
     fake.transcript = ""
-    outs = await collect(make(fake.base_url).respond(request(user_audio())))
-    assert outs == [InputTranscript("item_user", ""), TraceMark("stt_done")]
+    outs = await collect(respond(make(fake.base_url), request(user_audio())))
+    assert outs == [TraceMark("stt_done")]
     assert fake.chat_requests == []
 
 
@@ -373,7 +410,7 @@ async def test_empty_transcript_ends_the_response(make: Make, fake: FakeOpenAI):
 async def test_empty_reply_completes_without_audio(make: Make, fake: FakeOpenAI, reply: str):
     fake.reply = reply
     engine = RecordingEngine()
-    outs = await collect(make(fake.base_url, engine).respond(request(Message("i1", "user", text="Hi."))))
+    outs = await collect(respond(make(fake.base_url, engine), request(Message("i1", "user", text="Hi."))))
     assert not any(isinstance(o, AudioOut | SpeechText) for o in outs)
     assert engine.fed == [] and engine.streams[0].cancelled
     assert fake.chat_requests[0].finished
@@ -381,7 +418,7 @@ async def test_empty_reply_completes_without_audio(make: Make, fake: FakeOpenAI,
 
 async def test_text_modality(make: Make, fake: FakeOpenAI):
     engine = RecordingEngine()
-    outs = await collect(make(fake.base_url, engine).respond(request(user_audio(), modalities=["text"])))
+    outs = await collect(respond(make(fake.base_url, engine), request(user_audio(), modalities=["text"])))
     text = [o.text for o in outs if isinstance(o, TextOut)]
     assert text == tokenize(REPLY)
     assert not any(isinstance(o, AudioOut | SpeechText) for o in outs)
@@ -391,7 +428,7 @@ async def test_text_modality(make: Make, fake: FakeOpenAI):
 
 async def test_text_modality_close_closes_the_http_stream(make: Make, fake: FakeOpenAI):
     fake.tokens_per_s = 20
-    stream = make(fake.base_url).respond(request(user_audio(), modalities=["text"]))
+    stream = respond(make(fake.base_url), request(user_audio(), modalities=["text"]))
     async for out in stream:
         if isinstance(out, TextOut):
             break
@@ -403,9 +440,9 @@ async def test_text_modality_close_closes_the_http_stream(make: Make, fake: Fake
 
 async def test_audio_in_mode_sends_input_audio(make: Make, fake: FakeOpenAI):
     history = [Message("i1", "user", text="Hi."), Message("i2", "assistant", text="Hello!"), user_audio()]
-    outs = await collect(make(fake.base_url, audio_in=True, stt=False).respond(request(*history)))
+    outs = await collect(respond(make(fake.base_url, audio_in=True, stt=False), request(*history)))
     assert fake.stt_requests == []
-    assert not any(isinstance(o, InputTranscript) for o in outs)
+    assert marks(outs) == ["llm_first_token", "tts_first_audio"]
     (chat,) = fake.chat_requests
     assert chat.messages[:3] == [
         {"role": "system", "content": "You are terse."},
@@ -423,7 +460,7 @@ async def test_audio_in_mode_sends_input_audio(make: Make, fake: FakeOpenAI):
 
 async def test_incremental_engine_gets_raw_deltas(make: Make, fake: FakeOpenAI):
     engine = RecordingEngine(incremental=True)
-    await collect(make(fake.base_url, engine).respond(request(Message("i1", "user", text="Hi."))))
+    await collect(respond(make(fake.base_url, engine), request(Message("i1", "user", text="Hi."))))
     assert engine.fed == tokenize(REPLY)
 
 
@@ -494,3 +531,30 @@ async def test_through_the_gateway(make: Make, fake: FakeOpenAI, start_gateway: 
         done = (await client.until("response.done"))[-1]["response"]
         assert done["status"] == "failed"
         assert done["status_details"]["error"]["code"] == "llm_backend_error"
+
+
+async def test_committed_turns_are_transcribed_without_a_response(make: Make, fake: FakeOpenAI,
+                                                                 start_gateway: StartGateway):
+    """Transcription follows the commit, not the response: a client that creates responses itself (or
+    never) gets each item's transcript, and a failed one is reported on the item and fails the response."""
+    gateway = await start_gateway(make(fake.base_url))
+    async with connect(gateway) as client:
+        await client.send(
+            {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}}
+        )
+        await client.until("session.updated")
+        await client.append(USER_AUDIO)
+        await client.send({"type": "input_audio_buffer.commit"})
+        done = (await client.until("conversation.item.input_audio_transcription.completed"))[-1]
+        assert done["transcript"] == TRANSCRIPT and fake.chat_requests == []
+
+        fake.stt_failure = "500"
+        await client.append(USER_AUDIO)
+        await client.send({"type": "input_audio_buffer.commit"})
+        failed = (await client.until("conversation.item.input_audio_transcription.failed"))[-1]
+        assert "HTTP 500" in failed["error"]["message"]
+        await client.send({"type": "response.create"})
+        response = (await client.until("response.done"))[-1]["response"]
+        assert response["status"] == "failed"
+        assert response["status_details"]["error"]["code"] == "stt_backend_error"
+        assert fake.chat_requests == []

@@ -13,8 +13,8 @@ from tests.conftest import make_config
 SECOND = bytes(48_000)  # one second of pcm16 24 kHz
 
 
-def send(session: Session, **event) -> list:
-    return session.handle(orjson.dumps(event))
+def send(target: Session, **event) -> list:
+    return target.handle(orjson.dumps(event))
 
 
 def events_of(effects: list) -> list[dict]:
@@ -114,3 +114,159 @@ def test_server_playout_plays_clears_and_truncates_at_the_heard_point():
     events = events_of(session.playout_cleared(start.request.item_id, 1500))
     assert [e["type"] for e in events] == ["output_audio_buffer.cleared", "conversation.item.truncated"]
     assert events[0]["response_id"] == rid and events[1]["audio_end_ms"] == 1500
+
+
+def test_barge_in_after_all_audio_was_heard_still_truncates_the_transcript():
+    """Over WebRTC the listener may have heard every sample made so far while the transcript already holds
+    text whose speech was never made: the item is truncated at the heard point either way."""
+    session = Session(make_config(), server_playout=True)
+    start = start_response(session)
+    rid = start.request.response_id
+    session.response_output(rid, SpeechText("Hello there. "))
+    session.response_output(rid, AudioOut(SECOND))
+    session.response_output(rid, SpeechText("How are you today?"))  # its audio never came
+    send(session, type="input_audio_buffer.append", audio=base64.b64encode(SECOND).decode())
+    session.vad_result([0.9] * 10)
+    events = events_of(session.playout_cleared(start.request.item_id, 1000))
+    assert [e["type"] for e in events] == ["output_audio_buffer.cleared", "conversation.item.truncated"]
+    assert events[1]["audio_end_ms"] == 1000
+    assert start_response(session).request.messages[-1].text == "Hello there."
+
+
+def test_manual_commit_with_vad_on_commits_the_buffer():
+    """A client may commit by hand with server VAD on: it gets the audio it appended (up to
+    [session] idle_buffer_seconds), not just the prefix padding VAD turns keep."""
+    session = Session(make_config(session__idle_buffer_seconds=4.0))
+    for _ in range(5):
+        send(session, type="input_audio_buffer.append", audio=base64.b64encode(SECOND).decode())
+        session.vad_result([0.0] * 31)
+    effects = send(session, type="input_audio_buffer.commit")
+    item_id = next(e for e in events_of(effects) if e["type"] == "input_audio_buffer.committed")["item_id"]
+    retrieved = events_of(send(session, type="conversation.item.retrieve", item_id=item_id))[0]
+    audio = base64.b64decode(retrieved["item"]["content"][0]["audio"])
+    assert len(audio) == 4 * len(SECOND)
+
+
+def test_g711_in_and_out_lose_nothing_and_send_no_empty_deltas():
+    session = Session(make_config(vad__enabled=False))
+    send(session, type="session.update", session={"type": "realtime", "audio": {
+        "input": {"format": {"type": "audio/pcmu"}}, "output": {"format": {"type": "audio/pcmu"}}}})
+    ulaw_second = bytes([0xFF]) * 8000  # mu-law silence, 8 kHz
+    for _ in range(3):
+        send(session, type="input_audio_buffer.append", audio=base64.b64encode(ulaw_second).decode())
+    effects = send(session, type="input_audio_buffer.commit")
+    # The decoder's held-back tail is part of the commit: all 3 s arrive, and go through VAD.
+    assert any(isinstance(e, RunVad) for e in effects)
+    item_id = next(e for e in events_of(effects) if e["type"] == "input_audio_buffer.committed")["item_id"]
+    item = events_of(send(session, type="conversation.item.retrieve", item_id=item_id))[0]["item"]
+    assert len(base64.b64decode(item["content"][0]["audio"])) == 3 * len(SECOND)
+
+    start = start_response(session)
+    deltas = []
+    for _ in range(50):  # 10 ms chunks: the resampler holds some back entirely
+        deltas += [e for e in events_of(session.response_output(start.request.response_id, AudioOut(bytes(480))))
+                   if e["type"] == "response.output_audio.delta"]
+    deltas += [e for e in events_of(session.response_finished(start.request.response_id))
+               if e["type"] == "response.output_audio.delta"]
+    sizes = [len(base64.b64decode(e["delta"])) for e in deltas]
+    assert all(sizes) and sum(sizes) == 50 * 80  # 8 kHz mu-law: 80 bytes per 10 ms
+
+
+def test_settings_a_client_sends_come_back_in_session_updated():
+    session = Session(make_config())
+    sent = {
+        "type": "realtime",
+        "tool_choice": {"type": "function", "name": "lookup"},
+        "tracing": {"workflow_name": "support"},
+        "truncation": {"type": "retention_ratio", "retention_ratio": 0.5},
+        "prompt": {"id": "pmpt_1"},
+        "include": ["item.input_audio_transcription.logprobs"],
+        "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}},
+    }
+    got = events_of(send(session, type="session.update", session=sent))[0]["session"]
+    for key in ("tool_choice", "tracing", "truncation", "prompt", "include"):
+        assert got[key] == sent[key]
+    assert got["audio"]["input"]["turn_detection"] == {
+        "type": "semantic_vad", "eagerness": "high", "create_response": True, "interrupt_response": True}
+    error = events_of(send(session, type="session.update", session={"type": "realtime", "tool_choice": "sometimes"}))
+    assert error[0]["type"] == "error" and error[0]["error"]["param"] == "session.tool_choice"
+
+
+def test_turn_detection_switched_back_on_starts_from_the_configured_defaults():
+    session = Session(make_config(vad__silence_duration_ms=800, vad__threshold=0.7))
+    off = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    on = {"type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}
+    send(session, type="session.update", session=off)
+    td = events_of(send(session, type="session.update", session=on))[0]["session"]["audio"]["input"]["turn_detection"]
+    assert td["silence_duration_ms"] == 800 and td["threshold"] == 0.7
+
+
+def test_voices_the_engine_lacks_are_refused():
+    session = Session(make_config(vad__enabled=False))
+    session.voices = frozenset({"alloy", "vivian"})
+    error = events_of(send(session, type="session.update", session={
+        "type": "realtime", "audio": {"output": {"voice": "nosuchvoice"}}}))[0]
+    assert error["type"] == "error" and "alloy, vivian" in error["error"]["message"]
+    assert session.settings.voice == "alloy"
+    error = events_of(send(session, type="response.create", response={"audio": {"output": {"voice": "nope"}}}))[0]
+    assert error["error"]["param"] == "response.audio.output.voice"
+    assert isinstance(start_response(session), StartResponse)
+
+
+def test_a_response_may_set_its_own_format_and_context():
+    session = Session(make_config(vad__enabled=False, llm__temperature=0.3))
+    send(session, type="conversation.item.create",
+         item={"id": "item_a", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "A"}]})
+    send(session, type="conversation.item.create",
+         item={"id": "item_b", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "B"}]})
+    effects = send(session, type="response.create", response={
+        "conversation": "none",
+        "audio": {"output": {"format": {"type": "audio/pcma"}}},
+        "input": [{"type": "item_reference", "id": "item_a"},
+                  {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Out of band"}]}],
+    })
+    request = next(e for e in effects if isinstance(e, StartResponse)).request
+    assert [m.text for m in request.messages] == ["A", "Out of band"]
+    assert request.temperature == 0.3  # the configured [llm] temperature, unless a beta client sets one
+    created = next(e for e in events_of(effects) if e["type"] == "response.created")["response"]
+    assert created["audio"]["output"]["format"] == {"type": "audio/pcma"}
+    delta = next(e for e in events_of(session.response_output(request.response_id, AudioOut(SECOND)))
+                 if e["type"] == "response.output_audio.delta")
+    assert len(base64.b64decode(delta["delta"])) < 8000  # 8 kHz A-law, not 24 kHz pcm16
+    error = events_of(send(session, type="response.cancel"))
+    assert error[-1]["type"] == "response.done"
+    error = events_of(send(session, type="response.create", response={"input": [{"type": "item_reference",
+                                                                                "id": "item_zzz"}]}))
+    assert error[0]["error"]["code"] == "item_not_found"
+
+
+async def test_a_failed_response_sends_all_its_closing_events_over_a_slow_connection():
+    """The response's own task sends its last events when its responder fails: stopping the response must
+    not cancel that task while a send waits on a slow connection."""
+    import asyncio
+
+    from gateway.runner import SessionRunner
+
+    class Failing:
+        transcriber = None
+        voices = None
+
+        async def respond(self, request):
+            yield AudioOut(SECOND)
+            raise BackendError("llm", "stream broken")
+
+    sent: list[dict] = []
+
+    async def slow_send(message: str) -> None:
+        await asyncio.sleep(0.002)  # the socket's buffer is full: every send yields to the loop
+        sent.append(orjson.loads(message))
+
+    runner = SessionRunner(Session(make_config(vad__enabled=False)), Failing(), None, slow_send)
+    await runner.start()
+    await runner.receive(orjson.dumps({"type": "response.create"}))
+    for _ in range(200):
+        if sent and sent[-1]["type"] == "response.done":
+            break
+        await asyncio.sleep(0.01)
+    assert sent[-1]["type"] == "response.done" and sent[-1]["response"]["status"] == "failed"
+    await runner.close()
