@@ -169,9 +169,10 @@ class QwenTTSEngine:
     def from_config(cls, config: EngineConfig) -> QwenTTSEngine:
         kernels.set_enabled(config.fused_kernels)
         ckpt = checkpoint.load(config.checkpoint, device=config.device, dtype=config.dtype)
+        gpu = ckpt.codec.decoder.pre_conv.conv.weight.is_cuda
         return cls(ckpt, packet_frames=config.packet_frames, max_frames=config.max_frames,
                    max_text_chars=config.max_text_chars, seed=config.seed, greedy=config.greedy,
-                   voices=config.voices, max_streams=config.max_streams,
+                   voices=config.voices, max_streams=config.max_streams or (64 if gpu else 4),
                    first_packet_frames=config.first_packet_frames, cuda_graphs=config.cuda_graphs,
                    graph_max_batch=config.graph_max_batch)
 

@@ -103,7 +103,8 @@ class EngineConfig:
     seed: int = 0
     greedy: bool = False
     # Streams the engine runs at once (each holds a preallocated KV-cache slot); more wait for a slot.
-    max_streams: int = 4
+    # 0 = 64 on a GPU, 4 on a CPU.
+    max_streams: int = 0
     # CUDA graphs of the engine's step, one per batch size up to graph_max_batch (0 = max_streams).
     cuda_graphs: bool = True
     graph_max_batch: int = 0

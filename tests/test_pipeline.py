@@ -492,16 +492,21 @@ def test_build_responder():
         build_responder(config)
 
 
+async def commit_by_hand(client: Any) -> None:
+    """Turn detection off, then the user's audio appended and committed."""
+    await client.send(
+        {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}}
+    )
+    await client.until("session.updated")
+    await client.append(USER_AUDIO)
+    await client.send({"type": "input_audio_buffer.commit"})
+
+
 async def test_through_the_gateway(make: Make, fake: FakeOpenAI, start_gateway: StartGateway):
     """A manual-commit turn over the Realtime protocol: transcript, spoken reply, then a cancelled turn."""
     gateway = await start_gateway(make(fake.base_url))
     async with connect(gateway) as client:
-        await client.send(
-            {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}}
-        )
-        await client.until("session.updated")
-        await client.append(USER_AUDIO)
-        await client.send({"type": "input_audio_buffer.commit"})
+        await commit_by_hand(client)
         await client.send({"type": "response.create"})
         events = await client.until("response.done")
         transcribed = next(
@@ -539,12 +544,7 @@ async def test_committed_turns_are_transcribed_without_a_response(make: Make, fa
     never) gets each item's transcript, and a failed one is reported on the item and fails the response."""
     gateway = await start_gateway(make(fake.base_url))
     async with connect(gateway) as client:
-        await client.send(
-            {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}}
-        )
-        await client.until("session.updated")
-        await client.append(USER_AUDIO)
-        await client.send({"type": "input_audio_buffer.commit"})
+        await commit_by_hand(client)
         done = (await client.until("conversation.item.input_audio_transcription.completed"))[-1]
         assert done["transcript"] == TRANSCRIPT and fake.chat_requests == []
 
