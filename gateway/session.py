@@ -54,6 +54,7 @@ from gateway.vad import SpeechStarted, SpeechStopped, TurnDetector
 
 BYTES_PER_MS = 48  # pcm16 mono at 24 kHz, the session's internal format
 MIN_COMMIT_MS = 100
+TRIM_BYTES = 1000 * BYTES_PER_MS
 
 
 class Phase(Enum):
@@ -509,8 +510,10 @@ class Session:
             keep_ms = max(td.prefix_padding_ms + 1000, cfg.idle_buffer_seconds * 1000)
         else:
             keep_ms = cfg.max_buffer_seconds * 1000
-        excess = len(self._buffer) - int(keep_ms) * BYTES_PER_MS
-        if excess > 0:
+        keep = int(keep_ms) * BYTES_PER_MS
+        # Trimmed a second at a time, not per append: cutting the front of a long buffer moves all of it.
+        if len(self._buffer) >= keep + TRIM_BYTES:
+            excess = len(self._buffer) - keep
             del self._buffer[:excess]
             self._buffer_start_ms += excess / BYTES_PER_MS
 
