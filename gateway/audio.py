@@ -8,6 +8,7 @@ boundaries chosen by the network never change the audio.
 
 from __future__ import annotations
 
+import struct
 from typing import Literal
 
 import numpy as np
@@ -335,3 +336,78 @@ class Downsampler2x:
         filtered = np.convolve(x, self._h, "valid")[self._consumed % 2 :: 2]
         self._consumed += len(samples)
         return np.clip(np.rint(filtered), -32768, 32767).astype(np.int16)
+
+
+# --- WAV files ---------------------------------------------------------------------------------
+
+_WAVE_PCM, _WAVE_FLOAT, _WAVE_EXTENSIBLE = 1, 3, 0xFFFE
+_WAVE_TAG_NAMES = {2: "MS ADPCM", 6: "A-law", 7: "mu-law", 0x11: "IMA ADPCM", 0x55: "MP3"}
+_WAVE_SUPPORTED = {(_WAVE_PCM, 8), (_WAVE_PCM, 16), (_WAVE_PCM, 24), (_WAVE_PCM, 32), (_WAVE_FLOAT, 32),
+                   (_WAVE_FLOAT, 64)}
+
+
+def decode_wav(data: bytes) -> tuple[Float32Array, int]:
+    """A WAV file's samples as float32 in [-1, 1], shaped [frames, channels], and its sample rate.
+
+    Reads the RIFF chunks itself (Python's ``wave`` takes 16-bit PCM only): integer PCM of 8, 16, 24 or
+    32 bits, IEEE float of 32 or 64 bits, and WAVE_FORMAT_EXTENSIBLE of either (what sox and ffmpeg write
+    for more than two channels or deeper samples). Anything else is a ValueError naming the problem.
+    """
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        raise ValueError("not a WAV file (no RIFF/WAVE header)")
+    fmt = payload = None
+    pos = 12
+    while pos + 8 <= len(data):
+        chunk, size = data[pos : pos + 4], int.from_bytes(data[pos + 4 : pos + 8], "little")
+        body = data[pos + 8 : pos + 8 + size]  # a truncated last chunk keeps what is there
+        if chunk == b"fmt ":
+            fmt = body
+        elif chunk == b"data":
+            payload = body
+        pos += 8 + size + (size & 1)
+    if fmt is None or len(fmt) < 16:
+        raise ValueError("WAV file without a valid fmt chunk")
+    if payload is None:
+        raise ValueError("WAV file without a data chunk")
+    tag, channels, rate = struct.unpack_from("<HHI", fmt)
+    (bits,) = struct.unpack_from("<H", fmt, 14)
+    if tag == _WAVE_EXTENSIBLE and len(fmt) >= 26:
+        (tag,) = struct.unpack_from("<H", fmt, 24)  # the sub-format GUID starts with the plain tag
+    if channels < 1 or rate < 1:
+        raise ValueError(f"WAV file with {channels} channels at {rate} Hz")
+    if (tag, bits) not in _WAVE_SUPPORTED:
+        if tag in (_WAVE_PCM, _WAVE_FLOAT):
+            kind = f"{bits}-bit {'PCM' if tag == _WAVE_PCM else 'float'}"
+        else:
+            kind = _WAVE_TAG_NAMES.get(tag, f"format tag {tag}")
+        raise ValueError(f"unsupported WAV encoding ({kind}); use PCM of 8-32 bits or 32/64-bit float")
+    width = bits // 8
+    raw = payload[: len(payload) // (width * channels) * width * channels]
+    if tag == _WAVE_FLOAT:
+        samples = np.frombuffer(raw, dtype=f"<f{width}").astype(np.float32)
+    elif bits == 8:  # unsigned, centred on 128
+        samples = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128) / 128
+    elif bits == 24:
+        b = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
+        value = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
+        samples = (np.where(value >= 1 << 23, value - (1 << 24), value) / float(1 << 23)).astype(np.float32)
+    else:
+        samples = (np.frombuffer(raw, dtype=f"<i{width}") / float(1 << (bits - 1))).astype(np.float32)
+    return samples.reshape(-1, channels), rate
+
+
+def wav_to_pcm16(data: bytes) -> bytes:
+    """A WAV file of any supported encoding, rate and channel count → pcm16 mono 24 kHz bytes."""
+    samples, rate = decode_wav(data)
+    mono = samples.mean(axis=1, dtype=np.float32)
+    if rate != SAMPLE_RATE:
+        resampler = StreamResampler(rate, SAMPLE_RATE, dtype="float32")
+        mono = np.concatenate([resampler.process(mono), resampler.flush()])
+    return float32_to_int16(np.clip(mono, -1.0, 1.0)).tobytes()
+
+
+def wav_bytes(pcm16: bytes, rate: int = SAMPLE_RATE) -> bytes:
+    """A WAV file (mono pcm16) holding ``pcm16``."""
+    fmt = struct.pack("<HHIIHH", _WAVE_PCM, 1, rate, rate * 2, 2, 16)
+    return b"".join([b"RIFF", struct.pack("<I", 36 + len(pcm16)), b"WAVE", b"fmt ", struct.pack("<I", len(fmt)),
+                     fmt, b"data", struct.pack("<I", len(pcm16)), pcm16])

@@ -7,16 +7,15 @@ becomes a ``BackendError`` at once, naming the backend and a short cause, and th
 from __future__ import annotations
 
 import base64
-import io
-import wave
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import openai
 from openai import AsyncOpenAI
 
+from gateway.audio import wav_bytes
 from gateway.config import LlmConfig, SttConfig, api_key
-from gateway.responder import SAMPLE_RATE, BackendError, Message
+from gateway.responder import BackendError, Message
 
 # The openai package refuses an empty API key; local servers (vLLM, llama.cpp) ignore this one.
 NO_API_KEY = "none"
@@ -29,17 +28,6 @@ def _client(base_url: str, api_key_env: str, timeout_s: float) -> AsyncOpenAI:
         timeout=timeout_s,
         max_retries=0,
     )
-
-
-def wav_bytes(pcm16: bytes, rate: int = SAMPLE_RATE) -> bytes:
-    """A WAV file (mono pcm16) holding ``pcm16``."""
-    out = io.BytesIO()
-    with wave.open(out, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(rate)
-        wav.writeframes(pcm16)
-    return out.getvalue()
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

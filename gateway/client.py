@@ -14,7 +14,6 @@ import base64
 import json
 import sys
 import time
-import wave
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from gateway.audio import SAMPLE_RATE, StreamResampler
+from gateway.audio import SAMPLE_RATE, StreamResampler, wav_bytes, wav_to_pcm16
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime"
 CHUNK_MS = 20
@@ -42,49 +41,40 @@ class CliError(Exception):
 
 
 def read_wav(path: str | Path) -> np.ndarray:
-    """A pcm16 WAV file of any rate and channel count → int16 mono at 24 kHz."""
+    """A WAV file of any common encoding, rate and channel count → int16 mono at 24 kHz."""
     try:
-        with wave.open(str(path), "rb") as w:
-            width, channels, rate = w.getsampwidth(), w.getnchannels(), w.getframerate()
-            frames = w.readframes(w.getnframes())
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise CliError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise CliError(f"{path}: is a directory, not a WAV file") from None
-    except (wave.Error, EOFError) as exc:
-        raise CliError(f"{path}: not a PCM WAV file ({exc})") from None
-    if width != 2:
-        raise CliError(f"{path}: {8 * width}-bit samples; only 16-bit PCM WAV is supported")
-    samples = np.frombuffer(frames, dtype="<i2")
-    if channels > 1:
-        samples = samples[: len(samples) - len(samples) % channels].reshape(-1, channels)
-        samples = np.rint(samples.astype(np.float32).mean(axis=1)).astype(np.int16)
-    if rate != SAMPLE_RATE:
-        resampler = StreamResampler(rate, SAMPLE_RATE)
-        samples = np.concatenate([resampler.process(samples.astype(np.int16)), resampler.flush()])
-    return samples.astype(np.int16)
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return np.frombuffer(wav_to_pcm16(data), dtype=np.int16)
+    except ValueError as exc:
+        raise CliError(f"{path}: {exc}") from None
 
 
 def check_writable(path: str | Path) -> None:
-    """Fail before any work when an output file cannot be written."""
+    """Fail before any work when an output file cannot be written (and leave no file behind)."""
     path = Path(path)
+    existed = path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "ab"):
             pass
     except OSError as exc:
         raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if not existed:
+        path.unlink()
 
 
 def write_wav(path: str | Path, pcm: bytes) -> None:
     """pcm16 mono 24 kHz bytes → WAV file (parent folders are created)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(SAMPLE_RATE)
-        w.writeframes(pcm)
+    path.write_bytes(wav_bytes(pcm))
 
 
 # --- Events -------------------------------------------------------------------------------------
@@ -338,7 +328,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "line each, and write the reply audio to a WAV file."
     )
     parser.add_argument("--url", default=DEFAULT_URL, help=f"Realtime endpoint (default {DEFAULT_URL})")
-    parser.add_argument("--wav", help="pcm16 WAV file to send (any rate and channels); without it, the microphone")
+    parser.add_argument("--wav", help="WAV file to send (PCM or float, any rate and channels); without it, the "
+                        "microphone")
     parser.add_argument("--out", default="reply.wav", help="where to write the reply audio (default reply.wav)")
     parser.add_argument("--beta", action="store_true", help="speak the beta protocol (OpenAI-Beta: realtime=v1)")
 

@@ -24,9 +24,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import bisect
 import contextlib
 import hashlib
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -126,7 +128,8 @@ class TurnReport:
     responses: int = 0
     status: str | None = None
     speech_started_s: float | None = None
-    speech_stopped_s: float | None = None
+    speech_end_s: float | None = None  # when the last sample of the user's speech (audio_end_ms) was sent
+    speech_stopped_s: float | None = None  # when speech_stopped arrived (after the VAD's silence)
     first_audio_s: float | None = None
     response_done_s: float | None = None
     reply_audio_ms: float = 0.0
@@ -141,6 +144,8 @@ class TurnReport:
 
         barge = ms(self.barge_in_s, self.response_done_s)
         return {
+            # What a user waits: from the end of their speech, the VAD's silence included.
+            "speech_end_to_first_audio_ms": ms(self.speech_end_s, self.first_audio_s),
             "speech_stopped_to_first_audio_ms": ms(self.speech_stopped_s, self.first_audio_s),
             "speech_stopped_to_response_done_ms": ms(self.speech_stopped_s, self.response_done_s),
             # None when the response had already finished streaming and only playback was stopped
@@ -214,6 +219,8 @@ class Session:
         self.log: TextIO | None = None
         self.t0 = 0.0
         self.mic = bytearray()  # audio waiting to be sent, as by a microphone
+        self.sent_ms: list[float] = []  # input-audio time at the end of each append sent...
+        self.sent_at: list[float] = []  # ...and when it was sent (wall seconds since connecting)
         self.mic_ready = asyncio.Event()
         self.mic_idle = asyncio.Event()
         self.sha256 = ""
@@ -271,6 +278,8 @@ class Session:
             self.mic_ready.set()
             barge_in = self.options.barge_in_for(index) if index + 1 < len(turns) else None
             turn.outcome = await self._await_reply(turn, barge_in)
+            if turn.outcome in ("no speech detected", "no response"):
+                self.errors.append(f"turn {turn.turn}: {turn.outcome}")
             interrupting = turn.outcome == "interrupted"
             if turn.outcome == "connection lost":
                 return
@@ -327,6 +336,8 @@ class Session:
                 del self.mic[:step]
                 await asyncio.sleep(max(0.0, next_at - loop.time()))
                 await self._send_event({"type": "input_audio_buffer.append", "audio": chunk})
+                self.sent_ms.append((self.sent_ms[-1] if self.sent_ms else 0.0) + CHUNK_MS)
+                self.sent_at.append(self.now())
                 next_at += interval
             self.mic_ready.clear()
             self.mic_idle.set()
@@ -360,6 +371,10 @@ class Session:
                 await self._barge_in(t)
         elif kind == "input_audio_buffer.speech_stopped" and turn is not None:
             turn.speech_stopped_s = t
+            # The append that carried the speech's last sample (input time is the audio sent so far).
+            sent = bisect.bisect_left(self.sent_ms, event.get("audio_end_ms", 0))
+            if sent < len(self.sent_at):
+                turn.speech_end_s = round(self.sent_at[sent], 4)
         elif kind == "response.created" and turn is not None:
             response_id = event["response"]["id"]
             turn.response_id = response_id
@@ -447,7 +462,8 @@ def plot(path: Path, title: str, turns: list[TurnReport]) -> bool:
     width = 0.8 / max(1, len(names))
     for k, name in enumerate(names):
         values = [turn.latencies()[name] or 0 for turn in turns]
-        ax.bar([t.turn + (k - 1) * width for t in turns], values, width, label=name.removesuffix("_ms"))
+        offset = (k - (len(names) - 1) / 2) * width
+        ax.bar([t.turn + offset for t in turns], values, width, label=name.removesuffix("_ms"))
     ax.set_xlabel("turn")
     ax.set_ylabel("ms")
     ax.set_title(title)
@@ -464,7 +480,8 @@ def _cell(value: float | int | str | None) -> str:
 
 
 def print_table(sessions: list[Session], out: TextIO = sys.stdout) -> None:
-    header = ("session", "turn", "outcome", "status", "stop→audio", "stop→done", "barge→done", "reply", "heard")
+    header = ("session", "turn", "outcome", "status", "end→audio", "stop→audio", "stop→done", "barge→done", "reply",
+              "heard")
     rows = [header]
     for s in sessions:
         for turn in s.turns:
@@ -475,6 +492,7 @@ def print_table(sessions: list[Session], out: TextIO = sys.stdout) -> None:
                     str(turn.turn),
                     turn.outcome,
                     turn.status or "-",
+                    _cell(lat["speech_end_to_first_audio_ms"]),
                     _cell(lat["speech_stopped_to_first_audio_ms"]),
                     _cell(lat["speech_stopped_to_response_done_ms"]),
                     _cell(lat["barge_in_to_response_done_ms"]),
@@ -485,7 +503,9 @@ def print_table(sessions: list[Session], out: TextIO = sys.stdout) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(), file=out)
-    print("(times in ms; reply/heard: ms of reply audio received / heard before any barge-in)", file=out)
+    print("(ms; end→audio: from the end of the user's speech to the first reply audio, the VAD's silence\n"
+          " included; stop→: from speech_stopped's arrival; barge→done: new speech_started to the interrupted\n"
+          " reply's response.done; reply/heard: reply audio received / heard before any barge-in)", file=out)
     for s in sessions:
         print(f"{s.out_dir.name}: output.wav sha256 {s.sha256}", file=out)
 
@@ -535,22 +555,33 @@ def _barge_in_list(text: str) -> list[int | None]:
     values: list[int | None] = []
     for part in text.split(","):
         part = part.strip()
-        if part in ("", "-", "none"):
-            values.append(None)
-            continue
-        try:
-            values.append(int(part))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{part!r} is not a number of milliseconds") from None
+        values.append(None if part in ("", "-", "none") else _milliseconds(part))
     return values
+
+
+def _milliseconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of milliseconds") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: milliseconds cannot be negative")
+    return value
+
+
+def _positive_ms(text: str) -> int:
+    value = _milliseconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0 ms")
+    return value
 
 
 def _positive(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        value = 0.0
-    if value <= 0:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
     return value
 
@@ -560,14 +591,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Replay WAV files as concurrent headless sessions (one per file; turns split at silences), with "
         "simulated playback and optional barge-in; writes output audio, event logs and latency reports."
     )
-    parser.add_argument("wavs", nargs="+", type=Path, metavar="WAV", help="pcm16 WAV files, one session each")
+    parser.epilog = (
+        "Exit status: 0 when every turn of every session was answered (or interrupted as asked); 1 when a "
+        "session had a problem (no speech detected, no response, a timeout, an error event, the connection "
+        "lost), listed in its latency.json; 2 for bad arguments or files, or a gateway that cannot be reached."
+    )
+    parser.add_argument("wavs", nargs="+", type=Path, metavar="WAV",
+                        help="WAV files (PCM or float, any rate and channels), one session each")
     parser.add_argument("--url", default=DEFAULT_URL, help=f"Realtime endpoint (default {DEFAULT_URL})")
     parser.add_argument("--out", required=True, type=Path, help="folder for the per-session results")
     parser.add_argument(
         "--speed", type=_positive, default=1.0, help="audio and playback clock speed, × real time (default 1)"
     )
     parser.add_argument(
-        "--turn-gap-ms", type=int, default=1000, help="pause after a reply has played, before the next turn"
+        "--turn-gap-ms", type=_milliseconds, default=1000, help="pause after a reply has played, before the next turn"
     )
     parser.add_argument(
         "--barge-in-ms",
@@ -576,9 +613,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start the next turn when this much of a reply has played; one value for all replies or a "
         "comma list per reply ('-' for none); a one-turn WAV is sent twice so the copy interrupts",
     )
-    parser.add_argument("--split-silence-ms", type=int, default=800, help="silence that separates turns within a WAV")
+    parser.add_argument("--split-silence-ms", type=_positive_ms, default=800,
+                        help="silence that separates turns within a WAV")
     parser.add_argument(
-        "--tail-ms", type=int, default=TAIL_MS, help="silence sent after each turn so server VAD ends it"
+        "--tail-ms", type=_milliseconds, default=TAIL_MS, help="silence sent after each turn so server VAD ends it"
     )
     parser.add_argument("--turn-timeout", type=_positive, default=30.0, help="seconds to wait for a reply (default 30)")
     parser.add_argument("--beta", action="store_true", help="speak the beta protocol (OpenAI-Beta: realtime=v1)")

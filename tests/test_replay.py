@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
+import struct
 import wave
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gateway import client
@@ -53,6 +56,10 @@ async def test_two_concurrent_sessions_and_same_hashes_twice(start_gateway, tmp_
                 assert turn["outcome"] == "answered" and turn["status"] == "completed"
                 assert turn["speech_stopped_s"] >= turn["speech_started_s"]
                 assert 0 <= turn["speech_stopped_to_first_audio_ms"] <= turn["speech_stopped_to_response_done_ms"]
+                # From the end of the speech the wait includes the VAD's silence (500 ms of audio, sent
+                # SPEED times faster than real time), so it is longer than from speech_stopped's arrival.
+                assert (turn["speech_end_to_first_audio_ms"]
+                        >= turn["speech_stopped_to_first_audio_ms"] + 500 / SPEED * 0.5)
                 assert turn["barge_in_to_response_done_ms"] is None
                 # The echo returns the turn: its speech plus VAD padding, never more than the file.
                 assert end - start <= turn["reply_audio_ms"] <= wav_ms(wav)
@@ -122,7 +129,7 @@ def free_port() -> int:
     ("wav", "url", "message"),
     [
         ("/no/such.wav", None, "/no/such.wav: no such file"),
-        (str(FIXTURES / "fixtures.json"), None, "not a PCM WAV file"),
+        (str(FIXTURES / "fixtures.json"), None, "not a WAV file"),
         (str(ONE_SENTENCE), "http://127.0.0.1:1/", "not a WebSocket URL"),
         (str(ONE_SENTENCE), f"ws://127.0.0.1:{free_port()}/v1/realtime", "connection refused"),
     ],
@@ -138,6 +145,7 @@ def test_command_line_errors_exit_2_without_traceback(wav, url, message, tmp_pat
     assert client.run(parser.parse_args(["--wav", wav, "--out", str(tmp_path / "r.wav"), *url_args])) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert not (tmp_path / "r.wav").exists()  # a failed run leaves no broken reply file behind
 
 
 def test_unwritable_output_exits_2_before_connecting(tmp_path: Path, capsys) -> None:
@@ -152,3 +160,80 @@ def test_unwritable_output_exits_2_before_connecting(tmp_path: Path, capsys) -> 
     args = parser.parse_args(["--wav", str(ONE_SENTENCE), "--out", str(not_a_folder / "r.wav"), "--url", unused_port])
     assert client.run(args) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def riff(tag: int, channels: int, rate: int, bits: int, payload: bytes, extensible: bool = False) -> bytes:
+    """A WAV file written by hand: plain or WAVE_FORMAT_EXTENSIBLE (as sox and ffmpeg write them)."""
+    block = channels * bits // 8
+    fmt = struct.pack("<HHIIHH", 0xFFFE if extensible else tag, channels, rate, rate * block, block, bits)
+    if extensible:
+        guid_tail = bytes.fromhex("000000001000800000aa00389b71")
+        fmt += struct.pack("<HHIH", 22, bits, 0, tag) + guid_tail
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(payload)) + payload
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+TONE = np.sin(2 * np.pi * 440 * np.arange(4800) / 48000)  # 100 ms at 48 kHz
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("float32, 48 kHz", riff(3, 1, 48000, 32, (0.5 * TONE).astype("<f4").tobytes())),
+        ("float64, 48 kHz", riff(3, 1, 48000, 64, (0.5 * TONE).astype("<f8").tobytes())),
+        ("8-bit", riff(1, 1, 48000, 8, (128 + 64 * TONE).round().astype(np.uint8).tobytes())),
+        ("24-bit", riff(1, 1, 48000, 24, b"".join(int(v).to_bytes(3, "little", signed=True)
+                                                   for v in (0.5 * TONE * 2**23).round()))),
+        ("extensible 16-bit, 3 channels", riff(1, 3, 48000, 16, np.repeat((0.5 * TONE * 32767).astype("<i2"), 3)
+                                               .tobytes(), extensible=True)),
+        ("extensible float", riff(3, 1, 48000, 32, (0.5 * TONE).astype("<f4").tobytes(), extensible=True)),
+    ],
+)
+def test_common_wav_encodings_are_read(name: str, data: bytes, tmp_path: Path) -> None:
+    path = tmp_path / "in.wav"
+    path.write_bytes(data)
+    samples = client.read_wav(path)
+    assert len(samples) == pytest.approx(2400, abs=2)  # 100 ms at 24 kHz
+    rms = np.sqrt(np.mean((samples[200:-200].astype(np.float64) / 32768) ** 2))
+    assert rms == pytest.approx(0.5 / np.sqrt(2), rel=0.05)  # a half-scale sine, whatever the encoding
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (riff(7, 1, 8000, 8, bytes(80)), "unsupported WAV encoding (mu-law)"),
+        (riff(1, 1, 8000, 12, bytes(80)), "unsupported WAV encoding (12-bit PCM)"),
+        (b"RIFF\x04\x00\x00\x00WAVE", "without a valid fmt chunk"),
+        (b"ID3 not audio at all", "not a WAV file"),
+    ],
+)
+def test_unreadable_wavs_are_named(data: bytes, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "bad.wav"
+    path.write_bytes(data)
+    with pytest.raises(client.CliError, match=re.escape(message)):
+        client.read_wav(path)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--tail-ms", "-1"], ["--speed", "nan"], ["--speed", "inf"], ["--turn-gap-ms", "-5"],
+     ["--barge-in-ms", "300,-1"], ["--split-silence-ms", "0"]],
+)
+def test_bad_replay_arguments_exit_2(args: list[str], tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--out", str(tmp_path), *args, str(ONE_SENTENCE)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "Traceback" not in err
+
+
+async def test_a_session_without_speech_fails_the_run(start_gateway, tmp_path: Path) -> None:
+    """The regression harness must not pass when the gateway heard nothing."""
+    gateway = await start_gateway()
+    quiet = tmp_path / "quiet.wav"
+    client.write_wav(quiet, bytes(48000))
+    options = Options(out=tmp_path / "out", url=url_of(gateway), speed=SPEED)
+    (session,) = await replay([quiet], options)
+    assert session.errors == ["turn 1: no speech detected"]
+    report = json.loads((session.out_dir / "latency.json").read_text())
+    assert report["errors"] == session.errors
