@@ -17,14 +17,16 @@ async def _serve(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     if args.host:
-        config.server.host = args.host
+        # The page and the WebRTC signalling it calls must be reachable at the same address.
+        config.server.host = config.webrtc.host = args.host
     if args.port is not None:
         config.server.port = args.port
     gateway = Gateway(config)
     try:
         await gateway.start()
-    except OSError as exc:
-        print(f"error: cannot listen on {config.server.host}:{config.server.port}: {exc.strerror}", file=sys.stderr)
+    except ConfigError as exc:
+        await gateway.stop()
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -39,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gateway", description="Realtime voice gateway")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--host", help="address to listen on (default from config: 127.0.0.1)")
+    serve.add_argument("--host", help="address to listen on, also for WebRTC signalling (default from config: "
+                       "127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (default from config: 8000)")
     serve.add_argument("--config", help="config file (default: the repository's config.toml)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])

@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from gateway import __version__
-from gateway.config import REPO_ROOT, Config
+from gateway.config import REPO_ROOT, Config, ConfigError
 from gateway.protocol import Dialect
 from gateway.responder import Responder
 from gateway.runner import Playout, Send, SessionRunner
@@ -68,22 +68,31 @@ class Gateway:
         if self.config.trace.jsonl_path:
             self._trace_sink = open(self.config.trace.jsonl_path, "a", buffering=1)  # noqa: SIM115
         cfg = self.config.server
-        self._server = await serve(
-            self._handle,
-            cfg.host,
-            cfg.port,
-            process_request=self._process_request,
-            compression=None,
-            max_size=cfg.max_message_bytes,
-            max_queue=cfg.max_queue,
-        )
+        try:
+            self._server = await serve(
+                self._handle,
+                cfg.host,
+                cfg.port,
+                process_request=self._process_request,
+                compression=None,
+                max_size=cfg.max_message_bytes,
+                max_queue=cfg.max_queue,
+            )
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port} ([server] port, or --port): "
+                              f"{exc.strerror or exc}") from None
         if self.config.webrtc.enabled:
             try:
                 from gateway.webrtc import start_webrtc  # noqa: PLC0415 - aiortc is an optional extra
             except ImportError:
                 log.info("WebRTC off: aiortc is not installed (pip install '.[webrtc]')")
             else:
-                self.webrtc = await start_webrtc(self)
+                rtc = self.config.webrtc
+                try:
+                    self.webrtc = await start_webrtc(self)
+                except OSError as exc:
+                    raise ConfigError(f"cannot listen on {rtc.host}:{rtc.port} for WebRTC signalling ([webrtc] "
+                                      f"port, or [webrtc] enabled = false): {exc.strerror or exc}") from None
         # Everything loaded so far (openai, pydantic, onnxruntime, torch) lives as long as the process:
         # keep it out of the collector, so full collections stay short and the loop keeps its pace.
         gc.freeze()
