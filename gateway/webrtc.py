@@ -58,7 +58,6 @@ log = logging.getLogger(__name__)
 RTC_RATE = 48_000  # Opus always runs at 48 kHz
 FRAME_SAMPLES = 960  # 20 ms at 48 kHz: the Opus frame and RTP packet size browsers expect
 TIME_BASE = fractions.Fraction(1, RTC_RATE)
-EVENTS_CHANNEL = "oai-events"
 CALLS_PATHS = ("/v1/realtime/calls", "/realtime/calls")
 BETA_PATHS = ("/v1/realtime", "/realtime")
 # A call whose peer connection is not up by then is dropped: the client went away during ICE.
@@ -185,7 +184,9 @@ class OutboundAudio(MediaStreamTrack):
             self._done.discard(self._playing)
             self._playing = None
             self._filling = True
-        frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        # Stereo, both channels the same: aiortc's Opus encoder takes stereo as it is, but upmixes mono
+        # through FFmpeg at -3 dB.
+        frame = AudioFrame.from_ndarray(np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo")
         frame.sample_rate = RTC_RATE
         frame.pts = self._pts
         frame.time_base = TIME_BASE
@@ -273,7 +274,12 @@ class Call:
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_connection_state)
         await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
-        pc.addTrack(self.playout)
+        if "m=audio" in offer_sdp:
+            pc.addTrack(self.playout)
+        else:
+            # A text-only client (a data channel and no audio): replies in text, nothing to play.
+            self.runner.playout = None
+            self.session.settings.modalities = ["text"]
         # Non-trickle: setLocalDescription returns once ICE gathering is complete, so the
         # answer carries every candidate.
         await pc.setLocalDescription(await pc.createAnswer())
@@ -320,7 +326,8 @@ class Call:
             self.close_soon()
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        if channel.label != EVENTS_CHANNEL or self._channel is not None:
+        # The first channel carries the events; OpenAI's clients name it "oai-events", others may not.
+        if self._channel is not None:
             return
         self._channel = channel
         channel.on("message", self._inbox.put_nowait)
@@ -469,6 +476,17 @@ async def _read_offer(request: web.Request) -> tuple[str, dict[str, Any] | None]
     )
 
 
+def _offer_problem(sdp: str) -> str | None:
+    """What makes a body unusable as an SDP offer, in words (aiortc's own errors are cryptic)."""
+    if not sdp.strip():
+        return "The body is empty: send the SDP offer (application/sdp)."
+    if not sdp.lstrip().startswith("v=0"):
+        return "The body is not an SDP offer (it should start with 'v=0')."
+    if "m=audio" not in sdp and "m=application" not in sdp:
+        return "The offer has no media: it needs an audio track (m=audio) and/or a data channel (m=application)."
+    return None
+
+
 def _form_text(value: str | bytes | web.FileField | None) -> str | None:
     """A form part as text; browsers send a Blob part as a file."""
     if isinstance(value, web.FileField):
@@ -564,8 +582,11 @@ class WebRTCServer:
             offer, session_config = await _read_offer(request)
         except OfferError as exc:
             return _error(exc.status, exc.code, str(exc))
+        if (problem := _offer_problem(offer)) is not None:
+            return _error(400, "invalid_offer", problem)
         call = Call(self, dialect)
         if session_config is not None and (message := call.configure(session_config)) is not None:
+            await call.close()
             return _error(400, "invalid_session", message)
         self.calls[call.id] = call
         gateway.sessions.add(call.runner)

@@ -332,17 +332,60 @@ async def test_signalling_errors_and_cors(rtc):
                              headers={"Content-Type": "application/json"}) as response:
             assert response.status == 415
             assert (await response.json())["error"]["code"] == "unsupported_content_type"
-        async with http.post(base + "/v1/realtime/calls", data="not sdp",
-                             headers={"Content-Type": "application/sdp"}) as response:
-            assert response.status == 400
+        for body, message in (("", "The body is empty"), ("not sdp", "not an SDP offer"),
+                              ("v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n", "no media")):
+            async with http.post(base + "/v1/realtime/calls", data=body,
+                                 headers={"Content-Type": "application/sdp"}) as response:
+                assert response.status == 400
+                error = (await response.json())["error"]
+                assert error["code"] == "invalid_offer" and message in error["message"]
+        offer = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        offer.addTransceiver("audio")
+        await offer.setLocalDescription(await offer.createOffer())
         form = aiohttp.FormData()
-        form.add_field("sdp", "v=0")
+        form.add_field("sdp", offer.localDescription.sdp)
         form.add_field("session", '{"type": "transcription"}')
         async with http.post(base + "/v1/realtime/calls", data=form) as response:
             assert response.status == 400
             assert (await response.json())["error"]["code"] == "invalid_session"
+        await offer.close()
         async with http.delete(base + "/v1/realtime/calls/rtc_nope") as response:
             assert response.status == 404
+    assert await session_count(gateway, 0) == 0
+
+
+async def test_a_text_only_client_talks_over_the_data_channel(rtc):
+    """An offer with a data channel and no audio (a text client): events flow, replies come as text."""
+    gateway, server = rtc
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    channel = pc.createDataChannel("events")  # not "oai-events": the first channel carries the events
+    events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    channel.on("message", lambda message: events.put_nowait(orjson.loads(message)))
+    await pc.setLocalDescription(await pc.createOffer())
+    async with aiohttp.ClientSession() as http, http.post(
+        f"http://127.0.0.1:{server.port}/v1/realtime/calls", data=pc.localDescription.sdp,
+        headers={"Content-Type": "application/sdp"},
+    ) as response:
+        assert response.status == 201, await response.text()
+        answer = await response.text()
+    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+
+    async def until(kind: str) -> dict[str, Any]:
+        async with asyncio.timeout(10):
+            while (event := await events.get())["type"] != kind:
+                GA_EVENTS.validate_python(event)
+            return event
+
+    created = await until("session.created")
+    assert created["session"]["output_modalities"] == ["text"]
+    while channel.readyState != "open":
+        await asyncio.sleep(0.01)
+    channel.send(orjson.dumps({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello there"}]}}).decode())
+    channel.send('{"type": "response.create"}')
+    done = (await until("response.done"))["response"]
+    assert done["status"] == "completed" and done["output"][0]["content"][0]["text"] == "Hello there"
+    await pc.close()
     assert await session_count(gateway, 0) == 0
 
 
@@ -431,6 +474,26 @@ async def test_playout_counts_what_went_out_and_clears():
     track.stop()
 
 
+async def test_playout_keeps_the_agent_level_through_opus():
+    """The outbound frames reach a listener at the level the agent spoke (aiortc's Opus encoder
+    would take 3 dB off a mono frame when it upmixes it)."""
+    from aiortc.codecs.opus import OpusDecoder, OpusEncoder
+    from aiortc.jitterbuffer import JitterFrame
+
+    track = OutboundAudio(Notes())
+    track.play("resp_1", "item_1", tone(1000))
+    encoder, decoder = OpusEncoder(), OpusDecoder()
+    heard = []
+    for _ in range(50):
+        payloads, timestamp = encoder.encode(await track.recv())
+        for payload in payloads:
+            for frame in decoder.decode(JitterFrame(data=payload, timestamp=timestamp)):
+                heard.append(frame.to_ndarray().reshape(-1, 2)[:, 0])
+    track.stop()
+    level = rms(np.concatenate(heard)[4800:-4800])  # the steady middle of the tone
+    assert abs(20 * np.log10(level / (8000 / np.sqrt(2)))) < 0.5
+
+
 async def test_playout_clear_before_the_first_frame_hears_nothing():
     track = OutboundAudio(Notes())
     track.play("resp_1", "item_1", tone(100))
@@ -502,3 +565,16 @@ def test_pass_through_buffer_drops_late_and_duplicate_packets():
 def test_stereo_frames_are_mixed_to_mono():
     frame = AudioFrame.from_ndarray(np.array([[100, 300, -100, -301]], dtype=np.int16), format="s16", layout="stereo")
     assert _mono_s16(frame).tolist() == [200, -201]
+
+
+async def test_a_busy_signalling_port_is_named(start_gateway: StartGateway):
+    """The error says which listener failed and which option moves it, not the WebSocket port's."""
+    from gateway.config import ConfigError
+    from tests.conftest import make_config
+
+    first = await start_gateway(webrtc__enabled=True, webrtc__port=0)
+    assert first.webrtc is not None
+    gateway = Gateway(make_config(webrtc__enabled=True, webrtc__port=first.webrtc.port), EchoResponder())
+    with pytest.raises(ConfigError, match=rf"127.0.0.1:{first.webrtc.port} for WebRTC signalling \(\[webrtc\] port"):
+        await gateway.start()
+    await gateway.stop()

@@ -15,7 +15,7 @@ const stats = {
   underruns: 0,
   bargeIns: 0,
   truncates: [], // {item_id, audio_end_ms} as sent
-  turns: [], // {n, itemId, responseId, stoppedAt, heardMs, server}
+  turns: [], // {n, itemId, responseId, speechEndAt, endEstimated, heardMs, server}
   errors: [],
 };
 window.__gateway = stats;
@@ -27,6 +27,11 @@ let sessionId = null; // from session.created: names this session's turn records
 let mic = null;
 let player = null;
 let closing = false; // the user pressed Disconnect: a close is not an error
+let session = null; // the session as the server last reported it
+// When each append left the page, by input-audio time at its end (ms): speech_stopped's audio_end_ms
+// then says when the user's last speech sample was sent, the start of what the user waits.
+const sentLog = [];
+let sentMs = 0;
 const activeResponses = new Set(); // created, not yet done
 const interrupted = new Set(); // responses whose remaining audio is dropped (barge-in)
 const itemResponse = new Map(); // assistant item id → response id
@@ -135,6 +140,8 @@ function teardown(state) {
   for (const track of rtcStream?.getTracks() ?? []) track.stop();
   mic = player = ws = rtc = rtcStream = null;
   activeResponses.clear();
+  sentLog.length = 0; // the next connection is a new session, with its own input time
+  sentMs = 0;
   setState(state);
 }
 
@@ -147,6 +154,18 @@ function sendAudio(samples) {
   if (ws?.readyState !== WebSocket.OPEN) return;
   send({ type: "input_audio_buffer.append", audio: encodePcm16(samples) });
   stats.sentAppends++;
+  sentMs += (samples.length * 1000) / RATE;
+  sentLog.push([sentMs, performance.now()]);
+  if (sentLog.length > 3000) sentLog.splice(0, 1000); // a minute of 20 ms appends is plenty
+}
+
+// When the user's speech ended, as this page can know it (performance.now() time, and whether estimated).
+function speechEnd(audioEndMs) {
+  const sent = sentLog.find(([endMs]) => endMs >= audioEndMs);
+  if (sent) return { at: sent[1], estimated: false };
+  // WebRTC: the browser sends the microphone itself; VAD reports the end after its silence.
+  const silence = session?.audio?.input?.turn_detection?.silence_duration_ms ?? 0;
+  return { at: performance.now() - silence, estimated: true };
 }
 
 // --- Server events ----------------------------------------------------------------------------
@@ -183,7 +202,11 @@ const handlers = {
   "output_audio_buffer.cleared": (e) => onRtcPlayout("finished", e.response_id),
   "conversation.item.truncated": (e) =>
     note(e.item_id, `interrupted: heard ${(e.audio_end_ms / 1000).toFixed(2)} s`),
-  error: (e) => showError(`${e.error?.code || e.error?.type || "error"}: ${e.error?.message}`),
+  error: (e) => {
+    showError(`${e.error?.code || e.error?.type || "error"}: ${e.error?.message}`);
+    // A refused session.update changed nothing: put the form back to what the server holds.
+    if (e.error?.param?.startsWith("session")) showSession(session);
+  },
 };
 
 function handle(event) {
@@ -211,11 +234,13 @@ function onSpeechStopped(e) {
   setActivity("thinking…");
   const user = entry(e.item_id, "user");
   if (!user.text) setText(e.item_id, "user", ""); // shows "(audio)" until a transcript arrives
+  const end = speechEnd(e.audio_end_ms);
   stats.turns.push({
     n: stats.turns.length + 1,
     itemId: e.item_id,
     responseId: null,
-    stoppedAt: performance.now(),
+    speechEndAt: end.at,
+    endEstimated: end.estimated,
     heardMs: null,
     server: null,
   });
@@ -228,7 +253,7 @@ function onRtcPlayout(kind, responseId) {
   // The server started sending this reply's audio: the nearest the page gets to "heard" over WebRTC.
   const turn = stats.turns.find((t) => t.responseId === responseId && t.heardMs === null);
   if (turn) {
-    turn.heardMs = Math.max(0, Math.round(performance.now() - turn.stoppedAt));
+    turn.heardMs = Math.max(0, Math.round(performance.now() - turn.speechEndAt));
     renderLatency();
   }
 }
@@ -269,7 +294,7 @@ function onPlayback(msg) {
     setActivity("assistant speaking");
     const turn = stats.turns.find((t) => t.responseId === itemResponse.get(msg.itemId) && t.heardMs === null);
     if (turn) {
-      turn.heardMs = Math.max(0, Math.round(msg.heardAt - turn.stoppedAt));
+      turn.heardMs = Math.max(0, Math.round(msg.heardAt - turn.speechEndAt));
       renderLatency();
     }
   } else if (msg.type === "progress") {
@@ -314,7 +339,7 @@ function renderLatency() {
           .map(([k, v]) => `${k.replace(/_ms$/, "")} ${v} ms`)
           .join(" · ")
       : "—";
-    const heard = t.heardMs === null ? "…" : `${t.heardMs} ms`;
+    const heard = t.heardMs === null ? "…" : `${t.endEstimated ? "≈" : ""}${t.heardMs} ms`;
     return `<tr><td>${t.n}</td><td>${heard}</td><td>${escapeHtml(server)}</td></tr>`;
   });
   $("latency-rows").innerHTML = rows.reverse().join("");
@@ -380,9 +405,10 @@ function sessionUpdate() {
 }
 
 // Shows what the server actually holds, so the form never claims a setting it refused.
-function showSession(session) {
-  const input = session?.audio?.input;
-  const voice = session?.audio?.output?.voice;
+function showSession(held) {
+  session = held;
+  const input = held?.audio?.input;
+  const voice = held?.audio?.output?.voice;
   if (voice) $("voice").value = voice;
   if (input && "turn_detection" in input) {
     const vad = input.turn_detection;
@@ -430,6 +456,11 @@ $("settings").addEventListener("submit", (e) => {
 $("commit").addEventListener("click", () => {
   send({ type: "input_audio_buffer.commit" });
   send({ type: "response.create" });
+});
+// Closing the tab hangs up at once (WebRTC: the DELETE goes out with keepalive), rather than leaving the
+// gateway to notice the silence.
+window.addEventListener("pagehide", () => {
+  if (ws || rtc) disconnect();
 });
 $("clear-errors").addEventListener("click", () => {
   $("errors").replaceChildren();
