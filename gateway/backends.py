@@ -30,6 +30,21 @@ def _client(base_url: str, api_key_env: str, timeout_s: float) -> AsyncOpenAI:
     )
 
 
+async def _check(backend: str, client: AsyncOpenAI, timeout_s: float) -> str | None:
+    """GET {base_url}/models: None when the server answers (any HTTP status), else the cause.
+
+    Run once at start-up, it also pays the HTTP stack's first-request costs (imports, the pool)
+    there instead of in the first user's turn, and names a backend that is down before anyone talks.
+    """
+    try:
+        await client.models.list(timeout=min(timeout_s, 5.0))
+    except openai.APIStatusError:
+        return None  # it answered: some transcription servers serve no model list
+    except Exception as exc:
+        return f"{backend} backend at {client.base_url} is not reachable: {describe(exc, min(timeout_s, 5.0))}"
+    return None
+
+
 def _chain(exc: BaseException) -> list[BaseException]:
     chain = [exc]
     while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
@@ -105,6 +120,9 @@ class SttClient:
             raise BackendError("stt", describe(exc, self.timeout_s)) from exc
         return result.text.strip()
 
+    async def check(self) -> str | None:
+        return await _check("stt", self._client, self.timeout_s)
+
     async def aclose(self) -> None:
         await self._client.close()
 
@@ -174,6 +192,9 @@ class LlmClient:
             raise BackendError("llm", f"stream broken: {describe(exc, self.timeout_s)}") from exc
         finally:
             await stream.close()
+
+    async def check(self) -> str | None:
+        return await _check("llm", self._client, self.timeout_s)
 
     async def aclose(self) -> None:
         await self._client.close()

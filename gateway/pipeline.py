@@ -69,6 +69,11 @@ class PipelineResponder:
         self.audio_in = audio_in
         self.language = language
 
+    async def check(self) -> list[str]:
+        """What is wrong with the backends, checked at start-up (see backends.SttClient.check)."""
+        clients = [c for c in (self.stt, self.llm) if c is not None]
+        return [p for p in await asyncio.gather(*(c.check() for c in clients)) if p is not None]
+
     async def aclose(self) -> None:
         """Close the HTTP clients' connection pools (at server shutdown)."""
         if self.stt is not None:

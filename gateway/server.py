@@ -7,6 +7,7 @@ import gc
 import logging
 import mimetypes
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import IO, TYPE_CHECKING
@@ -57,6 +58,7 @@ class Gateway:
         self._trace_sink: IO[str] | None = None
         self._server: Server | None = None
         self.webrtc: WebRTCServer | None = None
+        self._backend_check: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -99,6 +101,15 @@ class Gateway:
         self.ready = True
         log.info("gateway %s listening on ws://%s:%d/v1/realtime (responder: %s)", __version__, cfg.host,
                  self.port, type(self.responder).__name__)
+        check = getattr(self.responder, "check", None)
+        if check is not None:
+            self._backend_check = asyncio.create_task(self._warn_of_backends(check))
+
+    @staticmethod
+    async def _warn_of_backends(check: Callable[[], Awaitable[list[str]]]) -> None:
+        """Name a backend that is down now, not at the first user's turn (which it would fail)."""
+        for problem in await check():
+            log.warning("%s; turns will fail until it answers", problem)
 
     @property
     def port(self) -> int:
@@ -106,6 +117,8 @@ class Gateway:
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        if self._backend_check is not None:
+            self._backend_check.cancel()
         if self.webrtc is not None:
             await self.webrtc.stop()
         if self._server is not None:

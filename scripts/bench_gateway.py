@@ -14,6 +14,9 @@ Reported per N: loop lag P50/P99, gateway CPU seconds per session-minute, speech
 audio delta P50/P95, barge-in speech_started -> response.done P50/P95, cancel -> last delta P95,
 and audio lost or reordered (echo: the reply must be the committed input audio, byte for byte; all:
 no delta of a response after its response.done).
+The last columns give stop -> first delta and cancel -> last delta as the gateway's own trace
+(gateway/trace.py) records them, on its clock: the client-side figures also hold the client's wait for
+CPU, which on a small machine shared by all three processes is most of the tail.
 
     .venv/bin/python scripts/bench_gateway.py --responder echo --sessions 1,10,50,100
     .venv/bin/python scripts/bench_gateway.py --responder pipeline --sessions 1,50
@@ -67,6 +70,7 @@ async def serve(port: int, stats_path: str, responder_kind: str, fake_url: str) 
     config = load_config()
     config.server.port = port
     config.server.host = "127.0.0.1"
+    config.trace.jsonl_path = stats_path + ".trace"
     responder = None
     if responder_kind == "pipeline":
         from gateway.backends import LlmClient, SttClient
@@ -116,6 +120,7 @@ class Result:
     cancel_to_last_delta_ms: list[float] = field(default_factory=list)
     audio_errors: list[str] = field(default_factory=list)
     responses: dict[str, str] = field(default_factory=dict)
+    traces: list[dict] = field(default_factory=list)  # the gateway's own per-turn trace (gateway/trace.py)
 
 
 def append_messages(timeline: bytes) -> list[str]:
@@ -224,6 +229,10 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
+def traced(result: Result, key: str) -> list[float]:
+    return [t[key] for t in result.traces if key in t]
+
+
 async def run_load(url: str, sessions: int, timeline: bytes, responder: str) -> tuple[Result, float, float]:
     result = Result()
     rng = random.Random(sessions)
@@ -269,20 +278,24 @@ def main() -> int:
         procs.append(fake)
         fake.stdout.readline()
         fake_url = f"http://127.0.0.1:{args.port + 1}/v1"
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve", "--port", str(args.port), "--stats", stats_file,
          "--responder", args.responder, "--fake-url", fake_url],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": pythonpath},
     )
     procs.append(server)
     server.stdout.readline()
     url = f"ws://127.0.0.1:{args.port}/v1/realtime"
     runs = []
     try:
+        trace_path = Path(stats_file + ".trace")
         for n in counts:
             result, start, end = asyncio.run(run_load(url, n, timeline, args.responder))
-            runs.append((n, result, start, end))
             time.sleep(1.0)
+            result.traces = [json.loads(line) for line in trace_path.read_text().splitlines()]
+            trace_path.write_text("")  # the gateway appends to it: what follows belongs to the next run
+            runs.append((n, result, start, end))
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
@@ -291,11 +304,13 @@ def main() -> int:
             p.wait(10)
     stats = json.loads(Path(stats_file).read_text())
     os.unlink(stats_file)
+    os.unlink(stats_file + ".trace")
 
     print(f"\nbench_gateway --responder {args.responder}  ({platform.node()}, {os.cpu_count()} cores, "
           f"{time.strftime('%Y-%m-%d')})")
     header = ("sessions", "lag p50 ms", "lag p99 ms", "cpu s/session-min", "stop->delta p50", "p95",
-              "barge-in p50", "p95", "cancel->last delta p95", "responses", "audio errors")
+              "barge-in p50", "p95", "cancel->last delta p95", "responses", "audio errors",
+              "gateway stop->delta p50", "p95", "gateway cancel->last delta p95")
     print(" | ".join(header))
     for n, result, start, end in runs:
         lags = [lag * 1000 for t, lag in stats["lags"] if start <= t <= end]
@@ -308,6 +323,8 @@ def main() -> int:
             f"{pct(result.barge_in_ms, 50):.2f}", f"{pct(result.barge_in_ms, 95):.2f}",
             f"{pct(result.cancel_to_last_delta_ms, 95):.2f}", json.dumps(statuses, sort_keys=True),
             len(result.audio_errors),
+            f"{pct(traced(result, 'first_delta_ms'), 50):.1f}", f"{pct(traced(result, 'first_delta_ms'), 95):.1f}",
+            f"{pct(traced(result, 'cancel_to_last_delta_ms'), 95):.2f}",
         )
         print(" | ".join(str(x) for x in row))
         for err in result.audio_errors[:5]:

@@ -108,6 +108,7 @@ class FakeOpenAI:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/audio/transcriptions", self._transcribe)
+        app.router.add_get("/v1/models", self._models)
         # Cancelling the handler when the client disconnects is how a closed stream is noticed
         # even while the handler sleeps (time to first token, hang).
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -215,6 +216,10 @@ class FakeOpenAI:
         await response.write_eof()
         rec.finished = True
         return response
+
+    async def _models(self, request: web.Request) -> web.Response:
+        model = {"id": "fake", "object": "model", "created": 0, "owned_by": "fake"}
+        return web.json_response({"object": "list", "data": [model]})
 
     async def _transcribe(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import logging
 import socket
 import wave
 from collections.abc import AsyncIterator, Callable
@@ -558,3 +559,31 @@ async def test_committed_turns_are_transcribed_without_a_response(make: Make, fa
         assert response["status"] == "failed"
         assert response["status_details"]["error"]["code"] == "stt_backend_error"
         assert fake.chat_requests == []
+
+
+async def test_backend_check(make: Make, fake: FakeOpenAI):
+    """At start-up each backend is asked for its models: any HTTP answer means it is up."""
+    port = free_port()
+    down = make(fake.base_url, stt_url=f"http://127.0.0.1:{port}/v1")
+    assert await down.check() == [
+        f"stt backend at http://127.0.0.1:{port}/v1/ is not reachable: connection refused by 127.0.0.1:{port}"
+    ]
+    assert await make(fake.base_url).check() == []
+    no_model_list = fake.base_url.removesuffix("/v1") + "/stt-only"  # answers 404
+    assert await make(fake.base_url, stt_url=no_model_list).check() == []
+
+
+async def test_gateway_warns_of_a_backend_down_at_start(
+    make: Make, fake: FakeOpenAI, start_gateway: StartGateway, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.WARNING, logger="gateway.server")
+    port = free_port()
+    await start_gateway(make(f"http://127.0.0.1:{port}/v1", stt_url=fake.base_url))
+    for _ in range(100):
+        if caplog.records:
+            break
+        await asyncio.sleep(0.05)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"llm backend at http://127.0.0.1:{port}/v1/ is not reachable: connection refused by 127.0.0.1:{port}; "
+        "turns will fail until it answers"
+    ]
