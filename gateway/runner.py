@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 Send = Callable[[str], Awaitable[None]]
 
+# Input audio waiting for the VAD beyond this (5 s of pcm16 24 kHz) makes the next client message
+# wait: back-pressure on a client that streams far faster than the VAD runs.
+MAX_VAD_BACKLOG_BYTES = 5 * 48_000
+
 
 class Playout(Protocol):
     """Server-side playout of response audio (the WebRTC outbound track)."""
@@ -67,6 +71,10 @@ class SessionRunner:
         self._task: asyncio.Task[None] | None = None
         # Transcriptions by user item id: they outlive the responses that wait for them.
         self._transcripts: dict[str, asyncio.Task[str]] = {}
+        # Audio for the VAD, run by one task at a time: appends are not held up by the VAD's latency,
+        # and audio that arrives during a VAD call goes into the next one (a session catches up).
+        self._vad_backlog = bytearray()
+        self._vad_task: asyncio.Task[None] | None = None
         self._closed = False
         session.transcribes = responder.transcriber is not None
         session.voices = responder.voices
@@ -75,8 +83,10 @@ class SessionRunner:
         await self._apply(self.session.open())
 
     async def receive(self, message: str | bytes) -> None:
-        """One client message; returns once its effects (VAD included) are carried out, so order holds."""
+        """One client message; returns once its effects are carried out, except the VAD's."""
         await self._apply(self.session.handle(message))
+        if len(self._vad_backlog) > MAX_VAD_BACKLOG_BYTES and self._vad_task is not None:
+            await asyncio.wait([self._vad_task])
 
     async def feed_audio(self, pcm: bytes) -> None:
         """Input audio from a media track (pcm16 24 kHz), the same path as input_audio_buffer.append."""
@@ -90,7 +100,7 @@ class SessionRunner:
 
     async def close(self) -> None:
         self._closed = True
-        tasks = [t for t in (self._task, *self._transcripts.values()) if t is not None and not t.done()]
+        tasks = [t for t in (self._task, self._vad_task, *self._transcripts.values()) if t is not None and not t.done()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -102,7 +112,9 @@ class SessionRunner:
                     self.trace.sent(effect)
                     await self._send(orjson.dumps(effect).decode())
             elif isinstance(effect, RunVad):
-                await self._apply(self.session.vad_result(await self._vad(effect.pcm)))
+                self._vad_backlog += effect.pcm
+                if self._vad_task is None:
+                    self._vad_task = asyncio.create_task(self._run_vad())
             elif isinstance(effect, StartResponse):
                 request = effect.request
                 request.transcripts = {m.item_id: self._transcripts[m.item_id] for m in request.messages
@@ -131,9 +143,21 @@ class SessionRunner:
             elif isinstance(effect, Mark):
                 self.trace.mark(effect.name, effect.response_id)
 
+    async def _run_vad(self) -> None:
+        try:
+            while self._vad_backlog and not self._closed:
+                pcm = bytes(self._vad_backlog)
+                self._vad_backlog.clear()
+                await self._apply(self.session.vad_result(await self._vad(pcm)))
+        except Exception:  # a broken VAD must not take the session with it
+            log.exception("VAD failed; %d bytes of input audio not analysed", len(self._vad_backlog))
+            self._vad_backlog.clear()
+        finally:
+            self._vad_task = None
+
     async def _vad(self, pcm: bytes):
-        # Sessions' windows are batched into shared model calls (big batches off the loop); an append
-        # that completes no window only buffers. The caller awaits either way, so order holds.
+        # Sessions' windows are batched into shared model calls (big batches off the loop); audio
+        # that completes no window only buffers.
         if self._vad_batcher is None or self.vad.windows_pending(len(pcm)) == 0:
             return self.vad.process(pcm)
         return await self._vad_batcher.process(self.vad, pcm)

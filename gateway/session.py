@@ -68,7 +68,10 @@ class Phase(Enum):
 
 @dataclass
 class RunVad:
-    """Compute VAD probabilities for this pcm16 24 kHz audio and pass them to ``vad_result``."""
+    """Compute VAD probabilities for this pcm16 24 kHz audio and pass them to ``vad_result``, in order.
+
+    Later client events need not wait for the result: turn events carry input-audio times, and a
+    commit or clear tells the detector which audio it took (``TurnDetector.reset``)."""
 
     pcm: bytes
 
@@ -449,14 +452,15 @@ class Session:
             elif isinstance(ev, SpeechStopped) and self._speech is not None:
                 effects += self._speech_stopped(ev.audio_end_ms, td)
         if td.idle_timeout_ms and self._speech is None and self._response is None:
-            if self._input_ms - self._idle_since_ms >= td.idle_timeout_ms:
-                effects += self._idle_timeout(td)
+            heard_ms = min(self._detector.position_ms, self._input_ms)  # the VAD may trail the input
+            if heard_ms - self._idle_since_ms >= td.idle_timeout_ms:
+                effects += self._idle_timeout(td, heard_ms)
         return effects
 
     def _end_speech(self) -> None:
         """The client took the turn (commit, clear, VAD off): the speech in progress is not a turn."""
         self._speech = None
-        self._detector.reset()
+        self._detector.reset(until_ms=self._input_ms)
 
     def _speech_started(self, start_ms: float, td: TurnDetection) -> list[Effect]:
         # The detector's start already includes prefix_padding_ms; audio before the buffer is gone.
@@ -490,9 +494,9 @@ class Session:
             effects += self._start_response({})
         return effects
 
-    def _idle_timeout(self, td: TurnDetection) -> list[Effect]:
+    def _idle_timeout(self, td: TurnDetection, end: float) -> list[Effect]:
         item_id = new_id("item")
-        start, end = max(self._idle_since_ms, self._buffer_start_ms), self._input_ms
+        start = max(self._idle_since_ms, self._buffer_start_ms)
         self._idle_since_ms = end
         effects: list[Effect] = [self._event(
             "input_audio_buffer.timeout_triggered", audio_start_ms=round(start), audio_end_ms=round(end),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Executor
@@ -297,6 +298,7 @@ class TurnDetector:
         """audio_start_ms never goes below this; raised to the detection time at each stop. The session
         may raise it too (after a manual commit or a clear) so padding never reaches committed audio."""
         self._windows = 0
+        self._skip_until_ms = 0.0
         self._onset_ms: int | None = None  # candidate or confirmed speech start
         self._confirmed = False
         self._silence_ms: int | None = None  # start of the current silence run while in speech
@@ -311,12 +313,14 @@ class TurnDetector:
         """Input time of the end of the last window fed."""
         return self.start_ms + self._windows * WINDOW_MS
 
-    def reset(self, start_ms: int | None = None) -> None:
-        """Forget any speech in progress (no event); optionally move the timeline to ``start_ms``."""
-        if start_ms is not None:
-            self.start_ms = start_ms
-            self._windows = 0
-        self.floor_ms = max(self.floor_ms, self.position_ms)
+    def reset(self, until_ms: float = 0.0) -> None:
+        """Forget any speech in progress (no event).
+
+        The audio before ``until_ms`` is gone (committed or cleared), also the part not fed yet: the
+        windows that end there start no speech, and no speech starts before it.
+        """
+        self._skip_until_ms = until_ms
+        self.floor_ms = max(self.floor_ms, self.position_ms, math.ceil(until_ms))
         self._onset_ms = None
         self._confirmed = False
         self._silence_ms = None
@@ -328,6 +332,8 @@ class TurnDetector:
             begin = self.position_ms
             self._windows += 1
             end = begin + WINDOW_MS
+            if end <= self._skip_until_ms:
+                continue
             low = max(self.threshold - 0.15, 0.01)
             if self._onset_ms is None:
                 if p >= self.threshold:

@@ -120,6 +120,8 @@ class Result:
     cancel_to_last_delta_ms: list[float] = field(default_factory=list)
     audio_errors: list[str] = field(default_factory=list)
     responses: dict[str, str] = field(default_factory=dict)
+    stop_late_ms: list[float] = field(default_factory=list)  # speech_stopped after the audio that ended it
+    client_lags_ms: list[float] = field(default_factory=list)  # did the load generator keep its pace?
     traces: list[dict] = field(default_factory=list)  # the gateway's own per-turn trace (gateway/trace.py)
 
 
@@ -151,6 +153,7 @@ async def run_session(
         last_delta: dict[str, float] = {}
         cancel_sent: dict[str, float] = {}
         responses_seen = 0
+        silence_ms = 0
 
         cancels: list[asyncio.Task[None]] = []
 
@@ -160,17 +163,21 @@ async def run_session(
             await ws.send('{"type":"response.cancel"}')
 
         async def reader() -> None:
-            nonlocal last_user_item, stopped_at, started_at, responses_seen
+            nonlocal last_user_item, stopped_at, started_at, responses_seen, silence_ms
             async for raw in ws:
                 now = loop.time()
                 ev = orjson.loads(raw)
                 kind = ev["type"]
-                if kind == "input_audio_buffer.speech_started":
+                if kind == "session.created":
+                    silence_ms = ev["session"]["audio"]["input"]["turn_detection"]["silence_duration_ms"]
+                elif kind == "input_audio_buffer.speech_started":
                     speech[ev["item_id"]] = (ev["audio_start_ms"], -1)
                     started_at = now
                 elif kind == "input_audio_buffer.speech_stopped":
                     speech[ev["item_id"]] = (speech[ev["item_id"]][0], ev["audio_end_ms"])
                     last_user_item, stopped_at = ev["item_id"], now
+                    # The append that completed the silence was sent on the client's real-time clock.
+                    result.stop_late_ms.append((now - t0) * 1000 - ev["audio_end_ms"] - silence_ms)
                 elif kind == "response.created":
                     rid = ev["response"]["id"]
                     responses_seen += 1
@@ -238,11 +245,21 @@ async def run_load(url: str, sessions: int, timeline: bytes, responder: str) -> 
     rng = random.Random(sessions)
     messages = append_messages(timeline)
     start = time.time()
+    loop = asyncio.get_running_loop()
+
+    async def probe() -> None:
+        while True:
+            due = loop.time() + 0.01
+            await asyncio.sleep(0.01)
+            result.client_lags_ms.append((loop.time() - due) * 1000)
+
+    lag_probe = asyncio.create_task(probe())
     # The client shares the machine with the gateway: it checks the echoed bytes of 10 sessions only.
     await asyncio.gather(*(
         run_session(url, timeline, messages, responder, rng.uniform(0, 2.0), i < 10, result)
         for i in range(sessions)
     ))
+    lag_probe.cancel()
     return result, start, time.time()
 
 
@@ -310,7 +327,8 @@ def main() -> int:
           f"{time.strftime('%Y-%m-%d')})")
     header = ("sessions", "lag p50 ms", "lag p99 ms", "cpu s/session-min", "stop->delta p50", "p95",
               "barge-in p50", "p95", "cancel->last delta p95", "responses", "audio errors",
-              "gateway stop->delta p50", "p95", "gateway cancel->last delta p95")
+              "gateway stop->delta p50", "p95", "gateway cancel->last delta p95", "client lag p99",
+              "stop late p50", "p95")
     print(" | ".join(header))
     for n, result, start, end in runs:
         lags = [lag * 1000 for t, lag in stats["lags"] if start <= t <= end]
@@ -324,7 +342,8 @@ def main() -> int:
             f"{pct(result.cancel_to_last_delta_ms, 95):.2f}", json.dumps(statuses, sort_keys=True),
             len(result.audio_errors),
             f"{pct(traced(result, 'first_delta_ms'), 50):.1f}", f"{pct(traced(result, 'first_delta_ms'), 95):.1f}",
-            f"{pct(traced(result, 'cancel_to_last_delta_ms'), 95):.2f}",
+            f"{pct(traced(result, 'cancel_to_last_delta_ms'), 95):.2f}", f"{pct(result.client_lags_ms, 99):.1f}",
+            f"{pct(result.stop_late_ms, 50):.1f}", f"{pct(result.stop_late_ms, 95):.1f}",
         )
         print(" | ".join(str(x) for x in row))
         for err in result.audio_errors[:5]:

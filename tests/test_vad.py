@@ -254,6 +254,12 @@ def test_parameters_change_between_feeds_and_timeline_offset() -> None:
     # Padding never reaches back past the previous stop's detection point.
     d.prefix_padding_ms = 1000
     assert d.feed(windows((0.9, 2))) == [SpeechStarted(audio_start_ms=1000 + 27 * 32)]
-    d.reset(start_ms=5000)
-    assert not d.in_speech and d.position_ms == 5000
-    assert d.feed(windows((0.9, 2))) == [SpeechStarted(audio_start_ms=5000)]
+
+
+def test_reset_skips_audio_already_taken() -> None:
+    """A commit or clear takes audio the VAD may not have seen yet: speech in it starts no turn."""
+    d = TurnDetector(threshold=0.5, prefix_padding_ms=300, min_speech_ms=64)
+    assert d.feed(windows((0.9, 1))) == []  # an onset at 0, not yet confirmed
+    d.reset(until_ms=320)  # committed up to 320 ms, of which the VAD has seen 32
+    assert d.feed(windows((0.9, 9))) == []  # the windows ending by 320 ms
+    assert d.feed(windows((0.9, 2))) == [SpeechStarted(audio_start_ms=320)]  # padding stops at the commit
