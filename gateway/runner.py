@@ -114,7 +114,11 @@ class SessionRunner:
             elif isinstance(effect, RunVad):
                 self._vad_backlog += effect.pcm
                 if self._vad_task is None:
-                    self._vad_task = asyncio.create_task(self._run_vad())
+                    if self._vad_batcher is None or self.vad.windows_pending(len(self._vad_backlog)) == 0:
+                        # No model call to wait for (the audio completes no window): buffer it now.
+                        await self._apply(self.session.vad_result(self.vad.process(self._take_vad_backlog())))
+                    else:
+                        self._vad_task = asyncio.create_task(self._run_vad())
             elif isinstance(effect, StartResponse):
                 request = effect.request
                 request.transcripts = {m.item_id: self._transcripts[m.item_id] for m in request.messages
@@ -143,24 +147,23 @@ class SessionRunner:
             elif isinstance(effect, Mark):
                 self.trace.mark(effect.name, effect.response_id)
 
+    def _take_vad_backlog(self) -> bytes:
+        pcm = bytes(self._vad_backlog)
+        self._vad_backlog.clear()
+        return pcm
+
     async def _run_vad(self) -> None:
+        """Sessions' windows are batched into shared model calls (see VadBatcher)."""
+        assert self._vad_batcher is not None
         try:
             while self._vad_backlog and not self._closed:
-                pcm = bytes(self._vad_backlog)
-                self._vad_backlog.clear()
-                await self._apply(self.session.vad_result(await self._vad(pcm)))
+                probabilities = await self._vad_batcher.process(self.vad, self._take_vad_backlog())
+                await self._apply(self.session.vad_result(probabilities))
         except Exception:  # a broken VAD must not take the session with it
             log.exception("VAD failed; %d bytes of input audio not analysed", len(self._vad_backlog))
             self._vad_backlog.clear()
         finally:
             self._vad_task = None
-
-    async def _vad(self, pcm: bytes):
-        # Sessions' windows are batched into shared model calls (big batches off the loop); audio
-        # that completes no window only buffers.
-        if self._vad_batcher is None or self.vad.windows_pending(len(pcm)) == 0:
-            return self.vad.process(pcm)
-        return await self._vad_batcher.process(self.vad, pcm)
 
     async def _transcribe(self, effect: Transcribe) -> str:
         assert self.responder.transcriber is not None
