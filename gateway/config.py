@@ -52,7 +52,7 @@ class VadConfig:
     interrupt_response: bool = True
     idle_timeout_ms: int = 0
     min_speech_ms: int = 64
-    inline_windows: int = 0
+    inline_windows: int = 4
 
 
 @dataclass

@@ -196,7 +196,7 @@ class VadBatcher:
     Each session must await its result before sending its next audio (the order of its windows).
     """
 
-    def __init__(self, executor: Executor | None = None, inline_windows: int = 0) -> None:
+    def __init__(self, executor: Executor | None = None, inline_windows: int = 4) -> None:
         self._executor = executor
         self._inline_windows = inline_windows
         self._queue: list[tuple[SileroVAD, bytes, asyncio.Future[Float32Array]]] = []
