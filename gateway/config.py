@@ -53,6 +53,7 @@ class VadConfig:
     idle_timeout_ms: int = 0
     min_speech_ms: int = 64
     inline_windows: int = 4
+    batch_interval_ms: float = 10.0
 
 
 @dataclass

@@ -54,7 +54,9 @@ class Gateway:
         self.web_dir = (REPO_ROOT / config.server.web_dir).resolve()
         self._vad_model: SileroModel | None = None
         self._vad_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
-        self._vad_batcher = VadBatcher(self._vad_executor, config.vad.inline_windows)
+        self._vad_batcher = VadBatcher(
+            self._vad_executor, config.vad.inline_windows, config.vad.batch_interval_ms
+        )
         self._trace_sink: IO[str] | None = None
         self._server: Server | None = None
         self.webrtc: WebRTCServer | None = None

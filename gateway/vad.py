@@ -189,16 +189,18 @@ def process_many(items: Sequence[tuple[SileroVAD, bytes]]) -> list[Float32Array]
 class VadBatcher:
     """Runs many sessions' VAD in shared batched model calls, for use from one asyncio event loop.
 
-    Requests that arrive while a batch runs form the next batch, so batches grow by themselves
-    under load (~48 µs instead of ~90 µs a window) while an idle server runs a
-    request at once: no timer, no added latency. A batch of at most ``inline_windows`` windows runs
-    on the loop; a bigger one in ``executor`` (ORT releases the GIL), or inline when it is None.
-    Each session must await its result before sending its next audio (the order of its windows).
+    Batches start at most every ``interval_ms``: requests that arrive in between, or while a batch
+    runs, form the next batch, so batches grow under load (~48 µs instead of ~90 µs a window, and
+    far fewer model calls), while the first request of an idle server runs at once. A batch of at
+    most ``inline_windows`` windows runs on the loop; a bigger one in ``executor`` (ORT releases the
+    GIL), or inline when it is None. A session sends its next audio only once its last result is in.
     """
 
-    def __init__(self, executor: Executor | None = None, inline_windows: int = 4) -> None:
+    def __init__(self, executor: Executor | None = None, inline_windows: int = 4, interval_ms: float = 0) -> None:
         self._executor = executor
         self._inline_windows = inline_windows
+        self._interval = interval_ms / 1000
+        self._next_batch_at = 0.0
         self._queue: list[tuple[SileroVAD, bytes, asyncio.Future[Float32Array]]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -216,6 +218,9 @@ class VadBatcher:
         loop = asyncio.get_running_loop()
         try:
             while self._queue:
+                if (wait := self._next_batch_at - loop.time()) > 0:
+                    await asyncio.sleep(wait)
+                self._next_batch_at = loop.time() + self._interval
                 batch: list[tuple[SileroVAD, bytes, asyncio.Future[Float32Array]]] = []
                 later: list[tuple[SileroVAD, bytes, asyncio.Future[Float32Array]]] = []
                 seen: set[int] = set()
