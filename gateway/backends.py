@@ -36,12 +36,13 @@ async def _check(backend: str, client: AsyncOpenAI, timeout_s: float) -> str | N
     Run once at start-up, it also pays the HTTP stack's first-request costs (imports, the pool)
     there instead of in the first user's turn, and names a backend that is down before anyone talks.
     """
+    timeout_s = min(timeout_s, 5.0)
     try:
-        await client.models.list(timeout=min(timeout_s, 5.0))
+        await client.models.list(timeout=timeout_s)
     except openai.APIStatusError:
         return None  # it answered: some transcription servers serve no model list
     except Exception as exc:
-        return f"{backend} backend at {client.base_url} is not reachable: {describe(exc, min(timeout_s, 5.0))}"
+        return f"{backend} backend at {client.base_url} is not reachable: {describe(exc, timeout_s)}"
     return None
 
 

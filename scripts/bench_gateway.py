@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import wave
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,15 @@ def load_pcm(name: str) -> bytes:
 
 def silence(ms: int) -> bytes:
     return bytes(48 * ms)
+
+
+async def lag_probe(record: Callable[[float], None]) -> None:
+    """A 10 ms timer in this process's loop: records how late (seconds) it fires, until cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + 0.01
+        await asyncio.sleep(0.01)
+        record(loop.time() - due)
 
 
 # --- the gateway process ---------------------------------------------------------------------------
@@ -95,15 +105,12 @@ async def serve(port: int, stats_path: str, responder_kind: str, fake_url: str) 
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     print("ready", flush=True)
 
-    async def probe() -> None:
-        while True:
-            due = loop.time() + 0.01
-            await asyncio.sleep(0.01)
-            lags.append((time.time(), loop.time() - due))
-            if len(lags) % 25 == 0:
-                cpu.append((time.time(), time.process_time()))
+    def record(lag: float) -> None:
+        lags.append((time.time(), lag))
+        if len(lags) % 25 == 0:
+            cpu.append((time.time(), time.process_time()))
 
-    task = asyncio.create_task(probe())
+    task = asyncio.create_task(lag_probe(record))
     await stop.wait()
     task.cancel()
     Path(stats_path).write_text(json.dumps({"lags": lags, "cpu": cpu}))
@@ -245,21 +252,13 @@ async def run_load(url: str, sessions: int, timeline: bytes, responder: str) -> 
     rng = random.Random(sessions)
     messages = append_messages(timeline)
     start = time.time()
-    loop = asyncio.get_running_loop()
-
-    async def probe() -> None:
-        while True:
-            due = loop.time() + 0.01
-            await asyncio.sleep(0.01)
-            result.client_lags_ms.append((loop.time() - due) * 1000)
-
-    lag_probe = asyncio.create_task(probe())
+    probe = asyncio.create_task(lag_probe(lambda lag: result.client_lags_ms.append(lag * 1000)))
     # The client shares the machine with the gateway: it checks the echoed bytes of 10 sessions only.
     await asyncio.gather(*(
         run_session(url, timeline, messages, responder, rng.uniform(0, 2.0), i < 10, result)
         for i in range(sessions)
     ))
-    lag_probe.cancel()
+    probe.cancel()
     return result, start, time.time()
 
 
