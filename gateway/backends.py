@@ -145,7 +145,6 @@ class LlmClient:
         self.max_output_tokens = max_output_tokens
         self.timeout_s = timeout_s
         self._client = _client(base_url, api_key_env, timeout_s)
-        self._completions = self._client.chat.completions  # imported now, not in the first turn
 
     @classmethod
     def from_config(cls, config: LlmConfig) -> LlmClient:
@@ -173,22 +172,31 @@ class LlmClient:
         limit = self.max_output_tokens
         if max_output_tokens is not None:
             limit = min(limit, max_output_tokens)
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "max_completion_tokens": limit,
+            "temperature": self.temperature if temperature is None else temperature,
+        }
         try:
-            stream = await self._completions.create(
-                model=self.model,
-                messages=messages,  # type: ignore[arg-type]  # built by chat_messages
-                stream=True,
-                max_completion_tokens=limit,
-                temperature=self.temperature if temperature is None else temperature,
+            # client.post, the SDK's documented call for any endpoint: chat.completions.create would
+            # run its per-field request transform over the whole conversation and build a pydantic
+            # model per chunk, 4 ms of the event loop per turn (half the cost of the stream).
+            stream = await self._client.post(
+                "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=openai.AsyncStream[object]
             )
         except Exception as exc:
             raise BackendError("llm", describe(exc, self.timeout_s)) from exc
         try:
             async for chunk in stream:
+                if not isinstance(chunk, dict):
+                    raise ValueError(f"not a chat.completion.chunk: {str(chunk)[:80]}")
                 # Usage-only chunks have no choices; some servers send a null delta.
-                delta = chunk.choices[0].delta if chunk.choices else None
-                if delta is not None and delta.content:
-                    yield delta.content
+                choices = chunk.get("choices")
+                delta = (choices[0].get("delta") if choices else None) or {}
+                if content := delta.get("content"):
+                    yield content
         except Exception as exc:  # a dropped connection, a stall, an error event, a malformed chunk
             raise BackendError("llm", f"stream broken: {describe(exc, self.timeout_s)}") from exc
         finally:

@@ -39,6 +39,7 @@ import time
 import wave
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,10 @@ async def serve(port: int, stats_path: str, responder_kind: str, fake_url: str) 
 
 
 # --- the client side -----------------------------------------------------------------------------
+
+
+# A pipeline turn's stages in the gateway's trace (gateway/trace.py), from the end of speech.
+TURN_STAGES = ("speech_stopped", "committed", "stt_done", "llm_first_token", "tts_first_audio", "first_delta")
 
 
 @dataclass
@@ -240,6 +245,7 @@ async def run_session(
 
 
 def pct(values: list[float], q: float) -> float:
+    values = [v for v in values if not np.isnan(v)]
     return float(np.percentile(values, q)) if values else float("nan")
 
 
@@ -347,6 +353,15 @@ def main() -> int:
         print(" | ".join(str(x) for x in row))
         for err in result.audio_errors[:5]:
             print("   ", err)
+    if args.responder == "pipeline":
+        print("\nwhere a turn's time goes (gateway trace, each stage from the one before it, P50 / P95 ms)")
+        print(" | ".join(("sessions", *(f"{a} -> {b}" for a, b in pairwise(TURN_STAGES)))))
+        for n, result, _, _ in runs:
+            steps = [
+                [t.get(b + "_ms", np.nan) - t.get(a + "_ms", 0.0) for t in result.traces]
+                for a, b in pairwise(TURN_STAGES)
+            ]
+            print(" | ".join((str(n), *(f"{pct(v, 50):.1f} / {pct(v, 95):.1f}" for v in steps))))
     return 0
 
 

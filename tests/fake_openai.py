@@ -133,18 +133,23 @@ class FakeOpenAI:
         return reply(body) if callable(reply) else reply
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        # Latencies count from the request's arrival, as a real server's do: reading and parsing the
+        # body is part of them, so under load the fake's own CPU does not add to what a client measures.
+        first_token_at = asyncio.get_running_loop().time() + self.ttft_ms / 1000
         body = orjson.loads(await request.read())
         rec = Recorded(request.path, body)
         self.requests.append(rec)
         try:
-            return await self._chat_reply(request, body, rec)
+            return await self._chat_reply(request, body, rec, first_token_at)
         except (asyncio.CancelledError, ConnectionResetError):
             rec.closed_by_client = not rec.dropped
             raise
         finally:
             rec.done.set()
 
-    async def _chat_reply(self, request: web.Request, body: dict[str, Any], rec: Recorded) -> web.StreamResponse:
+    async def _chat_reply(
+        self, request: web.Request, body: dict[str, Any], rec: Recorded, first_token_at: float
+    ) -> web.StreamResponse:
         failure = self.llm_failure
         if failure == "500":
             return _error_500()
@@ -157,7 +162,7 @@ class FakeOpenAI:
             tokens, finish_reason = tokens[:limit], "length"
         created = int(time.time())
         completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        await asyncio.sleep(self.ttft_ms / 1000)
+        await _sleep_until(first_token_at)
         if not body.get("stream"):
             rec.tokens_sent = len(tokens)
             rec.finished = True
@@ -222,6 +227,7 @@ class FakeOpenAI:
         return web.json_response({"object": "list", "data": [model]})
 
     async def _transcribe(self, request: web.Request) -> web.StreamResponse:
+        done_at = asyncio.get_running_loop().time() + self.stt_ms / 1000  # see _chat
         form = await request.post()
         fields: dict[str, Any] = {}
         for name, value in form.items():
@@ -242,7 +248,7 @@ class FakeOpenAI:
                 return _error_500()
             if self.stt_failure in ("break", "hang"):
                 await _fail(request, self.stt_failure, rec)
-            await asyncio.sleep(self.stt_ms / 1000)
+            await _sleep_until(done_at)
             text = self._text(self.transcript, fields)
             rec.finished = True
             if fields.get("response_format") == "text":
@@ -253,6 +259,10 @@ class FakeOpenAI:
             raise
         finally:
             rec.done.set()
+
+
+async def _sleep_until(when: float) -> None:
+    await asyncio.sleep(max(0.0, when - asyncio.get_running_loop().time()))
 
 
 def _usage(body: dict[str, Any], completion_tokens: int) -> dict[str, int]:
