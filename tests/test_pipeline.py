@@ -311,7 +311,7 @@ async def test_cancel_while_tts_plays(make: Make, fake: FakeOpenAI):
         ("500", 0, "HTTP 500: The server had an error"),
         ("hang", 0, "timed out after 0.3 s"),
         ("hang", 3, "stream broken: timed out after 0.3 s"),
-        ("break", 0, "Server disconnected without sending a response"),
+        ("break", 0, "failed: Server disconnected"),
         ("break", 3, "stream broken: connection to 127.0.0.1:"),
     ],
 )
@@ -342,7 +342,7 @@ async def test_llm_failures(make: Make, fake: FakeOpenAI, failure: str, fail_aft
         ("refused", "connection refused by 127.0.0.1:"),
         ("500", "HTTP 500: The server had an error"),
         ("hang", "timed out after 0.3 s"),
-        ("break", "Server disconnected without sending a response"),
+        ("break", "failed: Server disconnected"),
     ],
 )
 async def test_stt_failures(make: Make, fake: FakeOpenAI, failure: str, cause: str):
