@@ -10,6 +10,7 @@ import base64
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import anyio
 import openai
 from openai import AsyncOpenAI
 
@@ -40,6 +41,9 @@ async def _check(backend: str, client: AsyncOpenAI, timeout_s: float) -> str | N
     there instead of in the first user's turn, and names a backend that is down before anyone talks.
     """
     timeout_s = min(timeout_s, 5.0)
+    # The SDK drains each finished stream under anyio, whose asyncio backend is imported on first
+    # use (20-70 ms): load it now.
+    await anyio.sleep(0)
     try:
         await client.models.list(timeout=timeout_s)
     except openai.APIStatusError:
@@ -109,8 +113,10 @@ class SttClient:
         self.language = language
         self.timeout_s = timeout_s
         self._client = _client(base_url, api_key_env, timeout_s)
-        # The SDK imports a resource's modules on first use (~20 ms): pay that at start-up, not in a turn.
+        # The SDK imports a resource's modules (~20 ms) and builds its response model (~5 ms) on first
+        # use: pay that at start-up, not in a turn.
         self._transcriptions = self._client.audio.transcriptions
+        openai.types.audio.Transcription.model_rebuild()
 
     @classmethod
     def from_config(cls, config: SttConfig) -> SttClient:
