@@ -32,7 +32,8 @@ from aiohttp import web
 #   "500"   answer HTTP 500 with an OpenAI error body
 #   "break" drop the connection after ``fail_after_tokens`` tokens (0: before any response)
 #   "hang"  stop sending after ``fail_after_tokens`` tokens (0: before the response headers)
-FAILURES = ("500", "break", "hang")
+#   "garbage" (chat only) send an event that is not a chunk object after ``fail_after_tokens`` tokens
+FAILURES = ("500", "break", "hang", "garbage")
 
 # Tokens as an LLM streams them: one CJK character, or a word with its leading whitespace.
 _TOKEN = re.compile(
@@ -83,6 +84,8 @@ class FakeOpenAI:
         for failure in (llm_failure, stt_failure):
             if failure is not None and failure not in FAILURES:
                 raise ValueError(f"unknown failure {failure!r}, expected one of {FAILURES}")
+        if stt_failure == "garbage":
+            raise ValueError("failure 'garbage' is for the chat endpoint only")
         self.host, self.port = host, port
         self.reply, self.transcript = reply, transcript
         self.stt_ms, self.ttft_ms, self.tokens_per_s = stt_ms, ttft_ms, tokens_per_s
@@ -202,6 +205,8 @@ class FakeOpenAI:
         for n, token in enumerate(tokens):
             if failure in ("break", "hang") and n == self.fail_after_tokens:
                 await _fail(request, failure, rec)
+            if failure == "garbage" and n == self.fail_after_tokens:
+                await response.write(b'data: ["not", "a", "chunk"]\n\n')
             if n and interval:
                 await asyncio.sleep(interval)
             await response.write(chunk({"content": token}))
@@ -326,7 +331,7 @@ def main() -> None:
     parser.add_argument("--ttft-ms", type=float, default=0.0, help="time to first token")
     parser.add_argument("--tokens-per-s", type=float, default=0.0, help="token rate, 0 = unlimited")
     parser.add_argument("--llm-failure", choices=FAILURES)
-    parser.add_argument("--stt-failure", choices=FAILURES)
+    parser.add_argument("--stt-failure", choices=[f for f in FAILURES if f != "garbage"])
     parser.add_argument("--fail-after-tokens", type=int, default=0)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(parser.parse_args()))

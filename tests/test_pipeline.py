@@ -313,6 +313,7 @@ async def test_cancel_while_tts_plays(make: Make, fake: FakeOpenAI):
         ("hang", 3, "stream broken: timed out after 0.3 s"),
         ("break", 0, "failed: Server disconnected"),
         ("break", 3, "stream broken: connection to 127.0.0.1:"),
+        ("garbage", 2, "stream broken: ValueError: not a chat.completion.chunk: ['not', 'a', 'chunk']"),
     ],
 )
 async def test_llm_failures(make: Make, fake: FakeOpenAI, failure: str, fail_after: int, cause: str):
