@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     # websockets reports every plain HTTP answer (page, /healthz, /metrics) as a "rejected connection".
     logging.getLogger("websockets.server").setLevel(logging.WARNING)
+    # The openai package's HTTP client logs every request at INFO: a line per STT and LLM call of every
+    # turn. The gateway logs the failed ones itself; --log-level DEBUG shows them all.
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:
         return commands[args.command](args)
     except ConfigError as exc:

@@ -170,6 +170,7 @@ class SessionRunner:
         try:
             text = await self.responder.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
         except BackendError as exc:
+            log.warning("transcription of %s failed: %s", effect.item_id, exc)
             await self._apply(self.session.input_transcribed(effect.item_id, None, exc.cause))
             raise
         await self._apply(self.session.input_transcribed(effect.item_id, text))
