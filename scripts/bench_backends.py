@@ -20,14 +20,13 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import openai
+
+from gateway.audio import wav_bytes
+from gateway.backends import LlmClient, SttClient, chat_messages
+from gateway.responder import Message
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import openai  # noqa: E402
-
-from gateway.audio import wav_bytes  # noqa: E402
-from gateway.backends import LlmClient, SttClient, chat_messages  # noqa: E402
-from gateway.responder import Message  # noqa: E402
 
 REPLY = "Sure. The weather tomorrow looks sunny with a light breeze, and it should stay warm until the evening."
 CONVERSATION = [
