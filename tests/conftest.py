@@ -32,7 +32,7 @@ from pydantic import TypeAdapter
 
 from gateway.config import Config, load_config
 from gateway.responder import EchoResponder, Responder
-from gateway.server import Gateway
+from gateway.serve import GatewayServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GA_EVENTS = TypeAdapter(RealtimeServerEvent)
@@ -64,33 +64,45 @@ def make_config(**overrides: Any) -> Config:
     """The repository's defaults with ``section__key=value`` overrides, on a free port."""
     config = load_config(env={})
     config.server.port = 0
-    config.webrtc.enabled = False  # tests that want it turn it on, on a free port
+    config.webrtc.enabled = False  # tests that want it turn it on
     for name, value in overrides.items():
         section, key = name.split("__")
         setattr(getattr(config, section), key, value)
     return config
 
 
-StartGateway = Callable[..., Awaitable[Gateway]]
+class Served(GatewayServer):
+    """A gateway served on a loopback port, with its sessions and calls at hand for the tests."""
+
+    @property
+    def sessions(self) -> set[Any]:
+        return self.gateway.sessions
+
+    @property
+    def webrtc(self) -> Any:
+        return self.gateway.webrtc
+
+
+StartGateway = Callable[..., Awaitable[Served]]
 
 
 @pytest.fixture
 async def start_gateway() -> AsyncIterator[StartGateway]:
-    started: list[Gateway] = []
+    started: list[Served] = []
 
-    async def start(responder: Responder | None = None, **overrides: Any) -> Gateway:
-        gateway = Gateway(make_config(**overrides), responder or EchoResponder(pace=0))
-        await gateway.start()
-        started.append(gateway)
-        return gateway
+    async def start(responder: Responder | None = None, **overrides: Any) -> Served:
+        served = Served(make_config(**overrides), responder or EchoResponder(pace=0))
+        started.append(served)
+        await served.start()
+        return served
 
     yield start
-    for gateway in started:
-        await gateway.stop()
+    for served in started:
+        await served.stop()
 
 
 @pytest.fixture
-async def gateway(start_gateway: StartGateway) -> Gateway:
+async def gateway(start_gateway: StartGateway) -> Served:
     return await start_gateway()
 
 
@@ -142,7 +154,7 @@ class Client:
 
 
 @asynccontextmanager
-async def connect(gateway: Gateway, beta: bool = False) -> AsyncIterator[Client]:
+async def connect(gateway: GatewayServer, beta: bool = False) -> AsyncIterator[Client]:
     port = gateway.port
     openai = AsyncOpenAI(
         api_key="test-key", base_url=f"http://127.0.0.1:{port}/v1", websocket_base_url=f"ws://127.0.0.1:{port}/v1"
