@@ -33,6 +33,7 @@ from gateway.realtime_ws import RealtimeEndpoint
 from gateway.responder import Responder
 from gateway.rest import HttpError, authorize, error_response, http_error_response
 from gateway.server import Gateway
+from gateway.webrtc_routes import signalling_routes
 
 MAX_STATIC_PATH_CHARS = 255
 
@@ -67,8 +68,11 @@ class Pages:
         body = {"session_id": session_id, "turns": list(runner.trace.records)}
         return Response(orjson.dumps(body), media_type="application/json", headers={"Cache-Control": "no-cache"})
 
+    async def upgrade_required(self, request: Request) -> Response:
+        raise HttpError(426, "This is the Realtime WebSocket endpoint: connect with a WebSocket.", "upgrade_required")
+
     async def static(self, request: Request) -> Response:
-        relative = request.path_params["path"] or "index.html"
+        relative = request.path_params.get("name") or "index.html"
         if len(relative) > MAX_STATIC_PATH_CHARS:
             raise HttpError(404, "Not found.", "not_found")
         file = (self.web_dir / relative).resolve()
@@ -84,20 +88,19 @@ class Pages:
 def routes(gateway: Gateway) -> list[BaseRoute]:
     pages = Pages(gateway)
     realtime = RealtimeEndpoint(gateway)
-    table: list[BaseRoute] = [WebSocketRoute(path, realtime) for path in ("/v1/realtime", "/realtime")]
+    table: list[BaseRoute] = []
+    for path in ("/v1/realtime", "/realtime"):
+        table += [WebSocketRoute(path, realtime), Route(path, pages.upgrade_required, methods=["GET"])]
     table += client_secret_routes(gateway)
-    if gateway.config.webrtc.enabled:
-        try:
-            from gateway.webrtc_routes import signalling_routes  # noqa: PLC0415 - aiortc is an optional extra
-        except ImportError:
-            pass  # Gateway.start says so in the log
-        else:
-            table += signalling_routes(gateway)
+    table += signalling_routes(gateway)  # answers 404 while WebRTC is off
     table += [
         Route("/healthz", pages.healthz),
         Route("/metrics", pages.metrics),
         Route("/v1/realtime/sessions/{session_id}/turns", pages.turns),
-        Route("/{path:path}", pages.static),
+        # The page's folder is served flat: a path of one segment, so that the API's paths never reach it
+        # (a wrong method on them is a 405, not a missing file).
+        Route("/", pages.static),
+        Route("/{name}", pages.static),
     ]
     return table
 

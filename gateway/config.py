@@ -32,7 +32,7 @@ class ServerConfig:
     allowed_origins: str = ""
     allowed_hosts: str = ""
     max_message_bytes: int = 22 * 1024 * 1024
-    inbound_free_bytes: int = 1024 * 1024
+    inbound_free_bytes: int = 256 * 1024
     inbound_budget_bytes: int = 256 * 1024 * 1024
     send_timeout_s: float = 10.0
     max_sessions: int = 1000

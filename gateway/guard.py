@@ -15,8 +15,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.auth import error_body
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-# A longer request target is refused with 414 (uvicorn refuses request heads over 16 KiB with 400).
+# A longer request target is refused with 414, more header bytes with 431 (uvicorn refuses a request head
+# that has not ended within 16 KiB with 400, but takes a longer one that arrives whole).
 MAX_TARGET_CHARS = 2048
+MAX_HEADER_BYTES = 16 * 1024
 # What the OpenAI SDKs send from a browser (fetch preflights name them); any other requested header is
 # allowed too once the origin is: the origin is the check, not the header names.
 CORS_HEADERS = "Authorization, Content-Type, OpenAI-Beta, X-OpenAI-Agents-SDK, OpenAI-Organization, OpenAI-Project"
@@ -95,9 +97,10 @@ class Hosts:
         )
 
 
-async def _refuse(send: Send, status: int, message: str, code: str, extra: list[tuple[bytes, bytes]] = ()) -> None:
+async def _refuse(send: Send, status: int, message: str, code: str) -> None:
     body = error_body(message, code)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -115,10 +118,15 @@ class FrontDoor:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
+        answer = send if scope["type"] == "http" else _denial(send)
+        if sum(len(name) + len(value) for name, value in scope["headers"]) > MAX_HEADER_BYTES:
+            await _refuse(answer, 431, f"The request headers are too large (at most {MAX_HEADER_BYTES} bytes).",
+                          "headers_too_large")
+            return
+        if not self.hosts.allows(headers.get("host")):
+            await _refuse(answer, 400, "Invalid host header.", "invalid_host")
+            return
         if scope["type"] == "websocket":
-            if not self.hosts.allows(headers.get("host")):
-                await _refuse(_denial(send), 400, "Invalid host header.", "invalid_host")
-                return
             await self.app(scope, receive, send)  # the endpoint checks the Origin itself
             return
         target = len(scope["raw_path"]) + len(scope["query_string"])
@@ -128,9 +136,6 @@ class FrontDoor:
             return
         if any(c < " " for c in scope["path"]):
             await _refuse(send, 400, "The path has a control character.", "invalid_path")
-            return
-        if not self.hosts.allows(headers.get("host")):
-            await _refuse(send, 400, "Invalid host header.", "invalid_host")
             return
         origin = headers.get("origin")
         cors: list[tuple[bytes, bytes]] = []

@@ -100,6 +100,8 @@ class RealtimeEndpoint:
                     gone = True
                     break
                 await runner.receive(message.get("text") or message.get("bytes") or b"")
+                # Not held while waiting for the next one: the inbound budget counts it as handled now.
+                del message
         finally:
             await gateway.close_session(runner, client_gone=gone)
 

@@ -13,11 +13,12 @@ client that never reads holds that much and no more. What it lacks, and this sub
   it needs one of ``inbound_budget_bytes // (2 * max_message_bytes)`` large-message slots and stops
   reading until one is free. A slot holder can always finish its message (its room is reserved), so
   slots never deadlock; they are given first come, first served.
-  Worst case held by all connections: inbound_budget_bytes + connections x (inbound_free_bytes + one
-  socket read of 256 KiB).
+  Peak memory of inbound messages, the copies made while handling them included: at most
+  2 x inbound_budget_bytes + 3 x connections x (inbound_free_bytes + one socket read of 256 KiB).
 
-It leans on uvicorn's protocol internals (its queue, read_paused, writable and the websockets parser's
-buffer): pyproject.toml pins uvicorn's minor version, and tests/test_hostile.py exercises both limits.
+It leans on uvicorn's protocol internals (its queue, read_paused, writable) and on the websockets
+parser's (its buffer, its generator): pyproject.toml pins both, and tests/test_hostile.py exercises
+both limits.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 from prometheus_client import Counter
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,7 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
         super().__init__(*args, **kwargs)
         self._queued: deque[int] = deque()  # sizes of the messages waiting for the app
         self._app_holds = 0  # size of the message the app is handling (until it asks for the next)
+        self._parser_holds = 0  # size of the last message, still referenced by websockets' parser
         self._waiting_slot = False
 
     # --- send deadline ------------------------------------------------------------------------------
@@ -118,18 +121,30 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def _held(self) -> int:
         return (len(self.conn.reader.buffer) + sum(len(f) for f in self.frames) + sum(self._queued)
-                + self._app_holds)
+                + self._app_holds + self._parser_holds)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
+        self._drop_parsed_frame()
         self._check_held()
 
     def send_receive_event_to_app(self) -> None:
         size = sum(len(f) for f in self.frames)
         queued = self.queue.qsize()
         super().send_receive_event_to_app()
+        self._parser_holds = size
         if self.queue.qsize() > queued:
             self._queued.append(size)
+
+    def _drop_parsed_frame(self) -> None:
+        """websockets' parser keeps its last frame referenced (a local of its generator) until the next one
+        is parsed: between messages, with nothing buffered, a fresh parser lets a large message's bytes go
+        once handled, instead of when (if ever) the next message arrives."""
+        conn = self.conn
+        if self._parser_holds and not conn.reader.buffer and conn.cur_size is None and conn.state is State.OPEN:
+            conn.parser = conn.parse()
+            next(conn.parser)
+            self._parser_holds = 0
 
     async def receive(self) -> Any:
         self._app_holds = 0  # the app is done with the last message

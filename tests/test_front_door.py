@@ -268,7 +268,8 @@ async def test_client_secret_requests_are_checked(keys, start_gateway):
 
 
 def test_the_signing_key_is_shared_by_gateways_that_share_a_key():
-    secret, _ = Auth.from_env({"GATEWAY_SIGNING_KEY": "s" * 40}).mint({"instructions": "hi"}, Dialect.GA, "realtime", 60)
+    shared = {"GATEWAY_SIGNING_KEY": "s" * 40}
+    secret, _ = Auth.from_env(shared).mint({"instructions": "hi"}, Dialect.GA, "realtime", 60)
     assert Auth.from_env({"GATEWAY_SIGNING_KEY": "s" * 40}).verify(secret).session == {"instructions": "hi"}
     derived, _ = Auth.from_env({"GATEWAY_API_KEYS": "a,b"}).mint({}, Dialect.GA, "realtime", 60)
     assert Auth.from_env({"GATEWAY_API_KEYS": "b, a"}).verify(derived).kind == "realtime"

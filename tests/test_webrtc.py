@@ -421,7 +421,8 @@ async def test_browser_page_module(rtc):
             path = await page.evaluate(BROWSER_CALL, [f"http://127.0.0.1:{gateway.port}", {"instructions": "Hi."}])
             assert path.startswith("/v1/realtime/calls/rtc_")
             await page.wait_for_function(
-                "() => window.rtc.events.some(e => e.type === 'conversation.item.truncated')", polling=50, timeout=20_000
+                "() => window.rtc.events.some(e => e.type === 'conversation.item.truncated')",
+                polling=50, timeout=20_000,
             )
             events = await page.evaluate("window.rtc.events")
             assert len(gateway.sessions) == 1
