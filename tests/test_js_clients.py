@@ -35,7 +35,10 @@ needs_npm = pytest.mark.skipif(
 async def test_openai_npm_client_over_wss_a_turn_and_a_cancel(start_gateway, tmp_path, monkeypatch):
     monkeypatch.setenv("GATEWAY_API_KEYS", KEY)
     ca, cert, key = make_certificate(tmp_path / "tls")
-    gateway = await start_gateway(server__tls_cert=str(cert), server__tls_key=str(key))
+    from gateway.responder import EchoResponder
+
+    # At real-time pace, so that the second reply is still running when the client cancels it.
+    gateway = await start_gateway(EchoResponder(pace=1.0), server__tls_cert=str(cert), server__tls_key=str(key))
     speech = tmp_path / "speech.pcm"
     speech.write_bytes(load_pcm("one_sentence.wav")[: 48 * 2000])
     process = await asyncio.create_subprocess_exec(
@@ -76,10 +79,10 @@ def agents_page(tmp_path: Path) -> Path:
 async def test_agents_sdk_in_chromium(transport, agents_page, start_gateway, monkeypatch):
     from playwright.async_api import async_playwright
 
-    from gateway.responder import EchoResponder
-
     monkeypatch.setenv("GATEWAY_API_KEYS", KEY)
-    gateway = await start_gateway(EchoResponder(pace=1.5), webrtc__enabled=True, server__web_dir=str(agents_page))
+    # The echo is made at once (the microphone's next round of the sentence then barges into its playout,
+    # not into the response).
+    gateway = await start_gateway(webrtc__enabled=True, server__web_dir=str(agents_page))
     origin = f"http://127.0.0.1:{gateway.port}"
     openai = AsyncOpenAI(api_key=KEY, base_url=origin + "/v1")
     secret = (await openai.realtime.client_secrets.create(session={"type": "realtime", "instructions": "Be brief."}))
