@@ -341,3 +341,14 @@ async def test_the_endpoint_mounted_in_another_app():
     assert not gateway.ready  # the lifespan stopped it
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+async def test_events_go_out_at_once(gateway):
+    """asyncio sets TCP_NODELAY only on sockets made as TCP: without it, an event sent right after another
+    waited for the client's delayed ACK (10-20 ms per burst of events, measured)."""
+    async with websockets.connect(f"ws://127.0.0.1:{gateway.port}/v1/realtime") as ws:
+        await ws.recv()
+        connections = gateway._server.server_state.connections  # noqa: SLF001 - uvicorn's live connections
+        assert connections
+        for connection in connections:
+            assert connection.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
