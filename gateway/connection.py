@@ -10,6 +10,7 @@ an optional extra) it arrives on the remote track at real time, because the serv
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import bisect
@@ -218,7 +219,7 @@ class WebSocketConnection:
         await self.ws.close()
 
 
-def add_arguments(parser: Any, default_url: str) -> None:
+def add_arguments(parser: argparse.ArgumentParser, default_url: str) -> None:
     """The endpoint options both command lines share (each adds its own way to pick the transport)."""
     parser.add_argument("--url", default=default_url, help=f"Realtime WebSocket endpoint (default {default_url}); "
                         "over WebRTC the signalling URL is derived from it")
