@@ -132,8 +132,6 @@ class McpPolicy:
     def check_url(self, url: str, param: str) -> None:
         """The URL's form and host, as far as they can be checked without resolving it (the MCP client checks
         the addresses it resolves to: gateway/mcp_client.py)."""
-        if not self.enabled:
-            raise ProtocolError("mcp_disabled", "MCP tools are disabled on this gateway ([mcp] enabled).", param)
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ProtocolError("invalid_value", f"'{param}' must be an http:// or https:// URL.", param)
@@ -176,6 +174,9 @@ def _mcp(t: dict[str, Any], param: str, dialect: Dialect, policy: McpPolicy) -> 
     if dialect is Dialect.BETA:
         raise ProtocolError("invalid_value", "MCP tools are part of the GA interface; connect without the "
                             "'OpenAI-Beta: realtime=v1' header to use them.", f"{param}.type")
+    if not policy.enabled:
+        raise ProtocolError("mcp_disabled", "MCP tools are disabled on this gateway ([mcp] enabled).",
+                            f"{param}.type")
     label = field_of(t, "server_label", str, f"{param}.server_label", required=True)
     if not NAME.match(label):
         raise ProtocolError("invalid_value", f"Invalid '{param}.server_label': {label!r}; a label is 1-64 letters, "
