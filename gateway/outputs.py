@@ -172,7 +172,8 @@ class McpCallOut(Output):
 
     def arguments(self, delta: str) -> list[Effect]:
         self.item.data["arguments"] += delta
-        return [self._event("response.mcp_call_arguments.delta", delta=delta)]
+        # obfuscation (OpenAI's padding of streamed deltas) is required by the JS Agents SDK: none here.
+        return [self._event("response.mcp_call_arguments.delta", delta=delta, obfuscation="")]
 
     def start(self, streamed: bool) -> list[Effect]:
         """The arguments are complete (``streamed``: they came as deltas): the call runs."""

@@ -102,8 +102,11 @@ class McpTool:
         return bool((self.annotations or {}).get("readOnlyHint"))
 
     def wire(self) -> dict[str, Any]:
-        return {"name": self.name, "input_schema": self.input_schema, "description": self.description,
-                "annotations": self.annotations}
+        # The JS Agents SDK requires a description string.
+        out = {"name": self.name, "input_schema": self.input_schema, "description": self.description or ""}
+        if self.annotations is not None:
+            out["annotations"] = self.annotations
+        return out
 
 
 Tool = FunctionTool | McpServer

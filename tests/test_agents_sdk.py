@@ -1,13 +1,16 @@
-"""The OpenAI Agents SDK for Python (agents.realtime, unmodified) against a real gateway in pipeline mode:
-its function tools run and their results reach the LLM (the fake server, which calls the tools); a
-handoff between two agents works. Every event the gateway sends passes the SDK's own validation (an
-invalid one would surface as an ``error`` event, which fails these tests)."""
+"""The OpenAI Agents SDKs (Python's agents.realtime, and @openai/agents-realtime under Node; unmodified)
+against a real gateway in pipeline mode: their function tools run and their results reach the LLM (the
+fake server, which calls the tools), the answer is spoken; a handoff between two agents works. Every
+event the gateway sends passes each SDK's own validation (Python: an invalid one surfaces as an ``error``
+event; JS: tests/js/agent_tools.mjs checks each against the SDK's zod schema)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -107,3 +110,29 @@ async def test_a_handoff_moves_the_session_to_the_other_agent(gateway, fake: Fak
     assert after.messages[0] == {"role": "system", "content": "You tell the weather."}
     assert [t["function"]["name"] for t in after.body["tools"]] == ["get_weather"]
     assert after.messages[-1]["role"] == "tool" and "Weather agent" in after.messages[-1]["content"]
+
+
+JS_DIR = Path(__file__).parent / "js"
+
+
+@pytest.mark.parametrize("scenario", ["tool", "handoff"])
+async def test_the_js_agents_sdk_runs_a_tool_and_hands_off(gateway, fake: FakeOpenAI, scenario: str):
+    """@openai/agents-realtime under Node: its own WebSocket transport (the ws package) takes a ws:// URL."""
+    node = shutil.which("node")
+    if node is None or not (JS_DIR / "node_modules" / "@openai" / "agents-realtime").is_dir():
+        pytest.skip("needs node and tests/js/node_modules (make test runs npm ci there)")
+    url = f"ws://127.0.0.1:{gateway.port}/v1/realtime?model=gpt-realtime"
+    proc = await asyncio.create_subprocess_exec(node, "agent_tools.mjs", url, scenario, cwd=JS_DIR,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    assert report["invalid"] == [] and report["errors"] == []
+    assert report["calls"] == ["Paris"]
+    assert report["toolResults"] == [["get_weather", "sunny and 21 degrees in Paris"]]
+    assert report["audioBytesAfterTool"] > 48 * 500
+    if scenario == "handoff":
+        assert report["handoffs"] == [["Greeter", "Weather agent"]]
+        assert fake.chat_requests[1].messages[0] == {"role": "system", "content": "You tell the weather."}
+    last = fake.chat_requests[-1].messages
+    assert last[-1]["role"] == "tool" and last[-1]["content"] == "sunny and 21 degrees in Paris"
