@@ -207,7 +207,10 @@ class PipelineResponder:
                     outputs.put_nowait(TraceMark("llm_first_token"))
                     first = False
                 if not isinstance(delta, str):
-                    held.append(delta) if said else outputs.put_nowait(delta)
+                    if said:
+                        held.append(delta)
+                    else:
+                        outputs.put_nowait(delta)
                     continue
                 said = said or bool(delta.strip())
                 feed([delta] if bridge is None else bridge.feed(delta))

@@ -18,6 +18,7 @@ from gateway.protocol import Dialect, ProtocolError, field_of
 
 # Function names as chat-completions servers accept them (OpenAI's rule; vLLM passes them to the template).
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+HEADER = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")  # an HTTP field name (RFC 9110 token)
 MAX_TOOLS = 128  # entries of one tools[] (OpenAI's chat-completions limit)
 CHOICES = ("auto", "none", "required")
 
@@ -192,7 +193,11 @@ def _mcp(t: dict[str, Any], param: str, dialect: Dialect, policy: McpPolicy) -> 
     policy.check_url(url, f"{param}.server_url")
     headers: dict[str, str] = {}
     for key, value in (field_of(t, "headers", dict, f"{param}.headers") or {}).items():
-        headers[key] = field_of({"v": value}, "v", str, f"{param}.headers.{key}", required=True)
+        value = field_of({"v": value}, "v", str, f"{param}.headers.{key}", required=True)
+        if not HEADER.match(key) or "\r" in value or "\n" in value:
+            raise ProtocolError("invalid_value", f"'{param}.headers' has a header that HTTP cannot carry: "
+                                f"{key!r}.", f"{param}.headers.{key}")
+        headers[key] = value
     if (token := field_of(t, "authorization", str, f"{param}.authorization")) is not None:
         headers["Authorization"] = f"Bearer {token}"
     allowed = None if t.get("allowed_tools") is None else _filter(t["allowed_tools"], f"{param}.allowed_tools")
@@ -208,12 +213,15 @@ def _mcp(t: dict[str, Any], param: str, dialect: Dialect, policy: McpPolicy) -> 
         approval = tuple(None if r.get(k) is None else _filter(r[k], f"{param}.require_approval.{k}")
                          for k in ("always", "never"))  # type: ignore[assignment]
     description = field_of(t, "server_description", str, f"{param}.server_description")
-    sent = {"type": "mcp", "server_label": label, "server_url": url,
-            "allowed_tools": None if allowed is None else (list(allowed.tool_names or []) if isinstance(
-                t["allowed_tools"], list) else allowed.wire()),
-            "require_approval": approval if isinstance(approval, str) else {
-                k: f.wire() for k, f in zip(("always", "never"), approval, strict=True) if f is not None},
-            "server_description": description}
+    # Reported back in session.updated as checked, headers and authorization left out (they are secrets).
+    sent: dict[str, Any] = {"type": "mcp", "server_label": label, "server_url": url,
+                            "server_description": description}
+    if allowed is not None:
+        sent["allowed_tools"] = list(t["allowed_tools"]) if isinstance(t["allowed_tools"], list) else allowed.wire()
+    if isinstance(approval, str):
+        sent["require_approval"] = approval
+    else:
+        sent["require_approval"] = {k: f.wire() for k, f in zip(("always", "never"), approval, strict=True) if f}
     return McpServer(label, url, allowed, tuple(sorted(headers.items())), approval, description, sent)
 
 
@@ -276,17 +284,6 @@ def parse_tool_choice(value: Any, tools: list[Tool], param: str, dialect: Dialec
     supported = "function, mcp" if dialect is Dialect.GA else "function"
     raise ProtocolError("invalid_value", f"Invalid value for '{param}.type': {kind!r}; supported: {supported}.",
                         f"{param}.type")
-
-
-def tools_wire(tools: list[Tool]) -> list[dict[str, Any]]:
-    return [t.wire() for t in tools]
-
-
-def tool_choice_wire(choice: str | dict[str, Any], dialect: Dialect) -> str | dict[str, Any]:
-    """Beta's tool_choice is a string: a named function is its name."""
-    if dialect is Dialect.BETA and isinstance(choice, dict):
-        return choice["name"]
-    return choice
 
 
 @dataclass

@@ -98,7 +98,9 @@ class FakeOpenAI:
         stt_failure: str | None = None,
         fail_after_tokens: int = 0,
         model: str = "fake-llm",
+        usage: bool = True,
     ) -> None:
+        """``usage``: report token counts when asked (stream_options.include_usage); some servers never do."""
         for failure in (llm_failure, stt_failure):
             if failure is not None and failure not in FAILURES:
                 raise ValueError(f"unknown failure {failure!r}, expected one of {FAILURES}")
@@ -110,6 +112,7 @@ class FakeOpenAI:
         self.llm_failure, self.stt_failure = llm_failure, stt_failure
         self.fail_after_tokens = fail_after_tokens
         self.model = model
+        self.usage = usage
         self.requests: list[Recorded] = []
         self._runner: web.AppRunner | None = None
 
@@ -251,7 +254,7 @@ class FakeOpenAI:
                 await response.write(chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
                 rec.tokens_sent += 1
         await response.write(chunk({}, finish_reason))
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if self.usage and (body.get("stream_options") or {}).get("include_usage"):
             usage = {
                 "id": completion_id,
                 "object": "chat.completion.chunk",

@@ -206,3 +206,18 @@ async def test_what_a_client_may_make_the_gateway_connect_to(start, mcp_server):
                 mcp_tool(mcp_server.url)]}})
             error = (await client.until("error"))[-1]["error"]
             assert (error["code"], error["param"]) == (code, param)
+
+
+async def test_a_response_may_bring_its_own_server_and_waits_for_its_listing(start, fake, mcp_server):
+    gateway = await start()
+    async with connect(gateway) as client:
+        await client.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]}})
+        await client.send({"type": "response.create", "response": {
+            "tools": [mcp_tool(mcp_server.url, require_approval={"never": {"read_only": True}})]}})
+        events = await client.until("response.done", timeout=15)
+    names = types(events)
+    assert names.index("mcp_list_tools.completed") < names.index("response.mcp_call.in_progress")
+    call, message = events[-1]["response"]["output"]
+    assert call["output"] == "sunny and 21 degrees in Paris"  # read-only: no approval asked
+    assert message["content"][0]["transcript"] == "Result: sunny and 21 degrees in Paris"

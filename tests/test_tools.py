@@ -4,6 +4,7 @@ types) -> gateway -> pipeline -> the fake LLM server, which streams tool calls a
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -234,3 +235,18 @@ async def test_beta_names_a_function_by_its_name_and_has_no_mcp(gateway, fake: F
         [error] = await client.until("error")
     assert fake.chat_requests[0].body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert error["error"]["param"] == "session.tools[0].type" and "GA" in error["error"]["message"]
+
+
+async def test_usage_counts_audio_and_does_without_the_llms_counts(gateway, fake: FakeOpenAI):
+    fake.reply, fake.usage = "Hello there.", False  # a server that reports no token counts
+    async with connect(gateway) as client:
+        await client.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_audio", "audio": base64.b64encode(
+                bytes(48 * 1000)).decode(), "transcript": "Hi."}]}})
+        events = await ask(client)
+    assert fake.chat_requests[0].body["stream_options"] == {"include_usage": True}
+    usage = events[-1]["response"]["usage"]
+    audio_out = round(len(audio_of(events)) / 48 / 50)  # 1 token per 50 ms of the reply's audio
+    assert usage["input_token_details"] == {"audio_tokens": 10, "cached_tokens": 0}  # 1 s of user audio
+    assert usage["output_token_details"] == {"audio_tokens": audio_out} and audio_out > 0
+    assert (usage["input_tokens"], usage["output_tokens"], usage["total_tokens"]) == (10, audio_out, 10 + audio_out)
