@@ -17,9 +17,6 @@ import pytest
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner
 
-from gateway.backends import LlmClient, SttClient
-from gateway.pipeline import BridgeSettings, PipelineResponder
-from gateway.tone_tts import ToneEngine
 from tests.fake_openai import Call, FakeOpenAI, Script
 
 calls: list[str] = []
@@ -56,13 +53,8 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
 
 
 @pytest.fixture
-async def gateway(fake: FakeOpenAI, start_gateway):
-    responder = PipelineResponder(
-        SttClient(fake.base_url, "whisper-test", timeout_s=5), LlmClient(fake.base_url, "llm-test", timeout_s=5),
-        ToneEngine(first_audio_ms=0), BridgeSettings(starter_chars=10, max_segment_chars=80),
-    )
-    yield await start_gateway(responder)
-    await responder.aclose()
+async def gateway(fake: FakeOpenAI, start_pipeline):
+    return await start_pipeline(fake)
 
 
 async def run_until_spoken(agent: RealtimeAgent, port: int) -> tuple[list[Any], bytes]:

@@ -10,10 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.backends import LlmClient, SttClient
 from gateway.config import REPO_ROOT
-from gateway.pipeline import BridgeSettings, PipelineResponder
-from gateway.tone_tts import ToneEngine
 from tests.conftest import audio_of, connect, types
 from tests.fake_openai import Call, FakeOpenAI, Script
 from tests.mcp_server import McpTestServer, free_port
@@ -45,21 +42,13 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
 
 
 @pytest.fixture
-async def start(fake: FakeOpenAI, start_gateway):
+async def start(fake: FakeOpenAI, start_pipeline):
     """Starts a gateway in pipeline mode that may reach MCP servers on loopback (unless told otherwise)."""
-    responders: list[PipelineResponder] = []
 
     async def run(**overrides: Any):
-        responders.append(PipelineResponder(
-            SttClient(fake.base_url, "whisper-test", timeout_s=5), LlmClient(fake.base_url, "llm-test", timeout_s=5),
-            ToneEngine(first_audio_ms=0), BridgeSettings(starter_chars=10, max_segment_chars=80),
-        ))
-        settings = {"vad__enabled": False, "mcp__allowed_hosts": "127.0.0.1", **overrides}
-        return await start_gateway(responders[-1], **settings)
+        return await start_pipeline(fake, **{"vad__enabled": False, "mcp__allowed_hosts": "127.0.0.1", **overrides})
 
-    yield run
-    for r in responders:
-        await r.aclose()
+    return run
 
 
 def mcp_tool(url: str, **fields: Any) -> dict[str, Any]:

@@ -11,9 +11,6 @@ from typing import Any
 
 import pytest
 
-from gateway.backends import LlmClient, SttClient
-from gateway.pipeline import BridgeSettings, PipelineResponder
-from gateway.tone_tts import ToneEngine
 from tests.conftest import audio_of, connect, types
 from tests.fake_openai import Call, FakeOpenAI, Script, tokenize
 
@@ -42,13 +39,8 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
 
 
 @pytest.fixture
-async def gateway(fake: FakeOpenAI, start_gateway):
-    responder = PipelineResponder(
-        SttClient(fake.base_url, "whisper-test", timeout_s=5), LlmClient(fake.base_url, "llm-test", timeout_s=5),
-        ToneEngine(first_audio_ms=0), BridgeSettings(starter_chars=10, max_segment_chars=80),
-    )
-    yield await start_gateway(responder, vad__enabled=False)
-    await responder.aclose()
+async def gateway(fake: FakeOpenAI, start_pipeline):
+    return await start_pipeline(fake, vad__enabled=False)
 
 
 async def ask(client, text: str = "What is the weather in Paris?", **response: Any) -> list[dict]:
