@@ -87,6 +87,7 @@ class LlmConfig:
 class McpConfig:
     enabled: bool = True
     allowed_hosts: str = ""
+    max_servers: int = 8
     list_timeout_s: float = 10.0
     call_timeout_s: float = 30.0
     max_response_bytes: int = 1024 * 1024

@@ -81,7 +81,7 @@ class _BoundedTransport(httpx2.AsyncBaseTransport):
 class McpClient:
     def __init__(self, config: McpConfig) -> None:
         self.config = config
-        self.policy = McpPolicy(config.enabled, config.allowed_hosts)
+        self.policy = McpPolicy(config.enabled, config.allowed_hosts, config.max_servers)
 
     async def list_tools(self, server: McpServer) -> list[McpTool]:
         """The tools ``server`` lists that its ``allowed_tools`` allows."""

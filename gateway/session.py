@@ -91,7 +91,7 @@ class Session:
         )
         self.input = InputAudio(config, self.settings.input_format)
         self.conversation = Conversation(self._event)
-        self.mcp_policy = McpPolicy(config.mcp.enabled, config.mcp.allowed_hosts)
+        self.mcp_policy = McpPolicy(config.mcp.enabled, config.mcp.allowed_hosts, config.mcp.max_servers)
         self.listings = McpListings(self._event, self.conversation)
         self.responses = Responses(self._event, self.conversation, self.listings, dialect, server_playout,
                                    self.mcp_policy, config.mcp.max_rounds, self._response_ended)

@@ -124,8 +124,9 @@ class McpRoute:
 class McpPolicy:
     """Which MCP servers clients may name (the [mcp] section): see ``check_url``."""
 
-    def __init__(self, enabled: bool = True, allowed_hosts: str = "") -> None:
+    def __init__(self, enabled: bool = True, allowed_hosts: str = "", max_servers: int = 8) -> None:
         self.enabled = enabled
+        self.max_servers = max_servers
         self.allowed_hosts = tuple(h.strip().lower() for h in allowed_hosts.split(",") if h.strip())
 
     def host_listed(self, host: str) -> bool:
@@ -242,6 +243,9 @@ def parse_tools(value: Any, param: str, dialect: Dialect, policy: McpPolicy) -> 
         elif kind == "mcp":
             tool = _mcp(t, p, dialect, policy)
             key, what = "mcp:" + tool.server_label, "server_label"
+            if sum(isinstance(x, McpServer) for x in tools) >= policy.max_servers:
+                raise ProtocolError("invalid_value", f"'{param}' may name at most {policy.max_servers} MCP servers "
+                                    "([mcp] max_servers).", p)
         else:
             raise ProtocolError("invalid_value", f"Invalid value for '{p}.type': {kind!r}; supported: function, "
                                 "mcp.", f"{p}.type")

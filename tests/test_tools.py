@@ -188,6 +188,8 @@ BAD_TOOLS = [
     ([{"type": "mcp", "server_label": "x", "server_url": "https://example.com/", "headers": {"a": 1}}],
      "session.tools[0].headers.a"),
     ([{"type": "mcp", "server_label": "x", "connector_id": "connector_gmail"}], "session.tools[0].connector_id"),
+    ([{"type": "mcp", "server_label": f"s{i}", "server_url": "https://example.com/"} for i in range(9)],
+     "session.tools[8]"),  # [mcp] max_servers
 ]
 
 
