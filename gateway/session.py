@@ -10,7 +10,8 @@ the speech_started that caused it, and anything the responder yields afterwards 
 This module is the duplex controller: it decides what follows from what (speech ends → commit →
 respond; speech starts → cancel). The parts it drives each hold one concern: the input audio and its
 turn detector (gateway/turns.py), the conversation's items (gateway/conversation.py), the active
-response's events (gateway/responses.py).
+response and its output items (gateway/responses.py, gateway/outputs.py), the tools (gateway/tools.py)
+and the MCP servers' listings (gateway/listings.py).
 
 Every handler validates its whole input before it changes anything, so a refused event (an
 ``error`` back to the client) leaves the session exactly as it was.
