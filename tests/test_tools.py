@@ -9,9 +9,14 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 import pytest
 
-from tests.conftest import audio_of, connect, types
+from gateway.effects import CallMcp, ListMcpTools, StartResponse, StopResponse
+from gateway.responder import ToolCallArguments, ToolCallStart
+from gateway.session import Session
+from gateway.tools import McpTool
+from tests.conftest import audio_of, connect, make_config, types
 from tests.fake_openai import Call, FakeOpenAI, Script, tokenize
 
 WEATHER = {
@@ -244,3 +249,30 @@ async def test_usage_counts_audio_and_does_without_the_llms_counts(gateway, fake
     assert usage["input_token_details"] == {"audio_tokens": 10, "cached_tokens": 0}  # 1 s of user audio
     assert usage["output_token_details"] == {"audio_tokens": audio_out} and audio_out > 0
     assert (usage["input_tokens"], usage["output_tokens"], usage["total_tokens"]) == (10, audio_out, 10 + audio_out)
+
+
+def test_barge_in_during_an_mcp_call_fails_the_call_and_stops_it():
+    """Sans-I/O: the session's effects when the user speaks while an MCP call runs."""
+    session = Session(make_config(mcp__allowed_hosts="mcp.test"))
+    server = {"type": "mcp", "server_label": "w", "server_url": "http://mcp.test/mcp", "require_approval": "never"}
+    effects = session.handle(orjson.dumps({"type": "session.update", "session": {"type": "realtime",
+                                                                               "tools": [server]}}))
+    listing = next(e for e in effects if isinstance(e, ListMcpTools))
+    session.mcp_tools_listed(listing.item_id, [McpTool("get_weather", {"type": "object"})])
+    start = next(e for e in session.handle(b'{"type": "response.create"}') if isinstance(e, StartResponse))
+    rid = start.request.response_id
+    assert [t["function"]["name"] for t in start.request.tools] == ["get_weather"]
+    session.response_output(rid, ToolCallStart(0, "call_1", "get_weather"))
+    session.response_output(rid, ToolCallArguments(0, '{"city": "Oslo"}'))
+    call = next(e for e in session.response_finished(rid) if isinstance(e, CallMcp))
+    assert (call.name, call.arguments) == ("get_weather", '{"city": "Oslo"}')
+    session.handle(orjson.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(
+        bytes(48_000)).decode()}))
+    effects = session.vad_result([0.9] * 10)
+    names = [e["type"] for e in effects if isinstance(e, dict) and e]
+    assert StopResponse(rid) in effects  # the runner cancels the call's task
+    assert names.index("response.mcp_call.failed") < names.index("response.done")
+    done = next(e for e in effects if isinstance(e, dict) and e.get("type") == "response.done")["response"]
+    assert done["status"] == "cancelled" and done["output"][0]["error"]["message"].startswith("The response was "
+                                                                                              "cancelled")
+    assert session.mcp_call_finished(rid, call.item_id, "too late") == []
