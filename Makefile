@@ -11,13 +11,19 @@ $(BIN)/activate: pyproject.toml
 	$(BIN)/pip install -q -e ".[dev,webrtc]"
 	touch $(BIN)/activate
 
+# Node clients of the tests (tests/js): installed from the committed lock whenever it changes.
+JS := tests/js
+$(JS)/node_modules/.package-lock.json: $(JS)/package-lock.json
+	@if command -v npm >/dev/null; then cd $(JS) && npm ci --no-audit --no-fund; \
+	else echo "npm not found: the tests that drive Node clients will skip"; fi
+
 .PHONY: setup serve test lint
 setup: $(BIN)/activate
 
 serve: setup
 	$(BIN)/python -m gateway serve $(ARGS)
 
-test: setup
+test: setup $(JS)/node_modules/.package-lock.json
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(ARGS)
 

@@ -20,7 +20,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from gateway import __version__
+from gateway import __version__, mcp_client
 from gateway.config import REPO_ROOT, Config, ConfigError
 from gateway.protocol import Dialect
 from gateway.responder import Responder
@@ -69,6 +69,8 @@ class Gateway:
 
             self.responder = await loop.run_in_executor(None, build_responder, self.config)
         self._vad_model = await loop.run_in_executor(None, SileroModel)
+        if self.config.mcp.enabled:
+            await loop.run_in_executor(None, mcp_client.preload)
         if self.config.trace.jsonl_path:
             self._trace_sink = open(self.config.trace.jsonl_path, "a", buffering=1)  # noqa: SIM115
         cfg = self.config.server
