@@ -11,11 +11,11 @@ $(BIN)/activate: pyproject.toml
 	$(BIN)/pip install -q -e ".[dev,webrtc]"
 	touch $(BIN)/activate
 
-# The npm clients the tests drive (tests/js): installed from the lock file, again only when it changes.
+# Node clients of the tests (tests/js): installed from the committed lock whenever it changes.
 JS := tests/js
-$(JS)/node_modules/.stamp: $(JS)/package-lock.json
-	@if command -v npm >/dev/null; then cd $(JS) && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.stamp; \
-	else echo "npm not found: the Node and browser client tests will skip"; fi
+$(JS)/node_modules/.package-lock.json: $(JS)/package-lock.json
+	@if command -v npm >/dev/null; then cd $(JS) && npm ci --no-audit --no-fund; \
+	else echo "npm not found: the tests that drive Node clients will skip"; fi
 
 .PHONY: setup serve test lint
 setup: $(BIN)/activate
@@ -23,7 +23,7 @@ setup: $(BIN)/activate
 serve: setup
 	$(BIN)/python -m gateway serve $(ARGS)
 
-test: setup $(JS)/node_modules/.stamp
+test: setup $(JS)/node_modules/.package-lock.json
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(ARGS)
 

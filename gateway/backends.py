@@ -16,7 +16,8 @@ from openai import AsyncOpenAI
 
 from gateway.audio import wav_bytes
 from gateway.config import LlmConfig, SttConfig, api_key
-from gateway.responder import BackendError, Message
+from gateway.protocol import new_id
+from gateway.responder import BackendError, LlmUsage, Message, ToolCallArguments, ToolCallStart
 
 # The openai package refuses an empty API key; local servers (vLLM, llama.cpp) ignore this one.
 NO_API_KEY = "none"
@@ -88,13 +89,19 @@ def chat_messages(instructions: str, messages: Sequence[Message], audio_in: bool
 
     Items without text are left out (an assistant turn interrupted before anything was heard, a
     user turn whose transcription failed), except user audio in audio-in mode, which goes to the
-    model as an ``input_audio`` part.
+    model as an ``input_audio`` part. An assistant message's tool calls follow its text, each call's
+    result in a ``tool`` message right after it, as chat completions require.
     """
     prompt: list[dict[str, Any]] = []
     if instructions:
         prompt.append({"role": "system", "content": instructions})
     for m in messages:
-        if m.text:
+        if m.tool_calls:
+            calls = [{"id": c.call_id, "type": "function",
+                      "function": {"name": c.name, "arguments": c.arguments or "{}"}} for c in m.tool_calls]
+            prompt.append({"role": "assistant", "content": m.text or None, "tool_calls": calls})
+            prompt += [{"role": "tool", "tool_call_id": c.call_id, "content": c.output} for c in m.tool_calls]
+        elif m.text:
             prompt.append({"role": m.role, "content": m.text})
         elif audio_in and m.role == "user" and m.audio:
             data = base64.b64encode(wav_bytes(m.audio)).decode("ascii")
@@ -176,8 +183,11 @@ class LlmClient:
         *,
         max_output_tokens: int | None = None,
         temperature: float | None = None,
-    ) -> AsyncIterator[str]:
-        """The reply's text deltas as they stream in.
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage]:
+        """The reply as it streams in: text deltas, tool calls (as vLLM and OpenAI stream them: a call's id
+        and name first, then pieces of its arguments), and last the token counts if the server sends them.
 
         Closing the iterator (aclose, or cancelling the task iterating it) closes the HTTP stream,
         so the server stops generating.
@@ -185,13 +195,17 @@ class LlmClient:
         limit = self.max_output_tokens
         if max_output_tokens is not None:
             limit = min(limit, max_output_tokens)
-        body = {
+        body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
             "stream": True,
+            "stream_options": {"include_usage": True},
             "max_completion_tokens": limit,
             "temperature": self.temperature if temperature is None else temperature,
         }
+        if tools:
+            body["tools"] = tools
+            body["tool_choice"] = tool_choice or "auto"
         try:
             # client.post, the SDK's documented call for any endpoint: chat.completions.create would
             # run its per-field request transform over the whole conversation and build a pydantic
@@ -201,19 +215,35 @@ class LlmClient:
             )
         except Exception as exc:
             raise BackendError("llm", describe(exc, self.timeout_s)) from exc
+        calls: set[int] = set()
+        usage: dict[str, Any] | None = None
         try:
             async for chunk in stream:
                 if not isinstance(chunk, dict):
                     raise ValueError(f"not a chat.completion.chunk: {str(chunk)[:80]}")
-                # Usage-only chunks have no choices; some servers send a null delta.
+                # Usage comes in a last chunk without choices (some servers repeat it in every chunk).
+                usage = chunk.get("usage") or usage
+                # Some servers send a null delta.
                 choices = chunk.get("choices")
                 delta = (choices[0].get("delta") if choices else None) or {}
                 if content := delta.get("content"):
                     yield content
+                for call in delta.get("tool_calls") or ():
+                    index = call.get("index", 0)
+                    function = call.get("function") or {}
+                    if index not in calls:
+                        calls.add(index)
+                        yield ToolCallStart(index, call.get("id") or new_id("call"), function.get("name") or "")
+                    if arguments := function.get("arguments"):
+                        yield ToolCallArguments(index, arguments)
         except Exception as exc:  # a dropped connection, a stall, an error event, a malformed chunk
             raise BackendError("llm", f"stream broken: {describe(exc, self.timeout_s)}") from exc
         finally:
             await stream.close()
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            yield LlmUsage(usage["prompt_tokens"], usage.get("completion_tokens") or 0,
+                           cached if isinstance(cached, int) else None)
 
     async def check(self) -> str | None:
         return await _check("llm", self._client, self.timeout_s)

@@ -90,6 +90,19 @@ class LlmConfig:
 
 
 @dataclass
+class McpConfig:
+    enabled: bool = True
+    allowed_hosts: str = ""
+    max_servers: int = 8
+    list_timeout_s: float = 10.0
+    call_timeout_s: float = 30.0
+    max_response_bytes: int = 1024 * 1024
+    max_output_chars: int = 20_000
+    max_tools: int = 100
+    max_rounds: int = 4
+
+
+@dataclass
 class TtsConfig:
     engine: str = "auto"
     starter_chars: int = 24
@@ -144,6 +157,7 @@ class Config:
     responder: ResponderConfig = field(default_factory=ResponderConfig)
     stt: SttConfig = field(default_factory=SttConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
+    mcp: McpConfig = field(default_factory=McpConfig)
     tts: TtsConfig = field(default_factory=TtsConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)

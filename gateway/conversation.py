@@ -16,7 +16,7 @@ from typing import Any
 from gateway.audio import InputDecoder
 from gateway.effects import Effect
 from gateway.protocol import ProtocolError, field_of, new_id, parse_item
-from gateway.responder import Message
+from gateway.responder import Message, ToolCall
 
 BYTES_PER_MS = 48  # pcm16 mono at 24 kHz, the session's internal format
 
@@ -144,25 +144,58 @@ class Conversation:
     def items(self) -> list[Item]:
         return [self._items[i] for i in self._order]
 
-    def messages(self, context: list[Item] | None = None) -> list[Message]:
-        """The conversation as the responder sees it (or ``context``, a response's own input)."""
-        messages = []
-        for item in context if context is not None else self.items():
+    def messages(self, items: list[Item] | None = None) -> list[Message]:
+        """The conversation as the responder sees it (or ``items``, a response's own context).
+
+        A tool call is seen only once it has a result, and in the assistant message it follows, with that
+        result: a function call's output, an MCP call's output or error, or the client's refusal of an MCP
+        call it was asked to approve. (An MCP call made after an approval is the result of that request.)
+        """
+        items = self.items() if items is None else items
+        results = tool_results(items)
+        messages: list[Message] = []
+        for item in items:
             data = item.data
-            if data["type"] != "message":
+            kind = data["type"]
+            if kind == "message":
+                texts = []
+                for part in data["content"]:
+                    value = part.get("text") if "text" in part["type"] else part.get("transcript")
+                    if value:
+                        texts.append(value)
+                messages.append(Message(
+                    item_id=item.id,
+                    role=data["role"],
+                    text=" ".join(texts) or None,
+                    audio=bytes(item.audio) if data["role"] == "user" and item.audio else None,
+                ))
                 continue
-            texts = []
-            for part in data["content"]:
-                value = part.get("text") if "text" in part["type"] else part.get("transcript")
-                if value:
-                    texts.append(value)
-            messages.append(Message(
-                item_id=item.id,
-                role=data["role"],
-                text=" ".join(texts) or None,
-                audio=bytes(item.audio) if data["role"] == "user" and item.audio else None,
-            ))
+            call_id = {"function_call": data.get("call_id"), "mcp_approval_request": item.id,
+                       "mcp_call": None if data.get("approval_request_id") else item.id}.get(kind)
+            if call_id is None or call_id not in results:
+                continue
+            call = ToolCall(call_id, data["name"], data["arguments"], results[call_id])
+            if messages and messages[-1].role == "assistant":
+                messages[-1].tool_calls.append(call)
+            else:
+                messages.append(Message(item_id=item.id, role="assistant", tool_calls=[call]))
         return messages
+
+
+def tool_results(items: list[Item]) -> dict[str, str]:
+    """The result of each tool call among ``items`` that has one, by call id (see Conversation.messages)."""
+    results: dict[str, str] = {}
+    for item in items:
+        data = item.data
+        if data["type"] == "function_call_output":
+            results[data["call_id"]] = data["output"]
+        elif data["type"] == "mcp_call" and (data.get("output") is not None or data.get("error")):
+            output = data["output"] if data.get("output") is not None else f"Error: {data['error']['message']}"
+            results[data.get("approval_request_id") or item.id] = output
+        elif data["type"] == "mcp_approval_response" and not data["approve"]:
+            reason = f" ({data['reason']})" if data.get("reason") else ""
+            results.setdefault(data["approval_request_id"], f"The user did not approve this call{reason}.")
+    return results
 
 
 def heard_text(text: str, marks: list[tuple[int, int]], audio_len: int, cut: int) -> str:

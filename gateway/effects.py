@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.responder import ResponseRequest
+from gateway.tools import McpServer
 
 
 @dataclass
@@ -30,7 +31,8 @@ class StartResponse:
 
 @dataclass
 class StopResponse:
-    """Stop the response's producer: close its LLM stream, cancel its TTS, drop its queued audio."""
+    """Stop the response's producer (close its LLM stream, cancel its TTS, drop its queued audio) and its
+    MCP calls."""
 
     response_id: str
 
@@ -67,6 +69,25 @@ class Transcribe:
 
 
 @dataclass
+class ListMcpTools:
+    """List this MCP server's tools and pass them (or why listing failed) to ``mcp_tools_listed``."""
+
+    item_id: str
+    server: McpServer
+
+
+@dataclass
+class CallMcp:
+    """Call this tool on this MCP server and pass its output (or error) to ``mcp_call_finished``."""
+
+    response_id: str
+    item_id: str
+    server: McpServer
+    name: str
+    arguments: str
+
+
+@dataclass
 class Mark:
     """A latency checkpoint of the current turn (for the trace)."""
 
@@ -75,4 +96,4 @@ class Mark:
 
 
 Effect = (dict[str, Any] | RunVad | StartResponse | StopResponse | Play | PlayoutEnd | ClearPlayout | Mark
-          | Transcribe)
+          | Transcribe | ListMcpTools | CallMcp)

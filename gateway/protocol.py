@@ -11,7 +11,10 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.tools import Tool
 
 
 class Dialect(Enum):
@@ -50,6 +53,16 @@ SERVER_EVENTS: dict[str, str | None] = {
     "response.output_audio_transcript.done": "response.audio_transcript.done",
     "response.output_text.delta": "response.text.delta",
     "response.output_text.done": "response.text.done",
+    "response.function_call_arguments.delta": "response.function_call_arguments.delta",
+    "response.function_call_arguments.done": "response.function_call_arguments.done",
+    "mcp_list_tools.in_progress": None,
+    "mcp_list_tools.completed": None,
+    "mcp_list_tools.failed": None,
+    "response.mcp_call_arguments.delta": None,
+    "response.mcp_call_arguments.done": None,
+    "response.mcp_call.in_progress": None,
+    "response.mcp_call.completed": None,
+    "response.mcp_call.failed": None,
     "rate_limits.updated": "rate_limits.updated",
     "output_audio_buffer.started": "output_audio_buffer.started",
     "output_audio_buffer.stopped": "output_audio_buffer.stopped",
@@ -181,7 +194,7 @@ class SessionSettings:
     temperature: float = 0.8
     max_output_tokens: int | str = "inf"
     speed: float = 1.0
-    tools: list[Any] = field(default_factory=list)
+    tools: list[Tool] = field(default_factory=list)  # read by gateway/tools.py, not by parse_session
     tool_choice: str | dict[str, Any] = "auto"
     # GA settings the gateway keeps and reports back but does not act on.
     tracing: str | dict[str, Any] | None = None
@@ -355,15 +368,6 @@ def parse_session(
         if not 0.25 <= speed <= 1.5:
             raise ProtocolError("invalid_value", "speed must be between 0.25 and 1.5.", voice_param[:-5] + "speed")
         new.speed = float(speed)
-    if (tools := field_of(s, "tools", list, "session.tools")) is not None:
-        new.tools = tools
-    if (tool_choice := field_of(s, "tool_choice", (str, dict), "session.tool_choice")) is not None:
-        if isinstance(tool_choice, str):
-            _choice(tool_choice, ("none", "auto", "required"), "session.tool_choice")
-        else:
-            _choice(field_of(tool_choice, "type", str, "session.tool_choice.type", required=True),
-                    ("function", "mcp"), "session.tool_choice.type")
-        new.tool_choice = tool_choice
     return new
 
 
@@ -446,7 +450,7 @@ def session_wire(s: SessionSettings, dialect: Dialect) -> dict[str, Any]:
             "model": s.model,
             "output_modalities": s.modalities,
             "instructions": s.instructions,
-            "tools": s.tools,
+            "tools": [t.wire() for t in s.tools],
             "tool_choice": s.tool_choice,
             "max_output_tokens": s.max_output_tokens,
             "tracing": s.tracing,
@@ -475,8 +479,9 @@ def session_wire(s: SessionSettings, dialect: Dialect) -> dict[str, Any]:
         "input_audio_transcription": _tr_wire(s.transcription),
         "input_audio_noise_reduction": noise,
         "turn_detection": _td_wire(s.turn_detection, dialect),
-        "tools": s.tools,
-        "tool_choice": s.tool_choice,
+        "tools": [t.wire() for t in s.tools],
+        # Beta's tool_choice is a string: a named function is its name.
+        "tool_choice": s.tool_choice["name"] if isinstance(s.tool_choice, dict) else s.tool_choice,
         "temperature": s.temperature,
         "max_response_output_tokens": s.max_output_tokens,
         "speed": s.speed,
@@ -490,7 +495,7 @@ def parse_item(body: Any, param: str = "item") -> dict[str, Any]:
     """A client-created item, checked, in GA shape (beta part types renamed)."""
     item = field_of({"item": body}, "item", dict, param, required=True)
     kind = _choice(field_of(item, "type", str, f"{param}.type", required=True),
-                   ("message", "function_call", "function_call_output"), f"{param}.type")
+                   ("message", "function_call", "function_call_output", "mcp_approval_response"), f"{param}.type")
     out: dict[str, Any] = {"id": field_of(item, "id", str, f"{param}.id") or new_id("item"),
                            "object": "realtime.item", "type": kind, "status": "completed"}
     if kind == "message":
@@ -521,10 +526,18 @@ def parse_item(body: Any, param: str = "item") -> dict[str, Any]:
             name=field_of(item, "name", str, f"{param}.name", required=True),
             arguments=field_of(item, "arguments", str, f"{param}.arguments") or "",
         )
-    else:
+    elif kind == "function_call_output":
         out.update(
             call_id=field_of(item, "call_id", str, f"{param}.call_id", required=True),
             output=field_of(item, "output", str, f"{param}.output", required=True),
+        )
+    else:  # the client's answer to an mcp_approval_request (GA only: the session checks the dialect)
+        del out["object"], out["status"]  # not fields of this item type
+        out.update(
+            approval_request_id=field_of(item, "approval_request_id", str, f"{param}.approval_request_id",
+                                         required=True),
+            approve=field_of(item, "approve", bool, f"{param}.approve", required=True),
+            reason=field_of(item, "reason", str, f"{param}.reason"),
         )
     return out
 

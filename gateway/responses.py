@@ -1,20 +1,35 @@
 """A session's responses: response.create read, the response's output turned into events, its end.
 
-One response is active at a time. It produces one assistant message item; what its responder yields
-(speech text, audio, text) becomes deltas on that item, and ``finish`` closes the open parts and
-sends response.done. Anything yielded for a response that is no longer active is dropped here, so
-nothing of a cancelled response follows its response.done.
+One response is active at a time. It produces output items in order (gateway/outputs.py): what its
+responder yields becomes an assistant message (speech or text), function calls the client runs, MCP
+calls the gateway runs and MCP approval requests. A response runs in rounds, one LLM call each
+(StartResponse): when a round made MCP calls and nothing the client must act on, their results go back
+to the LLM in another round of the same response, up to [mcp] max_rounds. ``finish`` closes what is
+still open and sends response.done; anything yielded for a response that is no longer active is
+dropped here, so nothing of a cancelled response follows its response.done.
 """
 
 from __future__ import annotations
 
-import base64
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.audio import OutputEncoder
 from gateway.conversation import BYTES_PER_MS, Conversation, EventMaker, Item, snapshot
-from gateway.effects import Effect, Mark, Play, PlayoutEnd, StartResponse, StopResponse
+from gateway.effects import CallMcp, Effect, Mark, Play, PlayoutEnd, StartResponse, StopResponse
+from gateway.listings import McpListings
+from gateway.outputs import (
+    Context,
+    FunctionCallOut,
+    McpApprovalOut,
+    McpCallOut,
+    McpError,
+    MessageOut,
+    Output,
+    Round,
+    Usage,
+)
 from gateway.protocol import (
     Dialect,
     ProtocolError,
@@ -26,34 +41,77 @@ from gateway.protocol import (
     parse_item,
     response_format,
 )
-from gateway.responder import AudioOut, ResponseOutput, ResponseRequest, SpeechText, TextOut, TraceMark
+from gateway.responder import (
+    AudioOut,
+    LlmUsage,
+    ResponseOutput,
+    ResponseRequest,
+    SpeechText,
+    TextOut,
+    ToolCallArguments,
+    ToolCallStart,
+    TraceMark,
+)
+from gateway.tools import LlmTools, McpPolicy, McpRoute, McpServer, Tool, llm_tools, parse_tool_choice, parse_tools
+
+CANCELLED = McpError("tool_execution_error", "The response was cancelled before the call finished.")
 
 
 @dataclass
 class Response:
     id: str
-    item: Item  # the assistant message it produces
     modalities: list[str]
     voice: str
     output_format: str
     in_conversation: bool
     max_output_tokens: int | str
     metadata: dict[str, Any] | None
-    encoder: OutputEncoder
-    transcript: list[str] = field(default_factory=list)
+    instructions: str
+    temperature: float
+    tools: list[Tool]
+    tool_choice: str | dict[str, Any]
+    context: list[Item] | None  # response.input: the items it sees instead of the conversation
+    ctx: Context
+    outputs: list[Output] = field(default_factory=list)
+    message: MessageOut | None = None  # the message being produced
+    round: Round = field(default_factory=Round)
+    rounds: int = 0  # LLM calls made
+    llm: LlmTools = field(default_factory=LlmTools)  # the tools of the current round
+    responding: bool = False  # a responder runs (between StartResponse and response_finished)
+    llm_due: bool = True  # another LLM call is wanted once MCP calls and listings are done
+    listings: set[str] = field(default_factory=set)  # mcp_list_tools items it waits for
+    next_message_id: str = field(default_factory=lambda: new_id("item"))
+    usage: Usage = field(default_factory=Usage)
     audio_ms: float = 0.0
 
     @property
     def audio(self) -> bool:
         return "audio" in self.modalities
 
+    def running_calls(self) -> list[McpCallOut]:
+        return [o for o in self.outputs if isinstance(o, McpCallOut) and o.running]
+
+    def producing(self, item: Item) -> bool:
+        """Whether ``item`` is one of this response's output items that is not finished yet."""
+        return any(o.item is item and not o.closed for o in self.outputs)
+
+    def holds(self, item: Item) -> bool:
+        return any(o.item is item for o in self.outputs)
+
 
 class Responses:
-    def __init__(self, event: EventMaker, conversation: Conversation, dialect: Dialect, server_playout: bool) -> None:
+    def __init__(self, event: EventMaker, conversation: Conversation, listings: McpListings, dialect: Dialect,
+                 server_playout: bool, policy: McpPolicy, max_rounds: int,
+                 on_finish: Callable[[Response], None]) -> None:
+        """``max_rounds``: LLM calls per response; ``on_finish``: told of each response that ends."""
         self._event = event
         self._conversation = conversation
+        self._listings = listings
         self._dialect = dialect
         self._server_playout = server_playout
+        self._policy = policy
+        self._max_rounds = max_rounds
+        self._on_finish = on_finish
         self.active: Response | None = None
         self.voice_locked = False  # audio has gone out: the session's voice is fixed
 
@@ -98,53 +156,46 @@ class Responses:
         instructions = field_of(params, "instructions", str, "response.instructions")
         metadata = field_of(params, "metadata", dict, "response.metadata")
         output_format = response_format(params, self._dialect) or s.output_format
+        tools = s.tools
+        if params.get("tools") is not None:
+            tools = parse_tools(params["tools"], "response.tools", self._dialect, self._policy)
+        tool_choice = s.tool_choice
+        if params.get("tool_choice") is not None:
+            tool_choice = parse_tool_choice(params["tool_choice"], tools, "response.tool_choice", self._dialect)
+        elif tools is not s.tools and isinstance(tool_choice, dict):
+            tool_choice = "auto"  # the session's named tool is not among this response's tools
         # An out-of-band context replaces the conversation for this response ("input": items or references).
         context = self._input(params["input"]) if params.get("input") is not None else None
 
-        part = {"type": "output_audio", "transcript": ""} if "audio" in modalities else {"type": "output_text",
-                                                                                         "text": ""}
-        item = Item({
-            "id": new_id("item"), "object": "realtime.item", "type": "message", "role": "assistant",
-            "status": "in_progress", "content": [part],
-        })
+        rid = new_id("resp")
+        in_conversation = conversation == "auto"
         resp = Response(
-            id=new_id("resp"),
-            item=item,
+            id=rid,
             modalities=modalities,
             voice=voice or s.voice,
             output_format=output_format,
-            in_conversation=conversation == "auto",
+            in_conversation=in_conversation,
             max_output_tokens=max_tokens if max_tokens is not None else s.max_output_tokens,
             metadata=metadata,
-            encoder=OutputEncoder(output_format),
-        )
-        item.response_id = resp.id
-        request = ResponseRequest(
-            response_id=resp.id,
-            item_id=item.id,
             instructions=instructions if instructions is not None else s.instructions,
-            messages=self._conversation.messages(context),
-            voice=resp.voice,
-            modalities=modalities,
-            max_output_tokens=resp.max_output_tokens if isinstance(resp.max_output_tokens, int) else None,
             temperature=s.temperature,
+            tools=tools,
+            tool_choice=tool_choice,
+            context=context,
+            ctx=Context(rid, self._event, self._conversation, in_conversation),
         )
         self.active = resp
         effects: list[Effect] = [
             Mark("response_created", resp.id),
-            self._event("response.created", response=self._wire(resp, "in_progress", [])),
+            self._event("response.created", response=self._wire(resp, "in_progress")),
             self._event("rate_limits.updated", rate_limits=[]),
-            self._event("response.output_item.added", response_id=resp.id, output_index=0,
-                        item={**snapshot(item.data), "content": []}),
         ]
-        if resp.in_conversation:
-            effects += self._conversation.insert(item, done=False)
-        effects.append(self._event(
-            "response.content_part.added", response_id=resp.id, item_id=item.id, output_index=0,
-            content_index=0, part=self._part(resp, ""),
-        ))
-        effects.append(StartResponse(request))
-        return effects
+        effects += self._listings.refresh(tools)
+        resp.listings = self._listings.pending(tools)
+        effects += self._run_approved(resp)
+        return effects + self._advance(resp)
+
+    # --- what the responder yields ------------------------------------------------------------------
 
     def output(self, response_id: str, out: ResponseOutput) -> list[Effect]:
         """Something the responder of ``response_id`` produced; dropped if that response has ended."""
@@ -153,63 +204,187 @@ class Responses:
             return []
         if isinstance(out, TraceMark):
             return [Mark(out.name, response_id)]
-        item = resp.item
+        if isinstance(out, LlmUsage):
+            resp.usage.add(out.input_tokens, out.output_tokens, out.cached_tokens)
+            return []
+        if isinstance(out, ToolCallStart):
+            return self._call_started(resp, out)
+        if isinstance(out, ToolCallArguments):
+            call = resp.round.calls.get(out.index)
+            return call.arguments(out.delta) if call is not None and not call.closed else []
         if isinstance(out, AudioOut):
             if not resp.audio or not out.pcm:
                 return []
             effects: list[Effect] = [] if resp.audio_ms else [Mark("first_delta", response_id)]
+            effects += self._message(resp)
+            message = resp.message
+            assert message is not None
             self.voice_locked = True
-            item.audio += out.pcm
+            message.item.audio += out.pcm
             resp.audio_ms += len(out.pcm) / BYTES_PER_MS
             if self._server_playout:
-                effects.append(Play(resp.id, item.id, out.pcm))
-                return effects
-            encoded = resp.encoder.encode(out.pcm)
-            if encoded:  # a G.711 resampler may hold all of a short chunk back
-                effects.append(self._delta("response.output_audio.delta", resp, base64.b64encode(encoded).decode()))
-            return effects
+                return effects + [Play(resp.id, message.id, out.pcm)]
+            return effects + message.audio_delta(out.pcm)
         if isinstance(out, SpeechText | TextOut) and out.text:
-            if resp.audio:
-                item.marks.append((len(item.audio), sum(map(len, resp.transcript))))
-            resp.transcript.append(out.text)
-            kind = "response.output_audio_transcript.delta" if resp.audio else "response.output_text.delta"
-            return [self._delta(kind, resp, out.text)]
+            effects = self._message(resp)
+            assert resp.message is not None
+            return effects + resp.message.text(out.text)
         return []
+
+    def _message(self, resp: Response) -> list[Effect]:
+        """Open a message item for speech or text if none is open."""
+        if resp.message is not None:
+            return []
+        resp.message = MessageOut(resp.ctx, len(resp.outputs), resp.next_message_id, resp.audio,
+                                  OutputEncoder(resp.output_format))
+        resp.next_message_id = new_id("item")
+        resp.outputs.append(resp.message)
+        return resp.message.open()
+
+    def _close_message(self, resp: Response, completed: bool) -> list[Effect]:
+        message, resp.message = resp.message, None
+        if message is None:
+            return []
+        # The encoder's resampler holds back its last few ms: they belong to a completed message only.
+        return message.close(completed, flush=completed and not self._server_playout)
+
+    def _call_started(self, resp: Response, out: ToolCallStart) -> list[Effect]:
+        effects = self._close_message(resp, completed=True)  # speech before a call ("let me check") is done
+        route = resp.llm.mcp.get(out.name)
+        index = len(resp.outputs)
+        call: FunctionCallOut | McpCallOut | McpApprovalOut
+        if route is None:
+            call = FunctionCallOut(resp.ctx, index, out.call_id, out.name)
+        elif route.server.needs_approval(route.tool):
+            call = McpApprovalOut(resp.ctx, index, route)
+        else:
+            call = McpCallOut(resp.ctx, index, route)
+        resp.round.calls[out.index] = call
+        resp.outputs.append(call)
+        return effects + call.open()
+
+    # --- rounds ---------------------------------------------------------------------------------------
+
+    def round_finished(self, response_id: str) -> list[Effect]:
+        """The responder of ``response_id`` ended normally: close its round's items, run its MCP calls, then
+        either another LLM call (it ran MCP calls and needs nothing from the client) or the end."""
+        resp = self.active
+        if resp is None or resp.id != response_id:
+            return []
+        resp.responding = False
+        effects = self._close_message(resp, completed=True)
+        for call in resp.round.calls.values():
+            if isinstance(call, McpCallOut):
+                effects += self._run(resp, call, streamed=True)
+            else:
+                effects += call.close(completed=True)
+        resp.llm_due = resp.round.ran_mcp and not resp.round.needs_client
+        return effects + self._advance(resp)
+
+    def mcp_call_finished(self, response_id: str, item_id: str, output: str | None,
+                          error: McpError | None) -> list[Effect]:
+        resp = self.active
+        if resp is None or resp.id != response_id:
+            return []
+        call = next((o for o in resp.running_calls() if o.id == item_id), None)
+        if call is None:
+            return []
+        return call.finish(output, error) + self._advance(resp)
+
+    def listed(self, item_id: str) -> list[Effect]:
+        """An MCP server's listing ended: the response waiting for it may go on."""
+        resp = self.active
+        if resp is None or item_id not in resp.listings:
+            return []
+        resp.listings.discard(item_id)
+        return self._advance(resp)
+
+    def _advance(self, resp: Response) -> list[Effect]:
+        """Start the next LLM call, or finish, once nothing the response waits for is left."""
+        if resp.listings or resp.responding or resp.running_calls():
+            return []
+        if not resp.llm_due or resp.rounds >= self._max_rounds:
+            return self.finish("completed")
+        resp.responding = True
+        resp.llm_due = False
+        resp.rounds += 1
+        resp.round = Round()
+        resp.llm = llm_tools(resp.tools, resp.tool_choice, self._listings.listed())
+        items = resp.context if resp.context is not None else self._conversation.items()
+        if resp.rounds == 1:
+            # Audio in the context, at OpenAI's rates: user audio 1 token per 100 ms, assistant 1 per 50 ms.
+            resp.usage.audio_in = round(sum(
+                len(i.audio) / BYTES_PER_MS / (100 if i.data.get("role") == "user" else 50) for i in items))
+        if not resp.in_conversation:  # its own items so far are in no conversation: add them
+            items = items + [o.item for o in resp.outputs if o.closed]
+        request = ResponseRequest(
+            response_id=resp.id,
+            item_id=resp.next_message_id,
+            instructions=resp.instructions,
+            messages=self._conversation.messages(items),
+            voice=resp.voice,
+            modalities=resp.modalities,
+            max_output_tokens=resp.max_output_tokens if isinstance(resp.max_output_tokens, int) else None,
+            temperature=resp.temperature,
+            tools=resp.llm.tools,
+            tool_choice=resp.llm.tool_choice,
+        )
+        return [StartResponse(request)]
+
+    def _run(self, resp: Response, call: McpCallOut, streamed: bool) -> list[Effect]:
+        data = call.item.data
+        return [*call.start(streamed),
+                CallMcp(resp.id, call.id, call.route.server, call.route.tool.name, data["arguments"])]
+
+    def _run_approved(self, resp: Response) -> list[Effect]:
+        """The MCP calls the client approved since the last response: they run first in this one."""
+        items = self._conversation.items()
+        approved = {i.data["approval_request_id"] for i in items
+                    if i.data["type"] == "mcp_approval_response" and i.data["approve"]}
+        done = {i.data.get("approval_request_id") for i in items if i.data["type"] == "mcp_call"}
+        servers = {t.server_label: t for t in resp.tools if isinstance(t, McpServer)}
+        listed = self._listings.listed()
+        effects: list[Effect] = []
+        for item in items:
+            data = item.data
+            if data["type"] != "mcp_approval_request" or item.id not in approved or item.id in done:
+                continue
+            server = servers.get(data["server_label"])
+            tool = next((t for t in listed.get(data["server_label"], []) if t.name == data["name"]), None)
+            if server is None or tool is None:
+                continue  # the server or the tool has gone from the session's tools since the request
+            call = McpCallOut(resp.ctx, len(resp.outputs), McpRoute(server, tool), data["arguments"], item.id)
+            resp.outputs.append(call)
+            effects += call.open() + self._run(resp, call, streamed=False)
+        return effects
+
+    # --- the end --------------------------------------------------------------------------------------
 
     def finish(self, status: str, reason: str | None = None, error: dict[str, Any] | None = None) -> list[Effect]:
         """End the active response with ``status`` (completed, cancelled, failed): its closing events."""
         resp = self.active
         assert resp is not None
         self.active = None
-        text = "".join(resp.transcript)
-        data = resp.item.data
-        data["status"] = "completed" if status == "completed" else "incomplete"
-        data["content"][0]["transcript" if resp.audio else "text"] = text
         effects: list[Effect] = []
         if status != "completed":
             effects.append(StopResponse(resp.id))
         if self._server_playout and resp.audio_ms:
             effects.append(PlayoutEnd(resp.id))
-        common = {"response_id": resp.id, "item_id": resp.item.id, "output_index": 0, "content_index": 0}
-        # The encoder's resampler holds back its last few ms: they belong to a completed reply only.
-        tail = resp.encoder.flush() if status == "completed" and not self._server_playout else b""
-        if tail:
-            effects.append(self._delta("response.output_audio.delta", resp, base64.b64encode(tail).decode()))
-        if resp.audio:
-            effects.append(self._event("response.output_audio.done", **common))
-            effects.append(self._event("response.output_audio_transcript.done", **common, transcript=text))
-        else:
-            effects.append(self._event("response.output_text.done", **common, text=text))
-        effects.append(self._event("response.content_part.done", **common, part=self._part(resp, text)))
-        effects.append(self._event("response.output_item.done", response_id=resp.id, output_index=0,
-                                   item=snapshot(data)))
-        if resp.in_conversation:
-            effects += self._conversation.done(resp.item)
+        effects += self._close_message(resp, completed=status == "completed")
+        for call in resp.outputs:
+            if call.closed:
+                continue
+            if isinstance(call, McpCallOut):
+                effects += call.finish(None, CANCELLED)
+            elif isinstance(call, FunctionCallOut):
+                effects += call.close(completed=False)
+            # an approval request not yet sent is dropped: the client never saw it
         details: dict[str, Any] | None = None
         if status != "completed":
             details = {"type": status, "reason": reason, "error": error}
-        effects.append(self._event("response.done", response=self._wire(resp, status, [snapshot(data)], details)))
+        effects.append(self._event("response.done", response=self._wire(resp, status, details)))
         effects.append(Mark("response_done", resp.id))
+        self._on_finish(resp)
         return effects
 
     def _input(self, value: Any) -> list[Item]:
@@ -234,29 +409,18 @@ class Responses:
                 context.append(Item(data))
         return context
 
-    def _wire(
-        self, resp: Response, status: str, output: list[dict[str, Any]], details: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+    def _wire(self, resp: Response, status: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+        done = status != "in_progress"
         return {
             "id": resp.id,
             "object": "realtime.response",
             "status": status,
             "status_details": details,
-            "output": output,
+            "output": [snapshot(o.item.data) for o in resp.outputs if o.closed] if done else [],
             "conversation_id": self._conversation.id if resp.in_conversation else None,
             "output_modalities": resp.modalities,
             "max_output_tokens": resp.max_output_tokens,
             "metadata": resp.metadata,
             "audio": {"output": {"format": format_wire(resp.output_format), "voice": resp.voice}},
-            "usage": None,
+            "usage": resp.usage.wire(resp.audio_ms) if done else None,
         }
-
-    @staticmethod
-    def _part(resp: Response, text: str) -> dict[str, Any]:
-        if resp.audio:
-            return {"type": "audio", "transcript": text}
-        return {"type": "text", "text": text}
-
-    def _delta(self, kind: str, resp: Response, delta: str) -> dict[str, Any]:
-        return self._event(kind, response_id=resp.id, item_id=resp.item.id, output_index=0, content_index=0,
-                           delta=delta)

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, Protocol
 
 import orjson
 
 from gateway.effects import (
+    CallMcp,
     ClearPlayout,
     Effect,
+    ListMcpTools,
     Mark,
     Play,
     PlayoutEnd,
@@ -24,6 +26,7 @@ from gateway.effects import (
     StopResponse,
     Transcribe,
 )
+from gateway.mcp_client import McpClient, McpFailure
 from gateway.responder import BackendError, Responder, ResponseRequest
 from gateway.session import Session
 from gateway.trace import TurnTrace
@@ -75,6 +78,9 @@ class SessionRunner:
         # and audio that arrives during a VAD call goes into the next one (a session catches up).
         self._vad_backlog = bytearray()
         self._vad_task: asyncio.Task[None] | None = None
+        # MCP listings (None) and calls (their response's id: cancelled with it) in flight.
+        self.mcp = McpClient(session.config.mcp)
+        self._mcp_tasks: dict[asyncio.Task[None], str | None] = {}
         self._closed = False
         session.transcribes = responder.transcriber is not None
         session.voices = responder.voices
@@ -105,7 +111,8 @@ class SessionRunner:
 
     async def close(self) -> None:
         self._closed = True
-        tasks = [t for t in (self._task, self._vad_task, *self._transcripts.values()) if t is not None and not t.done()]
+        tasks = [t for t in (self._task, self._vad_task, *self._transcripts.values(), *self._mcp_tasks)
+                 if t is not None and not t.done()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -134,6 +141,13 @@ class SessionRunner:
                 # A response that failed stops itself: its own task is the one sending its last events.
                 if self._task is not None and self._task is not asyncio.current_task():
                     self._task.cancel()
+                for task, response_id in list(self._mcp_tasks.items()):
+                    if response_id == effect.response_id:
+                        task.cancel()
+            elif isinstance(effect, ListMcpTools):
+                self._start_mcp(self._list_mcp_tools(effect), None)
+            elif isinstance(effect, CallMcp):
+                self._start_mcp(self._call_mcp(effect), effect.response_id)
             elif isinstance(effect, Transcribe):
                 task = asyncio.create_task(self._transcribe(effect))
                 # A failure is reported to the client at once; a response may await it or not.
@@ -151,6 +165,28 @@ class SessionRunner:
                     await self._apply(self.session.playout_cleared(*heard))
             elif isinstance(effect, Mark):
                 self.trace.mark(effect.name, effect.response_id)
+
+    def _start_mcp(self, work: Coroutine[Any, Any, None], response_id: str | None) -> None:
+        task = asyncio.create_task(work)
+        self._mcp_tasks[task] = response_id
+        task.add_done_callback(self._mcp_tasks.pop)
+
+    async def _list_mcp_tools(self, effect: ListMcpTools) -> None:
+        try:
+            tools = await self.mcp.list_tools(effect.server)
+        except McpFailure as exc:
+            log.warning("MCP server %s: %s", effect.server.server_label, exc)
+            await self._apply(self.session.mcp_tools_listed(effect.item_id, None, str(exc)))
+            return
+        await self._apply(self.session.mcp_tools_listed(effect.item_id, tools))
+
+    async def _call_mcp(self, effect: CallMcp) -> None:
+        try:
+            output = await self.mcp.call(effect.server, effect.name, effect.arguments)
+        except McpFailure as exc:
+            await self._apply(self.session.mcp_call_finished(effect.response_id, effect.item_id, None, exc.error))
+            return
+        await self._apply(self.session.mcp_call_finished(effect.response_id, effect.item_id, output))
 
     def _take_vad_backlog(self) -> bytes:
         pcm = bytes(self._vad_backlog)

@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 import orjson
 from prometheus_client import Counter
 
+from gateway import mcp_client
 from gateway.auth import Auth, ClientSecret
 from gateway.config import Config
 from gateway.protocol import Dialect
@@ -68,6 +69,8 @@ class Gateway:
 
             self.responder = await loop.run_in_executor(None, build_responder, self.config)
         self._vad_model = await loop.run_in_executor(None, SileroModel)
+        if self.config.mcp.enabled:
+            await loop.run_in_executor(None, mcp_client.preload)
         if self.config.trace.jsonl_path:
             self._trace_sink = open(self.config.trace.jsonl_path, "a", buffering=1)  # noqa: SIM115
         if self.config.webrtc.enabled:
@@ -123,7 +126,7 @@ class Gateway:
         if not self.ready:
             return "The gateway is starting."
         if len(self.sessions) >= self.config.server.max_sessions:
-            return "Too many sessions ([server] max_sessions)."
+            return "Too many sessions."
         return None
 
     def new_session(self, dialect: Dialect, *, model: str | None = None, server_playout: bool = False,

@@ -10,7 +10,8 @@ the speech_started that caused it, and anything the responder yields afterwards 
 This module is the duplex controller: it decides what follows from what (speech ends → commit →
 respond; speech starts → cancel). The parts it drives each hold one concern: the input audio and its
 turn detector (gateway/turns.py), the conversation's items (gateway/conversation.py), the active
-response's events (gateway/responses.py).
+response and its output items (gateway/responses.py, gateway/outputs.py), the tools (gateway/tools.py)
+and the MCP servers' listings (gateway/listings.py).
 
 Every handler validates its whole input before it changes anything, so a refused event (an
 ``error`` back to the client) leaves the session exactly as it was.
@@ -29,6 +30,8 @@ import orjson
 from gateway.config import Config
 from gateway.conversation import BYTES_PER_MS, Conversation, Item, item_from_client
 from gateway.effects import ClearPlayout, Effect, Mark, RunVad, Transcribe
+from gateway.listings import McpListings
+from gateway.outputs import McpError
 from gateway.protocol import (
     CLIENT_EVENTS,
     Dialect,
@@ -43,7 +46,8 @@ from gateway.protocol import (
     to_wire,
 )
 from gateway.responder import BackendError, ResponseOutput
-from gateway.responses import Responses
+from gateway.responses import Response, Responses
+from gateway.tools import McpPolicy, McpTool, parse_tool_choice, parse_tools
 from gateway.turns import InputAudio
 from gateway.vad import SpeechStarted, SpeechStopped
 
@@ -88,7 +92,10 @@ class Session:
         )
         self.input = InputAudio(config, self.settings.input_format)
         self.conversation = Conversation(self._event)
-        self.responses = Responses(self._event, self.conversation, dialect, server_playout)
+        self.mcp_policy = McpPolicy(config.mcp.enabled, config.mcp.allowed_hosts, config.mcp.max_servers)
+        self.listings = McpListings(self._event, self.conversation)
+        self.responses = Responses(self._event, self.conversation, self.listings, dialect, server_playout,
+                                   self.mcp_policy, config.mcp.max_rounds, self._response_ended)
         self._interrupted = False  # the user barged in and is still speaking
         # Set by the runner when it has a transcriber: each user audio item is then transcribed as it
         # is committed, whatever becomes of the response to it.
@@ -140,6 +147,14 @@ class Session:
     def _on_session_update(self, event: dict[str, Any]) -> list[Effect]:
         new = parse_session(event.get("session"), self.settings, self.dialect, self.responses.voice_locked,
                             self._vad_defaults, self.voices)
+        body = event["session"]
+        if body.get("tools") is not None:
+            new.tools = parse_tools(body["tools"], "session.tools", self.dialect, self.mcp_policy)
+        if body.get("tool_choice") is not None or (new.tools is not self.settings.tools
+                                                   and isinstance(new.tool_choice, dict)):
+            # A named tool must be among the tools, also when only the tools change.
+            choice = body.get("tool_choice") or new.tool_choice
+            new.tool_choice = parse_tool_choice(choice, new.tools, "session.tool_choice", self.dialect)
         tail: list[Effect] = []
         if new.input_format != self.settings.input_format:
             # The old decoder holds back a few ms of resampled audio: keep them before switching.
@@ -150,7 +165,7 @@ class Session:
         elif self.input.speech is not None:
             self._end_speech()
         self.settings = new
-        return [self._session_event("session.updated"), *tail]
+        return [self._session_event("session.updated"), *tail, *self.listings.refresh(new.tools)]
 
     def _on_input_audio_buffer_append(self, event: dict[str, Any]) -> list[Effect]:
         audio = field_of(event, "audio", str, "audio", required=True)
@@ -192,6 +207,8 @@ class Session:
 
     def _on_conversation_item_create(self, event: dict[str, Any]) -> list[Effect]:
         item = item_from_client(event.get("item"), self.settings.input_format)
+        if item.data["type"] == "mcp_approval_response":
+            self._check_approval(item.data)
         previous = field_of(event, "previous_item_id", str, "previous_item_id")
         if previous is not None and previous != "root" and previous not in self.conversation:
             raise ProtocolError("item_not_found", f"Item with id '{previous}' not found.", "previous_item_id")
@@ -210,7 +227,7 @@ class Session:
     def _on_conversation_item_delete(self, event: dict[str, Any]) -> list[Effect]:
         item = self.conversation.find(event)
         active = self.responses.active
-        if active is not None and item is active.item:
+        if active is not None and active.producing(item):
             raise ProtocolError(
                 "item_in_progress", "The item is being produced by the active response; cancel it first.",
                 "item_id",
@@ -240,7 +257,7 @@ class Session:
             )
         effects: list[Effect] = []
         active = self.responses.active
-        if active is not None and item is active.item:
+        if active is not None and active.holds(item):
             # The listener stopped hearing it: nothing more of this response is wanted.
             effects += self._finish_response("cancelled", reason="client_cancelled")
         return effects + self.conversation.truncate(item, content_index, end_ms)
@@ -399,12 +416,13 @@ class Session:
         return self.responses.output(response_id, out)
 
     def response_finished(self, response_id: str, error: BaseException | None = None) -> list[Effect]:
-        """The responder of ``response_id`` ended, normally or with ``error``."""
+        """The responder of ``response_id`` ended, normally (the response may go on: see Responses) or with
+        ``error``."""
         active = self.responses.active
         if active is None or active.id != response_id:
             return []
         if error is None:
-            return self._finish_response("completed")
+            return self.responses.round_finished(response_id)
         if isinstance(error, BackendError):
             code, message = f"{error.backend}_backend_error", str(error)
         else:
@@ -416,10 +434,31 @@ class Session:
     def _finish_response(
         self, status: str, reason: str | None = None, error: dict[str, Any] | None = None
     ) -> list[Effect]:
-        active = self.responses.active
-        assert active is not None
-        self.input.idle_since_ms = self.input.received_ms + active.audio_ms  # idle counts from the end of playback
         return self.responses.finish(status, reason, error)
+
+    def _response_ended(self, resp: Response) -> None:
+        self.input.idle_since_ms = self.input.received_ms + resp.audio_ms  # idle counts from the end of playback
+
+    # --- tools --------------------------------------------------------------------------------------
+
+    def _check_approval(self, data: dict[str, Any]) -> None:
+        if self.dialect is Dialect.BETA:
+            raise ProtocolError("invalid_value", "mcp_approval_response items are part of the GA interface.",
+                                "item.type")
+        request = self.conversation.get(data["approval_request_id"])
+        if request is None or request.data["type"] != "mcp_approval_request":
+            raise ProtocolError("item_not_found", f"No mcp_approval_request item with id "
+                                f"'{data['approval_request_id']}'.", "item.approval_request_id")
+
+    def mcp_tools_listed(self, item_id: str, tools: list[McpTool] | None, error: str | None = None) -> list[Effect]:
+        """The tools an MCP server listed for the mcp_list_tools item ``item_id`` (see ListMcpTools), or why
+        listing failed."""
+        return self.listings.finished(item_id, tools, error) + self.responses.listed(item_id)
+
+    def mcp_call_finished(self, response_id: str, item_id: str, output: str | None,
+                          error: McpError | None = None) -> list[Effect]:
+        """An MCP call's output or error (see CallMcp); dropped if its response has ended."""
+        return self.responses.mcp_call_finished(response_id, item_id, output, error)
 
     # --- event building ---------------------------------------------------------------------------
 

@@ -106,6 +106,28 @@ async def gateway(start_gateway: StartGateway) -> Served:
     return await start_gateway()
 
 
+@pytest.fixture
+async def start_pipeline(start_gateway: StartGateway) -> AsyncIterator[Callable[..., Awaitable[Served]]]:
+    """Starts gateways whose responder is the pipeline on a fake OpenAI server, with the tone engine as fast
+    as it goes: ``await start_pipeline(fake, **config_overrides)``."""
+    from gateway.backends import LlmClient, SttClient
+    from gateway.pipeline import BridgeSettings, PipelineResponder
+    from gateway.tone_tts import ToneEngine
+
+    responders: list[PipelineResponder] = []
+
+    async def start(fake: Any, **overrides: Any) -> Served:
+        responders.append(PipelineResponder(
+            SttClient(fake.base_url, "whisper-test", timeout_s=5), LlmClient(fake.base_url, "llm-test", timeout_s=5),
+            ToneEngine(first_audio_ms=0), BridgeSettings(starter_chars=10, max_segment_chars=80),
+        ))
+        return await start_gateway(responders[-1], **overrides)
+
+    yield start
+    for responder in responders:
+        await responder.aclose()
+
+
 class Client:
     """A Realtime connection of the openai SDK, with strict checks on every event received."""
 
