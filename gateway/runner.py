@@ -13,19 +13,19 @@ from typing import Protocol
 
 import orjson
 
-from gateway.responder import BackendError, Responder, ResponseRequest
-from gateway.session import (
+from gateway.effects import (
     ClearPlayout,
     Effect,
     Mark,
     Play,
     PlayoutEnd,
     RunVad,
-    Session,
     StartResponse,
     StopResponse,
     Transcribe,
 )
+from gateway.responder import BackendError, Responder, ResponseRequest
+from gateway.session import Session
 from gateway.trace import TurnTrace
 from gateway.vad import SileroVAD, VadBatcher
 

@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
+from gateway.effects import ClearPlayout, Play, RunVad, StartResponse, StopResponse
 from gateway.responder import AudioOut, BackendError, EchoResponder, SpeechText
 from gateway.runner import SessionRunner
-from gateway.session import ClearPlayout, Phase, Play, RunVad, Session, StartResponse, StopResponse
+from gateway.session import Phase, Session
 from gateway.vad import SileroModel, SileroVAD, VadBatcher
 from tests.conftest import load_pcm, make_config, silence
 

@@ -1,0 +1,78 @@
+"""What a session asks its runner to do: the effects it returns beside the server events.
+
+A session (gateway/session.py) returns a list of server events (dicts, sent as they are) and these
+effects, in order; the runner (gateway/runner.py) carries each out and feeds the results back through
+the session's methods named below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.responder import ResponseRequest
+
+
+@dataclass
+class RunVad:
+    """Compute VAD probabilities for this pcm16 24 kHz audio and pass them to ``vad_result``, in order.
+
+    Later client events need not wait for the result: turn events carry input-audio times, and a
+    commit or clear tells the detector which audio it took (``TurnDetector.reset``)."""
+
+    pcm: bytes
+
+
+@dataclass
+class StartResponse:
+    request: ResponseRequest
+
+
+@dataclass
+class StopResponse:
+    """Stop the response's producer: close its LLM stream, cancel its TTS, drop its queued audio."""
+
+    response_id: str
+
+
+@dataclass
+class Play:
+    """Server-side playout (WebRTC): queue this response audio on the outbound track."""
+
+    response_id: str
+    item_id: str
+    pcm: bytes
+
+
+@dataclass
+class PlayoutEnd:
+    """Server-side playout: this response sends no more audio; once its queue has played, it has stopped."""
+
+    response_id: str
+
+
+@dataclass
+class ClearPlayout:
+    """Server-side playout: drop queued audio at once, then call ``playout_cleared`` with what was heard."""
+
+
+@dataclass
+class Transcribe:
+    """Transcribe this committed user audio item and pass the result to ``input_transcribed``."""
+
+    item_id: str
+    pcm: bytes
+    language: str | None = None  # the session's transcription language and prompt, if it set them
+    prompt: str | None = None
+
+
+@dataclass
+class Mark:
+    """A latency checkpoint of the current turn (for the trace)."""
+
+    name: str
+    response_id: str | None = None
+
+
+Effect = (dict[str, Any] | RunVad | StartResponse | StopResponse | Play | PlayoutEnd | ClearPlayout | Mark
+          | Transcribe)
