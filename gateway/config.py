@@ -69,7 +69,7 @@ class SemanticVadConfig:
     low_max_wait_ms: int = 8000
     medium_max_wait_ms: int = 4000
     high_max_wait_ms: int = 2000
-    max_batch: int = 4
+    max_batch: int = 1
 
 
 @dataclass

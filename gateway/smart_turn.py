@@ -5,8 +5,8 @@ Three layers, like gateway/vad.py:
 - ``log_mel`` and ``SmartTurnModel``: Whisper-style log-mel features in numpy and the int8 ONNX model
   (Whisper Tiny's encoder and a classifier, ~8 M parameters), loaded once per process. Given the last
   8 s of a turn, it returns P(the speaker has finished).
-- ``SmartTurnBatcher``: the sessions' requests in shared batched model calls, in a worker thread (a call
-  costs tens of milliseconds of CPU: never on the event loop).
+- ``SmartTurnBatcher``: the sessions' requests in shared batched model calls, in a worker thread (a turn
+  costs ~100 ms of CPU on a 2-core VM: never on the event loop).
 - ``SemanticTurnDetector``: a sans-I/O state machine over the Silero ``TurnDetector`` that asks for the
   model at each pause in a turn (``CheckTurn``) and ends the turn on a "complete" verdict, or once an
   "incomplete" one has waited as long as the eagerness allows.
@@ -192,11 +192,11 @@ class SmartTurnBatcher:
     """Runs many sessions' Smart Turn requests in shared batched model calls, from one asyncio event loop.
 
     Requests that arrive while a batch runs form the next batch (up to ``max_batch`` turns), so batches
-    grow under load by themselves; every batch runs in ``executor`` (features and model cost ~1 ms per
-    second of audio plus the model's tens of milliseconds: never on the loop).
+    grow under load by themselves; every batch runs in ``executor``, never on the loop (per turn ~10 ms of
+    features and ~80-100 ms of model on a 2-core VM, batched or not: scripts/bench_turns.py).
     """
 
-    def __init__(self, model: SmartTurnModel, executor: Executor, max_batch: int = 8) -> None:
+    def __init__(self, model: SmartTurnModel, executor: Executor, max_batch: int = 1) -> None:
         self.model = model
         self._executor = executor
         self._max_batch = max(1, max_batch)
