@@ -84,7 +84,7 @@ async def test_batcher_shares_model_calls_and_answers_each_caller(model: SmartTu
         batcher = SmartTurnBatcher(Counting(), executor, max_batch=4)
         got = await asyncio.gather(*(batcher.predict(t) for t in turns))
     assert calls == [4, 2]  # the first six requests arrived together: batches of at most 4
-    assert got == pytest.approx(list(model.predict(turns)), abs=1e-4)
+    assert got == pytest.approx(list(model.predict(turns[:2])) * 3, abs=1e-4)
     assert got[0] < 0.3 < 0.7 < got[1]
 
 
