@@ -301,8 +301,8 @@ class Session:
         if td is None:
             return []
         effects = self._turn_events(events, td)
-        if td.type == "server_vad" and td.idle_timeout_ms and self.input.speech is None and \
-                self.responses.active is None:
+        idle = self.input.speech is None and self.responses.active is None
+        if td.type == "server_vad" and td.idle_timeout_ms and idle:  # semantic_vad has no idle timeout
             heard_ms = self.input.heard_ms
             if heard_ms - self.input.idle_since_ms >= td.idle_timeout_ms:
                 effects += self._idle_timeout(heard_ms)
