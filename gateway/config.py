@@ -63,6 +63,22 @@ class VadConfig:
 
 
 @dataclass
+class SemanticVadConfig:
+    model_path: str = ""
+    # smart-turn-v3.2-cpu.onnx in pipecat-ai==1.14.0 (gateway.smart_turn.MODEL_SHA256)
+    model_sha256: str = "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f"
+    pause_ms: int = 200
+    recheck_ms: int = 0
+    low_threshold: float = 0.7
+    medium_threshold: float = 0.5
+    high_threshold: float = 0.3
+    low_max_wait_ms: int = 8000
+    medium_max_wait_ms: int = 4000
+    high_max_wait_ms: int = 2000
+    max_batch: int = 1
+
+
+@dataclass
 class ResponderConfig:
     kind: str = "auto"
     echo_pace: float = 1.0
@@ -154,6 +170,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
     vad: VadConfig = field(default_factory=VadConfig)
+    semantic_vad: SemanticVadConfig = field(default_factory=SemanticVadConfig)
     responder: ResponderConfig = field(default_factory=ResponderConfig)
     stt: SttConfig = field(default_factory=SttConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)

@@ -25,6 +25,16 @@ class RunVad:
 
 
 @dataclass
+class RunSmartTurn:
+    """semantic_vad: ask the Smart Turn model whether this turn's audio (pcm16 24 kHz, up to the pause) is
+    finished speaking, and pass P(complete) to ``smart_turn_result`` with ``seq`` (None if the model failed).
+    The session's turn detector waits for the answer before it judges later audio."""
+
+    seq: int
+    pcm: bytes
+
+
+@dataclass
 class StartResponse:
     request: ResponseRequest
 
@@ -95,5 +105,5 @@ class Mark:
     response_id: str | None = None
 
 
-Effect = (dict[str, Any] | RunVad | StartResponse | StopResponse | Play | PlayoutEnd | ClearPlayout | Mark
-          | Transcribe | ListMcpTools | CallMcp)
+Effect = (dict[str, Any] | RunVad | RunSmartTurn | StartResponse | StopResponse | Play | PlayoutEnd | ClearPlayout
+          | Mark | Transcribe | ListMcpTools | CallMcp)

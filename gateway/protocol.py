@@ -169,7 +169,7 @@ class TurnDetection:
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: int | None = None
-    eagerness: str = "auto"  # semantic_vad only (run as server VAD; echoed back)
+    eagerness: str = "auto"  # semantic_vad only: how readily a pause ends the turn (gateway/smart_turn.py)
 
 
 @dataclass
@@ -225,7 +225,6 @@ def _parse_turn_detection(value: Any, current: TurnDetection | None, defaults: T
         return None
     td = field_of({"t": value}, "t", dict, param, required=True)
     kind = field_of(td, "type", str, f"{param}.type") or (current.type if current else "server_vad")
-    # semantic_vad is accepted and run as server_vad: the gateway has no semantic turn model.
     _choice(kind, ("server_vad", "semantic_vad"), f"{param}.type")
     base = replace(current or defaults)
     base.type = kind

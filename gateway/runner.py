@@ -21,6 +21,7 @@ from gateway.effects import (
     Mark,
     Play,
     PlayoutEnd,
+    RunSmartTurn,
     RunVad,
     StartResponse,
     StopResponse,
@@ -29,6 +30,7 @@ from gateway.effects import (
 from gateway.mcp_client import McpClient, McpFailure
 from gateway.responder import BackendError, Responder, ResponseRequest
 from gateway.session import Session
+from gateway.smart_turn import SmartTurnBatcher
 from gateway.trace import TurnTrace
 from gateway.vad import SileroVAD, VadBatcher
 
@@ -63,7 +65,10 @@ class SessionRunner:
         vad_batcher: VadBatcher | None = None,
         trace: TurnTrace | None = None,
         playout: Playout | None = None,
+        smart_turn: SmartTurnBatcher | None = None,
     ) -> None:
+        """``smart_turn``: the Smart Turn model for semantic_vad; without it every check is answered "no
+        verdict", so a semantic_vad turn ends after its eagerness's longest wait."""
         self.session = session
         self.responder = responder
         self.vad = vad
@@ -81,6 +86,8 @@ class SessionRunner:
         # MCP listings (None) and calls (their response's id: cancelled with it) in flight.
         self.mcp = McpClient(session.config.mcp)
         self._mcp_tasks: dict[asyncio.Task[None], str | None] = {}
+        self._smart_turn = smart_turn
+        self._checks: set[asyncio.Task[None]] = set()  # Smart Turn calls under way
         self._closed = False
         session.transcribes = responder.transcriber is not None
         session.voices = responder.voices
@@ -111,7 +118,7 @@ class SessionRunner:
 
     async def close(self) -> None:
         self._closed = True
-        tasks = [t for t in (self._task, self._vad_task, *self._transcripts.values(), *self._mcp_tasks)
+        tasks = [t for t in (self._task, self._vad_task, *self._transcripts.values(), *self._mcp_tasks, *self._checks)
                  if t is not None and not t.done()]
         for task in tasks:
             task.cancel()
@@ -131,6 +138,10 @@ class SessionRunner:
                         await self._apply(self.session.vad_result(self.vad.process(self._take_vad_backlog())))
                     else:
                         self._vad_task = asyncio.create_task(self._run_vad())
+            elif isinstance(effect, RunSmartTurn):
+                task = asyncio.create_task(self._check_turn(effect))
+                self._checks.add(task)
+                task.add_done_callback(self._checks.discard)
             elif isinstance(effect, StartResponse):
                 request = effect.request
                 request.transcripts = {m.item_id: self._transcripts[m.item_id] for m in request.messages
@@ -205,6 +216,16 @@ class SessionRunner:
             self._vad_backlog.clear()
         finally:
             self._vad_task = None
+
+    async def _check_turn(self, effect: RunSmartTurn) -> None:
+        probability = None
+        if self._smart_turn is not None:
+            try:
+                probability = await self._smart_turn.predict(effect.pcm)
+            except Exception:  # a broken model must not take the session with it: the longest wait decides
+                log.exception("Smart Turn failed; the turn ends after its eagerness's longest wait")
+        if not self._closed:
+            await self._apply(self.session.smart_turn_result(effect.seq, probability))
 
     async def _transcribe(self, effect: Transcribe) -> str:
         assert self.responder.transcriber is not None

@@ -25,6 +25,7 @@ from gateway.protocol import Dialect
 from gateway.responder import Responder
 from gateway.runner import Playout, Send, SessionRunner
 from gateway.session import Session
+from gateway.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError, eagerness_levels
 from gateway.trace import ACTIVE_SESSIONS, TurnTrace
 from gateway.vad import SileroModel, SileroVAD, VadBatcher
 
@@ -53,6 +54,10 @@ class Gateway:
         self._vad_batcher = VadBatcher(
             self._vad_executor, config.vad.inline_windows, config.vad.batch_interval_ms
         )
+        # Smart Turn (semantic_vad) has a thread of its own: its calls take tens of milliseconds, and the
+        # sessions' VAD batches must not queue behind them.
+        self._smart_turn_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smart-turn")
+        self._smart_turn: SmartTurnBatcher | None = None
         self._trace_sink: IO[str] | None = None
         self.webrtc: CallRegistry | None = None
         self._backend_check: asyncio.Task[None] | None = None
@@ -71,6 +76,14 @@ class Gateway:
         self._vad_model = await loop.run_in_executor(None, SileroModel)
         if self.config.mcp.enabled:
             await loop.run_in_executor(None, mcp_client.preload)
+        semantic = self.config.semantic_vad
+        eagerness_levels(semantic)  # a bad [semantic_vad] option fails here, not in a session
+        try:
+            model = await loop.run_in_executor(None, SmartTurnModel, semantic.model_path or None,
+                                               semantic.model_sha256 or None)
+        except SmartTurnModelError as exc:
+            raise ConfigError(str(exc)) from None
+        self._smart_turn = SmartTurnBatcher(model, self._smart_turn_executor, semantic.max_batch)
         if self.config.trace.jsonl_path:
             self._trace_sink = open(self.config.trace.jsonl_path, "a", buffering=1)  # noqa: SIM115
         if self.config.webrtc.enabled:
@@ -103,6 +116,7 @@ class Gateway:
         if self.webrtc is not None:
             await self.webrtc.stop()
         self._vad_executor.shutdown(wait=False, cancel_futures=True)
+        self._smart_turn_executor.shutdown(wait=False, cancel_futures=True)
         close = getattr(self.responder, "aclose", None)
         if close is not None:
             await close()  # the backends' HTTP connection pools
@@ -153,6 +167,7 @@ class Gateway:
             vad_batcher=self._vad_batcher,
             trace=TurnTrace(session.settings.id, self._trace_sink),
             playout=playout,
+            smart_turn=self._smart_turn,
         )
 
     def opened(self, runner: SessionRunner, how: str) -> None:

@@ -29,7 +29,7 @@ import orjson
 
 from gateway.config import Config
 from gateway.conversation import BYTES_PER_MS, Conversation, Item, item_from_client
-from gateway.effects import ClearPlayout, Effect, Mark, RunVad, Transcribe
+from gateway.effects import ClearPlayout, Effect, Mark, RunSmartTurn, RunVad, Transcribe
 from gateway.listings import McpListings
 from gateway.outputs import McpError
 from gateway.protocol import (
@@ -47,9 +47,10 @@ from gateway.protocol import (
 )
 from gateway.responder import BackendError, ResponseOutput
 from gateway.responses import Response, Responses
+from gateway.smart_turn import CheckTurn
 from gateway.tools import McpPolicy, McpTool, parse_tool_choice, parse_tools
 from gateway.turns import InputAudio
-from gateway.vad import SpeechStarted, SpeechStopped
+from gateway.vad import SpeechStarted, SpeechStopped, TurnEvent
 
 MIN_COMMIT_MS = 100
 
@@ -159,11 +160,10 @@ class Session:
         if new.input_format != self.settings.input_format:
             # The old decoder holds back a few ms of resampled audio: keep them before switching.
             tail = self.input_audio(self.input.set_format(new.input_format))
-        td = new.turn_detection
-        if td is not None:
-            self.input.tune(td)
-        elif self.input.speech is not None:
-            self._end_speech()
+        td, old = new.turn_detection, self.settings.turn_detection
+        if self.input.speech is not None and (td is None or old is None or td.type != old.type):
+            self._end_speech()  # the speech in progress was found by the other detector: not a turn
+        self.input.tune(td)
         self.settings = new
         return [self._session_event("session.updated"), *tail, *self.listings.refresh(new.tools)]
 
@@ -317,16 +317,29 @@ class Session:
         td = self.settings.turn_detection
         if td is None:
             return []
+        effects = self._turn_events(events, td)
+        idle = self.input.speech is None and self.responses.active is None
+        if td.type == "server_vad" and td.idle_timeout_ms and idle:  # semantic_vad has no idle timeout
+            heard_ms = self.input.heard_ms
+            if heard_ms - self.input.idle_since_ms >= td.idle_timeout_ms:
+                effects += self._idle_timeout(heard_ms)
+        return effects
+
+    def smart_turn_result(self, seq: int, probability: float | None) -> list[Effect]:
+        """The Smart Turn model's P(complete) for RunSmartTurn ``seq`` (None: the model failed)."""
+        td = self.settings.turn_detection
+        events = self.input.verdict(seq, probability)
+        return self._turn_events(events, td) if td is not None else []
+
+    def _turn_events(self, events: list[TurnEvent | CheckTurn], td: TurnDetection) -> list[Effect]:
         effects: list[Effect] = []
         for ev in events:
             if isinstance(ev, SpeechStarted):
                 effects += self._speech_started(ev.audio_start_ms, td)
             elif isinstance(ev, SpeechStopped) and self.input.speech is not None:
                 effects += self._speech_stopped(ev.audio_end_ms, td)
-        if td.idle_timeout_ms and self.input.speech is None and self.responses.active is None:
-            heard_ms = self.input.heard_ms
-            if heard_ms - self.input.idle_since_ms >= td.idle_timeout_ms:
-                effects += self._idle_timeout(heard_ms)
+            elif isinstance(ev, CheckTurn):
+                effects.append(RunSmartTurn(ev.seq, self.input.check_audio(ev)))
         return effects
 
     def _end_speech(self) -> None:
