@@ -4,6 +4,9 @@ One response is active at a time. It produces one assistant message item; what i
 (speech text, audio, text) becomes deltas on that item, and ``finish`` closes the open parts and
 sends response.done. Anything yielded for a response that is no longer active is dropped here, so
 nothing of a cancelled response follows its response.done.
+
+A truncate does not end the response (the client cancels if it wants to): what the response yields
+after it still goes out as deltas, but the item keeps only what was heard up to the truncation.
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ from gateway.protocol import (
     field_of,
     format_wire,
     new_id,
+    non_empty,
     parse_item,
+    parse_metadata,
+    parse_prompt,
+    parse_reasoning,
+    parse_temperature,
     response_format,
 )
 from gateway.responder import AudioOut, ResponseOutput, ResponseRequest, SpeechText, TextOut, TraceMark
@@ -79,24 +87,38 @@ class Responses:
             voice_param = "response.voice"
             max_tokens = params.get("max_response_output_tokens")
             max_param = "response.max_response_output_tokens"
-        voice = field_of(out, "voice", str, voice_param)
+        voice = field_of(out, "voice", (str, dict) if self._dialect is Dialect.GA else str, voice_param)
+        if isinstance(voice, dict):
+            voice = non_empty(voice, "id", f"{voice_param}.id", required=True)
         if voice is not None:
+            non_empty({"v": voice}, "v", voice_param)
             check_voice(voice, voices, voice_param)
+        mods_param = "response.output_modalities" if self._dialect is Dialect.GA else "response.modalities"
         if mods is not None:
             for i, m in enumerate(mods):
                 if m not in ("text", "audio"):
-                    raise ProtocolError("invalid_value", f"Invalid modality {m!r}.", f"response.modalities[{i}]")
+                    raise ProtocolError("invalid_value", f"Invalid modality {m!r}.", f"{mods_param}[{i}]")
+            if not mods:
+                raise ProtocolError("invalid_value", f"'{mods_param}' must not be empty.", mods_param)
         modalities = (["audio"] if "audio" in mods else ["text"]) if mods else s.modalities
         if max_tokens is not None and max_tokens != "inf" and (
             not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= 4096
         ):
             raise ProtocolError("invalid_value", "max output tokens must be 1..4096 or \"inf\".", max_param)
-        conversation = field_of(params, "conversation", str, "response.conversation") or "auto"
-        if conversation not in ("auto", "none"):
+        conversation = field_of(params, "conversation", str, "response.conversation")
+        if conversation not in (None, "auto", "none"):
             raise ProtocolError("invalid_value", "'response.conversation' must be 'auto' or 'none'.",
                                 "response.conversation")
         instructions = field_of(params, "instructions", str, "response.instructions")
-        metadata = field_of(params, "metadata", dict, "response.metadata")
+        metadata = parse_metadata(params, "metadata", "response.metadata")
+        if self._dialect is Dialect.GA:
+            # Checked, not acted on: no stored prompts; the LLM backend's settings decide its reasoning.
+            parse_prompt(params, "prompt", "response.prompt")
+            parse_reasoning(params, "reasoning", "response.reasoning")
+            temperature = s.temperature
+        else:
+            own = parse_temperature(params, "response.temperature")
+            temperature = s.temperature if own is None else own
         output_format = response_format(params, self._dialect) or s.output_format
         # An out-of-band context replaces the conversation for this response ("input": items or references).
         context = self._input(params["input"]) if params.get("input") is not None else None
@@ -113,7 +135,7 @@ class Responses:
             modalities=modalities,
             voice=voice or s.voice,
             output_format=output_format,
-            in_conversation=conversation == "auto",
+            in_conversation=conversation != "none",
             max_output_tokens=max_tokens if max_tokens is not None else s.max_output_tokens,
             metadata=metadata,
             encoder=OutputEncoder(output_format),
@@ -127,7 +149,7 @@ class Responses:
             voice=resp.voice,
             modalities=modalities,
             max_output_tokens=resp.max_output_tokens if isinstance(resp.max_output_tokens, int) else None,
-            temperature=s.temperature,
+            temperature=temperature,
         )
         self.active = resp
         effects: list[Effect] = [
@@ -138,7 +160,7 @@ class Responses:
                         item={**snapshot(item.data), "content": []}),
         ]
         if resp.in_conversation:
-            effects += self._conversation.insert(item, done=False)
+            effects += self._conversation.insert(item, done=False) + self._conversation.make_room(keep=item)
         effects.append(self._event(
             "response.content_part.added", response_id=resp.id, item_id=item.id, output_index=0,
             content_index=0, part=self._part(resp, ""),
@@ -159,7 +181,9 @@ class Responses:
                 return []
             effects: list[Effect] = [] if resp.audio_ms else [Mark("first_delta", response_id)]
             self.voice_locked = True
-            item.audio += out.pcm
+            if not item.truncated:
+                self._conversation.add_audio(item, out.pcm)
+                effects += self._conversation.make_room(keep=item)
             resp.audio_ms += len(out.pcm) / BYTES_PER_MS
             if self._server_playout:
                 effects.append(Play(resp.id, item.id, out.pcm))
@@ -169,7 +193,7 @@ class Responses:
                 effects.append(self._delta("response.output_audio.delta", resp, base64.b64encode(encoded).decode()))
             return effects
         if isinstance(out, SpeechText | TextOut) and out.text:
-            if resp.audio:
+            if resp.audio and not item.truncated:
                 item.marks.append((len(item.audio), sum(map(len, resp.transcript))))
             resp.transcript.append(out.text)
             kind = "response.output_audio_transcript.delta" if resp.audio else "response.output_text.delta"
@@ -184,7 +208,9 @@ class Responses:
         text = "".join(resp.transcript)
         data = resp.item.data
         data["status"] = "completed" if status == "completed" else "incomplete"
-        data["content"][0]["transcript" if resp.audio else "text"] = text
+        if not resp.item.truncated:
+            data["content"][0]["transcript" if resp.audio else "text"] = text
+        self._conversation.recount(resp.item)
         effects: list[Effect] = []
         if status != "completed":
             effects.append(StopResponse(resp.id))
@@ -204,13 +230,20 @@ class Responses:
         effects.append(self._event("response.output_item.done", response_id=resp.id, output_index=0,
                                    item=snapshot(data)))
         if resp.in_conversation:
-            effects += self._conversation.done(resp.item)
+            effects += self._conversation.done(resp.item) + self._conversation.make_room(keep=resp.item)
         details: dict[str, Any] | None = None
         if status != "completed":
             details = {"type": status, "reason": reason, "error": error}
         effects.append(self._event("response.done", response=self._wire(resp, status, [snapshot(data)], details)))
         effects.append(Mark("response_done", resp.id))
         return effects
+
+    def sync_transcript(self) -> None:
+        """The active item's transcript so far into the item (it is set whole at the end): a truncate
+        cuts it at the words heard."""
+        resp = self.active
+        if resp is not None and resp.audio and not resp.item.truncated:
+            resp.item.data["content"][0]["transcript"] = "".join(resp.transcript)
 
     def _input(self, value: Any) -> list[Item]:
         """response.input: the items a response sees instead of the conversation."""

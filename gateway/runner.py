@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from contextlib import aclosing
 from typing import Protocol
 
 import orjson
@@ -76,7 +77,8 @@ class SessionRunner:
         self._vad_backlog = bytearray()
         self._vad_task: asyncio.Task[None] | None = None
         self._closed = False
-        session.transcribes = responder.transcriber is not None
+        # Today the responder's transcriber is the only one, and a responder with one reads transcripts.
+        session.transcription.available = session.transcription.always = responder.transcriber is not None
         session.voices = responder.voices
 
     async def start(self) -> None:
@@ -166,13 +168,25 @@ class SessionRunner:
             self._vad_task = None
 
     async def _transcribe(self, effect: Transcribe) -> str:
+        """Streams the item's transcript to the client as it comes; returns it whole (responses await it)."""
         assert self.responder.transcriber is not None
+        text = ""
+        pieces = self.responder.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
         try:
-            text = await self.responder.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
-        except BackendError as exc:
-            log.warning("transcription of %s failed: %s", effect.item_id, exc)
-            await self._apply(self.session.input_transcribed(effect.item_id, None, exc.cause))
-            raise
+            async with aclosing(pieces):
+                async for piece in pieces:
+                    piece = piece if text else piece.lstrip()  # a transcript starts at its first word
+                    if piece:
+                        text += piece
+                        await self._apply(self.session.input_transcript_delta(effect.item_id, piece))
+        except Exception as exc:  # any transcriber's failure is an STT failure, for the responses awaiting it
+            error = exc if isinstance(exc, BackendError) else BackendError("stt", f"{type(exc).__name__}: {exc}")
+            log.warning("transcription of %s failed: %s", effect.item_id, error)
+            await self._apply(self.session.input_transcribed(effect.item_id, None, str(error)))
+            if error is exc:
+                raise
+            raise error from exc
+        text = text.strip()
         await self._apply(self.session.input_transcribed(effect.item_id, text))
         return text
 
