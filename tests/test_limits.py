@@ -122,6 +122,14 @@ def test_deeply_nested_json_is_refused(depth: int):
     assert f"deeper than {MAX_JSON_DEPTH}" in error["message"] and session.responses.active is None
 
 
+async def test_deep_json_leaves_the_connection_open(gateway):
+    async with connect(gateway) as client:
+        await client.send_raw('{"type": "response.create", "response": {"metadata": ' + nested(300) + "}}")
+        assert (await client.until("error"))[-1]["error"]["code"] == "invalid_json"
+        await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        assert (await client.until("response.done"))[-1]["response"]["status"] == "completed"
+
+
 def test_json_at_the_depth_limit_is_read():
     session = Session(make_config())
     tool = {"type": "function", "name": "f", "parameters": orjson.loads(nested(MAX_JSON_DEPTH - 4))}
