@@ -210,8 +210,10 @@ class Gateway:
 
     async def _handle(self, ws: ServerConnection) -> None:
         beta = "realtime=v1" in (ws.request.headers.get("OpenAI-Beta") or "")
-        model = parse_qs(urlsplit(ws.request.path).query).get("model", [None])[0]
-        session = Session(self.config, Dialect.BETA if beta else Dialect.GA, model=model)
+        query = parse_qs(urlsplit(ws.request.path).query)
+        model = query.get("model", [None])[0]
+        kind = "transcription" if query.get("intent") == ["transcription"] else "realtime"
+        session = Session(self.config, Dialect.BETA if beta else Dialect.GA, model=model, session_type=kind)
         runner = self.new_runner(session, ws.send)
         self.sessions.add(runner)
         ACTIVE_SESSIONS.set(len(self.sessions))
