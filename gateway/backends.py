@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import openai
+import orjson
 from openai import AsyncOpenAI
 
 from gateway.audio import wav_bytes
@@ -111,14 +112,21 @@ def chat_messages(instructions: str, messages: Sequence[Message], audio_in: bool
 
 
 class SttClient:
-    """Transcription through POST {base_url}/audio/transcriptions."""
+    """Transcription through POST {base_url}/audio/transcriptions.
+
+    With ``stream`` the request asks for a stream (OpenAI's ``stream=true``) and the text comes as the
+    server sends it: OpenAI's ``transcript.text.delta`` / ``.done`` events, or vLLM's
+    ``transcription.chunk`` ones; a server that ignores the flag and answers whole is read whole.
+    """
 
     def __init__(
-        self, base_url: str, model: str, api_key_env: str = "", language: str = "", timeout_s: float = 10.0
+        self, base_url: str, model: str, api_key_env: str = "", language: str = "", timeout_s: float = 10.0,
+        stream: bool = False,
     ) -> None:
         self.model = model
         self.language = language
         self.timeout_s = timeout_s
+        self.stream = stream
         self._client = _client(base_url, api_key_env, timeout_s)
         # The SDK imports a resource's modules (~20 ms) and builds its response model (~5 ms) on first
         # use: pay that at start-up, not in a turn.
@@ -127,25 +135,80 @@ class SttClient:
 
     @classmethod
     def from_config(cls, config: SttConfig) -> SttClient:
-        return cls(config.base_url, config.model, config.api_key_env, config.language, config.timeout_s)
+        return cls(config.base_url, config.model, config.api_key_env, config.language, config.timeout_s,
+                   config.stream)
 
-    async def transcribe(self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None) -> str:
+    async def transcribe(
+        self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None
+    ) -> AsyncIterator[str]:
+        """Pieces of the transcript as the server gives them (see gateway.responder.Transcriber)."""
+        file = ("audio.wav", wav_bytes(pcm16_24k), "audio/wav")
+        language = language or self.language or None
+        if not self.stream:
+            try:
+                result = await self._transcriptions.create(
+                    file=file, model=self.model, language=language or openai.omit, prompt=prompt or openai.omit
+                )
+            except Exception as exc:  # whatever broke, the turn fails as an STT failure
+                raise BackendError("stt", describe(exc, self.timeout_s)) from exc
+            yield result.text
+            return
+        fields = {"model": self.model, "stream": True, "language": language, "prompt": prompt or None}
         try:
-            result = await self._transcriptions.create(
-                file=("audio.wav", wav_bytes(pcm16_24k), "audio/wav"),
-                model=self.model,
-                language=language or self.language or openai.omit,
-                prompt=prompt or openai.omit,
+            stream = await self._client.post(
+                "/audio/transcriptions",
+                body={k: v for k, v in fields.items() if v is not None},
+                files=[("file", file)],
+                options={"headers": {"Content-Type": "multipart/form-data"}},
+                cast_to=object, stream=True, stream_cls=openai.AsyncStream[object],
             )
-        except Exception as exc:  # whatever broke, the turn fails as an STT failure
+        except Exception as exc:
             raise BackendError("stt", describe(exc, self.timeout_s)) from exc
-        return result.text.strip()
+        try:
+            if not stream.response.headers.get("content-type", "").startswith("text/event-stream"):
+                yield _whole_text(await stream.response.aread())
+                return
+            sent = ""
+            async for event in stream:
+                piece = _stream_piece(event, sent)
+                if piece:
+                    sent += piece
+                    yield piece
+        except Exception as exc:
+            raise BackendError("stt", f"stream broken: {describe(exc, self.timeout_s)}") from exc
+        finally:
+            await stream.close()
 
     async def check(self) -> str | None:
         return await _check("stt", self._client, self.timeout_s)
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _stream_piece(event: object, sent: str) -> str:
+    """The new text in one streamed transcription event, given the text ``sent`` so far."""
+    if not isinstance(event, dict):
+        raise ValueError(f"not a transcription event: {str(event)[:80]}")
+    kind = event.get("type")
+    if kind == "transcript.text.delta":
+        return event.get("delta") or ""
+    if kind == "transcript.text.done":
+        text = event.get("text") or ""
+        return text[len(sent):] if text.startswith(sent) else ""
+    choices = event.get("choices")  # vLLM: chat-completion-like chunks
+    return ((choices[0].get("delta") or {}).get("content") or "") if choices else ""
+
+
+def _whole_text(body: bytes) -> str:
+    """The text of a whole (not streamed) answer: OpenAI's JSON {"text": ...}, or plain text."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode(errors="replace")
+    if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+        raise ValueError(f"not a transcription: {body[:80]!r}")
+    return data["text"]
 
 
 class LlmClient:

@@ -46,6 +46,9 @@ class SessionConfig:
     max_append_bytes: int = 15 * 1024 * 1024
     max_buffer_seconds: float = 900.0
     idle_buffer_seconds: float = 60.0
+    max_items: int = 1000
+    max_audio_seconds: float = 900.0
+    max_text_bytes: int = 2 * 1024 * 1024
 
 
 @dataclass
@@ -92,6 +95,7 @@ class SttConfig:
     api_key_env: str = "STT_API_KEY"
     language: str = ""
     timeout_s: float = 10.0
+    stream: bool = False
     audio_in: bool = False
 
 

@@ -3,6 +3,11 @@
 Items are kept GA-shaped with their audio payloads apart (as pcm16 24 kHz), so events never carry
 audio unless asked (conversation.item.retrieve). The conversation builds the item events itself;
 deciding when items are added (turns, responses, clients) is the session's business.
+
+What it holds is bounded ([session] max_items, max_audio_seconds, max_text_bytes). An item a client
+creates that does not fit is refused (``check_room``); items the session makes itself (committed
+turns, responses, transcripts) make room by dropping the oldest items (``make_room``), each with a
+conversation.item.deleted, so a long session goes on within the same memory.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.audio import InputDecoder
+from gateway.config import SessionConfig
 from gateway.effects import Effect
 from gateway.protocol import ProtocolError, field_of, new_id, parse_item
 from gateway.responder import Message, ToolCall
@@ -32,10 +38,20 @@ class Item:
     # (audio bytes, transcript chars) at each SpeechText: which text the audio after it speaks.
     marks: list[tuple[int, int]] = field(default_factory=list)
     response_id: str | None = None
+    # Truncated: the listener stopped hearing it. Audio its still-running response adds is sent, not kept.
+    truncated: bool = False
+    text_bytes: int = 0  # its text as the conversation counted it
 
     @property
     def id(self) -> str:
         return self.data["id"]
+
+
+def text_size(data: dict[str, Any]) -> int:
+    """UTF-8 bytes of an item's text: texts, transcripts, a function call's name, arguments and output."""
+    texts = [data.get(k) for k in ("name", "arguments", "output")]
+    texts += [p.get(k) for p in data.get("content", ()) for k in ("text", "transcript")]
+    return sum(len(t.encode()) for t in texts if isinstance(t, str))
 
 
 def snapshot(item: dict[str, Any]) -> dict[str, Any]:
@@ -45,10 +61,15 @@ def snapshot(item: dict[str, Any]) -> dict[str, Any]:
     return {**item, "content": [dict(p) for p in item["content"]]}
 
 
-def item_from_client(body: Any, input_format: str, param: str = "item") -> Item:
-    """A client's item (conversation.item.create, response.input), checked; its audio decoded."""
+def item_from_client(body: Any, input_format: str, max_audio_bytes: int, param: str = "item") -> Item:
+    """A client's item (conversation.item.create), checked; its audio (at most ``max_audio_bytes``
+    decoded, as an append) decoded."""
     data = parse_item(body, param)
     item = Item(data)
+    encoded = [(i, p["audio"]) for i, p in enumerate(data.get("content", [])) if p.get("audio")]
+    if sum(len(a) for _, a in encoded) // 4 * 3 > max_audio_bytes:
+        raise ProtocolError("audio_too_large", f"An item may carry at most {max_audio_bytes} bytes of audio "
+                            "([session] max_append_bytes).", f"{param}.content[{encoded[-1][0]}].audio")
     for i, part in enumerate(data.get("content", [])):
         if part["type"] == "input_audio" and part.get("audio"):
             try:
@@ -63,11 +84,17 @@ def item_from_client(body: Any, input_format: str, param: str = "item") -> Item:
 
 
 class Conversation:
-    def __init__(self, event: EventMaker) -> None:
+    def __init__(self, event: EventMaker, limits: SessionConfig) -> None:
         self.id = new_id("conv")
         self._event = event
         self._items: dict[str, Item] = {}
         self._order: list[str] = []
+        self.max_items = limits.max_items
+        self.max_audio_bytes = int(limits.max_audio_seconds * 1000) * BYTES_PER_MS
+        self.max_text_bytes = limits.max_text_bytes
+        self.audio_bytes = 0
+        self.text_bytes = 0
+        self.reserved_text_bytes = 0  # the session's configuration (instructions, tools, ...) as JSON
 
     def __contains__(self, item_id: str) -> bool:
         return item_id in self._items
@@ -75,12 +102,15 @@ class Conversation:
     def get(self, item_id: str) -> Item | None:
         return self._items.get(item_id)
 
-    def find(self, event: dict[str, Any]) -> Item:
-        """The item a client event names in ``item_id``; item_not_found if there is none."""
+    def find(self, event: dict[str, Any], verb: str) -> Item:
+        """The item a client event names in ``item_id``, to ``verb`` (retrieve, delete, truncate); an
+        error with OpenAI's code for that event if there is none (clients match on it)."""
         item_id = field_of(event, "item_id", str, "item_id", required=True)
         item = self._items.get(item_id)
         if item is None:
-            raise ProtocolError("item_not_found", f"Item with id '{item_id}' not found.", "item_id")
+            doing = {"retrieve": "retrieving", "delete": "deleting", "truncate": "truncating"}[verb]
+            raise ProtocolError(f"item_{verb}_invalid_item_id",
+                                f"Error {doing} item: the item with id '{item_id}' does not exist.", "item_id")
         return item
 
     @property
@@ -103,6 +133,9 @@ class Conversation:
         index = len(self._order) if index is None else index
         self._items[item.id] = item
         self._order.insert(index, item.id)
+        item.text_bytes = text_size(item.data)
+        self.audio_bytes += len(item.audio)
+        self.text_bytes += item.text_bytes
         previous = self._order[index - 1] if index > 0 else None
         kinds = ["conversation.item.added", "conversation.item.done"] if done else ["conversation.item.added"]
         return [self._event(kind, item=snapshot(item.data), previous_item_id=previous) for kind in kinds]
@@ -115,9 +148,61 @@ class Conversation:
         return [self._event("conversation.item.done", item=snapshot(item.data), previous_item_id=previous)]
 
     def delete(self, item_id: str) -> list[Effect]:
-        del self._items[item_id]
+        item = self._items.pop(item_id)
         self._order.remove(item_id)
+        self.audio_bytes -= len(item.audio)
+        self.text_bytes -= item.text_bytes
         return [self._event("conversation.item.deleted", item_id=item_id)]
+
+    # --- what it holds ------------------------------------------------------------------------------
+
+    def check_room(self, item: Item) -> None:
+        """Refuse a client's ``item`` that would take the conversation past a limit."""
+        problem = self._over(1, len(item.audio), text_size(item.data))
+        if problem is not None:
+            raise ProtocolError("conversation_full", f"The conversation is full: {problem}. Delete items "
+                                "(conversation.item.delete) to make room.", "item")
+
+    def reserve_text(self, nbytes: int, param: str) -> None:
+        """The session's configuration takes ``nbytes`` of the text budget (refused if it does not fit)."""
+        if self.text_bytes + nbytes > self.max_text_bytes:
+            raise ProtocolError(
+                "session_too_large", f"The session's configuration ({nbytes} bytes as JSON) and the "
+                f"conversation's text ({self.text_bytes} bytes) exceed [session] max_text_bytes "
+                f"({self.max_text_bytes}).", param)
+        self.reserved_text_bytes = nbytes
+
+    def make_room(self, keep: Item | None = None) -> list[Effect]:
+        """Drop the oldest items (never ``keep``) until the conversation is within its limits again."""
+        effects: list[Effect] = []
+        for item_id in list(self._order):
+            if self._over() is None:
+                break
+            if keep is None or item_id != keep.id:
+                effects += self.delete(item_id)
+        return effects
+
+    def add_audio(self, item: Item, pcm: bytes) -> None:
+        item.audio += pcm
+        if item.id in self._items:
+            self.audio_bytes += len(pcm)
+
+    def recount(self, item: Item) -> None:
+        """The item's text changed: count it anew."""
+        size = text_size(item.data)
+        if item.id in self._items:
+            self.text_bytes += size - item.text_bytes
+        item.text_bytes = size
+
+    def _over(self, items: int = 0, audio: int = 0, text: int = 0) -> str | None:
+        """Which limit the conversation (with that much more) is past, in words; None if none."""
+        if len(self._order) + items > self.max_items:
+            return f"at most {self.max_items} items ([session] max_items)"
+        if self.audio_bytes + audio > self.max_audio_bytes:
+            return f"at most {self.max_audio_bytes // 48000} s of audio ([session] max_audio_seconds)"
+        if self.text_bytes + self.reserved_text_bytes + text > self.max_text_bytes:
+            return f"at most {self.max_text_bytes} bytes of text ([session] max_text_bytes)"
+        return None
 
     def retrieved(self, item: Item) -> list[Effect]:
         data = snapshot(item.data)
@@ -131,15 +216,21 @@ class Conversation:
         cut = min(len(item.audio), end_ms * BYTES_PER_MS)
         part = item.data["content"][content_index]
         part["transcript"] = heard_text(part.get("transcript") or "", item.marks, len(item.audio), cut)
+        if item.id in self._items:
+            self.audio_bytes -= len(item.audio) - cut
         del item.audio[cut:]
         item.marks = [m for m in item.marks if m[0] < cut]
+        item.truncated = True
+        self.recount(item)
         return [self._event("conversation.item.truncated", item_id=item.id, content_index=content_index,
                             audio_end_ms=end_ms)]
 
-    def set_transcript(self, item: Item, text: str) -> None:
+    def set_transcript(self, item: Item, text: str) -> list[Effect]:
         for part in item.data.get("content", []):
             if part["type"] == "input_audio":
                 part["transcript"] = text
+        self.recount(item)
+        return self.make_room(keep=item)
 
     def items(self) -> list[Item]:
         return [self._items[i] for i in self._order]

@@ -70,7 +70,8 @@ class ClearPlayout:
 
 @dataclass
 class Transcribe:
-    """Transcribe this committed user audio item and pass the result to ``input_transcribed``."""
+    """Transcribe this user audio item: pass the text to ``input_transcript_delta`` as it comes, then
+    the whole of it (or why it failed) to ``input_transcribed``."""
 
     item_id: str
     pcm: bytes

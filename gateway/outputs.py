@@ -50,7 +50,8 @@ class Output:
         effects: list[Effect] = [self.ctx.event("response.output_item.added", response_id=self.ctx.response_id,
                                                 output_index=self.index, item=item)]
         if self.ctx.in_conversation:
-            effects += self.ctx.conversation.insert(self.item, done=False)
+            conversation = self.ctx.conversation
+            effects += conversation.insert(self.item, done=False) + conversation.make_room(keep=self.item)
         return effects
 
     def _done(self) -> list[Effect]:
@@ -58,7 +59,8 @@ class Output:
         effects: list[Effect] = [self.ctx.event("response.output_item.done", response_id=self.ctx.response_id,
                                                 output_index=self.index, item=snapshot(self.item.data))]
         if self.ctx.in_conversation:
-            effects += self.ctx.conversation.done(self.item)
+            conversation = self.ctx.conversation
+            effects += conversation.done(self.item) + conversation.make_room(keep=self.item)
         return effects
 
 
@@ -78,7 +80,7 @@ class MessageOut(Output):
         return effects + [self._event("response.content_part.added", content_index=0, part=self._part(""))]
 
     def text(self, text: str) -> list[Effect]:
-        if self.audio:
+        if self.audio and not self.item.truncated:
             self.item.marks.append((len(self.item.audio), sum(map(len, self.transcript))))
         self.transcript.append(text)
         kind = "response.output_audio_transcript.delta" if self.audio else "response.output_text.delta"
@@ -95,7 +97,9 @@ class MessageOut(Output):
         text = "".join(self.transcript)
         data = self.item.data
         data["status"] = "completed" if completed else "incomplete"
-        data["content"][0]["transcript" if self.audio else "text"] = text
+        if not self.item.truncated:  # a truncated item keeps what was heard
+            data["content"][0]["transcript" if self.audio else "text"] = text
+        self.ctx.conversation.recount(self.item)
         effects: list[Effect] = []
         tail = self.encoder.flush() if flush else b""
         if tail:
@@ -108,6 +112,10 @@ class MessageOut(Output):
             effects.append(self._event("response.output_text.done", content_index=0, text=text))
         effects.append(self._event("response.content_part.done", content_index=0, part=self._part(text)))
         return effects + self._done()
+
+    def sync_transcript(self) -> None:
+        if self.audio and not self.item.truncated:
+            self.item.data["content"][0]["transcript"] = "".join(self.transcript)
 
     def _part(self, text: str) -> dict[str, Any]:
         return {"type": "audio", "transcript": text} if self.audio else {"type": "text", "text": text}

@@ -69,10 +69,11 @@ class RealtimeEndpoint:
             await _deny(scope, send, 503, why, "unavailable", "server_error")
             return
         beta = "realtime=v1" in (headers.get("openai-beta") or "") or BETA_SUBPROTOCOL in offered
-        model = parse_qs(scope["query_string"].decode("latin-1")).get("model", [None])[0]
+        query = parse_qs(scope["query_string"].decode("latin-1"))
+        kind = "transcription" if query.get("intent") == ["transcription"] else "realtime"
         try:
-            session = gateway.new_session(Dialect.BETA if beta else Dialect.GA, model=model,
-                                          secret=credential.secret)
+            session = gateway.new_session(Dialect.BETA if beta else Dialect.GA, model=query.get("model", [None])[0],
+                                          session_type=kind, secret=credential.secret)
         except SessionRefused as exc:
             await _deny(scope, send, 400, str(exc), "invalid_session")
             return

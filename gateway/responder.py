@@ -120,8 +120,17 @@ class BackendError(Exception):
 
 
 class Transcriber(Protocol):
-    async def transcribe(self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None) -> str:
-        """The text of the audio; ``language`` and ``prompt`` from the session override the configured ones."""
+    def transcribe(self, pcm16_24k: bytes, language: str | None = None,
+                   prompt: str | None = None) -> AsyncIterator[str]:
+        """The text of the audio as it is recognised: pieces whose concatenation is the transcript (one
+        piece from a recogniser that does not stream). ``language`` and ``prompt`` from the session
+        override the configured ones. A failure raises BackendError."""
+
+
+async def transcript_of(transcriber: Transcriber, pcm16_24k: bytes, language: str | None = None,
+                        prompt: str | None = None) -> str:
+    """The whole transcript of the audio, trimmed."""
+    return "".join([piece async for piece in transcriber.transcribe(pcm16_24k, language, prompt)]).strip()
 
 
 class Responder(Protocol):

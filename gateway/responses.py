@@ -7,6 +7,9 @@ calls the gateway runs and MCP approval requests. A response runs in rounds, one
 to the LLM in another round of the same response, up to [mcp] max_rounds. ``finish`` closes what is
 still open and sends response.done; anything yielded for a response that is no longer active is
 dropped here, so nothing of a cancelled response follows its response.done.
+
+A truncate does not end the response (the client cancels if it wants to): what the response yields
+after it still goes out as deltas, but the item keeps only what was heard up to the truncation.
 """
 
 from __future__ import annotations
@@ -38,7 +41,12 @@ from gateway.protocol import (
     field_of,
     format_wire,
     new_id,
+    non_empty,
     parse_item,
+    parse_metadata,
+    parse_prompt,
+    parse_reasoning,
+    parse_temperature,
     response_format,
 )
 from gateway.responder import (
@@ -137,24 +145,38 @@ class Responses:
             voice_param = "response.voice"
             max_tokens = params.get("max_response_output_tokens")
             max_param = "response.max_response_output_tokens"
-        voice = field_of(out, "voice", str, voice_param)
+        voice = field_of(out, "voice", (str, dict) if self._dialect is Dialect.GA else str, voice_param)
+        if isinstance(voice, dict):
+            voice = non_empty(voice, "id", f"{voice_param}.id", required=True)
         if voice is not None:
+            non_empty({"v": voice}, "v", voice_param)
             check_voice(voice, voices, voice_param)
+        mods_param = "response.output_modalities" if self._dialect is Dialect.GA else "response.modalities"
         if mods is not None:
             for i, m in enumerate(mods):
                 if m not in ("text", "audio"):
-                    raise ProtocolError("invalid_value", f"Invalid modality {m!r}.", f"response.modalities[{i}]")
+                    raise ProtocolError("invalid_value", f"Invalid modality {m!r}.", f"{mods_param}[{i}]")
+            if not mods:
+                raise ProtocolError("invalid_value", f"'{mods_param}' must not be empty.", mods_param)
         modalities = (["audio"] if "audio" in mods else ["text"]) if mods else s.modalities
         if max_tokens is not None and max_tokens != "inf" and (
             not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= 4096
         ):
             raise ProtocolError("invalid_value", "max output tokens must be 1..4096 or \"inf\".", max_param)
-        conversation = field_of(params, "conversation", str, "response.conversation") or "auto"
-        if conversation not in ("auto", "none"):
+        conversation = field_of(params, "conversation", str, "response.conversation")
+        if conversation not in (None, "auto", "none"):
             raise ProtocolError("invalid_value", "'response.conversation' must be 'auto' or 'none'.",
                                 "response.conversation")
         instructions = field_of(params, "instructions", str, "response.instructions")
-        metadata = field_of(params, "metadata", dict, "response.metadata")
+        metadata = parse_metadata(params, "metadata", "response.metadata")
+        if self._dialect is Dialect.GA:
+            # Checked, not acted on: no stored prompts; the LLM backend's settings decide its reasoning.
+            parse_prompt(params, "prompt", "response.prompt")
+            parse_reasoning(params, "reasoning", "response.reasoning")
+            temperature = s.temperature
+        else:
+            own = parse_temperature(params, "response.temperature")
+            temperature = s.temperature if own is None else own
         output_format = response_format(params, self._dialect) or s.output_format
         tools = s.tools
         if params.get("tools") is not None:
@@ -168,7 +190,7 @@ class Responses:
         context = self._input(params["input"]) if params.get("input") is not None else None
 
         rid = new_id("resp")
-        in_conversation = conversation == "auto"
+        in_conversation = conversation != "none"
         resp = Response(
             id=rid,
             modalities=modalities,
@@ -178,7 +200,7 @@ class Responses:
             max_output_tokens=max_tokens if max_tokens is not None else s.max_output_tokens,
             metadata=metadata,
             instructions=instructions if instructions is not None else s.instructions,
-            temperature=s.temperature,
+            temperature=temperature,
             tools=tools,
             tool_choice=tool_choice,
             context=context,
@@ -220,7 +242,9 @@ class Responses:
             message = resp.message
             assert message is not None
             self.voice_locked = True
-            message.item.audio += out.pcm
+            if not message.item.truncated:
+                self._conversation.add_audio(message.item, out.pcm)
+                effects += self._conversation.make_room(keep=message.item)
             resp.audio_ms += len(out.pcm) / BYTES_PER_MS
             if self._server_playout:
                 return effects + [Play(resp.id, message.id, out.pcm)]
@@ -262,6 +286,13 @@ class Responses:
         resp.round.calls[out.index] = call
         resp.outputs.append(call)
         return effects + call.open()
+
+    def sync_transcript(self) -> None:
+        """The open message's transcript so far into its item (it is set whole at the end): a truncate
+        cuts it at the words heard."""
+        resp = self.active
+        if resp is not None and resp.message is not None:
+            resp.message.sync_transcript()
 
     # --- rounds ---------------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from contextlib import aclosing
 from typing import Any, Protocol
 
 import orjson
@@ -89,7 +90,8 @@ class SessionRunner:
         self._smart_turn = smart_turn
         self._checks: set[asyncio.Task[None]] = set()  # Smart Turn calls under way
         self._closed = False
-        session.transcribes = responder.transcriber is not None
+        # Today the responder's transcriber is the only one, and a responder with one reads transcripts.
+        session.transcription.available = session.transcription.always = responder.transcriber is not None
         session.voices = responder.voices
 
     async def start(self) -> None:
@@ -228,13 +230,25 @@ class SessionRunner:
             await self._apply(self.session.smart_turn_result(effect.seq, probability))
 
     async def _transcribe(self, effect: Transcribe) -> str:
+        """Streams the item's transcript to the client as it comes; returns it whole (responses await it)."""
         assert self.responder.transcriber is not None
+        text = ""
+        pieces = self.responder.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
         try:
-            text = await self.responder.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
-        except BackendError as exc:
-            log.warning("transcription of %s failed: %s", effect.item_id, exc)
-            await self._apply(self.session.input_transcribed(effect.item_id, None, exc.cause))
-            raise
+            async with aclosing(pieces):
+                async for piece in pieces:
+                    piece = piece if text else piece.lstrip()  # a transcript starts at its first word
+                    if piece:
+                        text += piece
+                        await self._apply(self.session.input_transcript_delta(effect.item_id, piece))
+        except Exception as exc:  # any transcriber's failure is an STT failure, for the responses awaiting it
+            error = exc if isinstance(exc, BackendError) else BackendError("stt", f"{type(exc).__name__}: {exc}")
+            log.warning("transcription of %s failed: %s", effect.item_id, error)
+            await self._apply(self.session.input_transcribed(effect.item_id, None, str(error)))
+            if error is exc:
+                raise
+            raise error from exc
+        text = text.strip()
         await self._apply(self.session.input_transcribed(effect.item_id, text))
         return text
 

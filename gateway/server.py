@@ -20,7 +20,7 @@ from prometheus_client import Counter
 
 from gateway import mcp_client
 from gateway.auth import Auth, ClientSecret
-from gateway.config import Config
+from gateway.config import Config, ConfigError
 from gateway.protocol import Dialect
 from gateway.responder import Responder
 from gateway.runner import Playout, Send, SessionRunner
@@ -144,10 +144,14 @@ class Gateway:
         return None
 
     def new_session(self, dialect: Dialect, *, model: str | None = None, server_playout: bool = False,
-                    secret: ClientSecret | None = None) -> Session:
-        """A session for a new connection; one opened with a client secret starts from the secret's
-        configuration. SessionRefused if that configuration is refused."""
-        session = Session(self.config, dialect, server_playout=server_playout, model=model)
+                    session_type: str = "realtime", secret: ClientSecret | None = None) -> Session:
+        """A session for a new connection (``session_type`` "transcription": ?intent=transcription); one
+        opened with a client secret is of the secret's type and starts from its configuration.
+        SessionRefused if that configuration is refused."""
+        if secret is not None:
+            session_type = secret.kind
+        session = Session(self.config, dialect, server_playout=server_playout, model=model,
+                          session_type=session_type)
         if secret is not None:
             if secret.dialect is not dialect:
                 shape = "beta (connect with the 'OpenAI-Beta: realtime=v1' header or the 'openai-beta.realtime-v1' " \

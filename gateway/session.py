@@ -10,17 +10,24 @@ the speech_started that caused it, and anything the responder yields afterwards 
 This module is the duplex controller: it decides what follows from what (speech ends → commit →
 respond; speech starts → cancel). The parts it drives each hold one concern: the input audio and its
 turn detector (gateway/turns.py), the conversation's items (gateway/conversation.py), the active
-response and its output items (gateway/responses.py, gateway/outputs.py), the tools (gateway/tools.py)
-and the MCP servers' listings (gateway/listings.py).
+response and its output items (gateway/responses.py, gateway/outputs.py), the tools (gateway/tools.py),
+the MCP servers' listings (gateway/listings.py) and input transcription (gateway/transcription.py).
+
+A session is of one of two types: "realtime" (a conversation that responds) or "transcription"
+(turns are detected and transcribed, no response is ever created). The transport may open it as
+either (?intent=transcription); its configuration may set it, also before session.created (a
+configuration handed over by the transport is applied as a client event before ``open``).
 
 Every handler validates its whole input before it changes anything, so a refused event (an
-``error`` back to the client) leaves the session exactly as it was.
+``error`` back to the client) leaves the session exactly as it was. An unexpected exception in a
+handler becomes a server_error event, and the session goes on.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import logging
 from dataclasses import replace
 from enum import Enum
 from typing import Any
@@ -29,10 +36,11 @@ import orjson
 
 from gateway.config import Config
 from gateway.conversation import BYTES_PER_MS, Conversation, Item, item_from_client
-from gateway.effects import ClearPlayout, Effect, Mark, RunSmartTurn, RunVad, Transcribe
+from gateway.effects import ClearPlayout, Effect, Mark, RunSmartTurn, RunVad
 from gateway.listings import McpListings
 from gateway.outputs import McpError
 from gateway.protocol import (
+    BETA_TRANSCRIPTION_SESSION_EVENTS,
     CLIENT_EVENTS,
     Dialect,
     ProtocolError,
@@ -49,10 +57,16 @@ from gateway.responder import BackendError, ResponseOutput
 from gateway.responses import Response, Responses
 from gateway.smart_turn import CheckTurn
 from gateway.tools import McpPolicy, McpTool, parse_tool_choice, parse_tools
+from gateway.transcription import InputTranscription
 from gateway.turns import InputAudio
 from gateway.vad import SpeechStarted, SpeechStopped, TurnEvent
 
+log = logging.getLogger(__name__)
+
 MIN_COMMIT_MS = 100
+# Client JSON nested deeper is refused: echoed back (session.tools, response.metadata, ...) it could
+# not be written (orjson writes at most 254 levels), and no Realtime event needs a tenth of it.
+MAX_JSON_DEPTH = 32
 
 
 class Phase(Enum):
@@ -66,10 +80,11 @@ class Phase(Enum):
 
 class Session:
     def __init__(self, config: Config, dialect: Dialect = Dialect.GA, server_playout: bool = False,
-                 model: str | None = None) -> None:
+                 model: str | None = None, session_type: str = "realtime") -> None:
         """``server_playout``: the server plays the audio out itself (WebRTC), so it sends no audio deltas,
         knows what was heard, and truncates the assistant item itself on barge-in. ``model``: the model the
-        client asked for (the ?model= query), reported back; the gateway's own models answer."""
+        client asked for (the ?model= query), reported back; the gateway's own models answer.
+        ``session_type``: "realtime", or "transcription" (the ?intent=transcription of the connection)."""
         self.config = config
         self.dialect = dialect
         self.server_playout = server_playout
@@ -90,19 +105,21 @@ class Session:
             voice=config.session.voice,
             turn_detection=replace(self._vad_defaults) if vad.enabled else None,
             temperature=config.llm.temperature,
+            type=session_type,
         )
         self.input = InputAudio(config, self.settings.input_format)
-        self.conversation = Conversation(self._event)
+        self.conversation = Conversation(self._event, config.session)
+        self.conversation.reserved_text_bytes = self._settings_size(self.settings)
         self.mcp_policy = McpPolicy(config.mcp.enabled, config.mcp.allowed_hosts, config.mcp.max_servers)
         self.listings = McpListings(self._event, self.conversation)
         self.responses = Responses(self._event, self.conversation, self.listings, dialect, server_playout,
                                    self.mcp_policy, config.mcp.max_rounds, self._response_ended)
+        # The runner says whether it can transcribe and whether its responder reads transcripts.
+        self.transcription = InputTranscription(self._event, self.conversation, config)
         self._interrupted = False  # the user barged in and is still speaking
-        # Set by the runner when it has a transcriber: each user audio item is then transcribed as it
-        # is committed, whatever becomes of the response to it.
-        self.transcribes = False
         # Set by the runner from its speech engine: the voices it has (None: any name will do).
         self.voices: frozenset[str] | None = None
+        self._failures = 0  # unexpected exceptions in handlers (only the first is logged in full)
 
     @property
     def phase(self) -> Phase:
@@ -113,10 +130,15 @@ class Session:
 
     # --- client events --------------------------------------------------------------------------
 
+    @property
+    def responds(self) -> bool:
+        """A realtime session creates responses; a transcription session never does."""
+        return self.settings.type == "realtime"
+
     def open(self) -> list[Effect]:
         """The events a new connection starts with."""
         events: list[Effect] = [self._session_event("session.created")]
-        if self.dialect is Dialect.BETA:
+        if self.dialect is Dialect.BETA and self.responds:
             events.append({
                 "type": "conversation.created",
                 "event_id": new_id("event"),
@@ -134,6 +156,8 @@ class Session:
                 raise ProtocolError("invalid_json", f"The message is not valid JSON: {exc}.") from None
             if not isinstance(event, dict):
                 raise ProtocolError("invalid_json", "A client event must be a JSON object.")
+            if _too_deep(event):
+                raise ProtocolError("invalid_json", f"The message is nested deeper than {MAX_JSON_DEPTH} levels.")
             raw_id = event.get("event_id")
             event_id = raw_id if isinstance(raw_id, str) else None
             field_of(event, "event_id", str, "event_id")
@@ -144,10 +168,25 @@ class Session:
             return handler(event)
         except ProtocolError as exc:
             return [self._wire(error_event(exc.code, exc.message, exc.param, event_id))]
+        except Exception as exc:  # a bug must cost the client this event, never the session
+            self._failures += 1
+            if self._failures == 1:
+                log.exception("session %s: handling a client event failed", self.settings.id)
+            else:
+                log.debug("session %s: handling a client event failed again (%d)", self.settings.id, self._failures,
+                          exc_info=True)
+            message = f"The server failed to handle this event ({type(exc).__name__}); the session goes on."
+            return [self._wire(error_event("server_error", message, None, event_id, "server_error"))]
 
     def _on_session_update(self, event: dict[str, Any]) -> list[Effect]:
+        return self._update(event, transcription_update=False)
+
+    def _on_transcription_session_update(self, event: dict[str, Any]) -> list[Effect]:
+        return self._update(event, transcription_update=True)
+
+    def _update(self, event: dict[str, Any], transcription_update: bool) -> list[Effect]:
         new = parse_session(event.get("session"), self.settings, self.dialect, self.responses.voice_locked,
-                            self._vad_defaults, self.voices)
+                            self._vad_defaults, self.voices, transcription_update)
         body = event["session"]
         if body.get("tools") is not None:
             new.tools = parse_tools(body["tools"], "session.tools", self.dialect, self.mcp_policy)
@@ -156,6 +195,13 @@ class Session:
             # A named tool must be among the tools, also when only the tools change.
             choice = body.get("tool_choice") or new.tool_choice
             new.tool_choice = parse_tool_choice(choice, new.tools, "session.tool_choice", self.dialect)
+        if new.type != self.settings.type and self.responses.active is not None:
+            raise ProtocolError(
+                "conversation_already_has_active_response",
+                f"Cannot make this a {new.type} session while response {self.responses.active.id} is active; "
+                "cancel it first.", "session.type",
+            )
+        self.conversation.reserve_text(self._settings_size(new), "session")
         tail: list[Effect] = []
         if new.input_format != self.settings.input_format:
             # The old decoder holds back a few ms of resampled audio: keep them before switching.
@@ -172,7 +218,8 @@ class Session:
         limit = self.config.session.max_append_bytes
         if len(audio) // 4 * 3 > limit:
             raise ProtocolError(
-                "audio_too_large", f"An append may carry at most {limit} bytes of audio.", "audio"
+                "audio_too_large", f"An append may carry at most {limit} bytes of audio ([session] max_append_bytes).",
+                "audio",
             )
         try:
             raw = base64.b64decode(audio, validate=True)
@@ -182,8 +229,18 @@ class Session:
 
     def input_audio(self, pcm: bytes) -> list[Effect]:
         """Input audio, pcm16 24 kHz: from an append, or from a media track."""
-        self.input.add(pcm, self.settings.turn_detection)
-        return [RunVad(pcm)] if pcm else []
+        dropped = self.input.add(pcm, self.settings.turn_detection)
+        effects: list[Effect] = [RunVad(pcm)] if pcm else []
+        if dropped is not None:
+            start, end = dropped
+            limit = self.config.session.max_buffer_seconds
+            effects.append(self._wire(error_event(
+                "input_audio_buffer_overflow",
+                f"The input audio buffer holds at most {limit:g} s ([session] max_buffer_seconds): "
+                f"{end - start:.0f} ms of uncommitted audio were dropped from its start (input audio "
+                f"{start:.0f}-{end:.0f} ms). Commit or clear the buffer sooner.",
+            )))
+        return effects
 
     def _on_input_audio_buffer_commit(self, event: dict[str, Any]) -> list[Effect]:
         buffered = self.input.buffered_ms
@@ -206,26 +263,30 @@ class Session:
         return [self._event("input_audio_buffer.cleared")]
 
     def _on_conversation_item_create(self, event: dict[str, Any]) -> list[Effect]:
-        item = item_from_client(event.get("item"), self.settings.input_format)
+        item = item_from_client(event.get("item"), self.settings.input_format, self.config.session.max_append_bytes)
         if item.data["type"] == "mcp_approval_response":
             self._check_approval(item.data)
-        previous = field_of(event, "previous_item_id", str, "previous_item_id")
+        # "" places it at the end, as no previous_item_id does (peers' conformance tests send it so).
+        previous = field_of(event, "previous_item_id", str, "previous_item_id") or None
         if previous is not None and previous != "root" and previous not in self.conversation:
             raise ProtocolError("item_not_found", f"Item with id '{previous}' not found.", "previous_item_id")
         if item.id in self.conversation:
-            raise ProtocolError("duplicate_item_id", f"Item with id '{item.id}' already exists.", "item.id")
+            # OpenAI's code: LiveKit takes it as "already there" when it re-creates items.
+            raise ProtocolError("item_create_duplicate_item_id",
+                                f"Error adding item: an item with id '{item.id}' already exists.", "item.id")
+        self.conversation.check_room(item)
         effects = self.conversation.insert(item, self.conversation.index_after(previous))
         if item.data.get("role") == "user" and item.audio and not any(
             p.get("transcript") for p in item.data["content"] if p["type"] == "input_audio"
         ):
-            effects += self._transcribe(item)
+            effects += self.transcription.start(item, self.settings)
         return effects
 
     def _on_conversation_item_retrieve(self, event: dict[str, Any]) -> list[Effect]:
-        return self.conversation.retrieved(self.conversation.find(event))
+        return self.conversation.retrieved(self.conversation.find(event, "retrieve"))
 
     def _on_conversation_item_delete(self, event: dict[str, Any]) -> list[Effect]:
-        item = self.conversation.find(event)
+        item = self.conversation.find(event, "delete")
         active = self.responses.active
         if active is not None and active.producing(item):
             raise ProtocolError(
@@ -235,7 +296,7 @@ class Session:
         return self.conversation.delete(item.id)
 
     def _on_conversation_item_truncate(self, event: dict[str, Any]) -> list[Effect]:
-        item = self.conversation.find(event)
+        item = self.conversation.find(event, "truncate")
         content_index = field_of(event, "content_index", int, "content_index", required=True)
         end_ms = field_of(event, "audio_end_ms", int, "audio_end_ms", required=True)
         content = item.data.get("content") or []
@@ -249,20 +310,26 @@ class Session:
             )
         # The active response may still add audio to this item: count what it has sent so far.
         held_ms = len(item.audio) / BYTES_PER_MS
-        if end_ms < 0 or end_ms > held_ms + 0.5:
+        if end_ms < 0:
+            raise ProtocolError("invalid_value", "audio_end_ms must not be negative.", "audio_end_ms")
+        if end_ms > held_ms + 0.5:
             raise ProtocolError(
-                "invalid_value",
-                f"audio_end_ms {end_ms} is outside the item's audio, which is {held_ms:.0f} ms long.",
+                "invalid_value", f"Audio content of {held_ms:.0f}ms is already shorter than {end_ms}ms.",
                 "audio_end_ms",
             )
-        effects: list[Effect] = []
-        active = self.responses.active
-        if active is not None and active.holds(item):
-            # The listener stopped hearing it: nothing more of this response is wanted.
-            effects += self._finish_response("cancelled", reason="client_cancelled")
-        return effects + self.conversation.truncate(item, content_index, end_ms)
+        # Only truncates: a response still producing this item goes on (the SDKs send response.cancel
+        # next, and expect it to find the response active); see gateway/responses.py for its audio.
+        if self.responses.active is not None and self.responses.active.holds(item):
+            self.responses.sync_transcript()
+        return self.conversation.truncate(item, content_index, end_ms)
 
     def _on_response_create(self, event: dict[str, Any]) -> list[Effect]:
+        if not self.responds:
+            raise ProtocolError(
+                "unsupported_event",
+                "This is a transcription session: it transcribes input audio and never creates responses.",
+                "type",
+            )
         params = field_of(event, "response", dict, "response") or {}
         return self.responses.start(params, self.settings, self.voices)
 
@@ -373,7 +440,7 @@ class Session:
             self._event("input_audio_buffer.speech_stopped", audio_end_ms=round(end_ms), item_id=item_id),
         ]
         effects += self._commit(item_id, start, end_ms)
-        if td.create_response and self.responses.active is None:
+        if td.create_response and self.responds and self.responses.active is None:
             effects += self.responses.start({}, self.settings, self.voices)
         return effects
 
@@ -386,7 +453,7 @@ class Session:
             item_id=item_id,
         )]
         effects += self._commit(item_id, start, end)
-        return effects + self.responses.start({}, self.settings, self.voices)
+        return effects + (self.responses.start({}, self.settings, self.voices) if self.responds else [])
 
     def _commit(self, item_id: str, start_ms: float, end_ms: float) -> list[Effect]:
         item = Item({
@@ -397,30 +464,18 @@ class Session:
             Mark("committed"),
             self._event("input_audio_buffer.committed", item_id=item_id, previous_item_id=self.conversation.last_id),
         ]
-        return effects + self.conversation.insert(item) + self._transcribe(item)
+        effects += self.conversation.insert(item) + self.conversation.make_room(keep=item)
+        return effects + self.transcription.start(item, self.settings)
 
-    def _transcribe(self, item: Item) -> list[Effect]:
-        if not self.transcribes:
-            return []
-        tr = self.settings.transcription
-        return [Transcribe(item.id, bytes(item.audio), tr and tr.language, tr and tr.prompt)]
+    def input_transcript_delta(self, item_id: str, text: str) -> list[Effect]:
+        """More of the transcription of user audio item ``item_id`` (see Transcribe)."""
+        return self.transcription.delta(item_id, text)
 
     def input_transcribed(self, item_id: str, text: str | None, error: str | None = None) -> list[Effect]:
-        """The transcription of user audio item ``item_id`` (see Transcribe): its text, or why it failed."""
-        item = self.conversation.get(item_id)
-        if item is None:
-            return []  # deleted meanwhile
+        """The transcription of user audio item ``item_id``: its whole text, or why it failed."""
         if text is None:
-            return [self._event(
-                "conversation.item.input_audio_transcription.failed", item_id=item_id, content_index=0,
-                error={"type": "transcription_error", "code": "stt_backend_error", "message": error,
-                       "param": None},
-            )]
-        self.conversation.set_transcript(item, text)
-        return [self._event(
-            "conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0,
-            transcript=text, usage={"type": "duration", "seconds": round(len(item.audio) / 48000, 3)},
-        )]
+            return self.transcription.failed(item_id, error or "transcription failed")
+        return self.transcription.completed(item_id, text)
 
     # --- responses --------------------------------------------------------------------------------
 
@@ -483,4 +538,21 @@ class Session:
         return to_wire(event, self.dialect) or {}
 
     def _session_event(self, kind: str) -> dict[str, Any]:
+        if self.dialect is Dialect.BETA and not self.responds:
+            kind = BETA_TRANSCRIPTION_SESSION_EVENTS[kind]
         return {"type": kind, "event_id": new_id("event"), "session": session_wire(self.settings, self.dialect)}
+
+    def _settings_size(self, settings: SessionSettings) -> int:
+        """What the session's configuration takes of its text budget: its JSON as a realtime session
+        reports it (a transcription session keeps the realtime settings it had, too)."""
+        return len(orjson.dumps(session_wire(replace(settings, type="realtime"), self.dialect)))
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether JSON ``value`` nests objects and arrays deeper than MAX_JSON_DEPTH."""
+    level: list[Any] = [value]
+    for _ in range(MAX_JSON_DEPTH):
+        level = [v for c in level for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, dict | list)]
+        if not level:
+            return False
+    return True

@@ -71,10 +71,12 @@ class InputAudio:
                 self.semantic = SemanticTurnDetector(self.detector, eagerness, cfg.pause_ms, cfg.recheck_ms)
             self.semantic.eagerness = eagerness
 
-    def add(self, pcm: bytes, td: TurnDetection | None) -> None:
+    def add(self, pcm: bytes, td: TurnDetection | None) -> tuple[float, float] | None:
+        """Append input audio; returns the (start, end) ms of audio a full buffer dropped that a commit
+        would have taken (idle audio dropped while VAD listens is not reported)."""
         self.buffer += pcm
         self.received_ms += len(pcm) / BYTES_PER_MS
-        self._trim(td)
+        return self._trim(td)
 
     def take(self, start_ms: float, end_ms: float) -> bytes:
         """The buffered audio from ``start_ms`` to ``end_ms``, removed with everything before it."""
@@ -121,17 +123,21 @@ class InputAudio:
         """Input time the VAD has analysed (it may trail the input)."""
         return min(self.detector.position_ms, self.received_ms)
 
-    def _trim(self, td: TurnDetection | None) -> None:
+    def _trim(self, td: TurnDetection | None) -> tuple[float, float] | None:
         """Bound the uncommitted buffer. With VAD on and no speech, a VAD turn needs only the prefix
         padding, but a manual commit or an idle timeout commits what is there: keep idle_buffer_seconds."""
         cfg = self._config
-        if td is not None and self.speech is None:
+        idle = td is not None and self.speech is None
+        if idle:
             keep_ms = max(td.prefix_padding_ms + 1000, cfg.idle_buffer_seconds * 1000)
         else:
             keep_ms = cfg.max_buffer_seconds * 1000
         keep = int(keep_ms) * BYTES_PER_MS
         # Trimmed a second at a time, not per append: cutting the front of a long buffer moves all of it.
-        if len(self.buffer) >= keep + TRIM_BYTES:
-            excess = len(self.buffer) - keep
-            del self.buffer[:excess]
-            self.start_ms += excess / BYTES_PER_MS
+        if len(self.buffer) < keep + TRIM_BYTES:
+            return None
+        excess = len(self.buffer) - keep
+        del self.buffer[:excess]
+        start = self.start_ms
+        self.start_ms += excess / BYTES_PER_MS
+        return None if idle else (start, self.start_ms)

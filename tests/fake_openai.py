@@ -1,8 +1,11 @@
 """A fake OpenAI-compatible STT + LLM server: real HTTP on loopback, for tests and benchmarks.
 
 It serves POST /v1/chat/completions (streamed as SSE in OpenAI's chunk format, or whole) and
-POST /v1/audio/transcriptions (multipart), with configurable latency, token rate, reply text and
-failures, and records every request and whether the client closed a stream before it finished.
+POST /v1/audio/transcriptions (multipart; with ``stt_streams``, a request with stream=true is answered
+as OpenAI's gpt-4o-transcribe does: SSE transcript.text.delta events, then transcript.text.done with
+the text and token usage; without it the flag is ignored and the text comes whole, as whisper servers
+do), with configurable latency, token rate, reply text and failures, and records every request and
+whether the client closed a stream before it finished.
 A reply may call tools (``Script``): streamed as vLLM and OpenAI stream them, each call's id and name
 first, then its arguments in pieces, one token's time each, and ``finish_reason: "tool_calls"``.
 
@@ -99,6 +102,8 @@ class FakeOpenAI:
         fail_after_tokens: int = 0,
         model: str = "fake-llm",
         usage: bool = True,
+        stt_streams: bool = False,
+        stt_tokens_per_s: float = 0.0,  # 0: as fast as possible
     ) -> None:
         """``usage``: report token counts when asked (stream_options.include_usage); some servers never do."""
         for failure in (llm_failure, stt_failure):
@@ -113,6 +118,7 @@ class FakeOpenAI:
         self.fail_after_tokens = fail_after_tokens
         self.model = model
         self.usage = usage
+        self.stt_streams, self.stt_tokens_per_s = stt_streams, stt_tokens_per_s
         self.requests: list[Recorded] = []
         self._runner: web.AppRunner | None = None
 
@@ -230,7 +236,7 @@ class FakeOpenAI:
                 "system_fingerprint": None,
                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
             }
-            return b"data: " + orjson.dumps(data) + b"\n\n"
+            return _sse(data)
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
@@ -263,7 +269,7 @@ class FakeOpenAI:
                 "choices": [],
                 "usage": _usage(body, len(tokens)),
             }
-            await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")
+            await response.write(_sse(usage))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         rec.finished = True
@@ -293,10 +299,13 @@ class FakeOpenAI:
         try:
             if self.stt_failure == "500":
                 return _error_500()
-            if self.stt_failure in ("break", "hang"):
+            streamed = self.stt_streams and fields.get("stream") == "true"
+            if self.stt_failure in ("break", "hang") and not (streamed and self.fail_after_tokens):
                 await _fail(request, self.stt_failure, rec)
             await _sleep_until(done_at)
             text = self._text(self.transcript, fields)
+            if streamed:
+                return await self._stream_transcript(request, text, rec)
             rec.finished = True
             if fields.get("response_format") == "text":
                 return web.Response(text=text)
@@ -306,6 +315,32 @@ class FakeOpenAI:
             raise
         finally:
             rec.done.set()
+
+
+    async def _stream_transcript(self, request: web.Request, text: str, rec: Recorded) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        tokens = tokenize(text)
+        interval = 1 / self.stt_tokens_per_s if self.stt_tokens_per_s > 0 else 0.0
+        for n, token in enumerate(tokens):
+            if self.stt_failure in ("break", "hang") and n == self.fail_after_tokens:
+                await _fail(request, self.stt_failure, rec)
+            if n and interval:
+                await asyncio.sleep(interval)
+            await response.write(_sse({"type": "transcript.text.delta", "delta": token, "logprobs": None}))
+            rec.tokens_sent += 1
+        audio_tokens = len(rec.body["file"]["pcm"]) // 4800  # about 10 per second, as gpt-4o-transcribe counts
+        usage = {"type": "tokens", "input_tokens": audio_tokens, "output_tokens": len(tokens),
+                 "total_tokens": audio_tokens + len(tokens),
+                 "input_token_details": {"text_tokens": 0, "audio_tokens": audio_tokens}}
+        await response.write(_sse({"type": "transcript.text.done", "text": text, "logprobs": None, "usage": usage}))
+        await response.write_eof()
+        rec.finished = True
+        return response
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
 async def _sleep_until(when: float) -> None:
@@ -356,6 +391,7 @@ async def _serve(args: argparse.Namespace) -> None:
         llm_failure=args.llm_failure,
         stt_failure=args.stt_failure,
         fail_after_tokens=args.fail_after_tokens,
+        stt_streams=args.stt_streams,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -379,6 +415,7 @@ def main() -> None:
     parser.add_argument("--tokens-per-s", type=float, default=0.0, help="token rate, 0 = unlimited")
     parser.add_argument("--llm-failure", choices=FAILURES)
     parser.add_argument("--stt-failure", choices=[f for f in FAILURES if f != "garbage"])
+    parser.add_argument("--stt-streams", action="store_true", help="stream transcriptions asked with stream=true")
     parser.add_argument("--fail-after-tokens", type=int, default=0)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(parser.parse_args()))

@@ -245,10 +245,19 @@ async def test_beta_sessions_and_transcription_sessions_shapes(keys, start_gatew
     assert (carried.kind, carried.dialect) == ("transcription", Dialect.BETA)
     assert carried.session["input_audio_transcription"] == {"model": "whisper-1", "language": "en"}
 
+    async with websockets.connect(f"ws://127.0.0.1:{gateway.port}/v1/realtime", additional_headers={
+            "Authorization": f"Bearer {transcription.client_secret.value}", "OpenAI-Beta": "realtime=v1"}) as ws:
+        created = orjson.loads(await ws.recv())
+    assert created["type"] == "transcription_session.created", created
+    assert created["session"]["input_audio_transcription"]["model"] == "whisper-1"
+
     ga = await client.realtime.client_secrets.create(session={
         "type": "transcription", "audio": {"input": {"transcription": {"model": "whisper-1"}}}})
     assert ga.session.type == "transcription" and ga.value.startswith("ek_")
     assert gateway.gateway.auth.verify(ga.value).kind == "transcription"
+    event = await first_event(sdk(gateway, ga.value))
+    assert event["session"]["type"] == "transcription"
+    assert event["session"]["audio"]["input"]["transcription"]["model"] == "whisper-1"
 
 
 async def test_client_secret_requests_are_checked(keys, start_gateway):

@@ -285,7 +285,7 @@ async def test_signalling_errors_and_cors(rtc):
         await offer.setLocalDescription(await offer.createOffer())
         form = aiohttp.FormData()
         form.add_field("sdp", offer.localDescription.sdp)
-        form.add_field("session", '{"type": "transcription"}')
+        form.add_field("session", '{"type": "translation"}')
         async with http.post(base + "/v1/realtime/calls", data=form) as response:
             assert response.status == 400
             assert (await response.json())["error"]["code"] == "invalid_session"
