@@ -71,7 +71,9 @@ def agents_page(tmp_path: Path) -> Path:
                    check=True, cwd=JS, timeout=60)
     (web / "index.html").write_text('<!doctype html><meta charset="utf-8"><script type="module" src="agents.js">'
                                     "</script><title>agents</title>")
-    (web / "speech.pcm").write_bytes(load_pcm("one_sentence.wav") + silence(1200))
+    # The sentence, then silence past semantic_vad's longest wait (the Agents SDK asks for semantic_vad): a
+    # streamed turn ends only on audio that comes after it.
+    (web / "speech.pcm").write_bytes(load_pcm("one_sentence.wav") + silence(6000))
     return web
 
 
