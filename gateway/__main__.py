@@ -1,4 +1,4 @@
-"""Command line: ``python -m gateway serve | client | replay``."""
+"""Command line: ``python -m gateway serve | cert | client | replay``."""
 
 from __future__ import annotations
 
@@ -13,19 +13,18 @@ from gateway.config import ConfigError, load_config
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from gateway.server import Gateway  # noqa: PLC0415 - keeps `client` free of the server's imports
+    from gateway.serve import GatewayServer  # noqa: PLC0415 - keeps `client` free of the server's imports
 
     config = load_config(args.config)
     if args.host:
-        # The page and the WebRTC signalling it calls must be reachable at the same address.
-        config.server.host = config.webrtc.host = args.host
+        config.server.host = args.host
     if args.port is not None:
         config.server.port = args.port
-    gateway = Gateway(config)
+    server = GatewayServer(config, insecure_no_auth=args.insecure_no_auth)
     try:
-        await gateway.start()
+        await server.start()
     except ConfigError as exc:
-        await gateway.stop()
+        await server.stop()
         print(f"error: {exc}", file=sys.stderr)
         return 2
     stop = asyncio.Event()
@@ -33,7 +32,7 @@ async def _serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await gateway.stop()
+    await server.stop()
     return 0
 
 
@@ -41,12 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gateway", description="Realtime voice gateway")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--host", help="address to listen on, also for WebRTC signalling (default from config: "
-                       "127.0.0.1)")
+    serve.add_argument("--host", help="address to listen on (default from config: 127.0.0.1); another than "
+                       "loopback needs GATEWAY_API_KEYS or --insecure-no-auth")
     serve.add_argument("--port", type=int, help="port to listen on (default from config: 8000)")
     serve.add_argument("--config", help="config file (default: the repository's config.toml)")
+    serve.add_argument("--insecure-no-auth", action="store_true",
+                       help="serve a non-loopback address with no API keys: anyone who reaches it may use it")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     commands = {"serve": lambda args: asyncio.run(_serve(args))}
+    with contextlib.suppress(ImportError):
+        from gateway import certs  # noqa: PLC0415
+
+        certs.add_arguments(sub.add_parser("cert", help="make a local CA and a certificate for localhost"))
+        commands["cert"] = certs.run
     with contextlib.suppress(ImportError):
         from gateway import client  # noqa: PLC0415
 
@@ -61,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=getattr(args, "log_level", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # websockets reports every plain HTTP answer (page, /healthz, /metrics) as a "rejected connection".
-    logging.getLogger("websockets.server").setLevel(logging.WARNING)
+    # uvicorn logs a line per WebSocket handshake; the gateway logs each session itself.
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     # The openai package's HTTP client logs every request at INFO: a line per STT and LLM call of every
     # turn. The gateway logs the failed ones itself; --log-level DEBUG shows them all.
     if logging.getLogger().level > logging.DEBUG:

@@ -27,8 +27,14 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     web_dir: str = "web"
-    max_message_bytes: int = 32 * 1024 * 1024
-    max_queue: int = 16
+    tls_cert: str = ""
+    tls_key: str = ""
+    allowed_origins: str = ""
+    allowed_hosts: str = ""
+    max_message_bytes: int = 22 * 1024 * 1024
+    inbound_free_bytes: int = 256 * 1024
+    inbound_budget_bytes: int = 256 * 1024 * 1024
+    send_timeout_s: float = 10.0
     max_sessions: int = 1000
 
 
@@ -150,8 +156,8 @@ class EngineConfig:
 @dataclass
 class WebRtcConfig:
     enabled: bool = True
-    host: str = "127.0.0.1"
-    port: int = 8001
+    max_pending_calls: int = 16
+    connect_timeout_s: float = 15.0
     ice_servers: str = ""
     turn_username: str = ""
     turn_credential_env: str = "TURN_CREDENTIAL"
@@ -216,9 +222,22 @@ def _coerce(value: Any, kind: Any, name: str) -> Any:
     raise ConfigError(f"option {name}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
 
 
+# Options that existed once: naming one is an error that says what replaced it.
+RETIRED = {
+    "webrtc.host": "WebRTC signalling now lives on the server's own address and port ([server] host and port): "
+                   "remove [webrtc] host",
+    "webrtc.port": "WebRTC signalling now lives on the server's own port ([server] port, at /v1/realtime/calls): "
+                   "remove [webrtc] port",
+    "server.max_queue": "a connection now holds one message at a time; its buffered bytes are bounded by [server] "
+                        "inbound_free_bytes and the process-wide inbound_budget_bytes: remove [server] max_queue",
+}
+
+
 def _apply(section: Any, values: dict[str, Any], prefix: str) -> None:
     hints = get_type_hints(type(section))
     for key, value in values.items():
+        if f"{prefix}.{key}" in RETIRED:
+            raise ConfigError(f"option {prefix}.{key} is gone: {RETIRED[f'{prefix}.{key}']}")
         if key not in hints:
             raise ConfigError(f"unknown option {prefix}.{key}")
         setattr(section, key, _coerce(value, hints[key], f"{prefix}.{key}"))

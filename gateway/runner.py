@@ -113,6 +113,11 @@ class SessionRunner:
     async def playout_stopped(self, response_id: str) -> None:
         await self._apply(self.session.playout_event("output_audio_buffer.stopped", response_id))
 
+    @property
+    def responding(self) -> bool:
+        """A response is running (its task has not finished)."""
+        return self._task is not None and not self._task.done()
+
     async def close(self) -> None:
         self._closed = True
         tasks = [t for t in (self._task, self._vad_task, *self._transcripts.values(), *self._mcp_tasks, *self._checks)

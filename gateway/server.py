@@ -1,27 +1,26 @@
-"""The gateway process: one websockets server for the Realtime endpoint, the web page, /healthz, /metrics."""
+"""The gateway's shared state: its sessions, the VAD model, the responder, the trace, auth, WebRTC calls.
+
+The transports (gateway/realtime_ws.py, gateway/webrtc_routes.py) open sessions through it, so both
+start a session the same way; gateway/app.py serves it over HTTP, and gateway/serve.py runs that app.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import logging
-import mimetypes
-import time
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from http import HTTPStatus
-from typing import IO, TYPE_CHECKING
-from urllib.parse import parse_qs, urlsplit
+from contextlib import asynccontextmanager
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
-from websockets.exceptions import ConnectionClosed
-from websockets.http11 import Request, Response
+from prometheus_client import Counter
 
-from gateway import __version__, mcp_client
-from gateway.config import REPO_ROOT, Config, ConfigError
+from gateway import mcp_client
+from gateway.auth import Auth, ClientSecret
+from gateway.config import Config, ConfigError
 from gateway.protocol import Dialect
 from gateway.responder import Responder
 from gateway.runner import Playout, Send, SessionRunner
@@ -31,28 +30,25 @@ from gateway.trace import ACTIVE_SESSIONS, TurnTrace
 from gateway.vad import SileroModel, SileroVAD, VadBatcher
 
 if TYPE_CHECKING:
-    from gateway.webrtc import WebRTCServer
+    from gateway.webrtc import CallRegistry
 
 log = logging.getLogger(__name__)
 
-REALTIME_PATHS = ("/v1/realtime", "/realtime")
-TURNS_PREFIX = "/v1/realtime/sessions/"
+DISCONNECTS = Counter("gateway_client_disconnects_total",
+                      "Sessions whose client went away, by what the session was doing", ["during"])
 
 
-def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
-    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(body))),
-                       ("Cache-Control", "no-cache")])
-    return Response(status.value, status.phrase, headers, body)
+class SessionRefused(Exception):
+    """A session cannot start as asked (a bad configuration); the message says why."""
 
 
 class Gateway:
-    def __init__(self, config: Config, responder: Responder | None = None) -> None:
+    def __init__(self, config: Config, responder: Responder | None = None, auth: Auth | None = None) -> None:
         self.config = config
         self.responder = responder
+        self.auth = auth if auth is not None else Auth.from_env(os.environ)
         self.sessions: set[SessionRunner] = set()
         self.ready = False
-        self.started_at = time.time()
-        self.web_dir = (REPO_ROOT / config.server.web_dir).resolve()
         self._vad_model: SileroModel | None = None
         self._vad_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
         self._vad_batcher = VadBatcher(
@@ -63,11 +59,15 @@ class Gateway:
         self._smart_turn_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smart-turn")
         self._smart_turn: SmartTurnBatcher | None = None
         self._trace_sink: IO[str] | None = None
-        self._server: Server | None = None
-        self.webrtc: WebRTCServer | None = None
+        self.webrtc: CallRegistry | None = None
         self._backend_check: asyncio.Task[None] | None = None
+        self._started = False
 
     async def start(self) -> None:
+        """Load the models and open what the sessions share; a second call does nothing."""
+        if self._started:
+            return
+        self._started = True
         loop = asyncio.get_running_loop()
         if self.responder is None:
             from gateway.pipeline import build_responder  # noqa: PLC0415 - pulls in the model stack
@@ -86,38 +86,17 @@ class Gateway:
         self._smart_turn = SmartTurnBatcher(model, self._smart_turn_executor, semantic.max_batch)
         if self.config.trace.jsonl_path:
             self._trace_sink = open(self.config.trace.jsonl_path, "a", buffering=1)  # noqa: SIM115
-        cfg = self.config.server
-        try:
-            self._server = await serve(
-                self._handle,
-                cfg.host,
-                cfg.port,
-                process_request=self._process_request,
-                compression=None,
-                max_size=cfg.max_message_bytes,
-                max_queue=cfg.max_queue,
-            )
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port} ([server] port, or --port): "
-                              f"{exc.strerror or exc}") from None
         if self.config.webrtc.enabled:
             try:
-                from gateway.webrtc import start_webrtc  # noqa: PLC0415 - aiortc is an optional extra
+                from gateway.webrtc import CallRegistry  # noqa: PLC0415 - aiortc is an optional extra
             except ImportError:
                 log.info("WebRTC off: aiortc is not installed (pip install '.[webrtc]')")
             else:
-                rtc = self.config.webrtc
-                try:
-                    self.webrtc = await start_webrtc(self)
-                except OSError as exc:
-                    raise ConfigError(f"cannot listen on {rtc.host}:{rtc.port} for WebRTC signalling ([webrtc] "
-                                      f"port, or [webrtc] enabled = false): {exc.strerror or exc}") from None
+                self.webrtc = CallRegistry(self)
         # Everything loaded so far (openai, pydantic, onnxruntime, torch) lives as long as the process:
         # keep it out of the collector, so full collections stay short and the loop keeps its pace.
         gc.freeze()
         self.ready = True
-        log.info("gateway %s listening on ws://%s:%d/v1/realtime (responder: %s)", __version__, cfg.host,
-                 self.port, type(self.responder).__name__)
         check = getattr(self.responder, "check", None)
         if check is not None:
             self._backend_check = asyncio.create_task(self._warn_of_backends(check))
@@ -128,19 +107,14 @@ class Gateway:
         for problem in await check():
             log.warning("%s; turns will fail until it answers", problem)
 
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
-
     async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = self.ready = False
         if self._backend_check is not None:
             self._backend_check.cancel()
         if self.webrtc is not None:
             await self.webrtc.stop()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
         self._vad_executor.shutdown(wait=False, cancel_futures=True)
         self._smart_turn_executor.shutdown(wait=False, cancel_futures=True)
         close = getattr(self.responder, "aclose", None)
@@ -150,49 +124,41 @@ class Gateway:
         if self._trace_sink is not None:
             self._trace_sink.close()
 
-    async def serve_forever(self) -> None:
-        assert self._server is not None
-        await self._server.serve_forever()
+    @asynccontextmanager
+    async def lifespan(self, app: Any = None) -> AsyncIterator[None]:
+        """Start and stop with an ASGI app (Starlette's and FastAPI's ``lifespan=``)."""
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
 
-    def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
-        path = request.path.split("?", 1)[0]
-        if path in REALTIME_PATHS:
-            if not self.ready:
-                return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"gateway is starting\n", "text/plain")
-            if len(self.sessions) >= self.config.server.max_sessions:
-                return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"too many sessions\n", "text/plain")
-            return None
-        if path == "/healthz":
-            status = HTTPStatus.OK if self.ready else HTTPStatus.SERVICE_UNAVAILABLE
-            body = {"status": "ok" if self.ready else "starting", "version": __version__,
-                    "active_sessions": len(self.sessions), "uptime_s": round(time.time() - self.started_at, 1),
-                    "webrtc_port": self.webrtc.port if self.webrtc is not None else None}
-            return _response(status, orjson.dumps(body), "application/json")
-        if path == "/metrics":
-            return _response(HTTPStatus.OK, generate_latest(), CONTENT_TYPE_LATEST)
-        if path.startswith(TURNS_PREFIX) and path.endswith("/turns"):
-            return self._turns(path[len(TURNS_PREFIX) : -len("/turns")])
-        return self._static(path)
+    # --- sessions, for every transport ------------------------------------------------------------
 
-    def _turns(self, session_id: str) -> Response:
-        """A live session's latency trace: its last turns, stage by stage (the page's latency panel)."""
-        runner = next((r for r in self.sessions if r.session.settings.id == session_id), None)
-        if runner is None:
-            return _response(HTTPStatus.NOT_FOUND, b"no such session\n", "text/plain")
-        body = {"session_id": session_id, "turns": list(runner.trace.records)}
-        return _response(HTTPStatus.OK, orjson.dumps(body), "application/json")
+    def unavailable(self) -> str | None:
+        """Why no session can start now (HTTP 503), or None."""
+        if not self.ready:
+            return "The gateway is starting."
+        if len(self.sessions) >= self.config.server.max_sessions:
+            return "Too many sessions."
+        return None
 
-    def _static(self, path: str) -> Response:
-        relative = path.lstrip("/") or "index.html"
-        file = (self.web_dir / relative).resolve()
-        if file.is_dir():
-            file = file / "index.html"
-        if not file.is_relative_to(self.web_dir) or not file.is_file():
-            return _response(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
-        content_type = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
-        if file.suffix == ".js":
-            content_type = "text/javascript"
-        return _response(HTTPStatus.OK, file.read_bytes(), content_type)
+    def new_session(self, dialect: Dialect, *, model: str | None = None, server_playout: bool = False,
+                    session_type: str = "realtime", secret: ClientSecret | None = None) -> Session:
+        """A session for a new connection (``session_type`` "transcription": ?intent=transcription); one
+        opened with a client secret is of the secret's type and starts from its configuration.
+        SessionRefused if that configuration is refused."""
+        if secret is not None:
+            session_type = secret.kind
+        session = Session(self.config, dialect, server_playout=server_playout, model=model,
+                          session_type=session_type)
+        if secret is not None:
+            if secret.dialect is not dialect:
+                shape = "beta (connect with the 'OpenAI-Beta: realtime=v1' header or the 'openai-beta.realtime-v1' " \
+                        "subprotocol)" if secret.dialect is Dialect.BETA else "GA (connect without OpenAI-Beta)"
+                raise SessionRefused(f"This client secret was minted for the {shape} protocol.")
+            configure(session, secret.session, secret.kind)
+        return session
 
     def new_runner(self, session: Session, send: Send, playout: Playout | None = None) -> SessionRunner:
         """A runner for ``session`` on this gateway's responder, VAD model and trace (any transport)."""
@@ -208,26 +174,27 @@ class Gateway:
             smart_turn=self._smart_turn,
         )
 
-    async def _handle(self, ws: ServerConnection) -> None:
-        beta = "realtime=v1" in (ws.request.headers.get("OpenAI-Beta") or "")
-        query = parse_qs(urlsplit(ws.request.path).query)
-        model = query.get("model", [None])[0]
-        kind = "transcription" if query.get("intent") == ["transcription"] else "realtime"
-        session = Session(self.config, Dialect.BETA if beta else Dialect.GA, model=model, session_type=kind)
-        runner = self.new_runner(session, ws.send)
+    def opened(self, runner: SessionRunner, how: str) -> None:
         self.sessions.add(runner)
         ACTIVE_SESSIONS.set(len(self.sessions))
-        log.info("session %s opened (%s shape, %s)", session.settings.id, session.dialect.value,
-                 ws.remote_address[0] if ws.remote_address else "?")
-        try:
-            await runner.start()
-            async for message in ws:
-                await runner.receive(message)
-        except ConnectionClosed:
-            pass
-        finally:
-            await runner.close()
+        log.info("session %s opened (%s shape, %s)", runner.session.settings.id, runner.session.dialect.value, how)
+
+    async def close_session(self, runner: SessionRunner, client_gone: bool) -> None:
+        """End a session's tasks and forget it; ``client_gone``: the client's side ended it."""
+        if client_gone and runner in self.sessions:
+            DISCONNECTS.labels("response" if runner.responding else "idle").inc()
+        await runner.close()
+        if runner in self.sessions:
             self.sessions.discard(runner)
             ACTIVE_SESSIONS.set(len(self.sessions))
-            log.info("session %s closed", session.settings.id)
+            log.info("session %s closed", runner.session.settings.id)
 
+def configure(session: Session, config: dict[str, Any], kind: str = "realtime") -> None:
+    """Apply a session configuration before session.created, as the client's first event would be
+    (a client secret's, a WebRTC offer's ``session`` part); SessionRefused with the session's reason."""
+    event = "session.update"
+    if kind == "transcription" and session.dialect is Dialect.BETA:
+        event = "transcription_session.update"
+    for effect in session.handle(orjson.dumps({"type": event, "session": config})):
+        if isinstance(effect, dict) and effect.get("type") == "error":
+            raise SessionRefused(str(effect["error"]["message"]))

@@ -1,18 +1,14 @@
-"""The WebRTC transport: SDP signalling over HTTP, Opus audio tracks, events on the ``oai-events`` channel.
+"""The WebRTC transport's media and calls: Opus audio tracks, events on the ``oai-events`` channel.
 
-websockets cannot read request bodies, so the signalling side (POST an SDP offer, get the answer) is
-an aiohttp server on its own port, in the gateway's process and event loop. Each call is one Session
-with ``server_playout``: the microphone track feeds the same session logic and VAD as the WebSocket
-path, the data channel carries the same JSON events, and the agent's audio goes out on a paced
-outbound track that knows how much of each item it has played, so barge-in truncates at the point
-the listener actually reached.
+The signalling (POST an SDP offer, get the answer) is HTTP on the gateway's own port
+(gateway/webrtc_routes.py). Each call is one Session with ``server_playout``: the microphone track
+feeds the same session logic and VAD as the WebSocket path, the data channel carries the same JSON
+events, and the agent's audio goes out on a paced outbound track that knows how much of each item it
+has played, so barge-in truncates at the point the listener actually reached.
 
-Routes (CORS open, so the page served on the gateway's port may call them):
-  POST   /v1/realtime/calls             offer as application/sdp, or multipart/form-data with parts
-                                        ``sdp`` and ``session`` (JSON, applied as a session.update)
-                                        → 201, answer SDP, Location: /v1/realtime/calls/{call_id}
-  DELETE /v1/realtime/calls/{call_id}   hang up → 204
-  POST   /v1/realtime?model=...         beta signalling (application/sdp) → 201; beta-shaped events
+A call is pending from its answer until its peer connection is up: pending calls are limited by
+``[webrtc] max_pending_calls`` and dropped after ``connect_timeout_s``, apart from ``[server]
+max_sessions``, which counts a call only once it is connected.
 """
 
 from __future__ import annotations
@@ -24,11 +20,9 @@ import secrets
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import orjson
-from aiohttp import web
 from aiortc import (
     MediaStreamTrack,
     RTCConfiguration,
@@ -39,7 +33,6 @@ from aiortc import (
 )
 
 from gateway.audio import Upsampler2x
-from gateway.protocol import Dialect
 from gateway.rtc_media import (
     AIORTC_JITTER_PREFETCH,
     FRAME_SAMPLES,
@@ -50,17 +43,12 @@ from gateway.rtc_media import (
     set_jitter_prefetch,
 )
 from gateway.session import Session
-from gateway.trace import ACTIVE_SESSIONS
 
 if TYPE_CHECKING:
     from gateway.server import Gateway
 
 log = logging.getLogger(__name__)
 
-CALLS_PATHS = ("/v1/realtime/calls", "/realtime/calls")
-BETA_PATHS = ("/v1/realtime", "/realtime")
-# A call whose peer connection is not up by then is dropped: the client went away during ICE.
-CONNECT_TIMEOUT_S = 30.0
 # Audio a response queues before its playout starts (or resumes after running dry): one frame, so
 # a producer at real-time pace whose chunks land just after a frame went out does not run dry at
 # the next one; a first chunk of 20 ms or more still starts at once.
@@ -72,8 +60,8 @@ Notify = Callable[[str, str], Awaitable[None]]
 class WebRTCOptions(Protocol):
     """The ``[webrtc]`` config section (gateway.config.WebRtcConfig)."""
 
-    host: str
-    port: int
+    max_pending_calls: int
+    connect_timeout_s: float
     ice_servers: str
     turn_username: str
     turn_credential_env: str
@@ -209,26 +197,20 @@ class OutboundAudio(PacedTrack):
 class Call:
     """One peer connection and its session; ``close`` frees both, whichever side ends the call."""
 
-    def __init__(self, server: WebRTCServer, dialect: Dialect) -> None:
-        gateway = server.gateway
+    def __init__(self, registry: CallRegistry, session: Session) -> None:
         self.id = "rtc_" + secrets.token_hex(12)
-        self.server = server
-        self.pc = RTCPeerConnection(server.rtc_configuration)
-        self.session = Session(gateway.config, dialect, server_playout=True)
+        self.registry = registry
+        self.pc = RTCPeerConnection(registry.rtc_configuration)
+        self.session = session
         self.playout = OutboundAudio(self._on_playout)
-        self.runner = gateway.new_runner(self.session, self._send, self.playout)
+        self.runner = registry.gateway.new_runner(session, self._send, self.playout)
+        self.connected = False  # the peer connection came up: the call counts as a session
         self._channel: RTCDataChannel | None = None
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
+        self._inbox_bytes = 0
         self._started = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-
-    def configure(self, session_config: dict[str, Any]) -> str | None:
-        """Apply the ``session`` part of the offer before session.created; an error message if refused."""
-        for effect in self.session.handle(orjson.dumps({"type": "session.update", "session": session_config})):
-            if isinstance(effect, dict) and effect.get("type") == "error":
-                return str(effect["error"]["message"])
-        return None
 
     async def answer(self, offer_sdp: str) -> str:
         pc = self.pc
@@ -250,27 +232,25 @@ class Call:
         self._spawn(self._watchdog())
         return pc.localDescription.sdp
 
-    async def close(self) -> None:
+    async def close(self, client_gone: bool = False) -> None:
         if self._closed:
             return
         self._closed = True
-        self.server.calls.pop(self.id, None)
-        self.server.gateway.sessions.discard(self.runner)
-        ACTIVE_SESSIONS.set(len(self.server.gateway.sessions))
+        self.registry.calls.pop(self.id, None)
         current = asyncio.current_task()
         tasks = [t for t in self._tasks if t is not current]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self.runner.close()
+        await self.registry.gateway.close_session(self.runner, client_gone)
         self.playout.stop()
         await self.pc.close()
         log.info("call %s closed (%d playout underruns)", self.id, self.playout.underruns)
 
-    def close_soon(self) -> None:
+    def close_soon(self, client_gone: bool = True) -> None:
         """Close from an aiortc callback without cancelling the task the callback runs in."""
         if not self._closed:
-            self.server.spawn(self.close())
+            self.registry.spawn(self.close(client_gone))
 
     # --- callbacks and tasks ------------------------------------------------------------------------
 
@@ -285,43 +265,58 @@ class Call:
         # growing): end the call instead.
         if not task.cancelled() and task.exception() is not None:
             log.error("call %s failed", self.id, exc_info=task.exception())
-            self.close_soon()
+            self.close_soon(client_gone=False)
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         # The first channel carries the events; OpenAI's clients name it "oai-events", others may not.
         if self._channel is not None:
             return
         self._channel = channel
-        channel.on("message", self._inbox.put_nowait)
+        channel.on("message", self._on_message)
         channel.on("close", self.close_soon)
         self._spawn(self._run_events())
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio":
             return
-        prefetch = self.server.options.jitter_prefetch
+        prefetch = self.registry.options.jitter_prefetch
         if prefetch != AIORTC_JITTER_PREFETCH:
             for transceiver in self.pc.getTransceivers():
                 if transceiver.receiver.track is track:
                     set_jitter_prefetch(transceiver.receiver, prefetch)
         self._spawn(self._run_input(track))
 
+    def _on_message(self, message: str | bytes) -> None:
+        # A data channel has no back-pressure: a client whose events pile up unhandled past the
+        # per-connection allowance is cut off rather than allowed to fill the server's memory.
+        self._inbox_bytes += len(message)
+        if self._inbox_bytes > self.registry.gateway.config.server.inbound_free_bytes:
+            log.info("call %s: %d bytes of events waiting to be handled, closing", self.id, self._inbox_bytes)
+            self.close_soon(client_gone=False)
+            return
+        self._inbox.put_nowait(message)
+
     def _on_connection_state(self) -> None:
-        if self.pc.connectionState in ("failed", "closed"):
+        if self.pc.connectionState == "connected" and not self.connected:
+            self.registry.connected(self)
+        elif self.pc.connectionState in ("failed", "closed"):
             self.close_soon()
 
     async def _watchdog(self) -> None:
-        await asyncio.sleep(CONNECT_TIMEOUT_S)
-        if self.pc.connectionState != "connected":
-            log.info("call %s: no connection after %.0f s, closing", self.id, CONNECT_TIMEOUT_S)
-            self.close_soon()
+        timeout = self.registry.options.connect_timeout_s
+        await asyncio.sleep(timeout)
+        if not self.connected:
+            log.info("call %s: no connection after %g s ([webrtc] connect_timeout_s), closing", self.id, timeout)
+            self.close_soon(client_gone=False)
 
     async def _run_events(self) -> None:
         # session.created goes out first, then client events in the order they arrived.
         await self.runner.start()
         self._started.set()
         while True:
-            await self.runner.receive(await self._inbox.get())
+            message = await self._inbox.get()
+            self._inbox_bytes -= len(message)
+            await self.runner.receive(message)
 
     async def _run_input(self, track: MediaStreamTrack) -> None:
         inbound = InboundAudio()
@@ -344,78 +339,7 @@ class Call:
             channel.send(text)
 
 
-# --- HTTP signalling ------------------------------------------------------------------------------
-
-
-class OfferError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-
-
-def _error(status: int, code: str, message: str) -> web.Response:
-    body = {"error": {"type": "invalid_request_error", "code": code, "message": message, "param": None}}
-    return web.json_response(body, status=status, dumps=lambda o: orjson.dumps(o).decode())
-
-
-async def _read_offer(request: web.Request) -> tuple[str, dict[str, Any] | None]:
-    """(offer SDP, session config or None) from an application/sdp or form body (parts sdp, session)."""
-    if request.content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        form = await request.post()
-        sdp, session_text = _form_text(form.get("sdp")), _form_text(form.get("session"))
-        if sdp is None:
-            raise OfferError(400, "missing_required_parameter", "The form has no 'sdp' part.")
-        if session_text is None:
-            return sdp, None
-        try:
-            session = orjson.loads(session_text)
-        except orjson.JSONDecodeError as exc:
-            raise OfferError(400, "invalid_json", f"The 'session' part is not valid JSON: {exc}.") from None
-        if not isinstance(session, dict):
-            raise OfferError(400, "invalid_value", "The 'session' part must be a JSON object.")
-        return sdp, session
-    if request.content_type in ("application/sdp", "text/plain"):
-        return await request.text(), None
-    raise OfferError(
-        415, "unsupported_content_type", "Send the SDP offer as application/sdp or multipart/form-data."
-    )
-
-
-def _offer_problem(sdp: str) -> str | None:
-    """What makes a body unusable as an SDP offer, in words (aiortc's own errors are cryptic)."""
-    if not sdp.strip():
-        return "The body is empty: send the SDP offer (application/sdp)."
-    if not sdp.lstrip().startswith("v=0"):
-        return "The body is not an SDP offer (it should start with 'v=0')."
-    if "m=audio" not in sdp and "m=application" not in sdp:
-        return "The offer has no media: it needs an audio track (m=audio) and/or a data channel (m=application)."
-    return None
-
-
-def _form_text(value: str | bytes | web.FileField | None) -> str | None:
-    """A form part as text; browsers send a Blob part as a file."""
-    if isinstance(value, web.FileField):
-        return value.file.read().decode()
-    if isinstance(value, bytes):
-        return value.decode()
-    return value
-
-
-@web.middleware
-async def _cors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
-    """Let the page on the gateway's (other) port POST offers and read the Location header."""
-    if request.method == "OPTIONS":
-        response: web.StreamResponse = web.Response(status=204)
-    else:
-        response = await handler(request)
-    response.headers["Access-Control-Allow-Origin"] = request.headers.get("Origin", "*")
-    response.headers["Access-Control-Allow-Methods"] = "POST, DELETE, OPTIONS"
-    response.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, OpenAI-Beta"
-    response.headers["Access-Control-Expose-Headers"] = "Location"
-    response.headers["Access-Control-Max-Age"] = "600"
-    response.headers["Vary"] = "Origin"
-    return response
+# --- the calls -------------------------------------------------------------------------------------
 
 
 def ice_configuration(options: WebRTCOptions) -> RTCConfiguration:
@@ -432,92 +356,52 @@ def ice_configuration(options: WebRTCOptions) -> RTCConfiguration:
     return RTCConfiguration(iceServers=servers)
 
 
-class WebRTCServer:
-    """The signalling HTTP server and the calls it made."""
+class CallRegistry:
+    """The gateway's calls, pending and connected."""
 
-    def __init__(self, gateway: Gateway, options: WebRTCOptions) -> None:
+    def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.options = options
-        self.rtc_configuration = ice_configuration(options)
+        self.options: WebRTCOptions = gateway.config.webrtc
+        self.rtc_configuration = ice_configuration(self.options)
         self.calls: dict[str, Call] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self._runner: web.AppRunner | None = None
-        app = web.Application(middlewares=[_cors])
-        for path in CALLS_PATHS:
-            app.router.add_post(path, self._post_call)
-            app.router.add_delete(path + "/{call_id}", self._delete_call)
-        for path in BETA_PATHS:
-            app.router.add_post(path, self._post_beta)
-        self.app = app
-
-    async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.options.host, self.options.port).start()
-        log.info("WebRTC signalling on http://%s:%d/v1/realtime/calls", self.options.host, self.port)
 
     @property
-    def port(self) -> int:
-        assert self._runner is not None
-        return int(self._runner.addresses[0][1])
+    def pending(self) -> int:
+        return sum(not call.connected for call in self.calls.values())
+
+    def unavailable(self) -> str | None:
+        """Why no call can start now (HTTP 503), or None."""
+        if (why := self.gateway.unavailable()) is not None:
+            return why
+        if self.pending >= self.options.max_pending_calls:
+            return "Too many calls waiting to connect ([webrtc] max_pending_calls)."
+        return None
+
+    async def answer(self, session: Session, offer_sdp: str) -> tuple[Call, str]:
+        """A new call for ``session`` and the SDP answer to ``offer_sdp``; aiortc's error if it cannot use it."""
+        call = Call(self, session)
+        self.calls[call.id] = call
+        try:
+            return call, await call.answer(offer_sdp)
+        except BaseException:
+            await call.close()
+            raise
+
+    def connected(self, call: Call) -> None:
+        """The call's peer connection is up: from now on it is a session, counted in max_sessions."""
+        call.connected = True
+        if len(self.gateway.sessions) >= self.gateway.config.server.max_sessions:
+            log.info("call %s connected but the gateway is full ([server] max_sessions), closing", call.id)
+            call.close_soon(client_gone=False)
+            return
+        self.gateway.opened(call.runner, f"WebRTC call {call.id}")
 
     async def stop(self) -> None:
         await asyncio.gather(*(call.close() for call in list(self.calls.values())))
         await asyncio.gather(*self._background, return_exceptions=True)
-        if self._runner is not None:
-            await self._runner.cleanup()
 
     def spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def _post_call(self, request: web.Request) -> web.Response:
-        return await self._create(request, Dialect.GA)
-
-    async def _post_beta(self, request: web.Request) -> web.Response:
-        return await self._create(request, Dialect.BETA)
-
-    async def _create(self, request: web.Request, dialect: Dialect) -> web.Response:
-        gateway = self.gateway
-        if not gateway.ready:
-            return _error(503, "not_ready", "The gateway is starting.")
-        if len(gateway.sessions) >= gateway.config.server.max_sessions:
-            return _error(503, "too_many_sessions", "Too many sessions.")
-        try:
-            offer, session_config = await _read_offer(request)
-        except OfferError as exc:
-            return _error(exc.status, exc.code, str(exc))
-        if (problem := _offer_problem(offer)) is not None:
-            return _error(400, "invalid_offer", problem)
-        call = Call(self, dialect)
-        if session_config is not None and (message := call.configure(session_config)) is not None:
-            await call.close()
-            return _error(400, "invalid_session", message)
-        self.calls[call.id] = call
-        gateway.sessions.add(call.runner)
-        ACTIVE_SESSIONS.set(len(gateway.sessions))
-        try:
-            answer = await call.answer(offer)
-        except Exception as exc:  # aiortc raises ValueError and others on offers it cannot use
-            await call.close()
-            return _error(400, "invalid_offer", f"The SDP offer cannot be used: {exc}")
-        log.info("call %s (%s) answered", call.id, dialect.name)
-        return web.Response(
-            status=201, text=answer, content_type="application/sdp",
-            headers={"Location": f"/v1/realtime/calls/{call.id}"},
-        )
-
-    async def _delete_call(self, request: web.Request) -> web.Response:
-        call = self.calls.get(request.match_info["call_id"])
-        if call is None:
-            return _error(404, "call_not_found", "No such call.")
-        await call.close()
-        return web.Response(status=204)
-
-
-async def start_webrtc(gateway: Gateway) -> WebRTCServer:
-    """Start the signalling server for ``gateway``, as its config's [webrtc] section says."""
-    server = WebRTCServer(gateway, gateway.config.webrtc)
-    await server.start()
-    return server

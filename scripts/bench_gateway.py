@@ -76,7 +76,7 @@ async def lag_probe(record: Callable[[float], None]) -> None:
 
 async def serve(port: int, stats_path: str, responder_kind: str, fake_url: str) -> None:
     from gateway.config import load_config
-    from gateway.server import Gateway
+    from gateway.serve import GatewayServer
 
     config = load_config()
     config.server.port = port
@@ -97,7 +97,7 @@ async def serve(port: int, stats_path: str, responder_kind: str, fake_url: str) 
         )
     else:
         config.responder.echo_pace = 1.0
-    gateway = Gateway(config, responder)
+    gateway = GatewayServer(config, responder)
     await gateway.start()
     lags: list[tuple[float, float]] = []
     cpu: list[tuple[float, float]] = []

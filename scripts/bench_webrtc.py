@@ -39,8 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.config import load_config  # noqa: E402
 from gateway.responder import EchoResponder  # noqa: E402
-from gateway.server import Gateway  # noqa: E402
-from gateway.webrtc import WebRTCServer  # noqa: E402
+from gateway.serve import GatewayServer  # noqa: E402
 from tests.conftest import FIXTURES, load_pcm  # noqa: E402
 from tests.test_webrtc import RtcClient, rms  # noqa: E402
 
@@ -61,13 +60,13 @@ def turn_ms(events: list[dict]) -> int:
     return stopped["audio_end_ms"] - started["audio_start_ms"]
 
 
-async def wait_idle(gateway: Gateway) -> None:
-    while gateway.sessions:
+async def wait_idle(gateway: GatewayServer) -> None:
+    while gateway.gateway.sessions or (gateway.gateway.webrtc is not None and gateway.gateway.webrtc.calls):
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.3)
 
 
-async def ws_trial(gateway: Gateway, speech: bytes, end_ms: int) -> Trial:
+async def ws_trial(gateway: GatewayServer, speech: bytes, end_ms: int) -> Trial:
     loop = asyncio.get_running_loop()
     step = 48 * CHUNK_MS
     async with connect(f"ws://127.0.0.1:{gateway.port}/v1/realtime?model=bench", compression=None,
@@ -106,10 +105,9 @@ async def ws_trial(gateway: Gateway, speech: bytes, end_ms: int) -> Trial:
     return Trial((stopped - speech_end) * 1000, (reply - speech_end) * 1000, turn_ms(events))
 
 
-async def rtc_trial(gateway: Gateway, server: WebRTCServer, speech: bytes, end_ms: int,
-                    client_prefetch: int) -> Trial:
+async def rtc_trial(gateway: GatewayServer, speech: bytes, end_ms: int, client_prefetch: int) -> Trial:
     loop = asyncio.get_running_loop()
-    client = RtcClient(f"http://127.0.0.1:{server.port}", jitter_prefetch=client_prefetch)
+    client = RtcClient(f"http://127.0.0.1:{gateway.port}", jitter_prefetch=client_prefetch)
     try:
         await client.connect()
         await client.until("session.created")
@@ -162,17 +160,15 @@ async def main() -> None:
     config = load_config(env={})
     config.server.port = 0
     config.webrtc.enabled = True
-    config.webrtc.port = 0
     config.vad.prefix_padding_ms = args.prefix_padding_ms
-    gateway = Gateway(config, EchoResponder(pace=1.0))
+    gateway = GatewayServer(config, EchoResponder(pace=1.0))
     await gateway.start()
-    server = gateway.webrtc
-    assert server is not None, "aiortc is not installed"
+    assert gateway.gateway.webrtc is not None, "aiortc is not installed"
     try:
         # Warm up codecs, VAD and imports once on each path.
         await ws_trial(gateway, speech, end_ms)
         await wait_idle(gateway)
-        await rtc_trial(gateway, server, speech, end_ms, 4)
+        await rtc_trial(gateway, speech, end_ms, 4)
         await wait_idle(gateway)
 
         rows: list[tuple[str, list[Trial]]] = []
@@ -185,7 +181,7 @@ async def main() -> None:
             for cp in (int(v) for v in args.client_prefetch.split(",")):
                 trials = []
                 for _ in range(args.trials):
-                    trials.append(await rtc_trial(gateway, server, speech, end_ms, cp))
+                    trials.append(await rtc_trial(gateway, speech, end_ms, cp))
                     await wait_idle(gateway)
                 rows.append((f"WebRTC, server prefetch {sp}, client prefetch {cp}", trials))
                 print(f"done: server {sp} client {cp}", file=sys.stderr)

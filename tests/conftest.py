@@ -38,7 +38,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway.config import Config, load_config
 from gateway.responder import EchoResponder, Responder
-from gateway.server import Gateway
+from gateway.serve import GatewayServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GA_EVENTS = TypeAdapter(RealtimeServerEvent)
@@ -70,38 +70,50 @@ def make_config(**overrides: Any) -> Config:
     """The repository's defaults with ``section__key=value`` overrides, on a free port."""
     config = load_config(env={})
     config.server.port = 0
-    config.webrtc.enabled = False  # tests that want it turn it on, on a free port
+    config.webrtc.enabled = False  # tests that want it turn it on
     for name, value in overrides.items():
         section, key = name.split("__")
         setattr(getattr(config, section), key, value)
     return config
 
 
-StartGateway = Callable[..., Awaitable[Gateway]]
+class Served(GatewayServer):
+    """A gateway served on a loopback port, with its sessions and calls at hand for the tests."""
+
+    @property
+    def sessions(self) -> set[Any]:
+        return self.gateway.sessions
+
+    @property
+    def webrtc(self) -> Any:
+        return self.gateway.webrtc
+
+
+StartGateway = Callable[..., Awaitable[Served]]
 
 
 @pytest.fixture
 async def start_gateway() -> AsyncIterator[StartGateway]:
-    started: list[Gateway] = []
+    started: list[Served] = []
 
-    async def start(responder: Responder | None = None, **overrides: Any) -> Gateway:
-        gateway = Gateway(make_config(**overrides), responder or EchoResponder(pace=0))
-        await gateway.start()
-        started.append(gateway)
-        return gateway
+    async def start(responder: Responder | None = None, **overrides: Any) -> Served:
+        served = Served(make_config(**overrides), responder or EchoResponder(pace=0))
+        started.append(served)
+        await served.start()
+        return served
 
     yield start
-    for gateway in started:
-        await gateway.stop()
+    for served in started:
+        await served.stop()
 
 
 @pytest.fixture
-async def gateway(start_gateway: StartGateway) -> Gateway:
+async def gateway(start_gateway: StartGateway) -> Served:
     return await start_gateway()
 
 
 @pytest.fixture
-async def start_pipeline(start_gateway: StartGateway) -> AsyncIterator[Callable[..., Awaitable[Gateway]]]:
+async def start_pipeline(start_gateway: StartGateway) -> AsyncIterator[Callable[..., Awaitable[Served]]]:
     """Starts gateways whose responder is the pipeline on a fake OpenAI server, with the tone engine as fast
     as it goes: ``await start_pipeline(fake, **config_overrides)``."""
     from gateway.backends import LlmClient, SttClient
@@ -110,7 +122,7 @@ async def start_pipeline(start_gateway: StartGateway) -> AsyncIterator[Callable[
 
     responders: list[PipelineResponder] = []
 
-    async def start(fake: Any, **overrides: Any) -> Gateway:
+    async def start(fake: Any, **overrides: Any) -> Served:
         responders.append(PipelineResponder(
             SttClient(fake.base_url, "whisper-test", timeout_s=5), LlmClient(fake.base_url, "llm-test", timeout_s=5),
             ToneEngine(first_audio_ms=0), BridgeSettings(starter_chars=10, max_segment_chars=80),
@@ -184,7 +196,7 @@ def check_beta_transcription_session(event: dict[str, Any]) -> None:
 
 
 @asynccontextmanager
-async def connect(gateway: Gateway, beta: bool = False, transcription: bool = False) -> AsyncIterator[Client]:
+async def connect(gateway: GatewayServer, beta: bool = False, transcription: bool = False) -> AsyncIterator[Client]:
     """A connection as the SDK opens it; ``transcription``: with ?intent=transcription (no model)."""
     port = gateway.port
     openai = AsyncOpenAI(

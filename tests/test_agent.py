@@ -11,7 +11,7 @@ import pytest
 
 from gateway.backends import LlmClient, SttClient
 from gateway.pipeline import BridgeSettings, PipelineResponder
-from gateway.server import Gateway
+from gateway.serve import GatewayServer
 from gateway.tone_tts import ToneEngine
 from tests.conftest import audio_of, connect, load_pcm, make_config, silence
 from tests.fake_openai import FakeOpenAI
@@ -141,7 +141,7 @@ async def test_a_turn_spoken_by_the_in_process_engine(fake: FakeOpenAI):
         tts__engine="qwen3", engine__checkpoint=str(TINY_CHECKPOINT), engine__max_frames=24,
         engine__voices={"alloy": "vivian"},  # the tiny checkpoint has five of the real one's speakers
     )
-    gateway = Gateway(config)
+    gateway = GatewayServer(config)
     await gateway.start()
     try:
         async with connect(gateway) as client:

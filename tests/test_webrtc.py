@@ -38,9 +38,8 @@ from gateway.rtc_media import (  # noqa: E402
     mono_s16,
     set_jitter_prefetch,
 )
-from gateway.server import Gateway  # noqa: E402
-from gateway.webrtc import OutboundAudio, WebRTCServer  # noqa: E402
-from tests.conftest import BETA_EVENTS, FIXTURES, GA_EVENTS, StartGateway, load_pcm  # noqa: E402
+from gateway.webrtc import CallRegistry, OutboundAudio  # noqa: E402
+from tests.conftest import BETA_EVENTS, FIXTURES, GA_EVENTS, Served, StartGateway, load_pcm  # noqa: E402
 
 
 class RtcClient:
@@ -142,7 +141,7 @@ def rms(samples: np.ndarray) -> float:
     return float(np.sqrt(np.mean(samples.astype(np.float64) ** 2))) if len(samples) else 0.0
 
 
-async def session_count(gateway: Gateway, expected: int, timeout: float = 5.0) -> int:
+async def session_count(gateway: Served, expected: int, timeout: float = 5.0) -> int:
     """The gateway's session count once it equals ``expected`` (or at the timeout)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -152,18 +151,17 @@ async def session_count(gateway: Gateway, expected: int, timeout: float = 5.0) -
 
 
 @pytest.fixture
-async def rtc(start_gateway: StartGateway) -> tuple[Gateway, WebRTCServer]:
+async def rtc(start_gateway: StartGateway) -> tuple[Served, CallRegistry]:
     # Faster than real time, like a TTS engine: the playout then holds audio not yet heard, and a
-    # barge-in has something to truncate.
-    # The gateway starts the signalling server itself, from its [webrtc] config.
-    gateway = await start_gateway(EchoResponder(pace=1.5), webrtc__enabled=True, webrtc__port=0)
+    # barge-in has something to truncate. The signalling is on the gateway's own port.
+    gateway = await start_gateway(EchoResponder(pace=1.5), webrtc__enabled=True)
     assert gateway.webrtc is not None
     return gateway, gateway.webrtc
 
 
 @pytest.fixture
-async def client(rtc: tuple[Gateway, WebRTCServer]) -> AsyncIterator[RtcClient]:
-    peer = RtcClient(f"http://127.0.0.1:{rtc[1].port}")
+async def client(rtc: tuple[Served, CallRegistry]) -> AsyncIterator[RtcClient]:
+    peer = RtcClient(f"http://127.0.0.1:{rtc[0].port}")
     yield peer
     await peer.close()
 
@@ -229,7 +227,7 @@ async def test_completed_reply_plays_then_stops(rtc, client):
 
 async def test_beta_route_and_client_clear(rtc):
     gateway, server = rtc
-    client = RtcClient(f"http://127.0.0.1:{server.port}", BETA_EVENTS)
+    client = RtcClient(f"http://127.0.0.1:{gateway.port}", BETA_EVENTS)
     try:
         await client.connect("/v1/realtime?model=gpt-realtime")
         created = await client.until("session.created")
@@ -263,7 +261,7 @@ async def test_closing_the_data_channel_ends_the_call(rtc, client):
 
 async def test_signalling_errors_and_cors(rtc):
     gateway, server = rtc
-    base = f"http://127.0.0.1:{server.port}"
+    base = f"http://127.0.0.1:{gateway.port}"
     async with aiohttp.ClientSession() as http:
         async with http.options(base + "/v1/realtime/calls", headers={
             "Origin": "http://127.0.0.1:8000", "Access-Control-Request-Method": "POST",
@@ -306,7 +304,7 @@ async def test_a_text_only_client_talks_over_the_data_channel(rtc):
     channel.on("message", lambda message: events.put_nowait(orjson.loads(message)))
     await pc.setLocalDescription(await pc.createOffer())
     async with aiohttp.ClientSession() as http, http.post(
-        f"http://127.0.0.1:{server.port}/v1/realtime/calls", data=pc.localDescription.sdp,
+        f"http://127.0.0.1:{gateway.port}/v1/realtime/calls", data=pc.localDescription.sdp,
         headers={"Content-Type": "application/sdp"},
     ) as response:
         assert response.status == 201, await response.text()
@@ -346,7 +344,7 @@ BROWSER_CALL = """async ([url, session]) => {
 
 
 async def test_browser_page_module(rtc):
-    """web/webrtc.js in headless Chromium, loaded from the gateway's port, calling the WebRTC port.
+    """web/webrtc.js in headless Chromium, loaded from the gateway's port and calling it (same origin).
 
     Chromium's fake microphone loops one_sentence.wav: the first round is a turn, the second
     interrupts the echo, so one call sees a reply, a barge-in and the server's truncate.
@@ -363,10 +361,11 @@ async def test_browser_page_module(rtc):
         try:
             page = await browser.new_page()
             await page.goto(f"http://127.0.0.1:{gateway.port}/")
-            path = await page.evaluate(BROWSER_CALL, [f"http://127.0.0.1:{server.port}", {"instructions": "Hi."}])
+            path = await page.evaluate(BROWSER_CALL, [f"http://127.0.0.1:{gateway.port}", {"instructions": "Hi."}])
             assert path.startswith("/v1/realtime/calls/rtc_")
             await page.wait_for_function(
-                "window.rtc.events.some(e => e.type === 'conversation.item.truncated')", polling=50, timeout=20_000
+                "() => window.rtc.events.some(e => e.type === 'conversation.item.truncated')",
+                polling=50, timeout=20_000,
             )
             events = await page.evaluate("window.rtc.events")
             assert len(gateway.sessions) == 1
@@ -510,14 +509,10 @@ def test_stereo_frames_are_mixed_to_mono():
     assert mono_s16(frame).tolist() == [200, -201]
 
 
-async def test_a_busy_signalling_port_is_named(start_gateway: StartGateway):
-    """The error says which listener failed and which option moves it, not the WebSocket port's."""
-    from gateway.config import ConfigError
-    from tests.conftest import make_config
+def test_an_old_signalling_port_setting_says_where_signalling_went():
+    from gateway.config import ConfigError, load_config
 
-    first = await start_gateway(webrtc__enabled=True, webrtc__port=0)
-    assert first.webrtc is not None
-    gateway = Gateway(make_config(webrtc__enabled=True, webrtc__port=first.webrtc.port), EchoResponder())
-    with pytest.raises(ConfigError, match=rf"127.0.0.1:{first.webrtc.port} for WebRTC signalling \(\[webrtc\] port"):
-        await gateway.start()
-    await gateway.stop()
+    with pytest.raises(ConfigError, match=r"webrtc.port is gone: WebRTC signalling now lives on the server's own port"):
+        load_config(env={"GATEWAY_WEBRTC_PORT": "8001"})
+    with pytest.raises(ConfigError, match=r"webrtc.host is gone"):
+        load_config(env={"GATEWAY_WEBRTC_HOST": "0.0.0.0"})

@@ -38,12 +38,12 @@ def short_wav(tmp_path: Path) -> Path:
 @pytest.fixture
 async def gateway(start_gateway):
     # Faster than real time, like a TTS engine: a reply is still being made when a barge-in comes.
-    return await start_gateway(EchoResponder(pace=1.5), webrtc__enabled=True, webrtc__port=0)
+    return await start_gateway(EchoResponder(pace=1.5), webrtc__enabled=True)
 
 
 def urls(gateway) -> list[str]:
     return ["--url", f"ws://127.0.0.1:{gateway.port}/v1/realtime",
-            "--signalling-url", f"http://127.0.0.1:{gateway.webrtc.port}/v1/realtime/calls"]
+            "--signalling-url", f"http://127.0.0.1:{gateway.port}/v1/realtime/calls"]
 
 
 def read_pcm(path: Path) -> np.ndarray:
@@ -64,7 +64,7 @@ def client_args(*argv: str) -> argparse.Namespace:
 
 async def test_client_sends_a_wav_and_writes_the_reply(start_gateway, short_wav: Path, tmp_path: Path, capsys) -> None:
     # Echo at once: response.done comes before the playout starts, and the client must still wait for it.
-    gateway = await start_gateway(webrtc__enabled=True, webrtc__port=0)
+    gateway = await start_gateway(webrtc__enabled=True)
     out = tmp_path / "reply.wav"
     args = client_args("--webrtc", "--wav", str(short_wav), "--out", str(out), *urls(gateway))
     assert await client.session(args) == 0
@@ -97,7 +97,7 @@ async def test_replay_barge_in_and_the_same_report_as_websocket(gateway, short_w
     runs = {}
     for transport, speed in (("websocket", 20.0), ("webrtc", 1.0)):
         options = Options(out=tmp_path / transport, url=f"ws://127.0.0.1:{gateway.port}/v1/realtime",
-                          signalling_url=f"http://127.0.0.1:{gateway.webrtc.port}/v1/realtime/calls",
+                          signalling_url=f"http://127.0.0.1:{gateway.port}/v1/realtime/calls",
                           transport=transport, speed=speed, barge_in_ms=[300])
         (session,) = await replay([short_wav], options)
         report = json.loads((session.out_dir / "latency.json").read_text())
@@ -160,8 +160,8 @@ async def test_replay_barge_in_and_the_same_report_as_websocket(gateway, short_w
 )
 async def test_signalling_problems_exit_2(start_gateway, short_wav: Path, tmp_path: Path, capsys,
                                          signalling: str, message: str) -> None:
-    gateway = await start_gateway(webrtc__enabled=True, webrtc__port=0, server__max_sessions=0)
-    url = signalling.format(webrtc=f"http://127.0.0.1:{gateway.webrtc.port}")
+    gateway = await start_gateway(webrtc__enabled=True, server__max_sessions=0)
+    url = signalling.format(webrtc=f"http://127.0.0.1:{gateway.port}")
     args = client_args("--webrtc", "--wav", str(short_wav), "--out", str(tmp_path / "r.wav"), "--signalling-url", url)
     with pytest.raises(client.CliError, match=message):
         await client.session(args)

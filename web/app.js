@@ -85,7 +85,7 @@ async function connectRtc() {
     showError(`could not connect to the gateway at ${location.origin}`);
     return teardown("idle");
   }
-  if (!health.webrtc_port) {
+  if (!health.webrtc) {
     showError("this gateway has no WebRTC path: enable [webrtc] and install the extra (pip install '.[webrtc]')");
     return teardown("idle");
   }
@@ -96,7 +96,7 @@ async function connectRtc() {
     if (closing) return teardown("closed");
     const { connectWebRTC } = await import("./webrtc.js");
     const call = await connectWebRTC({
-      url: `${location.protocol}//${location.hostname}:${health.webrtc_port}`,
+      url: location.origin,
       stream: rtcStream,
       audio: $("remote-audio"),
       session: sessionUpdate().session,

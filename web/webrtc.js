@@ -5,7 +5,7 @@
 //
 // Self-contained: no imports, so it works beside the WebSocket page or on its own.
 //
-//   const call = await connectWebRTC({ url: "http://127.0.0.1:8001", stream, onEvent });
+//   const call = await connectWebRTC({ url: location.origin, stream, onEvent });
 //   call.send({ type: "response.create" });
 //   await call.close();
 
@@ -18,7 +18,7 @@ const HANGUP_TIMEOUT_MS = 2000;
  * refused or the connection does not come up.
  *
  * @param {object} options
- * @param {string} options.url  the gateway's WebRTC signalling base URL, e.g. "http://host:8001"
+ * @param {string} options.url  the gateway's base URL (signalling is on its own port), e.g. "http://host:8000"
  * @param {MediaStream} options.stream  the microphone (its first audio track is sent; not stopped on close)
  * @param {(event: object) => void} [options.onEvent]  every server event, parsed
  * @param {(reason: string) => void} [options.onClose]  called once when the call ends, for any reason

@@ -1,0 +1,129 @@
+"""The gateway as one ASGI app: every route on one port.
+
+  WS     /v1/realtime                       a Realtime session (gateway/realtime_ws.py)
+  POST   /v1/realtime/calls, /v1/realtime   WebRTC signalling (gateway/webrtc_routes.py)
+  POST   /v1/realtime/client_secrets, /v1/realtime/sessions, /v1/realtime/transcription_sessions
+                                            ephemeral client secrets (gateway/client_secrets.py)
+  GET    /v1/realtime/sessions/{id}/turns   a live session's latency trace
+  GET    /healthz, /metrics                 health (never needs a key), Prometheus metrics
+  GET    /...                               the browser page (public: it holds no secret)
+
+``create_app(config)`` is the app factory: a worker process builds its app from the config alone.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import time
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+
+from gateway import __version__
+from gateway.client_secrets import client_secret_routes
+from gateway.config import REPO_ROOT, Config
+from gateway.guard import FrontDoor, Hosts, Origins
+from gateway.realtime_ws import RealtimeEndpoint
+from gateway.responder import Responder
+from gateway.rest import HttpError, authorize, error_response, http_error_response
+from gateway.server import Gateway
+from gateway.webrtc_routes import signalling_routes
+
+MAX_STATIC_PATH_CHARS = 255
+
+
+class Pages:
+    """The page and /healthz, /metrics and a session's turns."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.web_dir = (REPO_ROOT / gateway.config.server.web_dir).resolve()
+        self.started_at = time.time()
+
+    async def healthz(self, request: Request) -> Response:
+        gateway = self.gateway
+        body = {"status": "ok" if gateway.ready else "starting", "version": __version__,
+                "active_sessions": len(gateway.sessions), "uptime_s": round(time.time() - self.started_at, 1),
+                "webrtc": gateway.webrtc is not None}
+        return Response(orjson.dumps(body), 200 if gateway.ready else 503, media_type="application/json",
+                        headers={"Cache-Control": "no-cache"})
+
+    async def metrics(self, request: Request) -> Response:
+        authorize(request, self.gateway)
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    async def turns(self, request: Request) -> Response:
+        """A live session's latency trace: its last turns, stage by stage (the page's latency panel)."""
+        authorize(request, self.gateway, secrets_allowed=True)
+        session_id = request.path_params["session_id"]
+        runner = next((r for r in self.gateway.sessions if r.session.settings.id == session_id), None)
+        if runner is None:
+            raise HttpError(404, "No such session.", "session_not_found")
+        body = {"session_id": session_id, "turns": list(runner.trace.records)}
+        return Response(orjson.dumps(body), media_type="application/json", headers={"Cache-Control": "no-cache"})
+
+    async def upgrade_required(self, request: Request) -> Response:
+        raise HttpError(426, "This is the Realtime WebSocket endpoint: connect with a WebSocket.", "upgrade_required")
+
+    async def static(self, request: Request) -> Response:
+        relative = request.path_params.get("name") or "index.html"
+        if len(relative) > MAX_STATIC_PATH_CHARS:
+            raise HttpError(404, "Not found.", "not_found")
+        file = (self.web_dir / relative).resolve()
+        if file.is_dir():
+            file = file / "index.html"
+        if not file.is_relative_to(self.web_dir) or not file.is_file():
+            raise HttpError(404, "Not found.", "not_found")
+        content_type = "text/javascript" if file.suffix == ".js" else mimetypes.guess_type(file.name)[0]
+        return FileResponse(file, media_type=content_type or "application/octet-stream",
+                            headers={"Cache-Control": "no-cache"})
+
+
+def routes(gateway: Gateway) -> list[BaseRoute]:
+    pages = Pages(gateway)
+    realtime = RealtimeEndpoint(gateway)
+    table: list[BaseRoute] = []
+    for path in ("/v1/realtime", "/realtime"):
+        table += [WebSocketRoute(path, realtime), Route(path, pages.upgrade_required, methods=["GET"])]
+    table += client_secret_routes(gateway)
+    table += signalling_routes(gateway)  # answers 404 while WebRTC is off
+    table += [
+        Route("/healthz", pages.healthz),
+        Route("/metrics", pages.metrics),
+        Route("/v1/realtime/sessions/{session_id}/turns", pages.turns),
+        # The page's folder is served flat: a path of one segment, so that the API's paths never reach it
+        # (a wrong method on them is a 405, not a missing file).
+        Route("/", pages.static),
+        Route("/{name}", pages.static),
+    ]
+    return table
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HttpError)
+    return http_error_response(exc)
+
+
+async def _starlette_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (404, 405) in the same shape as ours."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return error_response(exc.status_code, str(exc.detail), code)
+
+
+def create_app(config: Config, responder: Responder | None = None, gateway: Gateway | None = None) -> Starlette:
+    """The app factory: the whole gateway as an ASGI app, its models loaded by the app's lifespan."""
+    gateway = gateway if gateway is not None else Gateway(config, responder)
+    server = config.server
+    front_door = Middleware(FrontDoor, origins=Origins(server.allowed_origins),
+                            hosts=Hosts(server.allowed_hosts, server.host))
+    app = Starlette(routes=routes(gateway), middleware=[front_door], lifespan=gateway.lifespan,
+                    exception_handlers={HttpError: _http_error, HTTPException: _starlette_error})
+    app.state.gateway = gateway
+    return app

@@ -1,0 +1,156 @@
+"""Serving the app: uvicorn on one listening socket, with TLS when configured and the WebSocket limits.
+
+uvicorn parses HTTP (h11: bounded request heads, 400 for malformed ones), the websockets library's
+sans-I/O protocol speaks WebSocket (gateway/ws_protocol.py adds the send deadline and the inbound
+bound). The socket is bound here, before the server starts, so that a busy port is a clear error, and
+so that several worker processes can later accept on one socket bound by their parent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+from collections.abc import Iterator
+
+import uvicorn
+
+from gateway import __version__
+from gateway.app import create_app
+from gateway.config import Config, ConfigError
+from gateway.guard import is_loopback
+from gateway.responder import Responder
+from gateway.server import Gateway
+from gateway.ws_protocol import protocol_class
+
+log = logging.getLogger(__name__)
+
+# Request heads (request line and headers) longer than this are refused with 400 (h11's own bound).
+MAX_REQUEST_HEAD_BYTES = 16 * 1024
+# HTTP requests and handshakes in flight beyond the sessions themselves; past that, new ones get 503.
+CONNECTION_HEADROOM = 256
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def check_exposure(config: Config, gateway: Gateway, insecure_no_auth: bool) -> None:
+    """Nothing unauthenticated on a non-loopback address, unless the operator says so out loud."""
+    host = config.server.host
+    if is_loopback(host) or gateway.auth.required:
+        return
+    if not insecure_no_auth:
+        raise ConfigError(
+            f"refusing to serve {host or 'every address'} without authentication: set GATEWAY_API_KEYS "
+            "(comma-separated keys), or pass --insecure-no-auth to let anyone who can reach it use it"
+        )
+    log.warning("serving %s with NO authentication (--insecure-no-auth): anyone who can reach it can use it, "
+                "and the paid backends behind it", host)
+
+
+def check_tls(config: Config) -> bool:
+    """Whether TLS is on; a ConfigError naming the option when its files cannot be used."""
+    cert, key = config.server.tls_cert, config.server.tls_key
+    if not cert and not key:
+        return False
+    if not cert or not key:
+        raise ConfigError("set both [server] tls_cert and tls_key (GATEWAY_SERVER_TLS_CERT, GATEWAY_SERVER_TLS_KEY)")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"[server] tls_cert / tls_key cannot be used ({cert}, {key}): {exc}") from None
+    return True
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket. Made with proto IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that
+    say so, and without it Nagle's algorithm holds each event sent right after another for the client's
+    delayed ACK (10-40 ms)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} ([server] port, or --port): {exc.strerror or exc}") from None
+    return sock
+
+
+def uvicorn_config(app: object, config: Config) -> uvicorn.Config:
+    server = config.server
+    return uvicorn.Config(
+        app,
+        http="h11",
+        ws=protocol_class(server.send_timeout_s, server.inbound_free_bytes, server.inbound_budget_bytes,
+                          server.max_message_bytes),
+        ws_max_size=server.max_message_bytes,
+        ws_per_message_deflate=False,
+        h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
+        limit_concurrency=server.max_sessions + CONNECTION_HEADROOM,
+        lifespan="on",
+        server_header=False,
+        access_log=False,
+        log_config=None,
+        ssl_certfile=server.tls_cert or None,
+        ssl_keyfile=server.tls_key or None,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handlers: the process that runs it decides what a signal means."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class GatewayServer:
+    """One process serving the gateway on [server] host and port."""
+
+    def __init__(self, config: Config, responder: Responder | None = None, insecure_no_auth: bool = False) -> None:
+        self.config = config
+        self.gateway = Gateway(config, responder)
+        self.app = create_app(config, gateway=self.gateway)
+        self.insecure_no_auth = insecure_no_auth
+        self._socket: socket.socket | None = None
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        server = self.config.server
+        check_exposure(self.config, self.gateway, self.insecure_no_auth)
+        tls = check_tls(self.config)
+        self._socket = listen(server.host, server.port)
+        # Loaded here, not in the app's lifespan (which then finds it started): a failure is an error
+        # naming its cause, not a traceback from inside uvicorn.
+        await self.gateway.start()
+        self._server = _Server(uvicorn_config(self.app, self.config))
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
+        while not self._server.started and not self._task.done():
+            await asyncio.sleep(0.01)
+        if self._task.done():
+            with contextlib.suppress(SystemExit):  # uvicorn exits when its startup fails
+                self._task.result()
+            raise ConfigError("the HTTP server did not start (see the log above)")
+        scheme = "https" if tls else "http"
+        log.info("gateway %s on %s://%s:%d (WebSocket %s://%s:%d/v1/realtime; responder: %s; auth: %s)",
+                 __version__, scheme, server.host, self.port, "wss" if tls else "ws", server.host, self.port,
+                 type(self.gateway.responder).__name__,
+                 f"{len(self.gateway.auth.api_keys)} API key(s)" if self.gateway.auth.required else "off")
+
+    @property
+    def port(self) -> int:
+        assert self._socket is not None
+        return self._socket.getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(SystemExit):
+                await self._task
+        await self.gateway.stop()
+        if self._socket is not None:
+            self._socket.close()

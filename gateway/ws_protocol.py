@@ -1,0 +1,191 @@
+"""uvicorn's websockets-sansio WebSocket protocol, with the gateway's two connection limits.
+
+uvicorn already applies back-pressure both ways: it stops reading a connection once a message waits for
+the app, and a send waits while the socket's write buffer is above its high-water mark (64 KiB), so a
+client that never reads holds that much and no more. What it lacks, and this subclass adds:
+
+- A send deadline (``[server] send_timeout_s``): a send that has waited that long for a client that
+  does not read aborts the connection. Closing it politely would wait behind the very buffer that is
+  stuck (so would uvicorn's keepalive timeout: its ping and close frame queue up behind it); the app
+  sees a disconnect with code 1011 and reason "send timeout", and its session is freed.
+- A process-wide bound on buffered inbound bytes. Each connection may hold up to
+  ``[server] inbound_free_bytes`` (a message being read, one waiting, one being handled); past that
+  it needs one of ``inbound_budget_bytes // (2 * max_message_bytes)`` large-message slots and stops
+  reading until one is free. A slot holder can always finish its message (its room is reserved), so
+  slots never deadlock; they are given first come, first served.
+  Peak memory of inbound messages, the copies made while handling them included: at most
+  2 x inbound_budget_bytes + 3 x connections x (inbound_free_bytes + one socket read of 256 KiB).
+
+It leans on uvicorn's protocol internals (its queue, read_paused, writable) and on the websockets
+parser's (its buffer, its generator): pyproject.toml pins both, and tests/test_hostile.py exercises
+both limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any
+
+from prometheus_client import Counter
+from uvicorn.protocols.utils import ClientDisconnected
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State
+
+log = logging.getLogger(__name__)
+
+SEND_TIMEOUTS = Counter("gateway_send_timeouts_total",
+                        "WebSocket connections aborted because the client stopped reading ([server] send_timeout_s)")
+INBOUND_WAITS = Counter("gateway_inbound_budget_waits_total",
+                        "Times a connection stopped reading to wait for a large-message slot")
+
+
+class InboundBudget:
+    """Large-message slots shared by a process's connections, handed out first come, first served."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.holders: set[LimitedWebSocketProtocol] = set()
+        self.waiting: deque[LimitedWebSocketProtocol] = deque()
+
+    def take(self, connection: LimitedWebSocketProtocol) -> bool:
+        if connection in self.holders:
+            return True
+        if len(self.holders) < self.slots and not self.waiting:
+            self.holders.add(connection)
+            return True
+        if connection not in self.waiting:
+            self.waiting.append(connection)
+            INBOUND_WAITS.inc()
+        return False
+
+    def give_back(self, connection: LimitedWebSocketProtocol) -> None:
+        self.holders.discard(connection)
+        if connection in self.waiting:
+            self.waiting.remove(connection)
+        while self.waiting and len(self.holders) < self.slots:
+            waiter = self.waiting.popleft()
+            self.holders.add(waiter)
+            waiter.slot_granted()
+
+
+class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
+    """Set by ``protocol_class``: the deadline, the free allowance and the shared budget."""
+
+    send_timeout_s: float
+    free_bytes: int
+    budget: InboundBudget
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._queued: deque[int] = deque()  # sizes of the messages waiting for the app
+        self._app_holds = 0  # size of the message the app is handling (until it asks for the next)
+        self._parser_holds = 0  # size of the last message, still referenced by websockets' parser
+        self._waiting_slot = False
+
+    # --- send deadline ------------------------------------------------------------------------------
+
+    async def send(self, message: Any) -> None:
+        if not self.writable.is_set() and not self.disconnected:
+            try:
+                await asyncio.wait_for(self.writable.wait(), self.send_timeout_s)
+            except TimeoutError:
+                self._abort(f"the client read nothing for {self.send_timeout_s:g} s while the server had "
+                            "messages to send")
+                raise ClientDisconnected from None
+        await super().send(message)
+
+    def keepalive_timeout(self) -> None:
+        super().keepalive_timeout()
+        self._abort_if_stuck()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        # A client that reads gets its close frame; one that does not is cut off after the send deadline.
+        self.loop.call_later(self.send_timeout_s, self._abort_if_stuck)
+
+    def _abort_if_stuck(self) -> None:
+        """A close that waits behind unsent data never completes when the client does not read."""
+        if not self.disconnected and self.transport.get_write_buffer_size() > 0:
+            self.transport.abort()
+
+    def _abort(self, why: str) -> None:
+        SEND_TIMEOUTS.inc()
+        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+        log.info("closing %s: %s (send timeout)", peer, why)
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": 1011, "reason": "send timeout"})
+        self.transport.abort()
+
+    # --- inbound bound ------------------------------------------------------------------------------
+
+    def _held(self) -> int:
+        return (len(self.conn.reader.buffer) + sum(len(f) for f in self.frames) + sum(self._queued)
+                + self._app_holds + self._parser_holds)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._drop_parsed_frame()
+        self._check_held()
+
+    def send_receive_event_to_app(self) -> None:
+        size = sum(len(f) for f in self.frames)
+        queued = self.queue.qsize()
+        super().send_receive_event_to_app()
+        self._parser_holds = size
+        if self.queue.qsize() > queued:
+            self._queued.append(size)
+
+    def _drop_parsed_frame(self) -> None:
+        """websockets' parser keeps its last frame referenced (a local of its generator) until the next one
+        is parsed: between messages, with nothing buffered, a fresh parser lets a large message's bytes go
+        once handled, instead of when (if ever) the next message arrives."""
+        conn = self.conn
+        if self._parser_holds and not conn.reader.buffer and conn.cur_size is None and conn.state is State.OPEN:
+            conn.parser = conn.parse()
+            next(conn.parser)
+            self._parser_holds = 0
+
+    async def receive(self) -> Any:
+        self._app_holds = 0  # the app is done with the last message
+        self._check_held()
+        message = await self.queue.get()
+        if message["type"] == "websocket.receive" and self._queued:
+            self._app_holds = self._queued.popleft()
+        if self.read_paused and self.queue.empty():
+            self.read_paused = False
+            if not self._waiting_slot:
+                self.transport.resume_reading()
+        return message
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._waiting_slot = False
+        self.budget.give_back(self)
+
+    def _check_held(self) -> None:
+        if self.disconnected:
+            return
+        if self._held() <= self.free_bytes:
+            if self in self.budget.holders or self._waiting_slot:
+                self._waiting_slot = False
+                self.budget.give_back(self)
+                if not self.read_paused:
+                    self.transport.resume_reading()
+            return
+        if not self.budget.take(self) and not self._waiting_slot:
+            self._waiting_slot = True
+            self.transport.pause_reading()
+
+    def slot_granted(self) -> None:
+        self._waiting_slot = False
+        if not self.read_paused and not self.disconnected:
+            self.transport.resume_reading()
+
+
+def protocol_class(send_timeout_s: float, free_bytes: int, budget_bytes: int,
+                   max_message_bytes: int) -> type[LimitedWebSocketProtocol]:
+    """The protocol class to give uvicorn (``ws=``) for one process, with its own budget."""
+    budget = InboundBudget(max(1, budget_bytes // (2 * max_message_bytes)))
+    return type("GatewayWebSocketProtocol", (LimitedWebSocketProtocol,),
+                {"send_timeout_s": send_timeout_s, "free_bytes": free_bytes, "budget": budget})

@@ -1,0 +1,288 @@
+"""Hostile input at the front door: bad HTTP and SDP, floods of pending calls, a client that stops
+reading while the server streams faster than real time, many clients sending the largest messages at
+once (the server's peak RSS against the documented bound), clients leaving mid-response. Nothing
+crashes, every refusal is the documented code, and the log holds no traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gc
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+import websockets
+from prometheus_client import REGISTRY
+from websockets.client import ClientProtocol
+from websockets.uri import parse_uri
+
+from gateway.responder import EchoResponder
+from tests.conftest import Served, connect, load_pcm, silence
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
+    problems = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info or "Traceback" in r.getMessage()
+                or "never retrieved" in r.getMessage()]
+    assert problems == [], [r.getMessage() for r in problems]
+
+
+async def raw_http(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``request`` as it is; the status, headers and body of the answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(-1), 5)
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:] if ": " in line)
+    return int(lines[0].split()[1]), headers, body
+
+
+def get(path: str, method: str = "GET", extra: str = "", body: bytes = b"", length: int | None = None) -> bytes:
+    """A request; ``length`` declares a body that is never sent (refused before it is read)."""
+    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{extra}"
+            f"Content-Length: {len(body) if length is None else length}\r\n\r\n").encode("latin-1") + body
+
+
+async def test_bad_http_gets_a_short_4xx_and_no_traceback(start_gateway, caplog):
+    caplog.set_level(logging.INFO)
+    gateway = await start_gateway(webrtc__enabled=True)
+    port = gateway.port
+    cases = [
+        (b"GARBAGE\r\n\r\n", 400),
+        (get("/", extra="X-Big: " + "a" * 20_000 + "\r\n"), 431),
+        (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20_000, 400),  # a head that does not end
+        (get("/" + "a" * 3000), 414),
+        (get("/%00"), 400),
+        (get("/" + "a" * 300), 404),
+        (get("/nope/../../etc/passwd"), 404),
+        (get("/healthz", "POST"), 405),
+        (get("/", "DELETE"), 405),
+        (get("/v1/realtime", "GET"), 426),
+        (get("/v1/realtime/client_secrets", "GET"), 405),
+        (get("/v1/realtime/calls", "POST", "Content-Type: application/sdp\r\n", length=300_000), 413),
+        (get("/v1/realtime/calls", "POST", "Content-Type: application/json\r\n", b"{}"), 415),
+        (get("/v1/realtime/client_secrets", "POST", "", length=70_000), 413),
+        (get("/v1/realtime/client_secrets", "POST", "", b"[1, 2"), 400),
+    ]
+    for request, status in cases:
+        got, headers, body = await raw_http(port, request)
+        assert got == status, (request[:60], body[:200])
+        assert "server" not in headers
+        assert len(body) < 400
+    status, headers, body = await raw_http(port, get("/", "HEAD"))
+    assert status == 200 and body == b""
+    status, headers, body = await raw_http(port, get("/"))
+    assert status == 200 and b"<html" in body
+    assert headers["x-content-type-options"] == "nosniff" and headers["referrer-policy"] == "no-referrer"
+    assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    assert "server" not in headers
+    no_tracebacks(caplog)
+
+
+def offer_request(sdp: bytes, content_type: str = "application/sdp") -> bytes:
+    return get("/v1/realtime/calls", "POST", f"Content-Type: {content_type}\r\n", sdp)
+
+
+async def test_bad_sdp_is_a_400_naming_the_problem(start_gateway, caplog):
+    pytest.importorskip("aiortc")
+    gateway = await start_gateway(webrtc__enabled=True)
+    form = (b"--b\r\nContent-Disposition: form-data; name=\"sdp\"\r\n\r\n\xff\xfe\xfd\r\n--b--\r\n")
+    cases = [
+        (offer_request(b"v=0\r\n\xff\xfe bad bytes\r\nm=audio"), "not UTF-8"),
+        (offer_request(b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\nnonsense\r\n"), "cannot be used"),
+        (offer_request(b"<html>hello</html>"), "not an SDP offer"),
+        (offer_request(form, "multipart/form-data; boundary=b"), "not an SDP offer"),  # decoded with replacements
+        (offer_request(b"--b\r\nbroken", "multipart/form-data; boundary=b"), ""),
+        (offer_request(b"sdp=v%3D0", "application/x-www-form-urlencoded"), "no media"),
+    ]
+    for request, message in cases:
+        status, _, body = await raw_http(gateway.port, request)
+        assert status == 400, body
+        assert message in orjson.loads(body)["error"]["message"]
+    assert not gateway.webrtc.calls and not gateway.sessions
+    no_tracebacks(caplog)
+
+
+async def test_a_flood_of_pending_calls_is_limited_and_reaped(start_gateway, caplog):
+    aiortc = pytest.importorskip("aiortc")
+    gateway = await start_gateway(webrtc__enabled=True, webrtc__max_pending_calls=3, webrtc__connect_timeout_s=1.0,
+                                  server__max_sessions=2)
+
+    async def offer() -> bytes:
+        pc = aiortc.RTCPeerConnection(aiortc.RTCConfiguration(iceServers=[]))
+        pc.createDataChannel("oai-events")
+        await pc.setLocalDescription(await pc.createOffer())
+        await pc.close()  # never connects: the call stays pending on the server
+        return pc.localDescription.sdp.encode()
+
+    statuses = [(await raw_http(gateway.port, offer_request(await offer())))[0] for _ in range(6)]
+    assert statuses == [201, 201, 201, 503, 503, 503]
+    assert gateway.webrtc.pending == 3 and not gateway.sessions
+    # Pending calls are not sessions: a WebSocket user still gets in.
+    async with connect(gateway) as client:
+        assert client.received[0]["type"] == "session.created"
+    for _ in range(60):
+        if not gateway.webrtc.calls:
+            break
+        await asyncio.sleep(0.1)
+    assert not gateway.webrtc.calls  # reaped after connect_timeout_s
+    assert (await raw_http(gateway.port, offer_request(await offer())))[0] == 201
+    no_tracebacks(caplog)
+
+
+class RawWebSocket:
+    """A WebSocket client on a plain socket that sends but never reads (websockets' sans-I/O protocol)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.connect(("127.0.0.1", port))
+        self.protocol = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/v1/realtime"))
+        self.protocol.send_request(self.protocol.connect())
+        self._flush()
+        response = b""
+        while b"\r\n\r\n" not in response:
+            response += self.sock.recv(1)  # the handshake only: nothing more is read after it
+        self.protocol.receive_data(response)
+        assert self.protocol.handshake_exc is None, response
+
+    def send(self, event: dict) -> None:
+        self.protocol.send_text(orjson.dumps(event))
+        self._flush()
+
+    def _flush(self) -> None:
+        for data in self.protocol.data_to_send():
+            self.sock.sendall(data)
+
+
+async def test_a_client_that_stops_reading_is_cut_off_and_its_session_freed(start_gateway, caplog):
+    gateway: Served = await start_gateway(EchoResponder(pace=0), server__send_timeout_s=1.0)
+    before = metric("gateway_send_timeouts_total")
+    loop = asyncio.get_running_loop()
+    client = await loop.run_in_executor(None, RawWebSocket, gateway.port)
+
+    def speak() -> None:
+        client.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+            "turn_detection": None}}}})
+        second = base64.b64encode(bytes(48_000)).decode()
+        for _ in range(300):  # five minutes of audio: its echo, sent as fast as possible, is ~19 MB of events
+            client.send({"type": "input_audio_buffer.append", "audio": second})
+        client.send({"type": "input_audio_buffer.commit"})
+        client.send({"type": "response.create"})
+
+    await loop.run_in_executor(None, speak)
+    await asyncio.sleep(0.5)
+    # While stalled, the server holds at most its write buffer's high-water mark and one message.
+    for connection in gateway._server.server_state.connections:  # noqa: SLF001 - measuring uvicorn's buffer
+        assert connection.transport.get_write_buffer_size() <= 64 * 1024 + 16 * 1024
+    for _ in range(100):
+        if not gateway.sessions:
+            break
+        await asyncio.sleep(0.05)
+    assert not gateway.sessions
+    assert metric("gateway_send_timeouts_total") == before + 1
+    with pytest.raises(OSError):  # the server aborted the connection
+        for _ in range(10_000):
+            if not client.sock.recv(65536):
+                raise ConnectionResetError
+    client.sock.close()
+    no_tracebacks(caplog)
+
+
+async def test_clients_leaving_mid_response_end_cleanly(start_gateway, caplog):
+    caplog.set_level(logging.INFO)
+    gateway = await start_gateway(EchoResponder(pace=1.0))
+    before = metric("gateway_client_disconnects_total", during="response")
+    speech = base64.b64encode(load_pcm("one_sentence.wav") + silence(800)).decode()
+
+    async def leave_mid_response() -> None:
+        ws = await websockets.connect(f"ws://127.0.0.1:{gateway.port}/v1/realtime", max_size=None)
+        await ws.send(orjson.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+            "turn_detection": None}}}}).decode())
+        await ws.send(orjson.dumps({"type": "input_audio_buffer.append", "audio": speech}).decode())
+        await ws.send('{"type": "input_audio_buffer.commit"}')
+        await ws.send('{"type": "response.create"}')
+        async for message in ws:
+            if orjson.loads(message)["type"] == "response.output_audio.delta":
+                break
+        ws.transport.abort()  # gone without a close frame, as a crashed client or a dropped network
+
+    await asyncio.gather(*(leave_mid_response() for _ in range(5)))
+    for _ in range(100):
+        if not gateway.sessions:
+            break
+        await asyncio.sleep(0.05)
+    assert not gateway.sessions
+    gc.collect()  # a task whose exception was never retrieved reports it when collected
+    await asyncio.sleep(0.1)
+    assert metric("gateway_client_disconnects_total", during="response") == before + 5
+    no_tracebacks(caplog)
+
+
+def _rss(pid: int, field: str) -> int:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.M).group(1)) * 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc to read the server's RSS")
+async def test_many_clients_sending_the_largest_messages_stay_within_the_memory_bound():
+    """The real command line in its own process, so that its peak RSS is its own."""
+    mib = 1024 * 1024
+    limits = {"max_message_bytes": 4 * mib, "inbound_free_bytes": mib // 4, "inbound_budget_bytes": 16 * mib}
+    clients, messages = 12, 3
+    env = {**os.environ, "GATEWAY_WEBRTC_ENABLED": "false", "GATEWAY_RESPONDER_KIND": "echo",
+           "GATEWAY_SESSION_MAX_APPEND_BYTES": "65536",
+           **{f"GATEWAY_SERVER_{k.upper()}": str(v) for k, v in limits.items()}}
+    env.pop("GATEWAY_API_KEYS", None)
+    server = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", "0"], cwd=ROOT, env=env,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        while port is None:
+            line = server.stderr.readline()
+            assert line, "the gateway exited"
+            if match := re.search(r"on http://127\.0\.0\.1:(\d+)", line):
+                port = int(match.group(1))
+        url = f"ws://127.0.0.1:{port}/v1/realtime"
+        # The largest message allowed: an append of base64 audio (over max_append_bytes, so refused once read).
+        audio = "A" * (limits["max_message_bytes"] - 100)
+        message = '{"type":"input_audio_buffer.append","audio":"' + audio + '"}'
+        async with websockets.connect(url) as warm:
+            await warm.recv()
+        baseline = _rss(server.pid, "VmRSS")
+
+        async def flood() -> int:
+            refused = 0
+            async with websockets.connect(url, max_size=None) as ws:
+                await ws.recv()  # session.created
+                for _ in range(messages):
+                    await ws.send(message)
+                for _ in range(messages):
+                    refused += orjson.loads(await asyncio.wait_for(ws.recv(), 60))["error"]["code"] == "audio_too_large"
+            return refused
+
+        results = await asyncio.gather(*(flood() for _ in range(clients)))
+        peak = _rss(server.pid, "VmHWM") - baseline
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert results == [messages] * clients  # every message was read and answered, none lost
+    # README, "Limits and memory" (and config.toml): 2 x budget + 3 x connections x (free + one 256 KiB read).
+    bound = limits["inbound_budget_bytes"] * 2 + clients * (limits["inbound_free_bytes"] + 256 * 1024) * 3
+    print(f"peak RSS growth {peak / mib:.1f} MiB, documented bound {bound / mib:.1f} MiB")
+    assert peak <= bound

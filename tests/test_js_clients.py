@@ -1,0 +1,114 @@
+"""Unmodified npm clients against the gateway: the `openai` package's OpenAIRealtimeWS under Node over
+wss:// with the gateway's own certificate, and @openai/agents-realtime in headless Chromium (both of its
+transports, from a page the gateway serves, with a client secret minted by the `openai` Python SDK).
+
+The npm packages come from tests/js/package-lock.json (`make test` runs `npm ci` there); Chromium is
+Debian's. Each test skips, saying why, when its tools are missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from openai import AsyncOpenAI
+
+from gateway.certs import make_certificate
+from tests.conftest import FIXTURES, load_pcm, silence
+
+JS = Path(__file__).resolve().parent / "js"
+NODE = shutil.which("node")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+KEY = "sk-js-clients-" + "x" * 20
+
+needs_npm = pytest.mark.skipif(
+    NODE is None or not (JS / "node_modules" / "openai").is_dir(),
+    reason="needs node and tests/js/node_modules (make test runs npm ci in tests/js)",
+)
+
+
+@needs_npm
+async def test_openai_npm_client_over_wss_a_turn_and_a_cancel(start_gateway, tmp_path, monkeypatch):
+    monkeypatch.setenv("GATEWAY_API_KEYS", KEY)
+    ca, cert, key = make_certificate(tmp_path / "tls")
+    from gateway.responder import EchoResponder
+
+    # At real-time pace, so that the second reply is still running when the client cancels it.
+    gateway = await start_gateway(EchoResponder(pace=1.0), server__tls_cert=str(cert), server__tls_key=str(key))
+    speech = tmp_path / "speech.pcm"
+    speech.write_bytes(load_pcm("one_sentence.wav")[: 48 * 2000])
+    process = await asyncio.create_subprocess_exec(
+        NODE, str(JS / "openai_ws_turn.mjs"), f"https://localhost:{gateway.port}/v1", str(speech), cwd=JS,
+        env={"PATH": "/usr/bin:/bin", "NODE_EXTRA_CA_CERTS": str(ca), "OPENAI_API_KEY": KEY},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, (out.decode(), err.decode())
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert result["url"].startswith("wss://localhost:")
+    assert result["errors"] == []
+    assert result["responses"] == [{"status": "completed"}, {"status": "cancelled", "reason": "client_cancelled"}]
+    assert result["events"]["response.output_audio.delta"] > 0
+    assert not gateway.sessions
+
+
+@pytest.fixture
+def agents_page(tmp_path: Path) -> Path:
+    """A web folder with the bundled Agents SDK and a test page, for the gateway to serve."""
+    if NODE is None or not (JS / "node_modules" / "@openai" / "agents-realtime").is_dir():
+        pytest.skip("needs node and tests/js/node_modules (make test runs npm ci in tests/js)")
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
+    web = tmp_path / "web"
+    web.mkdir()
+    subprocess.run([str(JS / "node_modules" / ".bin" / "esbuild"), str(JS / "agents_page.js"), "--bundle",
+                    "--format=esm", "--platform=browser", "--log-level=warning", f"--outfile={web / 'agents.js'}"],
+                   check=True, cwd=JS, timeout=60)
+    (web / "index.html").write_text('<!doctype html><meta charset="utf-8"><script type="module" src="agents.js">'
+                                    "</script><title>agents</title>")
+    # The sentence, then silence past semantic_vad's longest wait (the Agents SDK asks for semantic_vad): a
+    # streamed turn ends only on audio that comes after it.
+    (web / "speech.pcm").write_bytes(load_pcm("one_sentence.wav") + silence(6000))
+    return web
+
+
+@pytest.mark.parametrize("transport", ["webrtc", "websocket"])
+async def test_agents_sdk_in_chromium(transport, agents_page, start_gateway, monkeypatch):
+    from playwright.async_api import async_playwright
+
+    monkeypatch.setenv("GATEWAY_API_KEYS", KEY)
+    # The echo is made at once (the microphone's next round of the sentence then barges into its playout,
+    # not into the response).
+    gateway = await start_gateway(webrtc__enabled=True, server__web_dir=str(agents_page))
+    origin = f"http://127.0.0.1:{gateway.port}"
+    openai = AsyncOpenAI(api_key=KEY, base_url=origin + "/v1")
+    secret = (await openai.realtime.client_secrets.create(session={"type": "realtime", "instructions": "Be brief."}))
+    url = origin + "/v1/realtime/calls" if transport == "webrtc" else f"ws://127.0.0.1:{gateway.port}/v1/realtime"
+    args = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={FIXTURES / 'one_sentence.wav'}"]
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=args)
+        try:
+            page = await browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(origin + "/")
+            result = await page.evaluate("(options) => window.runTurn(options)",
+                                         {"transport": transport, "apiKey": secret.value, "url": url})
+        finally:
+            await browser.close()
+    assert errors == []
+    assert result["status"] == "completed", result
+    events = result["events"]
+    assert events[0] == "session.created" and "error" not in events, events
+    assert "input_audio_buffer.speech_stopped" in events
+    for _ in range(60):
+        if not gateway.sessions:
+            break
+        await asyncio.sleep(0.05)
+    assert not gateway.sessions
