@@ -60,7 +60,7 @@ setup() {
       nproc; free -g; git log -1 --format='%H %s' 2>/dev/null; } >"$OUT/env.txt" 2>&1
   fi
   export PYTHONPATH=$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-  ORACLE_PATH=/tmp/site-oracle:$ROOT
+  ORACLE_PATH=${ORACLE_PATH:-/tmp/site-oracle:$ROOT}
 }
 
 # checkpoint SIZE DIR FRAMES: a real-size checkpoint with seeded random weights, written through the official
@@ -92,7 +92,7 @@ gateway() {
   checkpoint "$size" "$dir" 2
   step 420 "bench-gateway-$size" python3 scripts/bench_gateway.py --responder pipeline --tts engine \
     --checkpoint "$dir" --engine-mode process --engine-devices "$ENGINE_DEVICES" --max-streams "$MAX_STREAMS" \
-    --sessions "$sessions" --arrivals poisson,aligned --cycles "$CYCLES" --clients "$CLIENTS" \
+    --sessions "$sessions" --arrivals poisson,aligned --cycles "$CYCLES" --clients "$CLIENTS" --port "$PORT" \
     --json "$OUT/bench-gateway-$size.json"
 }
 
@@ -110,18 +110,17 @@ case "${1:-}" in
   wheels) wheels ;;
   engine|gateway)
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 FRAMES=125 STREAMS=1,64,256 ENGINE_DEVICES=auto MAX_STREAMS=512
-    SESSIONS=${SESSIONS:-50,100,200,400} CYCLES=2 CLIENTS=${CLIENTS:-6}
+    SESSIONS=${SESSIONS:-50,100,200,400} CYCLES=2 CLIENTS=${CLIENTS:-6} PORT=18765
     "$@" ;;
   check)
     # The same steps on this machine's CPU with tiny checkpoints, in the gateway's .venv (the tiny checkpoint
     # has five speakers: the voices map to one of them).
     : "${ORACLE_SITE:?set ORACLE_SITE to the site-packages of an environment holding qwen-tts}"
     CPU_CHECK=1 DEVICE=cpu FIXTURE=tiny Q06=/tmp/gpu-check-a Q17=/tmp/gpu-check-b FRAMES=6 STREAMS=1,2
-    ENGINE_DEVICES=cpu MAX_STREAMS=4 SESSIONS=2 CYCLES=1 CLIENTS=1
+    ENGINE_DEVICES=cpu MAX_STREAMS=4 SESSIONS=2 CYCLES=1 CLIENTS=1 PORT=${PORT:-28765}
     export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
-    rm -rf "$Q06" "$Q17"
-    setup
     ORACLE_PATH=$ORACLE_SITE:$ROOT
+    rm -rf "$Q06" "$Q17"
     engine
     gateway 0.6b 2 ;;
   *) sed -n 2,16p "$0"; exit 2 ;;
