@@ -1,4 +1,5 @@
-"""The engine process's wire protocol (ZeroMQ multipart messages), and the rules of a stream's text input.
+"""The engine process's wire protocol (ZeroMQ multipart messages), and what a TTS stream is on either side
+of it: its text input (TextInput) and, for a reader in an event loop, its output queue (QueuedStream).
 
 An engine process (engine.process) binds one ROUTER socket; each gateway process connects one DEALER
 socket to it. A message is a list of frames, the first naming its kind; stream ids are chosen by the
@@ -23,9 +24,10 @@ imports neither torch nor zmq: the gateway's side uses it too.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
-from gateway.tts import TTSError
+from gateway.tts import TTSChunk, TTSError
 
 HELLO, PING, PONG, OPEN, FEED, END, CANCEL, STATS, BYE = (b"hello", b"ping", b"pong", b"open", b"feed", b"end",
                                                           b"cancel", b"stats", b"bye")
@@ -96,3 +98,31 @@ class TextInput:
 
     def _accept(self, text: str) -> None:
         """Where accepted text goes (called under the lock)."""
+
+
+class QueuedStream(TextInput):
+    """A stream read in an event loop (gateway.tts.TTSStream): `put` queues its packets, then None (the end)
+    or an exception, from the loop's thread; iteration ends at once when the stream is cancelled."""
+
+    def __init__(self, max_chars: int, lock: threading.Condition | None = None) -> None:
+        super().__init__(max_chars, lock)
+        self._queue: asyncio.Queue[TTSChunk | BaseException | None] = asyncio.Queue()
+        self._finished = False  # the reader saw the end
+
+    def put(self, item: TTSChunk | BaseException | None) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> QueuedStream:
+        return self
+
+    async def __anext__(self) -> TTSChunk:
+        if self._finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is None or self.cancelled:
+            self._finished = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._finished = True
+            raise item
+        return item

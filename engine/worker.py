@@ -27,7 +27,7 @@ from prometheus_client import Gauge, Histogram
 from engine import checkpoint, kernels
 from engine.checkpoint import Checkpoint, CheckpointError
 from engine.prompt import PromptError, TextTokens, Voice
-from engine.protocol import TextInput
+from engine.protocol import QueuedStream, TextInput
 from engine.runner import Runner
 from engine.sampling import SamplingParams
 from engine.stream import Packet, Stream
@@ -258,45 +258,28 @@ class Batcher:
                 ACTIVE.set(len(self._active))
 
 
-class QwenTTSStream(Utterance):
+class QwenTTSStream(Utterance, QueuedStream):
     """One utterance of the in-process engine; the gateway.tts.TTSStream protocol. Create with
     QwenTTSEngine.open (on the event loop): packets reach the loop through call_soon_threadsafe."""
 
     def __init__(self, engine: QwenTTSEngine, voice: Voice, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(engine, voice, self._deliver)
         self._loop = loop
-        self._queue: asyncio.Queue[TTSChunk | BaseException | None] = asyncio.Queue()
-        self._finished = False  # the consumer saw the end
 
     def end(self) -> None:
         try:
             super().end()
         except TTSError:
-            self._queue.put_nowait(None)  # nothing to say: iteration ends, the loop frees the stream
+            self.put(None)  # nothing to say: iteration ends, the loop frees the stream
             raise
 
     def cancel(self) -> None:
         if super().cancel():
-            self._queue.put_nowait(None)  # iteration ends now; the loop frees the stream at its next pass
-
-    def __aiter__(self) -> QwenTTSStream:
-        return self
-
-    async def __anext__(self) -> TTSChunk:
-        if self._finished:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is None or self.cancelled:
-            self._finished = True
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self._finished = True
-            raise item
-        return item
+            self.put(None)  # iteration ends now; the loop frees the stream at its next pass
 
     def _deliver(self, item: TTSChunk | BaseException | None) -> None:
         try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            self._loop.call_soon_threadsafe(self.put, item)
         except RuntimeError:  # the loop is closed: nobody listens any more
             with self.lock:
                 self.cancelled = True

@@ -36,17 +36,13 @@ from gateway.tts import TTSChunk, TTSError
 
 log = logging.getLogger(__name__)
 
-Item = TTSChunk | BaseException | None
 
-
-class RemoteStream(p.TextInput):
+class RemoteStream(p.QueuedStream):
     """One utterance in an engine process; the gateway.tts.TTSStream protocol."""
 
     def __init__(self, link: EngineLink, sid: bytes, max_chars: int) -> None:
         super().__init__(max_chars)
         self._link, self.sid = link, sid
-        self._queue: asyncio.Queue[Item] = asyncio.Queue()
-        self._finished = False
 
     def feed(self, text: str) -> None:
         if super().feed(text):
@@ -67,25 +63,7 @@ class RemoteStream(p.TextInput):
     def _stop(self) -> None:
         self._link.send([p.CANCEL, self.sid])
         self._link.streams.pop(self.sid, None)
-        self._queue.put_nowait(None)
-
-    def deliver(self, item: Item) -> None:
-        self._queue.put_nowait(item)
-
-    def __aiter__(self) -> RemoteStream:
-        return self
-
-    async def __anext__(self) -> TTSChunk:
-        if self._finished:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is None or self.cancelled:
-            self._finished = True
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self._finished = True
-            raise item
-        return item
+        self.put(None)
 
 
 class EngineLink:
@@ -120,7 +98,7 @@ class EngineLink:
     def fail_streams(self, message: str) -> None:
         streams, self.streams = self.streams, {}
         for stream in streams.values():
-            stream.deliver(BackendError("tts", message))
+            stream.put(BackendError("tts", message))
 
     def heard_from(self, instance: str, now: float) -> None:
         self.heard = now
@@ -255,11 +233,11 @@ class EngineClient:
             if stream is None:
                 link.send([p.CANCEL, frames[1]])  # a stream failed or forgotten here: stop it there
             else:
-                stream.deliver(TTSChunk(pcm=frames[3], text=frames[2].decode()))
+                stream.put(TTSChunk(pcm=frames[3], text=frames[2].decode()))
         elif kind in (p.DONE, p.ERROR):
             stream = link.streams.pop(frames[1], None)
             if stream is not None:
-                stream.deliver(None if kind == p.DONE else _error(frames[2], frames[3].decode()))
+                stream.put(None if kind == p.DONE else _error(frames[2], frames[3].decode()))
         elif kind == p.PONG:
             link.heard_from(frames[1].decode(), now)
             link.load, link.opened = int(frames[2]), 0

@@ -29,7 +29,7 @@ from tests.fake_openai import FakeOpenAI
 
 FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
 CONFIG = EngineConfig(checkpoint=str(FIXTURE), device="cpu", mode="process", devices="cpu", max_frames=200,
-                      heartbeat_ms=100, voices={"alloy": "vivian"})
+                      heartbeat_ms=250, voices={"alloy": "vivian"})
 SHORT = "Hello world, this is a test."  # 9 frames with seed 0
 LONG = "Speech synthesis streams audio while the text is still arriving."  # 148 frames with seed 0
 HEARTBEAT_S = CONFIG.heartbeat_ms / 1000
@@ -205,7 +205,8 @@ async def test_a_killed_engine_fails_its_streams_and_a_restarted_one_serves(
     async with asyncio.timeout(30):
         await anext(stream)
     os.kill(supervisor.pids[0], signal.SIGKILL)
-    with pytest.raises(BackendError, match="tts backend failed: the TTS engine process stopped"):
+    # Its connection drops at once (or, on a starved machine, its silence is noticed first).
+    with pytest.raises(BackendError, match="tts backend failed: the TTS engine process (stopped|did not answer)"):
         await collect(stream, timeout=5)
     with pytest.raises(BackendError, match="no TTS engine process is up"):
         client.open("alloy")
