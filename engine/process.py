@@ -8,7 +8,8 @@ before the next step; then it runs one pass of the batching loop (engine.worker.
 go straight out on the socket. It binds only once the model is loaded and its CUDA graphs are captured,
 then prints one JSON line on stdout, {"ready": endpoint}, or {"error": message} when it cannot start:
 engine.supervisor waits for that line. It exits on SIGTERM (failing its open streams with a clear error
-first) and when the process that started it is gone (--parent).
+first) and when the process that started it is gone (--parent); it ignores SIGINT, which a terminal's
+Ctrl-C sends to the whole process group: its supervisor stops it.
 """
 
 from __future__ import annotations
@@ -216,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, stop)
+    # Ctrl-C reaches the whole process group: the supervisor's process handles it and stops this one in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         batcher = Batcher.from_config(config)
         socket = bind(args.endpoint)
