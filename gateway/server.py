@@ -20,12 +20,13 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from gateway import __version__
+from gateway import __version__, mcp_client
 from gateway.config import REPO_ROOT, Config, ConfigError
 from gateway.protocol import Dialect
 from gateway.responder import Responder
 from gateway.runner import Playout, Send, SessionRunner
 from gateway.session import Session
+from gateway.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError, eagerness_levels
 from gateway.trace import ACTIVE_SESSIONS, TurnTrace
 from gateway.vad import SileroModel, SileroVAD, VadBatcher
 
@@ -57,6 +58,10 @@ class Gateway:
         self._vad_batcher = VadBatcher(
             self._vad_executor, config.vad.inline_windows, config.vad.batch_interval_ms
         )
+        # Smart Turn (semantic_vad) has a thread of its own: its calls take tens of milliseconds, and the
+        # sessions' VAD batches must not queue behind them.
+        self._smart_turn_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smart-turn")
+        self._smart_turn: SmartTurnBatcher | None = None
         self._trace_sink: IO[str] | None = None
         self._server: Server | None = None
         self.webrtc: WebRTCServer | None = None
@@ -69,6 +74,16 @@ class Gateway:
 
             self.responder = await loop.run_in_executor(None, build_responder, self.config)
         self._vad_model = await loop.run_in_executor(None, SileroModel)
+        if self.config.mcp.enabled:
+            await loop.run_in_executor(None, mcp_client.preload)
+        semantic = self.config.semantic_vad
+        eagerness_levels(semantic)  # a bad [semantic_vad] option fails here, not in a session
+        try:
+            model = await loop.run_in_executor(None, SmartTurnModel, semantic.model_path or None,
+                                               semantic.model_sha256 or None)
+        except SmartTurnModelError as exc:
+            raise ConfigError(str(exc)) from None
+        self._smart_turn = SmartTurnBatcher(model, self._smart_turn_executor, semantic.max_batch)
         if self.config.trace.jsonl_path:
             self._trace_sink = open(self.config.trace.jsonl_path, "a", buffering=1)  # noqa: SIM115
         cfg = self.config.server
@@ -127,6 +142,7 @@ class Gateway:
             self._server.close()
             await self._server.wait_closed()
         self._vad_executor.shutdown(wait=False, cancel_futures=True)
+        self._smart_turn_executor.shutdown(wait=False, cancel_futures=True)
         close = getattr(self.responder, "aclose", None)
         if close is not None:
             await close()  # the backends' HTTP connection pools
@@ -189,12 +205,15 @@ class Gateway:
             vad_batcher=self._vad_batcher,
             trace=TurnTrace(session.settings.id, self._trace_sink),
             playout=playout,
+            smart_turn=self._smart_turn,
         )
 
     async def _handle(self, ws: ServerConnection) -> None:
         beta = "realtime=v1" in (ws.request.headers.get("OpenAI-Beta") or "")
-        model = parse_qs(urlsplit(ws.request.path).query).get("model", [None])[0]
-        session = Session(self.config, Dialect.BETA if beta else Dialect.GA, model=model)
+        query = parse_qs(urlsplit(ws.request.path).query)
+        model = query.get("model", [None])[0]
+        kind = "transcription" if query.get("intent") == ["transcription"] else "realtime"
+        session = Session(self.config, Dialect.BETA if beta else Dialect.GA, model=model, session_type=kind)
         runner = self.new_runner(session, ws.send)
         self.sessions.add(runner)
         ACTIVE_SESSIONS.set(len(self.sessions))

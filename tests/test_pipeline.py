@@ -26,6 +26,7 @@ from gateway.responder import (
     SpeechText,
     TextOut,
     TraceMark,
+    transcript_of,
 )
 from gateway.tone_tts import ToneEngine, ToneStream, tone_pcm
 from gateway.tts import TTSError
@@ -123,7 +124,7 @@ def respond(responder: PipelineResponder, req: ResponseRequest) -> AsyncIterator
     if responder.transcriber is not None:
         for m in req.messages:
             if m.role == "user" and m.audio and not m.text and m.item_id not in req.transcripts:
-                req.transcripts[m.item_id] = asyncio.ensure_future(responder.transcriber.transcribe(m.audio))
+                req.transcripts[m.item_id] = asyncio.ensure_future(transcript_of(responder.transcriber, m.audio))
     return responder.respond(req)
 
 
