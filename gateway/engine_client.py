@@ -85,7 +85,7 @@ class EngineLink:
         if self.socket is None or not (self.up or down_too):
             return
         sent = self.socket.send_multipart(frames, flags=zmq.DONTWAIT)
-        if sent.exception() is not None:
+        if sent.exception() is not None and self.up:
             self.fail(f"does not take messages ({sent.exception()!r})")
 
     def fail(self, why: str) -> None:
@@ -96,9 +96,12 @@ class EngineLink:
         self.fail_streams(f"the TTS engine process {why}")
 
     def fail_streams(self, message: str) -> None:
+        """Fail every stream held there; each is cancelled there too, in case the engine still runs it (one
+        taken for gone that was only slow), or comes back with it queued."""
         streams, self.streams = self.streams, {}
-        for stream in streams.values():
+        for sid, stream in streams.items():
             stream.put(BackendError("tts", message))
+            self.send([p.CANCEL, sid], down_too=True)
 
     def heard_from(self, instance: str, now: float) -> None:
         self.heard = now
@@ -135,6 +138,9 @@ class EngineClient:
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineClient:
         """Connect to [engine] endpoints, or start the engine processes here (one per device) and connect."""
+        for name in ("heartbeat_ms", "start_timeout_s"):
+            if getattr(config, name) <= 0:
+                raise ConfigError(f"option engine.{name} must be > 0, got {getattr(config, name)}")
         endpoints = [e.strip() for e in config.endpoints.split(",") if e.strip()]
         supervisor = None
         if not endpoints:
@@ -191,7 +197,7 @@ class EngineClient:
 
     async def aclose(self) -> None:
         for link in self.links:
-            link.send([p.BYE])
+            link.send([p.BYE], down_too=True)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

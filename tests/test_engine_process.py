@@ -128,6 +128,24 @@ async def test_cancel_takes_effect_within_a_step(client: EngineClient) -> None:
     assert after["streams"] == after["waiting"] == 0
 
 
+async def test_streams_go_to_the_least_loaded_engine(supervisor: EngineSupervisor) -> None:
+    """Two links to the one engine process stand for two engines: new streams alternate between them, and
+    one that is down gets none."""
+    endpoint = supervisor.endpoints[0]
+    client = await asyncio.to_thread(EngineClient, [endpoint, endpoint], HEARTBEAT_S)
+    try:
+        first, second = client.links
+        streams = [client.open("alloy") for _ in range(4)]
+        assert [s._link for s in streams] == [first, second, first, second]
+        first.fail("is gone (test)")
+        later = [client.open("alloy") for _ in range(3)]
+        assert {s._link for s in later} == {second}
+        for s in streams + later:
+            s.cancel()
+    finally:
+        await client.aclose()
+
+
 CHILD = """
 import asyncio, sys
 from gateway.engine_client import EngineClient
@@ -152,7 +170,8 @@ async def test_a_vanished_client_frees_its_streams(client: EngineClient, supervi
     try:
         line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 60)
         assert line.strip() == "holding"
-        assert (await counters(client))["streams"] == 2
+        held = await counters(client)
+        assert held["streams"] == 2, held
     finally:
         child.kill()
         child.wait()
