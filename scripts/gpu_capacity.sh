@@ -37,12 +37,12 @@ ORACLE_WHEELS="qwen-tts==0.1.1 transformers==4.57.3 tokenizers==0.22.1 huggingfa
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
 
-# step SECONDS NAME COMMAND...: one step, bounded in time, its output in $OUT/NAME.log; a failed step is
-# logged and the next one runs.
+# step SECONDS NAME COMMAND...: one step, bounded in time, its output appended to $OUT/NAME.log (the device
+# call returns at most 8 files); a failed step is logged and the next one runs.
 step() {
   local limit=$1 name=$2; shift 2
   log "start $name: $*"
-  timeout --signal=TERM --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  timeout --signal=TERM --kill-after=10 "$limit" "$@" >>"$OUT/$name.log" 2>&1
   local rc=$?
   log "end $name: exit $rc"
   tail -n 40 "$OUT/$name.log"
@@ -57,7 +57,7 @@ setup() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-oracle \
       .whl/oracle/*.whl || exit 1
     { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; \
-      nproc; free -g; git log -1 --format='%H %s' 2>/dev/null; } >"$OUT/env.txt" 2>&1
+      nproc; free -g; git log -1 --format='%H %s' 2>/dev/null; } >>"$OUT/run.log" 2>&1
   fi
   export PYTHONPATH=$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   ORACLE_PATH=${ORACLE_PATH:-/tmp/site-oracle:$ROOT}
@@ -67,7 +67,7 @@ setup() {
 # code (FRAMES: the greedy references it records, 2 when only the checkpoint is needed).
 checkpoint() {
   [ -f "$2/references.json" ] && return 0
-  PYTHONPATH=$ORACLE_PATH step 400 "fixture-$1" python3 scripts/make_parity_fixture.py --config "${FIXTURE:-real-$1}" \
+  PYTHONPATH=$ORACLE_PATH step 400 fixtures python3 scripts/make_parity_fixture.py --config "${FIXTURE:-real-$1}" \
     --out "$2" --device "$DEVICE" --dtype float32 --frames "$3"
 }
 
