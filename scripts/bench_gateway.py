@@ -128,6 +128,7 @@ async def serve(args: argparse.Namespace) -> None:
     config.server.port = args.port
     config.server.host = "127.0.0.1"
     config.webrtc.enabled = False
+    config.mcp.enabled = False  # no session here calls a tool: the mcp package need not be installed
     config.trace.jsonl_path = str(Path(args.stats_dir) / "trace.jsonl")
     responder = None
     if args.responder == "pipeline":

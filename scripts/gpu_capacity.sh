@@ -22,13 +22,15 @@ OUT=${OUT:-/tmp/gpu-capacity-out}
 mkdir -p "$OUT"
 
 # Exact versions, for CPython 3.12 on manylinux x86_64. The gateway's runtime (what the host lacks or has too
-# old: openai's aiohttp transport wants aiohttp >= 3.14.4), pyzmq for the engine processes, starlette and
-# uvicorn for the coming front door:
+# old: openai's aiohttp transport wants aiohttp >= 3.14.4), pyzmq for the engine processes, the pipecat-ai
+# wheel for the Smart Turn model it ships (the gateway loads it at start), starlette and uvicorn for the
+# coming front door. Not mcp: the benchmark's gateway runs with [mcp] off (its sessions call no tools).
 GATEWAY_WHEELS="websockets==15.0.1 orjson==3.13.0 soxr==1.1.0 silero-vad==6.2.3 pyzmq==27.3.0
   openai==3.54.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0 sniffio==1.3.1
   pydantic==2.14.3 pydantic-core==2.50.4 typing-inspection==0.4.5 annotated-types==0.8.0
   typing-extensions==4.16.0 anyio==4.16.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4
-  frozenlist==1.8.0 aiosignal==1.4.0 aiohappyeyeballs==2.7.1 attrs==26.1.0 starlette==1.10.0 uvicorn==0.54.0"
+  frozenlist==1.8.0 aiosignal==1.4.0 aiohappyeyeballs==2.7.1 attrs==26.1.0 starlette==1.10.0 uvicorn==0.54.0
+  pipecat-ai==1.14.0"
 # The official code as the parity oracle (qwen-tts pins transformers 4.57.3, which wants tokenizers <= 0.23.0
 # and huggingface-hub < 1.0; librosa and soundfile are imported by its model files):
 ORACLE_WHEELS="qwen-tts==0.1.1 transformers==4.57.3 tokenizers==0.22.1 huggingface-hub==0.36.0
