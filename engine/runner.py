@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -136,6 +137,11 @@ class Runner:
                             for _ in range(2)]
         self._launches = 0
         self._launched: _Launched | None = None
+        # Counters since start (the engine's stats): steps that launched a frame, stream-frames launched, wall
+        # time inside step(), and on a GPU the device time each step's work spans (CUDA events, read once done).
+        self.steps = self.frames = 0
+        self.step_seconds = self.gpu_seconds = 0.0
+        self._spans: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
         sizes: list[int] = []
         pool = None
         if cuda_graphs and self.device.type == "cuda":
@@ -188,12 +194,30 @@ class Runner:
         previous step. Returns the packets made, and (stream, None) for a stream that ended without one;
         ended streams have left the runner."""
         start = time.perf_counter()
+        span = self._span_start()
         previous, self._launched = self._launched, self._launch()
         events = self._take(previous) if previous is not None else []
+        elapsed = time.perf_counter() - start
+        self.step_seconds += elapsed
+        if span is not None:
+            span[1].record()
+            self._spans.append(span)
+            while self._spans and self._spans[0][1].query():
+                begin, end = self._spans.popleft()
+                self.gpu_seconds += begin.elapsed_time(end) / 1000
         if self._launched is not None:
-            STEP_SECONDS.observe(time.perf_counter() - start)
+            self.steps += 1
+            self.frames += len(self._launched.streams)
+            STEP_SECONDS.observe(elapsed)
             BATCH.observe(len(self._launched.streams))
         return events
+
+    def _span_start(self) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
+        if self.device.type != "cuda":
+            return None
+        span = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        span[0].record()
+        return span
 
     def _launch(self) -> _Launched | None:
         live = [s for s in self.streams if s.runnable]

@@ -1,11 +1,15 @@
-"""The in-process Qwen3-TTS engine behind gateway.tts.TTSEngine: one worker thread owns the model.
+"""The batching loop (Batcher) and the in-process Qwen3-TTS engine behind gateway.tts.TTSEngine.
 
-The event loop only appends text and flags under a lock (feed, end, cancel) and awaits an asyncio.Queue;
-the worker thread tokenizes, steps the model and decodes audio, and hands each packet to the loop with
-call_soon_threadsafe. Each pass of the worker loop admits waiting streams into free rows, drops cancelled
-ones, takes in new text, then runs one engine.runner step: every runnable stream makes one frame in one
-batch (continuous batching: streams join and leave between steps, none waits for another). A stream
-waiting for its next text token sits the step out and costs a padding row at most.
+Whoever feeds a stream only appends text and flags under a lock (feed, end, cancel); the loop's one thread
+tokenizes, steps the model, decodes audio and hands each packet to the stream's `deliver`. Each pass of the
+loop admits waiting streams into free rows, drops cancelled ones, takes in new text, then runs one
+engine.runner step: every runnable stream makes one frame in one batch (continuous batching: streams join
+and leave between steps, none waits for another). A stream waiting for its next text token sits the step
+out and costs a padding row at most.
+
+Two front ends share that loop: QwenTTSEngine runs it in a worker thread of the gateway's process and
+delivers into an asyncio queue (call_soon_threadsafe); engine.process runs it as the only thread of an
+engine process and delivers over IPC.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from prometheus_client import Gauge, Histogram
 
 from engine import checkpoint, kernels
 from engine.checkpoint import Checkpoint, CheckpointError
 from engine.prompt import PromptError, TextTokens, Voice
+from engine.protocol import QueuedStream, TextInput
 from engine.runner import Runner
 from engine.sampling import SamplingParams
 from engine.stream import Packet, Stream
@@ -44,93 +49,40 @@ ISO_LANGUAGES = {"zh": "chinese", "en": "english", "de": "german", "it": "italia
 PROMPT_POSITIONS = 16
 
 
-class QwenTTSStream:
-    """One utterance; the gateway.tts.TTSStream protocol. Create with QwenTTSEngine.open."""
+class Utterance(TextInput):
+    """One stream in the batching loop: its text input, fed from any thread under the batcher's lock, and,
+    on the loop's thread, its engine.stream.Stream. `deliver` hands each of its packets, then None (the end)
+    or an exception, to whoever reads the stream; the loop's thread calls it."""
 
-    def __init__(self, engine: QwenTTSEngine, voice: Voice, loop: asyncio.AbstractEventLoop) -> None:
-        self._engine = engine
+    def __init__(self, batcher: Batcher, voice: Voice,
+                 deliver: Callable[[TTSChunk | BaseException | None], None]) -> None:
+        super().__init__(batcher.max_text_chars, batcher.cond)
         self.voice = voice
-        self._loop = loop
-        self._queue: asyncio.Queue[TTSChunk | BaseException | None] = asyncio.Queue()
-        # Shared with the worker under engine._cond:
-        self.incoming: list[str] = []
-        self.ended = False
-        self.cancelled = False
-        self.chars = 0
-        self.has_text = False
+        self.deliver = deliver
+        self.incoming: list[str] = []  # text fed since the loop last took it
         self.opened = time.perf_counter()
-        # The worker's own:
+        # The loop's own:
         self.core: Stream | None = None
         self.heard = False  # a packet was delivered
-        self._finished = False  # the consumer saw the end
 
-    def feed(self, text: str) -> None:
-        with self._engine._cond:
-            if self.ended:
-                raise TTSError("feed after end")
-            if self.cancelled:
-                return
-            if self.chars + len(text) > self._engine.max_text_chars:
-                raise TTSError(f"text longer than {self._engine.max_text_chars} characters")
-            self.chars += len(text)
-            self.has_text = self.has_text or bool(text.strip())
-            self.incoming.append(text)
-            self._engine._cond.notify()
-
-    def end(self) -> None:
-        with self._engine._cond:
-            if self.ended or self.cancelled:
-                return
-            self.ended = True
-            if not self.has_text:
-                self.cancelled = True  # nothing to say: the worker frees the stream, iteration ends
-                self._queue.put_nowait(None)
-            self._engine._cond.notify()
-        if not self.has_text:
-            raise TTSError("empty text")
-
-    def cancel(self) -> None:
-        with self._engine._cond:
-            if self.cancelled:
-                return
-            self.cancelled = True
-            self._engine._cond.notify()
-        self._queue.put_nowait(None)  # iteration ends now; the worker frees the stream at its next pass
-
-    def __aiter__(self) -> QwenTTSStream:
-        return self
-
-    async def __anext__(self) -> TTSChunk:
-        if self._finished:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is None or self.cancelled:
-            self._finished = True
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self._finished = True
-            raise item
-        return item
-
-    def deliver(self, item: TTSChunk | BaseException | None) -> None:
-        """Worker side: hand an item to the event loop."""
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody listens any more
-            with self._engine._cond:
-                self.cancelled = True
+    def _accept(self, text: str) -> None:
+        self.incoming.append(text)
 
 
-class QwenTTSEngine:
-    """gateway.tts.TTSEngine over a loaded checkpoint; `from_config` is what the gateway calls.
+U = TypeVar("U", bound=Utterance)
 
-    Streams are opened on the event loop (open needs the running loop). `min_frames` bans EOS before that
-    many frames (benchmarks hold EOS off with it; 2 is the official minimum). `first_packet_frames` (0 = the
-    same as packet_frames) makes a stream's first packet shorter, so its audio starts sooner. On a GPU the
-    engine captures its CUDA graphs here, before serving (`cuda_graphs`, `graph_max_batch`: see engine.runner).
+
+class Batcher:
+    """The engine's core over one loaded checkpoint: streams are admitted into free rows, take in their text,
+    make a frame each in one batched engine.runner step, and get their packets delivered.
+
+    `run_pass` is one pass of that loop and exactly one thread calls it: QwenTTSEngine's worker thread in the
+    gateway's process, or the engine process's only thread (engine.process). `admit` and the utterances'
+    feed/end/cancel may come from any thread. `min_frames` bans EOS before that many frames (benchmarks hold
+    EOS off with it; 2 is the official minimum). `first_packet_frames` (0 = the same as packet_frames)
+    makes a stream's first packet shorter, so its audio starts sooner. On a GPU the runner captures its CUDA
+    graphs here, before serving (`cuda_graphs`, `graph_max_batch`: see engine.runner).
     """
-
-    incremental = True
 
     def __init__(self, ckpt: Checkpoint, *, packet_frames: int = 4, max_frames: int = 1500,
                  max_text_chars: int = 2000, seed: int | None = 0, greedy: bool = False,
@@ -158,15 +110,14 @@ class QwenTTSEngine:
             kernels.set_enabled(False)
         self.runner = Runner(ckpt, max_streams, max_frames + PROMPT_POSITIONS, self.params, packet_frames,
                              first_packet_frames, cuda_graphs=cuda_graphs, graph_max_batch=graph_max_batch)
-        self._cond = threading.Condition()
-        self._waiting: deque[QwenTTSStream] = deque()
-        self._active: dict[Stream, QwenTTSStream] = {}
+        self.cond = threading.Condition()
+        self._waiting: deque[Utterance] = deque()
+        self._active: dict[Stream, Utterance] = {}
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="qwen3-tts-worker", daemon=True)
-        self._thread.start()
+        self.opened = 0  # streams admitted since start
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> QwenTTSEngine:
+    def from_config(cls, config: EngineConfig) -> Self:
         kernels.set_enabled(config.fused_kernels)
         ckpt = checkpoint.load(config.checkpoint, device=config.device, dtype=config.dtype)
         gpu = ckpt.codec.decoder.pre_conv.conv.weight.is_cuda
@@ -181,76 +132,97 @@ class QwenTTSEngine:
         """OpenAI voice names mapped in [engine.voices], and the checkpoint's own speakers."""
         return frozenset(self._voice_map) | frozenset(self.ckpt.config.speakers)
 
-    def open(self, voice: str, language: str | None = None) -> QwenTTSStream:
-        """A new stream for `voice` (an OpenAI voice name from [engine.voices], or a checkpoint speaker)."""
-        loop = asyncio.get_running_loop()
+    @property
+    def languages(self) -> frozenset[str]:
+        """What a stream's language may be: auto, the checkpoint's languages, their ISO 639-1 codes."""
+        names = {k for k in self.ckpt.config.languages if "dialect" not in k}
+        return frozenset({"auto"} | names | {code for code, name in ISO_LANGUAGES.items() if name in names})
+
+    def resolve(self, voice: str, language: str | None) -> Voice:
+        """The checkpoint's speaker and language for an OpenAI voice name (or a speaker) and a language."""
         speaker = self._voice_map.get(voice.lower(), voice)
         lang = ISO_LANGUAGES.get((language or "auto").lower(), language)
         try:
-            resolved = Voice.resolve(self.ckpt.config, speaker, lang)
+            return Voice.resolve(self.ckpt.config, speaker, lang)
         except PromptError as exc:
             raise TTSError(str(exc)) from None
-        stream = QwenTTSStream(self, resolved, loop)
-        with self._cond:
+
+    def admit(self, utterance: U) -> U:
+        """Queue a new utterance for a free row."""
+        with self.cond:
             if self._closed:
                 raise TTSError("the engine is closed")
-            self._waiting.append(stream)
-            self._cond.notify()
-        return stream
+            self._waiting.append(utterance)
+            self.cond.notify()
+        return utterance
 
-    def close(self) -> None:
-        with self._cond:
+    @property
+    def load(self) -> int:
+        """Streams holding a row or waiting for one."""
+        with self.cond:
+            return len(self._active) + len(self._waiting)
+
+    def counters(self) -> dict[str, Any]:
+        """Streams held now, and the runner's counters since start (what the benchmarks read)."""
+        with self.cond:
+            streams, waiting = len(self._active), len(self._waiting)
+        runner = self.runner
+        return {"streams": streams, "waiting": waiting, "rows": self.max_streams, "opened": self.opened,
+                "steps": runner.steps, "frames": runner.frames, "step_seconds": round(runner.step_seconds, 6),
+                "gpu_seconds": round(runner.gpu_seconds, 6) if runner.device.type == "cuda" else None,
+                "device": str(runner.device)}
+
+    # -- the loop (one thread) --
+    def has_work(self) -> bool:
+        with self.cond:
+            if self._closed or self.runner.busy:
+                return True
+            if self._waiting and (len(self._active) < self.max_streams or any(s.cancelled for s in self._waiting)):
+                return True
+            return any(s.cancelled or s.incoming or (s.ended and not core.final) or core.runnable
+                       for core, s in self._active.items())
+
+    def run_pass(self) -> None:
+        """Admit waiting streams, drop cancelled ones, pass on new text, run one step, deliver its packets."""
+        with self.cond:
+            self._admit()
+            work = [(s, s.incoming, s.ended, s.cancelled) for s in self._active.values()]
+            for s in self._active.values():
+                s.incoming = []
+        for stream, fragments, ended, cancelled in work:
+            if cancelled:
+                self._release(stream)
+            elif fragments or (ended and not stream.core.final):
+                self._guard(stream, lambda s=stream, f=fragments, e=ended: s.core.add_text("".join(f), e))
+        try:
+            events = self.runner.step()
+        except Exception as exc:  # a failed step fails the streams in it, never the loop
+            log.exception("qwen3-tts step failed")
+            for stream in list(self._active.values()):
+                stream.deliver(exc)
+                self._release(stream)
+            return
+        for core, packet in events:
+            stream = self._active[core]
+            if packet is not None:
+                if not stream.heard:
+                    stream.heard = True
+                    FIRST_AUDIO.observe(time.perf_counter() - stream.opened)
+                stream.deliver(_chunk(packet))
+            if core.done:
+                stream.deliver(None)
+                self._release(stream)
+
+    def fail_all(self, error: BaseException) -> None:
+        """Close the engine: every stream it holds or queues ends with `error`."""
+        with self.cond:
             self._closed = True
-            self._cond.notify()
-        self._thread.join()
-
-    # -- worker thread --
-    def _has_work(self) -> bool:
-        if self._closed or self.runner.busy:
-            return True
-        if self._waiting and (len(self._active) < self.max_streams or any(s.cancelled for s in self._waiting)):
-            return True
-        return any(s.cancelled or s.incoming or (s.ended and not core.final) or core.runnable
-                   for core, s in self._active.items())
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(self._has_work)
-                if self._closed:
-                    break
-                self._admit()
-                work = [(s, s.incoming, s.ended, s.cancelled) for s in self._active.values()]
-                for s in self._active.values():
-                    s.incoming = []
-            for stream, fragments, ended, cancelled in work:
-                if cancelled:
-                    self._release(stream)
-                elif fragments or (ended and not stream.core.final):
-                    self._guard(stream, lambda s=stream, f=fragments, e=ended: s.core.add_text("".join(f), e))
-            try:
-                events = self.runner.step()
-            except Exception as exc:  # a failed step fails the streams in it, never the worker
-                log.exception("qwen3-tts step failed")
-                for stream in list(self._active.values()):
-                    stream.deliver(exc)
-                    self._release(stream)
-                continue
-            for core, packet in events:
-                stream = self._active[core]
-                if packet is not None:
-                    if not stream.heard:
-                        stream.heard = True
-                        FIRST_AUDIO.observe(time.perf_counter() - stream.opened)
-                    stream.deliver(_chunk(packet))
-                if core.done:
-                    stream.deliver(None)
-                    self._release(stream)
-        for stream in list(self._active.values()) + list(self._waiting):
-            stream.deliver(TTSError("the engine is closed"))
+            streams = list(self._active.values()) + list(self._waiting)
+        for stream in streams:
+            stream.deliver(error)
 
     def _admit(self) -> None:
-        kept: deque[QwenTTSStream] = deque()
+        kept: deque[Utterance] = deque()
         while self._waiting:
             stream = self._waiting.popleft()
             if stream.cancelled:
@@ -262,27 +234,90 @@ class QwenTTSEngine:
                                  self.max_frames, self.min_frames, first_packet_frames=self.first_packet_frames)
             self.runner.add(stream.core)
             self._active[stream.core] = stream
+            self.opened += 1
         self._waiting = kept
         ACTIVE.set(len(self._active))
 
-    def _guard(self, stream: QwenTTSStream, action: Callable[[], Any]) -> None:
+    def _guard(self, stream: Utterance, action: Callable[[], Any]) -> None:
         try:
             action()
         except PromptError as exc:
             stream.deliver(TTSError(str(exc)))
             self._release(stream)
-        except Exception as exc:  # a failing stream must not take the worker (and every other stream) down
+        except Exception as exc:  # a failing stream must not take the loop (and every other stream) down
             log.exception("qwen3-tts stream failed")
             stream.deliver(exc)
             self._release(stream)
 
-    def _release(self, stream: QwenTTSStream) -> None:
-        with self._cond:
+    def _release(self, stream: Utterance) -> None:
+        with self.cond:
             core = stream.core
             if core is not None and self._active.pop(core, None) is not None:
                 if core.row >= 0:
                     self.runner.remove(core)
                 ACTIVE.set(len(self._active))
+
+
+class QwenTTSStream(Utterance, QueuedStream):
+    """One utterance of the in-process engine; the gateway.tts.TTSStream protocol. Create with
+    QwenTTSEngine.open (on the event loop): packets reach the loop through call_soon_threadsafe."""
+
+    def __init__(self, engine: QwenTTSEngine, voice: Voice, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(engine, voice, self._deliver)
+        self._loop = loop
+
+    def end(self) -> None:
+        try:
+            super().end()
+        except TTSError:
+            self.put(None)  # nothing to say: iteration ends, the loop frees the stream
+            raise
+
+    def cancel(self) -> None:
+        if super().cancel():
+            self.put(None)  # iteration ends now; the loop frees the stream at its next pass
+
+    def _deliver(self, item: TTSChunk | BaseException | None) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.put, item)
+        except RuntimeError:  # the loop is closed: nobody listens any more
+            with self.lock:
+                self.cancelled = True
+
+
+class QwenTTSEngine(Batcher):
+    """gateway.tts.TTSEngine over a loaded checkpoint, in the gateway's process: a worker thread owns the
+    model and runs the batching loop; `from_config` is what the gateway calls."""
+
+    incremental = True
+
+    def __init__(self, ckpt: Checkpoint, **options: Any) -> None:
+        super().__init__(ckpt, **options)
+        self._thread = threading.Thread(target=self._run, name="qwen3-tts-worker", daemon=True)
+        self._thread.start()
+
+    def open(self, voice: str, language: str | None = None) -> QwenTTSStream:
+        """A new stream for `voice` (an OpenAI voice name from [engine.voices], or a checkpoint speaker)."""
+        return self.admit(QwenTTSStream(self, self.resolve(voice, language), asyncio.get_running_loop()))
+
+    async def stats(self) -> list[dict[str, Any]]:
+        """One entry per engine (here: this one): see Batcher.counters."""
+        return [self.counters()]
+
+    def close(self) -> None:
+        with self.cond:
+            self._closed = True
+            self.cond.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(self.has_work)
+                if self._closed:
+                    break
+            self.run_pass()
+        self.fail_all(TTSError("the engine is closed"))
 
 
 def _chunk(packet: Packet) -> TTSChunk:

@@ -150,6 +150,17 @@ class EngineConfig:
     graph_max_batch: int = 0
     # engine.kernels' Triton kernels on a GPU (false: the PyTorch ops, ~2.5x slower per frame).
     fused_kernels: bool = True
+    # "thread": the engine runs in a worker thread of the gateway's process; "process": in engine processes
+    # (one per device, engine.process) that every gateway process shares over IPC (gateway.engine_client).
+    mode: str = "thread"
+    # process mode: the devices, one engine process each ("cuda:0,cuda:1"; "auto": every GPU, else `device`).
+    devices: str = "auto"
+    # process mode: the folder of the IPC sockets ("" = a private temporary folder).
+    ipc_dir: str = ""
+    # process mode: connect to engine processes started elsewhere, at these endpoints ("" = start them here).
+    endpoints: str = ""
+    heartbeat_ms: float = 500.0
+    start_timeout_s: float = 900.0
     voices: dict[str, str] = field(default_factory=dict)
 
 

@@ -79,10 +79,13 @@ class PipelineResponder:
         return [p for p in await asyncio.gather(*(c.check() for c in clients)) if p is not None]
 
     async def aclose(self) -> None:
-        """Close the HTTP clients' connection pools (at server shutdown)."""
+        """Close the HTTP clients' connection pools and the TTS engine's connections (at server shutdown)."""
         if self.stt is not None:
             await self.stt.aclose()
         await self.llm.aclose()
+        close = getattr(self.tts_engine, "aclose", None)
+        if close is not None:
+            await close()  # engine processes: their sockets, and the processes when this gateway started them
 
     @property
     def voices(self) -> frozenset[str] | None:
@@ -244,20 +247,34 @@ class PipelineResponder:
 
 
 def build_tts_engine(config: Config) -> TTSEngine:
-    """[tts] engine: "tone", "qwen3" (in-process, needs [engine] checkpoint) or "auto"."""
+    """[tts] engine: "tone", "qwen3" (needs [engine] checkpoint, or endpoints of running engine processes)
+    or "auto"; a qwen3 engine runs as [engine] mode says: in a thread here, or in engine processes."""
     kind = config.tts.engine
     if kind == "auto":
-        kind = "qwen3" if config.engine.checkpoint else "tone"
+        kind = "qwen3" if config.engine.checkpoint or config.engine.endpoints else "tone"
     if kind == "tone":
         return ToneEngine()
-    if kind == "qwen3":
-        if not config.engine.checkpoint:
-            raise ConfigError('option tts.engine = "qwen3" needs [engine] checkpoint')
-        from engine.worker import QwenTTSEngine  # the model stack (torch) only when it is used
+    if kind != "qwen3":
+        raise ConfigError(f"option tts.engine: expected auto, tone or qwen3, got {kind!r}")
+    mode = config.engine.mode
+    if mode not in ("thread", "process"):
+        raise ConfigError(f"option engine.mode: expected thread or process, got {mode!r}")
+    if not config.engine.checkpoint and not (mode == "process" and config.engine.endpoints):
+        raise ConfigError('option tts.engine = "qwen3" needs [engine] checkpoint')
+    engine: TTSEngine
+    if mode == "process":
+        from engine.supervisor import EngineStartError
+        from gateway.engine_client import EngineClient
 
-        engine: TTSEngine = QwenTTSEngine.from_config(config.engine)
+        try:
+            engine = EngineClient.from_config(config.engine)
+        except EngineStartError as exc:
+            raise ConfigError(str(exc)) from None
         return engine
-    raise ConfigError(f"option tts.engine: expected auto, tone or qwen3, got {kind!r}")
+    from engine.worker import QwenTTSEngine  # the model stack (torch) only when it is used
+
+    engine = QwenTTSEngine.from_config(config.engine)
+    return engine
 
 
 def build_responder(config: Config) -> Responder:

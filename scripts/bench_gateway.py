@@ -1,25 +1,38 @@
 """Load benchmark: N concurrent Realtime sessions over loopback, speech streamed at real-time pace.
 
-The gateway runs in its own process (this script with --serve), instrumented with an event-loop lag
-probe (a 10 ms timer; lag = how late it fires) and a CPU-time sampler. The client side is this
-process: plain websockets clients that stream fixture speech in 20 ms chunks on a real-time clock,
-with one session scenario per responder:
+The gateway runs in its own process (this script with --serve), with a probe in its event loop (a 10 ms
+timer: lag = how late it fires), its CPU time and the TTS engine's counters (batch size, steps, GPU time),
+appended once a second to a JSON-lines file per gateway process in a stats folder. The load generator is
+--clients processes of plain websockets clients (so it is never the bottleneck; each reports its own loop
+lag) that stream fixture speech in 20 ms chunks on a real-time clock, one session scenario per responder,
+repeated --cycles times per session:
 
 echo      turn 1 is answered in full; turn 2's echo is interrupted by turn 3 (barge-in); turn 3 answered.
-pipeline  STT (100 ms), LLM first token (80 ms) from the fake OpenAI-compatible server, tone TTS with
-          first audio after 25 ms at real-time pace; turn 1's reply is interrupted by turn 2 (barge-in),
-          turn 2's reply is stopped by response.cancel 300 ms after its first audio.
+pipeline  STT (100 ms) and LLM (first token 80 ms) from the fake OpenAI-compatible server; turn 1's reply is
+          interrupted by turn 2 (barge-in), turn 2's reply is stopped by response.cancel 300 ms after its
+          first audio. TTS: the tone engine (--tts tone: first audio after 25 ms, then real-time pace), or
+          the Qwen3-TTS engine (--tts engine --checkpoint DIR), in a thread of the gateway or in an engine
+          process (--engine-mode process: the gateway starts it as `[engine] mode = "process"` does).
 
-Reported per N: loop lag P50/P99, gateway CPU seconds per session-minute, speech_stopped -> first
-audio delta P50/P95, barge-in speech_started -> response.done P50/P95, cancel -> last delta P95,
-and audio lost or reordered (echo: the reply must be the committed input audio, byte for byte; all:
-no delta of a response after its response.done).
-The last columns give stop -> first delta and cancel -> last delta as the gateway's own trace
-(gateway/trace.py) records them, on its clock: the client-side figures also hold the client's wait for
-CPU, which on a small machine shared by all three processes is most of the tail.
+Sessions start as real traffic does, at the arrivals of a Poisson process spread over --spread seconds
+(default: one scenario's length, so turns end at random moments), or all at the same instant (--aligned:
+the worst case; --arrivals poisson,aligned runs both). Each session connects ahead of its start.
+
+Reported per level: the gateway's loop lag (P99 per gateway process), speech_stopped -> first audio delta
+P50/P95, VAD lateness P50/P95 (speech_stopped after the audio that completed the silence was sent), the
+engine's mean batch and its step and GPU time per second, the load generator's own lag, barge-in and
+cancel times, and audio lost or reordered (echo: the reply must be the committed input audio, byte for
+byte; all: no delta of a response after its response.done). A second table gives stop -> first delta and
+cancel -> last delta as the gateway's own trace (gateway/trace.py) records them, and, for the pipeline,
+where a turn's time goes.
 
     .venv/bin/python scripts/bench_gateway.py --responder echo --sessions 1,10,50,100
     .venv/bin/python scripts/bench_gateway.py --responder pipeline --sessions 1,50
+    .venv/bin/python scripts/bench_gateway.py --responder pipeline --tts engine --checkpoint /tmp/q06 \\
+        --engine-mode process --max-streams 512 --sessions 100,200,400 --arrivals poisson,aligned
+
+Several gateway processes: each writes its own file in the stats folder (`probe`), and every table reads
+them all, so a gateway run as N worker processes needs only its start here changed (`start_gateway`).
 """
 
 from __future__ import annotations
@@ -27,10 +40,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import concurrent.futures
+import dataclasses
 import json
+import multiprocessing
 import os
 import platform
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +58,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -51,6 +69,8 @@ sys.path.insert(0, str(ROOT))
 FIXTURES = ROOT / "tests" / "fixtures"
 CHUNK_MS = 20
 DELTA_TYPES = ("response.output_audio.delta", "response.audio.delta")
+CONNECT_LEAD_S = 2.0  # a session connects this long before its first audio
+REPLY = "Sure. The weather tomorrow looks sunny with a light breeze, and it should stay warm until the evening."
 
 
 def load_pcm(name: str) -> bytes:
@@ -60,6 +80,13 @@ def load_pcm(name: str) -> bytes:
 
 def silence(ms: int) -> bytes:
     return bytes(48 * ms)
+
+
+def scenario(responder: str) -> bytes:
+    sentence = load_pcm("one_sentence.wav")
+    if responder == "echo":
+        return sentence + silence(4000) + sentence + silence(500) + sentence + silence(4000)
+    return sentence + silence(1200) + sentence + silence(5000)
 
 
 async def lag_probe(record: Callable[[float], None]) -> None:
@@ -74,51 +101,85 @@ async def lag_probe(record: Callable[[float], None]) -> None:
 # --- the gateway process ---------------------------------------------------------------------------
 
 
-async def serve(port: int, stats_path: str, responder_kind: str, fake_url: str) -> None:
+async def probe(path: Path, engine: Any) -> None:
+    """Once a second, append this process's loop lags, CPU time and (when `engine` has stats()) the TTS
+    engine's counters to `path`, as one JSON line; until cancelled."""
+    lags: list[float] = []
+    task = asyncio.create_task(lag_probe(lambda lag: lags.append(round(lag * 1000, 3))))
+    stats = getattr(engine, "stats", None)
+    try:
+        with path.open("a", buffering=1) as out:
+            while True:
+                await asyncio.sleep(1.0)
+                record = {"t": time.time(), "pid": os.getpid(), "lags_ms": lags, "cpu_s": time.process_time()}
+                lags = []
+                if stats is not None:
+                    record["engine"] = await stats()
+                out.write(json.dumps(record) + "\n")
+    finally:
+        task.cancel()
+
+
+async def serve(args: argparse.Namespace) -> None:
     from gateway.config import load_config
     from gateway.serve import GatewayServer
 
     config = load_config()
-    config.server.port = port
+    config.server.port = args.port
     config.server.host = "127.0.0.1"
-    config.trace.jsonl_path = stats_path + ".trace"
+    config.webrtc.enabled = False
+    config.mcp.enabled = False  # no session here calls a tool: the mcp package need not be installed
+    config.trace.jsonl_path = str(Path(args.stats_dir) / "trace.jsonl")
     responder = None
-    if responder_kind == "pipeline":
-        from gateway.backends import LlmClient, SttClient
-        from gateway.pipeline import BridgeSettings, PipelineResponder
-        from gateway.tone_tts import ToneEngine
+    if args.responder == "pipeline":
+        config.responder.kind = "pipeline"
+        config.stt.base_url = config.llm.base_url = args.fake_url
+        if args.tts == "engine":
+            config.tts.engine = "qwen3"
+            engine = config.engine
+            engine.checkpoint, engine.mode, engine.devices = args.checkpoint, args.engine_mode, args.engine_devices
+            engine.max_streams, engine.max_frames = args.max_streams, args.engine_max_frames
+        else:
+            from gateway.backends import LlmClient, SttClient
+            from gateway.pipeline import BridgeSettings, PipelineResponder
+            from gateway.tone_tts import ToneEngine
 
-        config.stt.base_url = config.llm.base_url = fake_url
-        responder = PipelineResponder(
-            SttClient.from_config(config.stt),
-            LlmClient.from_config(config.llm),
-            ToneEngine(first_audio_ms=25, realtime=True),
-            BridgeSettings(config.tts.starter_chars, config.tts.max_segment_chars),
-        )
+            responder = PipelineResponder(
+                SttClient.from_config(config.stt),
+                LlmClient.from_config(config.llm),
+                ToneEngine(first_audio_ms=25, realtime=True),
+                BridgeSettings(config.tts.starter_chars, config.tts.max_segment_chars),
+            )
     else:
         config.responder.echo_pace = 1.0
     gateway = GatewayServer(config, responder)
     await gateway.start()
-    lags: list[tuple[float, float]] = []
-    cpu: list[tuple[float, float]] = []
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    task = asyncio.create_task(probe(Path(args.stats_dir) / f"gateway-{os.getpid()}.jsonl",
+                                     getattr(gateway.responder, "tts_engine", None)))
     print("ready", flush=True)
-
-    def record(lag: float) -> None:
-        lags.append((time.time(), lag))
-        if len(lags) % 25 == 0:
-            cpu.append((time.time(), time.process_time()))
-
-    task = asyncio.create_task(lag_probe(record))
     await stop.wait()
     task.cancel()
-    Path(stats_path).write_text(json.dumps({"lags": lags, "cpu": cpu}))
     await gateway.stop()
 
 
-# --- the client side -----------------------------------------------------------------------------
+def start_gateway(args: argparse.Namespace, stats_dir: Path, fake_url: str) -> subprocess.Popen[str]:
+    """The gateway process(es), started; returns once they serve."""
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    cmd = [sys.executable, __file__, "--serve", "--port", str(args.port), "--stats-dir", str(stats_dir),
+           "--responder", args.responder, "--fake-url", fake_url, "--tts", args.tts,
+           "--checkpoint", args.checkpoint, "--engine-mode", args.engine_mode, "--engine-devices", args.engine_devices,
+           "--max-streams", str(args.max_streams), "--engine-max-frames", str(args.engine_max_frames)]
+    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": pythonpath})
+    if server.stdout.readline().strip() != "ready":
+        server.wait(30)
+        raise SystemExit(f"the gateway did not start (exit status {server.returncode})")
+    return server
+
+
+# --- the load generator (each of --clients processes runs some of the sessions) -----------------------
 
 
 # A pipeline turn's stages in the gateway's trace (gateway/trace.py), from the end of speech.
@@ -134,7 +195,18 @@ class Result:
     responses: dict[str, str] = field(default_factory=dict)
     stop_late_ms: list[float] = field(default_factory=list)  # speech_stopped after the audio that ended it
     client_lags_ms: list[float] = field(default_factory=list)  # did the load generator keep its pace?
+    late_starts: int = 0  # sessions whose connection was not ready at their start time
     traces: list[dict] = field(default_factory=list)  # the gateway's own per-turn trace (gateway/trace.py)
+
+    def merge(self, other: dict[str, Any]) -> None:
+        for f in dataclasses.fields(self):
+            mine = getattr(self, f.name)
+            if isinstance(mine, list):
+                mine += other[f.name]
+            elif isinstance(mine, dict):
+                mine.update(other[f.name])
+            else:
+                setattr(self, f.name, mine + other[f.name])
 
 
 def append_messages(timeline: bytes) -> list[str]:
@@ -147,13 +219,14 @@ def append_messages(timeline: bytes) -> list[str]:
 
 
 async def run_session(
-    url: str, timeline: bytes, messages: list[str], responder: str, delay: float, check_audio: bool,
-    result: Result,
+    url: str, timeline: bytes, messages: list[str], responder: str, cycles: int, start_at: float,
+    check_audio: bool, result: Result,
 ) -> None:
-    await asyncio.sleep(delay)
-    expected_responses = 3 if responder == "echo" else 2
+    """One session: connects CONNECT_LEAD_S before `start_at` (loop time), streams `messages` from then."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(start_at - CONNECT_LEAD_S - loop.time())
+    expected_responses = (3 if responder == "echo" else 2) * cycles
     async with websockets.connect(url, compression=None, max_size=2**24) as ws:
-        loop = asyncio.get_running_loop()
         speech: dict[str, tuple[int, int]] = {}  # item id -> (audio_start_ms, audio_end_ms)
         replies: dict[str, bytearray] = {}
         response_item: dict[str, str] = {}  # response id -> the user item it answers
@@ -166,7 +239,6 @@ async def run_session(
         cancel_sent: dict[str, float] = {}
         responses_seen = 0
         silence_ms = 0
-
         cancels: list[asyncio.Task[None]] = []
 
         async def cancel_later(rid: str) -> None:
@@ -206,13 +278,12 @@ async def run_session(
                         first_delta[rid] = now
                         if stopped_at is not None:
                             result.first_delta_ms.append((now - stopped_at) * 1000)
-                        if responder == "pipeline" and responses_seen == 2:
+                        if responder == "pipeline" and responses_seen % 2 == 0:
                             cancels.append(asyncio.create_task(cancel_later(rid)))
                 elif kind == "response.done":
                     rid = ev["response"]["id"]
                     done[rid] = now
-                    status = ev["response"]["status"]
-                    result.responses[rid] = status
+                    result.responses[rid] = ev["response"]["status"]
                     reason = (ev["response"].get("status_details") or {}).get("reason")
                     if reason == "turn_detected" and started_at is not None:
                         result.barge_in_ms.append((now - started_at) * 1000)
@@ -223,7 +294,9 @@ async def run_session(
                     result.audio_errors.append(f"error event: {ev['error']['message']}")
 
         read = asyncio.create_task(reader())
-        t0 = loop.time()
+        if loop.time() > start_at:
+            result.late_starts += 1
+        t0 = max(start_at, loop.time())
         for i, message in enumerate(messages):
             wait = t0 + i * CHUNK_MS / 1000 - loop.time()
             if wait > 0:
@@ -244,6 +317,55 @@ async def run_session(
                 result.audio_errors.append(f"{rid}: echo differs from the committed audio")
 
 
+def client_process(url: str, plan: list[tuple[float, bool]], zero: float, responder: str, cycles: int) -> dict:
+    """One load-generator process: its sessions, each (start offset from the wall time `zero`, check audio)."""
+
+    async def run() -> Result:
+        result = Result()
+        loop = asyncio.get_running_loop()
+        timeline = scenario(responder) * cycles
+        messages = append_messages(timeline)
+        probe_task = asyncio.create_task(lag_probe(lambda lag: result.client_lags_ms.append(lag * 1000)))
+        base = loop.time() - time.time() + zero  # wall time `zero` on this loop's clock
+        await asyncio.gather(*(run_session(url, timeline, messages, responder, cycles, base + offset, check,
+                                           result) for offset, check in plan))
+        probe_task.cancel()
+        return result
+
+    return dataclasses.asdict(asyncio.run(run()))
+
+
+def arrivals(n: int, spread: float, aligned: bool, rng: random.Random) -> list[float]:
+    """Start offsets: one instant for all, or a Poisson process of rate n / spread."""
+    if aligned:
+        return [0.0] * n
+    offsets, t = [], 0.0
+    for _ in range(n):
+        offsets.append(t)
+        t += rng.expovariate(n / spread)
+    return offsets
+
+
+def run_level(pool: concurrent.futures.Executor, clients: int, url: str, n: int, args: argparse.Namespace,
+              aligned: bool) -> tuple[Result, float, float]:
+    rng = random.Random(n)
+    spread = args.spread or len(scenario(args.responder)) / 48000
+    offsets = arrivals(n, spread, aligned, rng)
+    # The client shares the machine with the gateway: it checks the echoed bytes of 10 sessions only.
+    plan = [(offset, i < 10) for i, offset in enumerate(offsets)]
+    zero = time.time() + CONNECT_LEAD_S + 1.0 + n * 0.002  # time to connect every session first
+    start = time.time()
+    futures = [pool.submit(client_process, url, plan[k::clients], zero, args.responder, args.cycles)
+               for k in range(clients) if plan[k::clients]]
+    result = Result()
+    for future in futures:
+        result.merge(future.result())
+    return result, start, time.time()
+
+
+# --- the report ---------------------------------------------------------------------------------------
+
+
 def pct(values: list[float], q: float) -> float:
     values = [v for v in values if not np.isnan(v)]
     return float(np.percentile(values, q)) if values else float("nan")
@@ -253,115 +375,179 @@ def traced(result: Result, key: str) -> list[float]:
     return [t[key] for t in result.traces if key in t]
 
 
-async def run_load(url: str, sessions: int, timeline: bytes, responder: str) -> tuple[Result, float, float]:
-    result = Result()
-    rng = random.Random(sessions)
-    messages = append_messages(timeline)
-    start = time.time()
-    probe = asyncio.create_task(lag_probe(lambda lag: result.client_lags_ms.append(lag * 1000)))
-    # The client shares the machine with the gateway: it checks the echoed bytes of 10 sessions only.
-    await asyncio.gather(*(
-        run_session(url, timeline, messages, responder, rng.uniform(0, 2.0), i < 10, result)
-        for i in range(sessions)
-    ))
-    probe.cancel()
-    return result, start, time.time()
+def gateway_records(stats_dir: Path, start: float, end: float) -> dict[int, list[dict]]:
+    """Each gateway process's probe records (by pid) inside [start, end]."""
+    out: dict[int, list[dict]] = {}
+    for path in sorted(stats_dir.glob("gateway-*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if start <= record["t"] <= end:
+                out.setdefault(record["pid"], []).append(record)
+    return out
+
+
+def engine_rates(records: dict[int, list[dict]]) -> dict[str, float]:
+    """Mean batch, and step and GPU seconds per second, over the window, from the engine counters one gateway
+    process read (every gateway process reads the same engines)."""
+    rows = next((r for r in records.values() if r and "engine" in r[0]), None)
+    if not rows or len(rows) < 2:
+        return {}
+    first, last = rows[0], rows[-1]
+    span = last["t"] - first["t"]
+    totals: dict[str, float] = {}
+    for key in ("steps", "frames", "step_seconds", "gpu_seconds"):
+        before = {e.get("endpoint", i): e[key] for i, e in enumerate(first["engine"]) if e.get(key) is not None}
+        after = {e.get("endpoint", i): e[key] for i, e in enumerate(last["engine"]) if e.get(key) is not None}
+        # An engine restarted in the window (counters from zero) is left out.
+        totals[key] = sum(after[k] - before[k] for k in after if k in before and after[k] >= before[k])
+    engines = max(1, len(last["engine"]))
+    gpu = any(e.get("gpu_seconds") is not None for e in last["engine"])
+    return {"batch_mean": totals["frames"] / totals["steps"] if totals["steps"] else 0.0,
+            "step_busy": totals["step_seconds"] / span / engines,
+            "gpu_busy": totals["gpu_seconds"] / span / engines if gpu else float("nan"), "engines": engines}
+
+
+def summarise(n: int, label: str, result: Result, records: dict[int, list[dict]], start: float,
+              end: float) -> dict[str, Any]:
+    lag_p99 = {pid: pct([lag for r in rows for lag in r["lags_ms"]], 99) for pid, rows in records.items()}
+    cpu = [(r[0]["cpu_s"], r[-1]["cpu_s"]) for r in records.values() if len(r) > 1]
+    cpu_per = sum(b - a for a, b in cpu) / (n * (end - start) / 60) if cpu else float("nan")
+    statuses = {s: list(result.responses.values()).count(s) for s in set(result.responses.values())}
+    return {
+        "sessions": n, "arrivals": label, "loop_lag_p99_ms": lag_p99,
+        "loop_lag_p50_ms": pct([lag for rows in records.values() for r in rows for lag in r["lags_ms"]], 50),
+        "cpu_s_per_session_min": cpu_per,
+        "first_delta_p50_ms": pct(result.first_delta_ms, 50), "first_delta_p95_ms": pct(result.first_delta_ms, 95),
+        "vad_late_p50_ms": pct(result.stop_late_ms, 50), "vad_late_p95_ms": pct(result.stop_late_ms, 95),
+        "barge_in_p50_ms": pct(result.barge_in_ms, 50), "barge_in_p95_ms": pct(result.barge_in_ms, 95),
+        "cancel_to_last_delta_p95_ms": pct(result.cancel_to_last_delta_ms, 95),
+        "gateway_first_delta_p50_ms": pct(traced(result, "first_delta_ms"), 50),
+        "gateway_first_delta_p95_ms": pct(traced(result, "first_delta_ms"), 95),
+        "gateway_cancel_to_last_delta_p95_ms": pct(traced(result, "cancel_to_last_delta_ms"), 95),
+        "client_lag_p99_ms": pct(result.client_lags_ms, 99), "late_starts": result.late_starts,
+        "responses": statuses, "audio_errors": len(result.audio_errors), "errors": result.audio_errors[:5],
+        "engine": engine_rates(records),
+        "stages": {f"{a} -> {b}": [pct(v, 50), pct(v, 95)] for a, b in pairwise(TURN_STAGES)
+                   for v in [[t.get(b + "_ms", np.nan) - t.get(a + "_ms", 0.0) for t in result.traces]]},
+    }
+
+
+def print_report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    def f(x: float, digits: int = 1) -> str:
+        return "-" if x != x else f"{x:.{digits}f}"
+
+    engine = f", {args.tts} TTS" + (f" ({args.engine_mode})" if args.tts == "engine" else "")
+    print(f"\nbench_gateway --responder {args.responder}{engine if args.responder == 'pipeline' else ''}  "
+          f"({platform.node()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}; {args.clients} load "
+          f"processes, {args.cycles} cycles per session)")
+    print("| sessions | arrivals | loop lag P99 ms (per gateway process) | stop -> first delta P50 / P95 ms | "
+          "VAD late P50 / P95 ms | engine batch | engine step busy | GPU busy | load-gen lag P99 ms | audio errors |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        e = r["engine"]
+        print(f"| {r['sessions']} | {r['arrivals']} | {', '.join(f(v) for v in r['loop_lag_p99_ms'].values())} | "
+              f"{f(r['first_delta_p50_ms'])} / {f(r['first_delta_p95_ms'])} | {f(r['vad_late_p50_ms'])} / "
+              f"{f(r['vad_late_p95_ms'])} | {f(e.get('batch_mean', float('nan')))} | "
+              f"{f(e.get('step_busy', float('nan')), 2)} | {f(e.get('gpu_busy', float('nan')), 2)} | "
+              f"{f(r['client_lag_p99_ms'])} | {r['audio_errors']} |")
+    print("\n| sessions | arrivals | lag P50 ms | CPU s / session-min | barge-in P50 / P95 ms | cancel -> last "
+          "delta P95 ms | responses | gateway stop -> delta P50 / P95 ms | gateway cancel -> last delta P95 ms | "
+          "late starts |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['sessions']} | {r['arrivals']} | {f(r['loop_lag_p50_ms'], 2)} | "
+              f"{f(r['cpu_s_per_session_min'], 2)} | {f(r['barge_in_p50_ms'], 2)} / {f(r['barge_in_p95_ms'], 2)} | "
+              f"{f(r['cancel_to_last_delta_p95_ms'], 2)} | {json.dumps(r['responses'], sort_keys=True)} | "
+              f"{f(r['gateway_first_delta_p50_ms'])} / "
+              f"{f(r['gateway_first_delta_p95_ms'])} | {f(r['gateway_cancel_to_last_delta_p95_ms'], 2)} | "
+              f"{r['late_starts']} |")
+        for err in r["errors"]:
+            print("   ", err)
+    if args.responder == "pipeline":
+        print("\nwhere a turn's time goes (gateway trace, each stage from the one before it, P50 / P95 ms)")
+        print(" | ".join(("sessions", "arrivals", *rows[0]["stages"])) if rows else "")
+        for r in rows:
+            stages = (f"{f(a)} / {f(b)}" for a, b in r["stages"].values())
+            print(" | ".join((str(r["sessions"]), r["arrivals"], *stages)))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--responder", choices=["echo", "pipeline"], default="echo")
     parser.add_argument("--sessions", default="1,10,50,100", help="comma-separated session counts")
+    parser.add_argument("--arrivals", default="poisson", help="poisson, aligned, or both (comma-separated): how "
+                        "sessions' starts are spread")
+    parser.add_argument("--aligned", action="store_true", help="every session starts at the same instant (the "
+                        "worst case); the same as --arrivals aligned")
+    parser.add_argument("--spread", type=float, default=0.0, help="seconds over which Poisson arrivals spread "
+                        "(0 = one scenario's length)")
+    parser.add_argument("--cycles", type=int, default=2, help="times each session runs its scenario")
+    parser.add_argument("--clients", type=int, default=max(1, min(8, (os.cpu_count() or 1) // 4)),
+                        help="load-generator processes")
+    parser.add_argument("--tts", choices=["tone", "engine"], default="tone", help="pipeline: the TTS engine")
+    parser.add_argument("--checkpoint", default="", help="--tts engine: the Qwen3-TTS checkpoint folder")
+    parser.add_argument("--engine-mode", choices=["thread", "process"], default="thread")
+    parser.add_argument("--engine-devices", default="auto", help="process mode: [engine] devices")
+    parser.add_argument("--max-streams", type=int, default=0, help="[engine] max_streams (0 = its default)")
+    parser.add_argument("--engine-max-frames", type=int, default=250, help="[engine] max_frames: random weights "
+                        "never say EOS, so this ends a reply nobody cut (250 = 20 s)")
     parser.add_argument("--port", type=int, default=18765)
+    parser.add_argument("--json", type=Path, help="write every level's figures here")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--stats", help=argparse.SUPPRESS)
+    parser.add_argument("--stats-dir", help=argparse.SUPPRESS)
     parser.add_argument("--fake-url", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(serve(args.port, args.stats, args.responder, args.fake_url))
+        asyncio.run(serve(args))
         return 0
+    if args.tts == "engine" and not args.checkpoint:
+        parser.error("--tts engine needs --checkpoint")
+    labels = ["aligned"] if args.aligned else [a.strip() for a in args.arrivals.split(",") if a.strip()]
+    if not labels or set(labels) - {"poisson", "aligned"}:
+        parser.error("--arrivals: poisson, aligned, or both")
 
     counts = [int(n) for n in args.sessions.split(",")]
-    sentence = load_pcm("one_sentence.wav")
-    if args.responder == "echo":
-        timeline = sentence + silence(4000) + sentence + silence(500) + sentence + silence(4000)
-    else:
-        timeline = sentence + silence(1200) + sentence + silence(5000)
-    stats_file = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
-    procs = []
+    stats_dir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    procs: list[subprocess.Popen[str]] = []
     fake_url = ""
     if args.responder == "pipeline":
         fake = subprocess.Popen(
             [sys.executable, "-m", "tests.fake_openai", "--port", str(args.port + 1), "--stt-ms", "100",
-             "--ttft-ms", "80", "--reply", "Sure. The weather tomorrow looks sunny with a light breeze, and "
-             "it should stay warm until the evening."],
+             "--ttft-ms", "80", "--reply", REPLY],
             cwd=ROOT, stdout=subprocess.PIPE, text=True,
         )
         procs.append(fake)
         fake.stdout.readline()
         fake_url = f"http://127.0.0.1:{args.port + 1}/v1"
-    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    server = subprocess.Popen(
-        [sys.executable, __file__, "--serve", "--port", str(args.port), "--stats", stats_file,
-         "--responder", args.responder, "--fake-url", fake_url],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": pythonpath},
-    )
-    procs.append(server)
-    server.stdout.readline()
     url = f"ws://127.0.0.1:{args.port}/v1/realtime"
-    runs = []
+    rows = []
+    server = None
+    # spawn: the load generator's processes start clean (no copy of this process's state).
+    pool = concurrent.futures.ProcessPoolExecutor(args.clients, mp_context=multiprocessing.get_context("spawn"))
     try:
-        trace_path = Path(stats_file + ".trace")
+        server = start_gateway(args, stats_dir, fake_url)
+        trace_path = stats_dir / "trace.jsonl"
         for n in counts:
-            result, start, end = asyncio.run(run_load(url, n, timeline, args.responder))
-            time.sleep(1.0)
-            result.traces = [json.loads(line) for line in trace_path.read_text().splitlines()]
-            trace_path.write_text("")  # the gateway appends to it: what follows belongs to the next run
-            runs.append((n, result, start, end))
+            for label in labels:
+                result, start, end = run_level(pool, args.clients, url, n, args, label == "aligned")
+                time.sleep(1.5)  # the probes' last records
+                result.traces = [json.loads(line) for line in trace_path.read_text().splitlines()]
+                trace_path.write_text("")  # the gateway appends to it: what follows belongs to the next run
+                rows.append(summarise(n, label, result, gateway_records(stats_dir, start, end), start, end))
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(30)
-        for p in procs[:-1]:
+        pool.shutdown(cancel_futures=True)
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
+        for p in procs:
             p.terminate()
             p.wait(10)
-    stats = json.loads(Path(stats_file).read_text())
-    os.unlink(stats_file)
-    os.unlink(stats_file + ".trace")
-
-    print(f"\nbench_gateway --responder {args.responder}  ({platform.node()}, {os.cpu_count()} cores, "
-          f"{time.strftime('%Y-%m-%d')})")
-    header = ("sessions", "lag p50 ms", "lag p99 ms", "cpu s/session-min", "stop->delta p50", "p95",
-              "barge-in p50", "p95", "cancel->last delta p95", "responses", "audio errors",
-              "gateway stop->delta p50", "p95", "gateway cancel->last delta p95", "client lag p99",
-              "stop late p50", "p95")
-    print(" | ".join(header))
-    for n, result, start, end in runs:
-        lags = [lag * 1000 for t, lag in stats["lags"] if start <= t <= end]
-        cpu = [c for t, c in stats["cpu"] if start <= t <= end]
-        cpu_per = (cpu[-1] - cpu[0]) / (n * (end - start) / 60) if len(cpu) > 1 else float("nan")
-        statuses = {s: list(result.responses.values()).count(s) for s in set(result.responses.values())}
-        row = (
-            n, f"{pct(lags, 50):.2f}", f"{pct(lags, 99):.2f}", f"{cpu_per:.2f}",
-            f"{pct(result.first_delta_ms, 50):.1f}", f"{pct(result.first_delta_ms, 95):.1f}",
-            f"{pct(result.barge_in_ms, 50):.2f}", f"{pct(result.barge_in_ms, 95):.2f}",
-            f"{pct(result.cancel_to_last_delta_ms, 95):.2f}", json.dumps(statuses, sort_keys=True),
-            len(result.audio_errors),
-            f"{pct(traced(result, 'first_delta_ms'), 50):.1f}", f"{pct(traced(result, 'first_delta_ms'), 95):.1f}",
-            f"{pct(traced(result, 'cancel_to_last_delta_ms'), 95):.2f}", f"{pct(result.client_lags_ms, 99):.1f}",
-            f"{pct(result.stop_late_ms, 50):.1f}", f"{pct(result.stop_late_ms, 95):.1f}",
-        )
-        print(" | ".join(str(x) for x in row))
-        for err in result.audio_errors[:5]:
-            print("   ", err)
-    if args.responder == "pipeline":
-        print("\nwhere a turn's time goes (gateway trace, each stage from the one before it, P50 / P95 ms)")
-        print(" | ".join(("sessions", *(f"{a} -> {b}" for a, b in pairwise(TURN_STAGES)))))
-        for n, result, _, _ in runs:
-            steps = [
-                [t.get(b + "_ms", np.nan) - t.get(a + "_ms", 0.0) for t in result.traces]
-                for a, b in pairwise(TURN_STAGES)
-            ]
-            print(" | ".join((str(n), *(f"{pct(v, 50):.1f} / {pct(v, 95):.1f}" for v in steps))))
+        shutil.rmtree(stats_dir, ignore_errors=True)
+    print_report(args, rows)
+    if args.json:
+        args.json.write_text(json.dumps({"command": " ".join([Path(sys.executable).name, *sys.argv]),
+                                         "machine": f"{platform.node()}, {os.cpu_count()} cores",
+                                         "date": time.strftime("%Y-%m-%d %H:%M %Z"), "levels": rows}, indent=1))
     return 0
 
 

@@ -9,6 +9,7 @@ It runs in its own virtualenv, because qwen-tts pins transformers 4.57.3 (the ga
     pip install --no-deps qwen-tts==0.1.1
     python scripts/make_parity_fixture.py --out tests/data/qwen3_tts_tiny            # the committed fixture
     python scripts/make_parity_fixture.py --config real-0.6b --out /tmp/q06 --device cuda   # real size
+    python scripts/make_parity_fixture.py --config real-1.7b --out /tmp/q17 --device cuda   # the 1.7B
 
 The checkpoint is written in the Hugging Face layout of Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice
 (config.json, generation_config.json, model.safetensors, vocab.json/merges.txt/tokenizer_config.json,
@@ -48,7 +49,16 @@ def _stub_unused_audio_modules() -> None:
 
 
 # Real-size geometry from the published config.json of Qwen3-TTS-12Hz-0.6B-CustomVoice and of its
-# speech_tokenizer/config.json.
+# speech_tokenizer/config.json. Qwen3-TTS-12Hz-1.7B-CustomVoice differs only in the talker's width (hidden
+# 2048, intermediate 6144; 28 layers, 16 query / 8 key-value heads of 128 as in 0.6B) and tts_model_size
+# "1b7"; its code predictor keeps hidden 1024 (intermediate 3072, 5 layers, 16/8 heads of 128), so the
+# official code adds small_to_mtp_projection (2048 -> 1024), and the speech tokenizer is the same one.
+# Where the 1.7B values come from (no hub here): the talker_config of mlx-community's
+# Qwen3-TTS-12Hz-1.7B-CustomVoice-bf16 config.json as mlx-audio-swift's config tests copy it (hidden 2048,
+# intermediate 6144, 28 layers, 16/8 heads, head_dim 128, the same speakers, languages and codec ids as
+# 0.6B), and a model reference for both CustomVoice sizes (code predictor 1024/3072/5 layers for 1.7B too).
+# One port's notes say intermediate 8192; the copied config.json says 6144, which is what is used here.
+REAL_TALKER = {"real-0.6b": (1024, 3072, "0b6"), "real-1.7b": (2048, 6144, "1b7")}
 REAL_LANGUAGES = {
     "chinese": 2055, "english": 2050, "german": 2053, "italian": 2070, "portuguese": 2071,
     "spanish": 2054, "japanese": 2058, "korean": 2064, "french": 2061, "russian": 2069,
@@ -126,8 +136,9 @@ def build_tokenizer(out: Path) -> dict[str, int]:
 
 def model_config(kind: str, specials: dict[str, int]) -> tuple[dict, dict]:
     """config.json and speech_tokenizer/config.json contents for the tiny or the real size."""
-    if kind == "real-0.6b":
-        talker = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+    if kind in REAL_TALKER:
+        hidden, intermediate, size = REAL_TALKER[kind]
+        talker = dict(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=28, num_attention_heads=16,
                       num_key_value_heads=8, head_dim=128, vocab_size=3072, text_hidden_size=2048,
                       text_vocab_size=151936, rope_theta=1000000,
                       rope_scaling={"interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default",
@@ -145,6 +156,7 @@ def model_config(kind: str, specials: dict[str, int]) -> tuple[dict, dict]:
                        num_hidden_layers=8, decoder_dim=1536)
         encoder: dict = {}
     elif kind == "tiny":
+        size = "0b6"
         # Codes 0..255 and control ids in [256, 1280): the official rule "ban [vocab-1024, vocab) but EOS"
         # then bans exactly the control ids, as it does at the real size. The code predictor is narrower
         # than the talker so that small_to_mtp_projection (a 1.7B feature) is exercised too.
@@ -173,12 +185,12 @@ def model_config(kind: str, specials: dict[str, int]) -> tuple[dict, dict]:
                        codebook_dim=16, vector_quantization_hidden_dimension=16, num_quantizers=16,
                        upsample_groups=16)
     else:
-        raise SystemExit(f"unknown --config {kind!r} (tiny or real-0.6b)")
+        raise SystemExit(f"unknown --config {kind!r} (tiny, real-0.6b or real-1.7b)")
     talker.update(num_code_groups=16, hidden_act="silu", rms_norm_eps=1e-6, max_position_embeddings=32768,
                   position_id_per_seconds=13,
                   code_predictor_config=dict(predictor, num_code_groups=16, hidden_act="silu", rms_norm_eps=1e-6,
                                              max_position_embeddings=65536))
-    config = dict(talker_config=talker, tokenizer_type="qwen3_tts_tokenizer_12hz", tts_model_size="0b6",
+    config = dict(talker_config=talker, tokenizer_type="qwen3_tts_tokenizer_12hz", tts_model_size=size,
                   tts_model_type="custom_voice", assistant_token_id=None, **text_ids)
     decoder.update(max_position_embeddings=8000, rope_theta=10000, sliding_window=72, hidden_act="silu",
                    layer_scale_initial_scale=0.01, rms_norm_eps=1e-5, num_quantizers=16,
@@ -217,7 +229,7 @@ def randomize(module: torch.nn.Module, seed: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="tiny", help="tiny (committed fixture) or real-0.6b")
+    parser.add_argument("--config", default="tiny", help="tiny (committed fixture), real-0.6b or real-1.7b")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--frames", type=int, default=24, help="max_new_tokens of each greedy reference")

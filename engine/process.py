@@ -1,0 +1,237 @@
+"""The engine process: one process owns one device and batches the streams of every gateway process
+connected to it, over ZeroMQ (the protocol is in engine.protocol).
+
+    python -m engine.process --endpoint ipc:///tmp/vg/engine-0.sock --config '{"checkpoint": "...", ...}'
+
+One thread does everything. Between steps it takes in what the clients sent, so a cancel takes effect
+before the next step; then it runs one pass of the batching loop (engine.worker.Batcher), whose deliveries
+go straight out on the socket. It binds only once the model is loaded and its CUDA graphs are captured,
+then prints one JSON line on stdout, {"ready": endpoint}, or {"error": message} when it cannot start:
+engine.supervisor waits for that line. It exits on SIGTERM (failing its open streams with a clear error
+first) and when the process that started it is gone (--parent); it ignores SIGINT, which a terminal's
+Ctrl-C sends to the whole process group: its supervisor stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from functools import partial
+from types import SimpleNamespace
+from typing import Any
+
+import zmq
+
+from engine import protocol as p
+from engine.worker import Batcher, Utterance
+from gateway.tts import TTSChunk, TTSError
+
+log = logging.getLogger("engine.process")
+
+DRAIN_LIMIT = 10_000  # messages taken in per pass, so a flood of them cannot stall the steps
+REMEMBERED_DROPS = 1024  # clients dropped lately, told so (RESET) if they speak again
+
+
+class Client:
+    """One connected gateway process (a DEALER socket) and the streams it opened here."""
+
+    def __init__(self, identity: bytes, now: float) -> None:
+        self.identity = identity
+        self.heard = now
+        self.streams: dict[bytes, Utterance] = {}
+        self.gone = False
+
+
+class EngineServer:
+    def __init__(self, batcher: Batcher, socket: zmq.Socket, heartbeat_s: float, parent: int | None = None) -> None:
+        self.batcher = batcher
+        self.socket = socket
+        self.heartbeat_s = heartbeat_s
+        self.parent = parent
+        self.instance = os.urandom(8).hex()
+        self.started = time.monotonic()
+        self.clients: dict[bytes, Client] = {}
+        self.dropped: dict[bytes, str] = {}  # identity -> why, oldest first
+        self.stopping = False
+        self._next_check = 0.0
+
+    def serve(self) -> None:
+        while not self.stopping:
+            idle = not self.batcher.has_work()
+            if self.socket.poll(int(self.heartbeat_s * 1000) if idle else 0, zmq.POLLIN):
+                self._drain()
+            self._check_liveness()
+            if self.batcher.has_work():
+                self.batcher.run_pass()
+        self.batcher.fail_all(p.EngineGone("the engine process is shutting down"))
+
+    # -- what clients send --
+    def _drain(self) -> None:
+        for _ in range(DRAIN_LIMIT):
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            identity, kind, args = frames[0], frames[1] if len(frames) > 1 else b"", frames[2:]
+            client = self.clients.get(identity)
+            if client is None:
+                client = self.clients[identity] = Client(identity, time.monotonic())
+                why = self.dropped.pop(identity, None)
+                if why is not None and kind != p.BYE:
+                    self._send(client, [p.RESET, why.encode()])
+            client.heard = time.monotonic()
+            try:
+                self._handle(client, kind, args)
+            except (IndexError, ValueError) as exc:  # a malformed message: the protocol's peers never send one
+                log.warning("bad %r message from a client: %s", kind[:16], exc)
+
+    def _handle(self, client: Client, kind: bytes, args: list[bytes]) -> None:
+        if kind == p.PING:
+            self._send(client, [p.PONG, self.instance.encode(), str(self.batcher.load).encode()])
+        elif kind == p.HELLO:
+            self._send(client, [p.HELLO, json.dumps(self.hello()).encode()])
+        elif kind == p.OPEN:
+            sid, voice, language = args[0], args[1].decode(), args[2].decode()
+            try:
+                utterance = Utterance(self.batcher, self.batcher.resolve(voice, language or None),
+                                      partial(self._deliver, client, sid))
+                client.streams[sid] = self.batcher.admit(utterance)
+            except TTSError as exc:
+                self._send(client, [p.ERROR, sid, p.INPUT, str(exc).encode()])
+        elif kind in (p.FEED, p.END):
+            utterance = client.streams.get(args[0])
+            if utterance is None:
+                return  # a stream that already ended or was cancelled
+            try:
+                if kind == p.FEED:
+                    utterance.feed(args[1].decode())
+                else:
+                    utterance.end()
+            except TTSError as exc:
+                utterance.cancel()
+                utterance.deliver(exc)
+        elif kind == p.CANCEL:
+            utterance = client.streams.pop(args[0], None)
+            if utterance is not None:
+                utterance.cancel()
+        elif kind == p.STATS:
+            stats = {**self.batcher.counters(), "instance": self.instance, "pid": os.getpid(),
+                     "clients": len(self.clients), "uptime_s": round(time.monotonic() - self.started, 3)}
+            self._send(client, [p.STATS, args[0], json.dumps(stats).encode()])
+        elif kind == p.BYE:
+            self._drop(client, "said goodbye")
+        else:
+            raise ValueError("unknown kind")
+
+    def hello(self) -> dict[str, Any]:
+        b = self.batcher
+        return {"instance": self.instance, "pid": os.getpid(), "device": str(b.runner.device), "rows": b.max_streams,
+                "voices": sorted(b.voices), "languages": sorted(b.languages), "max_text_chars": b.max_text_chars,
+                "heartbeat_s": self.heartbeat_s}
+
+    # -- what goes back --
+    def _deliver(self, client: Client, sid: bytes, item: TTSChunk | BaseException | None) -> None:
+        """An utterance's packet, end or failure, from the batching loop."""
+        if item is None:
+            frames = [p.DONE, sid]
+        elif isinstance(item, BaseException):
+            cause = p.INPUT if isinstance(item, TTSError) else p.ENGINE
+            text = str(item) if isinstance(item, TTSError | p.EngineGone) else f"{type(item).__name__}: {item}"
+            frames = [p.ERROR, sid, cause, text.encode()]
+        else:
+            frames = [p.PACKET, sid, item.text.encode(), item.pcm]
+        if not isinstance(item, TTSChunk):
+            client.streams.pop(sid, None)
+        self._send(client, frames)
+
+    def _send(self, client: Client, frames: list[bytes]) -> None:
+        if client.gone:
+            return
+        try:
+            self.socket.send_multipart([client.identity, *frames], zmq.NOBLOCK)
+        except zmq.Again:
+            self._drop(client, f"does not keep up (over {p.QUEUE_LIMIT} messages queued)")
+        except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY): its connection is closed
+            self._drop(client, f"is unreachable ({exc})")
+
+    # -- liveness --
+    def _check_liveness(self) -> None:
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + self.heartbeat_s
+        silent = now - p.MISSED_HEARTBEATS * self.heartbeat_s
+        for client in [c for c in self.clients.values() if c.heard < silent]:
+            self._drop(client, f"was silent for {now - client.heard:.1f} s")
+        if self.parent is not None and os.getppid() != self.parent:
+            log.warning("the process that started this engine is gone; exiting")
+            self.stopping = True
+
+    def _drop(self, client: Client, why: str) -> None:
+        """Forget a client and free its streams (their rows go at the next pass)."""
+        if client.streams:
+            log.info("a client %s: freeing its %d streams", why, len(client.streams))
+        client.gone = True
+        self.clients.pop(client.identity, None)
+        self.dropped[client.identity] = f"the client {why}"
+        while len(self.dropped) > REMEMBERED_DROPS:
+            del self.dropped[next(iter(self.dropped))]
+        for utterance in client.streams.values():
+            utterance.cancel()
+        client.streams.clear()
+
+
+def bind(endpoint: str) -> zmq.Socket:
+    socket = zmq.Context.instance().socket(zmq.ROUTER)
+    socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    socket.setsockopt(zmq.SNDHWM, p.QUEUE_LIMIT)
+    socket.setsockopt(zmq.RCVHWM, p.QUEUE_LIMIT)
+    socket.setsockopt(zmq.LINGER, 1000)  # the last errors still go out at shutdown
+    socket.bind(endpoint)
+    return socket
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.process", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--endpoint", required=True, help="ZeroMQ endpoint to bind, e.g. ipc:///tmp/vg/e0.sock")
+    parser.add_argument("--config", required=True, help="the [engine] options as a JSON object")
+    parser.add_argument("--heartbeat-ms", type=float, default=500)
+    parser.add_argument("--parent", type=int, help="exit when this process is no longer the parent")
+    args = parser.parse_args(argv)
+    config = SimpleNamespace(**json.loads(args.config))
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s %(levelname)s engine[{config.device}] %(name)s: %(message)s")
+    # SIGTERM stops the loop between passes (the handler only sets a flag).
+    server: EngineServer | None = None
+
+    def stop(*_: Any) -> None:
+        if server is not None:
+            server.stopping = True
+        else:
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    # Ctrl-C reaches the whole process group: the supervisor's process handles it and stops this one in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        batcher = Batcher.from_config(config)
+        socket = bind(args.endpoint)
+    except Exception as exc:  # any start-up failure is reported to the supervisor, which does not retry it
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        return 2
+    server = EngineServer(batcher, socket, args.heartbeat_ms / 1000, args.parent)
+    log.info("serving %s (%d rows on %s)", args.endpoint, batcher.max_streams, batcher.runner.device)
+    print(json.dumps({"ready": args.endpoint}), flush=True)
+    server.serve()
+    socket.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

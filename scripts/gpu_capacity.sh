@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Whole-product capacity on one GPU host (issue 16), in two device calls of at most 9 minutes each.
+#
+#   scripts/gpu_capacity.sh wheels           # here, once: the wheels the GPU host lacks, into .whl/ (+ .whl/oracle/)
+#   scripts/gpu_capacity.sh engine           # call A: random real-size 0.6B and 1.7B checkpoints, the 1.7B float32
+#                                            #   parity against the official code, bench_engine.py at 1/64/256 streams
+#   scripts/gpu_capacity.sh gateway [0.6b|1.7b] [SESSIONS]
+#                                            # call B: an engine process + the gateway + the multi-process load
+#                                            #   generator at several session levels (Poisson, then aligned)
+#   ORACLE_SITE=DIR scripts/gpu_capacity.sh check
+#                                            # here: every step above on the CPU, with tiny checkpoints (DIR: an
+#                                            #   environment's site-packages holding qwen-tts, transformers 4.57.3)
+#
+# The GPU host (device tool: nvidia-h100-x1 or nvidia-h200) has python3 3.12 with torch, triton, numpy,
+# onnxruntime, prometheus-client, aiohttp and uvloop, and no internet: the wheels travel in .whl/ (name it in
+# the call's `carry`). The gateway's go to /tmp/site, the official qwen-tts oracle's (transformers 4.57.3)
+# to /tmp/site-oracle, which only the fixture script sees. Results are written under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-/tmp/gpu-capacity-out}
+mkdir -p "$OUT"
+
+# Exact versions, for CPython 3.12 on manylinux x86_64. The gateway's runtime (what the host lacks or has too
+# old: openai's aiohttp transport wants aiohttp >= 3.14.4), pyzmq for the engine processes, the pipecat-ai
+# wheel for the Smart Turn model it ships (the gateway loads it at start), starlette and uvicorn for the
+# coming front door. Not mcp: the benchmark's gateway runs with [mcp] off (its sessions call no tools).
+GATEWAY_WHEELS="websockets==15.0.1 orjson==3.13.0 soxr==1.1.0 silero-vad==6.2.3 pyzmq==27.3.0
+  openai==3.54.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0 sniffio==1.3.1
+  pydantic==2.14.3 pydantic-core==2.50.4 typing-inspection==0.4.5 annotated-types==0.8.0
+  typing-extensions==4.16.0 anyio==4.16.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4
+  frozenlist==1.8.0 aiosignal==1.4.0 aiohappyeyeballs==2.7.1 attrs==26.1.0 starlette==1.10.0 uvicorn==0.54.0
+  pipecat-ai==1.14.0"
+# The official code as the parity oracle (qwen-tts pins transformers 4.57.3, which wants tokenizers <= 0.23.0
+# and huggingface-hub < 1.0; librosa and soundfile are imported by its model files):
+ORACLE_WHEELS="qwen-tts==0.1.1 transformers==4.57.3 tokenizers==0.22.1 huggingface-hub==0.36.0
+  accelerate==1.12.0 librosa==0.11.0 audioread==3.1.0 decorator==5.2.1 pooch==1.8.2 platformdirs==4.5.0
+  soundfile==0.13.1 cffi==2.0.0 pycparser==2.23 soxr==1.1.0"
+
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
+
+# step SECONDS NAME COMMAND...: one step, bounded in time, its output appended to $OUT/NAME.log (the device
+# call returns at most 8 files); a failed step is logged and the next one runs.
+step() {
+  local limit=$1 name=$2; shift 2
+  log "start $name: $*"
+  timeout --signal=TERM --kill-after=10 "$limit" "$@" >>"$OUT/$name.log" 2>&1
+  local rc=$?
+  log "end $name: exit $rc"
+  tail -n 40 "$OUT/$name.log"
+  return $rc
+}
+
+setup() {
+  export PYTHONUNBUFFERED=1
+  if [ -z "${CPU_CHECK:-}" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-oracle \
+      .whl/oracle/*.whl || exit 1
+    { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; \
+      nproc; free -g; git log -1 --format='%H %s' 2>/dev/null; } >>"$OUT/run.log" 2>&1
+  fi
+  export PYTHONPATH=$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  ORACLE_PATH=${ORACLE_PATH:-/tmp/site-oracle:$ROOT}
+}
+
+# checkpoint SIZE DIR FRAMES: a real-size checkpoint with seeded random weights, written through the official
+# code (FRAMES: the greedy references it records, 2 when only the checkpoint is needed).
+checkpoint() {
+  [ -f "$2/references.json" ] && return 0
+  PYTHONPATH=$ORACLE_PATH step 400 fixtures python3 scripts/make_parity_fixture.py --config "${FIXTURE:-real-$1}" \
+    --out "$2" --device "$DEVICE" --dtype float32 --frames "$3"
+}
+
+engine() {
+  setup
+  checkpoint 1.7b "$Q17" 24
+  checkpoint 0.6b "$Q06" 2
+  QWEN3_TTS_FIXTURE=$Q17 QWEN3_TTS_DEVICE=$DEVICE step 150 parity-1.7b \
+    python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_engine_parity.py
+  for size in 1.7b 0.6b; do  # 1.7B first: bench/RESULTS.md has 0.6B figures already
+    dir=$Q06; [ $size = 1.7b ] && dir=$Q17
+    step 170 "bench-engine-$size" python3 scripts/bench_engine.py --checkpoint "$dir" --impl ours \
+      --device "$DEVICE" --frames "$FRAMES" --streams "$STREAMS" --eager-streams "" --runs 2 --time-budget 120 \
+      --json "$OUT/bench-engine-$size.json"
+  done
+}
+
+gateway() {
+  local size=${1:-0.6b} sessions=${2:-$SESSIONS} dir=$Q06
+  [ "$size" = 1.7b ] && dir=$Q17
+  setup
+  checkpoint "$size" "$dir" 2
+  step 420 "bench-gateway-$size" python3 scripts/bench_gateway.py --responder pipeline --tts engine \
+    --checkpoint "$dir" --engine-mode process --engine-devices "$ENGINE_DEVICES" --max-streams "$MAX_STREAMS" \
+    --sessions "$sessions" --arrivals poisson,aligned --cycles "$CYCLES" --clients "$CLIENTS" --port "$PORT" \
+    --json "$OUT/bench-gateway-$size.json"
+}
+
+wheels() {
+  local platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64"
+  local args="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp $platforms"
+  mkdir -p .whl/oracle
+  # shellcheck disable=SC2086
+  python3 -m pip download -q $args -d .whl $GATEWAY_WHEELS && python3 -m pip download -q $args -d .whl/oracle $ORACLE_WHEELS
+  du -sh .whl .whl/oracle
+}
+
+case "${1:-}" in
+  wheels) wheels ;;
+  engine|gateway)
+    DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 FRAMES=125 STREAMS=1,64,256 ENGINE_DEVICES=auto MAX_STREAMS=512
+    SESSIONS=${SESSIONS:-50,100,200,400} CYCLES=2 CLIENTS=${CLIENTS:-6} PORT=18765
+    "$@" ;;
+  check)
+    # The same steps on this machine's CPU with tiny checkpoints, in the gateway's .venv (the tiny checkpoint
+    # has five speakers: the voices map to one of them).
+    : "${ORACLE_SITE:?set ORACLE_SITE to the site-packages of an environment holding qwen-tts}"
+    CPU_CHECK=1 DEVICE=cpu FIXTURE=tiny Q06=/tmp/gpu-check-a Q17=/tmp/gpu-check-b FRAMES=6 STREAMS=1,2
+    ENGINE_DEVICES=cpu MAX_STREAMS=4 SESSIONS=2 CYCLES=1 CLIENTS=1 PORT=${PORT:-28765}
+    export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
+    ORACLE_PATH=$ORACLE_SITE:$ROOT
+    rm -rf "$Q06" "$Q17"
+    engine
+    gateway 0.6b 2 ;;
+  *) sed -n 2,16p "$0"; exit 2 ;;
+esac

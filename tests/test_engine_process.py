@@ -1,0 +1,236 @@
+"""The engine process (engine.process) and its client (gateway.engine_client), on the tiny checkpoint: the
+same audio as the in-process engine, cancel within a step, a vanished client's streams freed, a killed
+engine's streams failed and a restarted one serving, a pipeline turn through a real gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.supervisor import EngineStartError, EngineSupervisor
+from engine.worker import QwenTTSEngine
+from gateway.config import EngineConfig
+from gateway.engine_client import EngineClient
+from gateway.responder import BackendError
+from gateway.server import Gateway
+from gateway.tts import TTSChunk, TTSError
+from tests.conftest import audio_of, connect, load_pcm, make_config, silence
+from tests.fake_openai import FakeOpenAI
+
+FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+CONFIG = EngineConfig(checkpoint=str(FIXTURE), device="cpu", mode="process", devices="cpu", max_frames=200,
+                      heartbeat_ms=250, voices={"alloy": "vivian"})
+SHORT = "Hello world, this is a test."  # 9 frames with seed 0
+LONG = "Speech synthesis streams audio while the text is still arriving."  # 148 frames with seed 0
+HEARTBEAT_S = CONFIG.heartbeat_ms / 1000
+
+
+@pytest.fixture(scope="module")
+def supervisor() -> Iterator[EngineSupervisor]:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")  # the tiny model is all per-op overhead (see test_engine_worker.py)
+        engines = EngineSupervisor(dataclasses.asdict(CONFIG), ["cpu"], heartbeat_ms=CONFIG.heartbeat_ms)
+        engines.start(timeout=120)
+        yield engines
+        engines.stop()
+
+
+@pytest.fixture
+async def client(supervisor: EngineSupervisor) -> AsyncIterator[EngineClient]:
+    engine = await asyncio.to_thread(EngineClient, supervisor.endpoints, HEARTBEAT_S)
+    yield engine
+    await engine.aclose()
+
+
+async def collect(stream, timeout: float = 60) -> list[TTSChunk]:
+    async with asyncio.timeout(timeout):
+        return [chunk async for chunk in stream]
+
+
+async def speak(engine, text: str) -> list[TTSChunk]:
+    stream = engine.open("alloy", "english")
+    stream.feed(text)
+    stream.end()
+    return await collect(stream)
+
+
+async def counters(client: EngineClient) -> dict:
+    (stats,) = await client.stats()
+    return stats
+
+
+async def settled(client: EngineClient, timeout: float = 10) -> dict:
+    """The engine's counters once it holds no stream, or after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while ((stats := await counters(client))["streams"] or stats["waiting"]) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return stats
+
+
+async def test_the_same_audio_as_the_in_process_engine(client: EngineClient) -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    local = QwenTTSEngine.from_config(dataclasses.replace(CONFIG, mode="thread"))
+    try:
+        expected = await speak(local, SHORT)
+    finally:
+        local.close()
+        torch.set_num_threads(threads)
+    got = await speak(client, SHORT)
+    assert [c.text for c in got] == [c.text for c in expected] and "".join(c.text for c in got) == SHORT
+    assert b"".join(c.pcm for c in got) == b"".join(c.pcm for c in expected)
+    assert len(got) > 1 and got[0].pcm  # sampled (seed 0), several packets
+
+
+async def test_bad_input_is_refused_at_once(client: EngineClient) -> None:
+    with pytest.raises(TTSError, match="unknown voice"):
+        client.open("nova")
+    with pytest.raises(TTSError, match="unknown language"):
+        client.open("alloy", "klingon")
+    stream = client.open("alloy", "en")
+    stream.feed("  ")
+    with pytest.raises(TTSError, match="empty text"):
+        stream.end()
+    assert await collect(stream, timeout=5) == []
+    long = client.open("ryan")
+    with pytest.raises(TTSError, match="longer than 2000"):
+        long.feed("a" * 2001)
+    long.cancel()
+    assert (await settled(client))["streams"] == 0  # no row is left held
+
+
+async def test_cancel_takes_effect_within_a_step(client: EngineClient) -> None:
+    stream = client.open("alloy", "english")
+    stream.feed(LONG)
+    stream.end()
+    async with asyncio.timeout(30):
+        first = await anext(stream)
+    assert first.pcm
+    before = asyncio.create_task(client.stats())
+    await asyncio.sleep(0)  # its request is on the socket before the cancel: the engine takes them in order
+    stream.cancel()
+    frames = (await before)[0]["frames"]
+    assert await collect(stream, timeout=1) == []  # iteration ends at once
+    await asyncio.sleep(0.5)  # dozens of steps' time
+    after = await counters(client)
+    # The frame launched while the cancel was on its way, at most; 148 frames were due.
+    assert after["frames"] - frames <= 1
+    assert after["streams"] == after["waiting"] == 0
+
+
+async def test_streams_go_to_the_least_loaded_engine(supervisor: EngineSupervisor) -> None:
+    """Two links to the one engine process stand for two engines: new streams alternate between them, and
+    one that is down gets none."""
+    endpoint = supervisor.endpoints[0]
+    client = await asyncio.to_thread(EngineClient, [endpoint, endpoint], HEARTBEAT_S)
+    try:
+        first, second = client.links
+        streams = [client.open("alloy") for _ in range(4)]
+        assert [s._link for s in streams] == [first, second, first, second]
+        first.fail("is gone (test)")
+        later = [client.open("alloy") for _ in range(3)]
+        assert {s._link for s in later} == {second}
+        for s in streams + later:
+            s.cancel()
+    finally:
+        await client.aclose()
+
+
+CHILD = """
+import asyncio, sys
+from gateway.engine_client import EngineClient
+
+async def main():
+    client = EngineClient([sys.argv[1]], float(sys.argv[2]))
+    streams = [client.open("alloy", "english") for _ in range(2)]
+    for s in streams:
+        s.feed("Hello world, this is")  # no end: each stream holds its row, waiting for more text
+    for s in streams:
+        await anext(s)
+    print("holding", flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_vanished_client_frees_its_streams(client: EngineClient, supervisor: EngineSupervisor) -> None:
+    child = subprocess.Popen([sys.executable, "-c", CHILD, supervisor.endpoints[0], str(HEARTBEAT_S)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 60)
+        assert line.strip() == "holding"
+        held = await counters(client)
+        assert held["streams"] == 2, held
+    finally:
+        child.kill()
+        child.wait()
+    assert (await settled(client))["streams"] == 0
+
+
+async def test_a_pipeline_turn_through_the_engine_process(supervisor: EngineSupervisor) -> None:
+    async with FakeOpenAI(reply=SHORT, transcript="Hi.") as fake:
+        config = make_config(
+            responder__kind="pipeline", llm__base_url=fake.base_url, stt__base_url=fake.base_url,
+            tts__engine="qwen3", engine__mode="process", engine__endpoints=supervisor.endpoints[0],
+            engine__heartbeat_ms=CONFIG.heartbeat_ms,
+        )
+        gateway = Gateway(config)
+        await gateway.start()
+        try:
+            async with connect(gateway) as client:
+                await client.append(load_pcm("one_sentence.wav") + silence(800), chunk_ms=100)
+                events = await client.until("response.done", timeout=60)
+                assert events[-1]["response"]["status"] == "completed"
+                spoken = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
+                assert spoken.strip() == SHORT
+                assert len(audio_of(events)) >= 48 * 80 * 4
+
+                # Cancelled while the engine process speaks: nothing of it after its response.done.
+                fake.reply = LONG
+                await client.send({"type": "response.create"})
+                events = await client.until("response.output_audio.delta", timeout=60)
+                response_id = events[-1]["response_id"]
+                await client.send({"type": "response.cancel"})
+                done = (await client.until("response.done"))[-1]["response"]
+                assert (done["id"], done["status"]) == (response_id, "cancelled")
+                assert not [e for e in await client.quiet(0.5) if e.get("response_id") == response_id]
+        finally:
+            await gateway.stop()
+
+
+def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
+    options = dataclasses.asdict(dataclasses.replace(CONFIG, checkpoint=str(tmp_path / "absent")))
+    with pytest.raises(EngineStartError, match="huggingface-cli download"):
+        EngineSupervisor(options, ["cpu"]).start(timeout=60)
+
+
+# Last: it kills the module's engine process (the supervisor starts it again).
+async def test_a_killed_engine_fails_its_streams_and_a_restarted_one_serves(
+        client: EngineClient, supervisor: EngineSupervisor) -> None:
+    instance = (await counters(client))["instance"]
+    stream = client.open("alloy", "english")
+    stream.feed("Hello world, this is")  # waits for more text
+    async with asyncio.timeout(30):
+        await anext(stream)
+    os.kill(supervisor.pids[0], signal.SIGKILL)
+    # Its connection drops at once (or, on a starved machine, its silence is noticed first).
+    with pytest.raises(BackendError, match="tts backend failed: the TTS engine process (stopped|did not answer)"):
+        await collect(stream, timeout=5)
+    with pytest.raises(BackendError, match="no TTS engine process is up"):
+        client.open("alloy")
+    deadline = time.monotonic() + 90
+    while not client.links[0].up and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert (await counters(client))["instance"] != instance
+    assert "".join(c.text for c in await speak(client, SHORT)) == SHORT
