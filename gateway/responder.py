@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 SAMPLE_RATE = 24_000  # every responder speaks pcm16 mono at 24 kHz; the session converts formats
 
@@ -85,9 +85,24 @@ class Transcriber(Protocol):
         """The text of the audio; ``language`` and ``prompt`` from the session override the configured ones."""
 
 
+class ChatModel(Protocol):
+    """A streamed chat LLM: a remote one (gateway.backends.LlmClient) or in process (gateway.local_llm)."""
+
+    def stream_chat(
+        self, messages: list[dict[str, Any]], *, max_output_tokens: int | None = None, temperature: float | None = None
+    ) -> AsyncIterator[str]:
+        """The reply's text deltas; closing the iterator stops the generation."""
+
+    async def check(self) -> str | None:
+        """What is wrong with the backend, or None (checked at start-up)."""
+
+    async def aclose(self) -> None: ...
+
+
 class Responder(Protocol):
-    # Transcribes each committed user audio item (None: the responder reads no transcripts).
-    transcriber: Transcriber | None
+    # Whether respond() reads the transcripts of user audio (ResponseRequest.transcripts): the runner
+    # then transcribes every committed user audio item, not only for sessions that ask for it.
+    reads_transcripts: bool
     # The voices it speaks with, lower case (None: any name will do).
     voices: frozenset[str] | None
 
@@ -100,7 +115,7 @@ class EchoResponder:
     pace 1.0 sends audio at real time, 2.0 at twice real time, 0 as fast as possible.
     """
 
-    transcriber = None
+    reads_transcripts = False
     voices = None
 
     def __init__(self, pace: float = 1.0, chunk_ms: int = 40) -> None:

@@ -7,13 +7,15 @@ server messages, so the WebSocket server and the WebRTC data channel share it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 import orjson
 
-from gateway.responder import BackendError, Responder, ResponseRequest
+from gateway.model_worker import current_session
+from gateway.responder import BackendError, Responder, ResponseRequest, Transcriber
 from gateway.session import (
     ClearPlayout,
     Effect,
@@ -60,9 +62,11 @@ class SessionRunner:
         vad_batcher: VadBatcher | None = None,
         trace: TurnTrace | None = None,
         playout: Playout | None = None,
+        transcriber: Transcriber | None = None,
     ) -> None:
         self.session = session
         self.responder = responder
+        self.transcriber = transcriber
         self.vad = vad
         self._send = send
         self._vad_batcher = vad_batcher
@@ -76,7 +80,10 @@ class SessionRunner:
         self._vad_backlog = bytearray()
         self._vad_task: asyncio.Task[None] | None = None
         self._closed = False
-        session.transcribes = responder.transcriber is not None
+        # The context of this session's tasks: shared local models queue their work by session.
+        self._context = contextvars.copy_context()
+        self._context.run(current_session.set, session.settings.id)
+        session.transcribes = transcriber is not None
         session.voices = responder.voices
 
     async def start(self) -> None:
@@ -123,14 +130,16 @@ class SessionRunner:
                 request = effect.request
                 request.transcripts = {m.item_id: self._transcripts[m.item_id] for m in request.messages
                                        if m.role == "user" and not m.text and m.item_id in self._transcripts}
-                self._task = asyncio.create_task(self._respond(request))
+                self._task = asyncio.create_task(self._respond(request), context=self._context)
             elif isinstance(effect, StopResponse):
                 self.trace.cancelled(effect.response_id)
                 # A response that failed stops itself: its own task is the one sending its last events.
                 if self._task is not None and self._task is not asyncio.current_task():
                     self._task.cancel()
             elif isinstance(effect, Transcribe):
-                task = asyncio.create_task(self._transcribe(effect))
+                if not self.responder.reads_transcripts and self.session.settings.transcription is None:
+                    continue  # nobody would read it
+                task = asyncio.create_task(self._transcribe(effect), context=self._context)
                 # A failure is reported to the client at once; a response may await it or not.
                 task.add_done_callback(lambda t: t.cancelled() or t.exception())
                 self._transcripts[effect.item_id] = task
@@ -166,9 +175,9 @@ class SessionRunner:
             self._vad_task = None
 
     async def _transcribe(self, effect: Transcribe) -> str:
-        assert self.responder.transcriber is not None
+        assert self.transcriber is not None
         try:
-            text = await self.responder.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
+            text = await self.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
         except BackendError as exc:
             log.warning("transcription of %s failed: %s", effect.item_id, exc)
             await self._apply(self.session.input_transcribed(effect.item_id, None, exc.cause))

@@ -7,7 +7,6 @@ import gc
 import logging
 import mimetypes
 import time
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import IO, TYPE_CHECKING
@@ -23,7 +22,7 @@ from websockets.http11 import Request, Response
 from gateway import __version__
 from gateway.config import REPO_ROOT, Config, ConfigError
 from gateway.protocol import Dialect
-from gateway.responder import Responder
+from gateway.responder import Responder, Transcriber
 from gateway.runner import Playout, Send, SessionRunner
 from gateway.session import Session
 from gateway.trace import ACTIVE_SESSIONS, TurnTrace
@@ -46,8 +45,10 @@ def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
 
 class Gateway:
     def __init__(self, config: Config, responder: Responder | None = None) -> None:
+        """``responder``: None builds the configured one; the transcriber is always the configured one."""
         self.config = config
         self.responder = responder
+        self.transcriber: Transcriber | None = None
         self.sessions: set[SessionRunner] = set()
         self.ready = False
         self.started_at = time.time()
@@ -63,12 +64,6 @@ class Gateway:
         self._backend_check: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self.responder is None:
-            from gateway.pipeline import build_responder  # noqa: PLC0415 - pulls in the model stack
-
-            self.responder = await loop.run_in_executor(None, build_responder, self.config)
-        self._vad_model = await loop.run_in_executor(None, SileroModel)
         if self.config.trace.jsonl_path:
             self._trace_sink = open(self.config.trace.jsonl_path, "a", buffering=1)  # noqa: SIM115
         cfg = self.config.server
@@ -85,6 +80,7 @@ class Gateway:
         except OSError as exc:
             raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port} ([server] port, or --port): "
                               f"{exc.strerror or exc}") from None
+        await self._load_models()
         if self.config.webrtc.enabled:
             try:
                 from gateway.webrtc import start_webrtc  # noqa: PLC0415 - aiortc is an optional extra
@@ -103,14 +99,30 @@ class Gateway:
         self.ready = True
         log.info("gateway %s listening on ws://%s:%d/v1/realtime (responder: %s)", __version__, cfg.host,
                  self.port, type(self.responder).__name__)
-        check = getattr(self.responder, "check", None)
-        if check is not None:
-            self._backend_check = asyncio.create_task(self._warn_of_backends(check))
+        self._backend_check = asyncio.create_task(self._warn_of_backends())
 
-    @staticmethod
-    async def _warn_of_backends(check: Callable[[], Awaitable[list[str]]]) -> None:
+    async def _load_models(self) -> None:
+        """The responder, the transcriber and the VAD, loaded in worker threads while /healthz answers
+        "starting" (the local models' first start takes about 30 s)."""
+        from gateway.pipeline import build_responder, build_transcriber  # noqa: PLC0415 - the model stack
+
+        log.info("loading models; /healthz says starting until they are ready")
+        loop = asyncio.get_running_loop()
+        loads = [loop.run_in_executor(None, build_transcriber, self.config), loop.run_in_executor(None, SileroModel)]
+        if self.responder is None:
+            loads.append(loop.run_in_executor(None, build_responder, self.config))
+        self.transcriber, self._vad_model, *built = await asyncio.gather(*loads)
+        if built:
+            self.responder = built[0]
+
+    async def _warn_of_backends(self) -> None:
         """Name a backend that is down now, not at the first user's turn (which it would fail)."""
-        for problem in await check():
+        problems = []
+        if check := getattr(self.responder, "check", None):
+            problems += await check()
+        if (check := getattr(self.transcriber, "check", None)) and (problem := await check()):
+            problems.append(problem)
+        for problem in problems:
             log.warning("%s; turns will fail until it answers", problem)
 
     @property
@@ -127,9 +139,10 @@ class Gateway:
             self._server.close()
             await self._server.wait_closed()
         self._vad_executor.shutdown(wait=False, cancel_futures=True)
-        close = getattr(self.responder, "aclose", None)
-        if close is not None:
-            await close()  # the backends' HTTP connection pools
+        for part in (self.responder, self.transcriber):
+            close = getattr(part, "aclose", None)
+            if close is not None:
+                await close()  # the backends' HTTP connection pools
         gc.unfreeze()  # what start-up kept out of the collector may go now
         if self._trace_sink is not None:
             self._trace_sink.close()
@@ -189,6 +202,7 @@ class Gateway:
             vad_batcher=self._vad_batcher,
             trace=TurnTrace(session.settings.id, self._trace_sink),
             playout=playout,
+            transcriber=self.transcriber,
         )
 
     async def _handle(self, ws: ServerConnection) -> None:

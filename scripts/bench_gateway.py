@@ -84,13 +84,12 @@ async def serve(port: int, stats_path: str, responder_kind: str, fake_url: str) 
     config.trace.jsonl_path = stats_path + ".trace"
     responder = None
     if responder_kind == "pipeline":
-        from gateway.backends import LlmClient, SttClient
+        from gateway.backends import LlmClient
         from gateway.pipeline import BridgeSettings, PipelineResponder
         from gateway.tone_tts import ToneEngine
 
-        config.stt.base_url = config.llm.base_url = fake_url
+        config.stt.base_url = config.llm.base_url = fake_url  # the gateway's transcriber: the fake STT
         responder = PipelineResponder(
-            SttClient.from_config(config.stt),
             LlmClient.from_config(config.llm),
             ToneEngine(first_audio_ms=25, realtime=True),
             BridgeSettings(config.tts.starter_chars, config.tts.max_segment_chars),
