@@ -181,6 +181,8 @@ class PipelineResponder:
                         stream.feed(text.strip())
                 except Exception as exc:
                     raise _tts_error(exc) from exc
+                if not spoken and text.strip():
+                    outputs.put_nowait(TraceMark("llm_first_segment"))  # the TTS has text to speak
                 spoken = spoken or bool(text.strip())
 
         first = True

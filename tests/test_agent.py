@@ -126,8 +126,8 @@ async def test_latency_trace_records_every_stage(fake: FakeOpenAI, start_gateway
         await client.until("response.done")
     await responder.aclose()
     record = json.loads(trace.read_text().splitlines()[0])
-    stages = ["committed_ms", "stt_done_ms", "llm_first_token_ms", "tts_first_audio_ms", "first_delta_ms",
-              "response_done_ms"]
+    stages = ["committed_ms", "stt_done_ms", "llm_first_token_ms", "llm_first_segment_ms", "tts_first_audio_ms",
+              "first_delta_ms", "response_done_ms"]
     times = [record[s] for s in stages]
     assert times == sorted(times) and record["status"] == "completed"
 

@@ -166,7 +166,7 @@ async def test_full_turn(make: Make, fake: FakeOpenAI):
     outs = await collect(respond(make(fake.base_url, engine), req))
 
     assert transcript(req) == TRANSCRIPT
-    assert marks(outs) == ["stt_done", "llm_first_token", "tts_first_audio"]
+    assert marks(outs) == ["stt_done", "llm_first_token", "llm_first_segment", "tts_first_audio"]
     speech = [o.text for o in outs if isinstance(o, SpeechText)]
     # the transcript keeps the reply's spaces; the engine gets each segment stripped
     assert speech == [
@@ -229,7 +229,7 @@ async def test_llm_sees_instructions_and_history(make: Make, fake: FakeOpenAI):
 async def test_text_item_turn_needs_no_stt(make: Make, fake: FakeOpenAI):
     outs = await collect(respond(make(fake.base_url), request(Message("i1", "user", text="Hi."))))
     assert fake.stt_requests == []
-    assert marks(outs) == ["llm_first_token", "tts_first_audio"]
+    assert marks(outs) == ["llm_first_token", "llm_first_segment", "tts_first_audio"]
     assert fake.chat_requests[0].messages[-1] == {"role": "user", "content": "Hi."}
 
 
@@ -457,7 +457,7 @@ async def test_audio_in_mode_sends_input_audio(make: Make, fake: FakeOpenAI):
     history = [Message("i1", "user", text="Hi."), Message("i2", "assistant", text="Hello!"), user_audio()]
     outs = await collect(respond(make(fake.base_url, audio_in=True, stt=False), request(*history)))
     assert fake.stt_requests == []
-    assert marks(outs) == ["llm_first_token", "tts_first_audio"]
+    assert marks(outs) == ["llm_first_token", "llm_first_segment", "tts_first_audio"]
     (chat,) = fake.chat_requests
     assert chat.messages[:3] == [
         {"role": "system", "content": "You are terse."},
