@@ -6,6 +6,10 @@ once and writes the result to a safetensors cache, which later starts load in ab
 Generation is a loop of single forward steps in the model's worker thread (gateway.model_worker), so
 the generations of several sessions advance token by token, side by side, and a closed stream stops
 at the next token. A reply is short: a token cap, and cut at a sentence end (see ``SentenceCut``).
+
+The prompt is the whole conversation, so its prefill would grow turn by turn (about 5 ms a token
+here): the model keeps each recent session's KV cache, and a turn feeds only the tokens after the
+prefix it shares with the last one (the new user turn, a few dozen tokens).
 """
 
 from __future__ import annotations
@@ -17,15 +21,17 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Hashable, Iterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import ConfigError, LocalConfig
-from gateway.model_worker import ModelWorker
+from gateway.model_worker import ModelWorker, current_session
 from gateway.responder import BackendError
 
 if TYPE_CHECKING:
@@ -111,11 +117,23 @@ def _dequantize(gguf_dir: Path, target: Path) -> None:
 
 
 @dataclass
+class _Kept:
+    """A session's last turn as the model's KV cache holds it."""
+
+    dropped: int  # the oldest turns its prompt left out
+    ids: list[int]  # the tokens whose keys and values the cache holds
+    cache: Any  # transformers.DynamicCache
+
+
+@dataclass
 class _Model:
     tokenizer: Any
     model: Any
     stop_ids: set[int]
     worker: ModelWorker
+    # The KV caches of the sessions that spoke last, most recent last (see LocalConfig.cached_sessions).
+    kept: OrderedDict[Hashable, _Kept] = field(default_factory=OrderedDict)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # kept: a closed generation stores from the loop
 
 
 @functools.cache
@@ -169,7 +187,8 @@ class LocalLlm:
             limit = min(limit, max_output_tokens)
         temperature = self.temperature if temperature is None else temperature
         try:
-            async with aclosing(self._model.worker.stream(self._generate(messages, limit, temperature))) as deltas:
+            steps = self._generate(current_session.get(), messages, limit, temperature)
+            async with aclosing(self._model.worker.stream(steps)) as deltas:
                 async for delta in deltas:
                     if delta:
                         yield delta
@@ -182,42 +201,71 @@ class LocalLlm:
     async def aclose(self) -> None:
         pass  # the model is the process's, shared by every responder that uses it
 
-    def _prompt(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The chat prompt's tokens; the oldest turns left out beyond the context budget (the system prompt stays)."""
+    def _prompt(self, messages: list[dict[str, Any]], dropped: int) -> tuple[list[int], int]:
+        """The chat prompt's tokens, and how many of the oldest turns it leaves out.
+
+        The system prompt stays. The turns left out last time stay out; past the context budget, more
+        go, down to half the budget, so that a conversation's prefix (and its KV cache) changes once
+        every few turns rather than at every turn.
+        """
         system = messages[:1] if messages and messages[0]["role"] == "system" else []
         turns = messages[len(system) :]
+        dropped = min(dropped, max(0, len(turns) - 1))
+        budget = limit = self.config.context_tokens
         template = self._model.tokenizer.apply_chat_template
         while True:
-            ids = template(system + turns, add_generation_prompt=True, return_dict=False)
-            if len(ids) <= self.config.context_tokens or len(turns) <= 1:
-                return ids[-self.config.context_tokens :]
-            turns = turns[1:]
+            ids = template(system + turns[dropped:], add_generation_prompt=True, return_dict=False)
+            if len(ids) <= limit or dropped >= len(turns) - 1:
+                return ids[-budget:], dropped
+            dropped += 1
+            limit = budget // 2
 
-    def _generate(self, messages: list[dict[str, Any]], max_tokens: int, temperature: float) -> Iterator[str]:
+    def _generate(
+        self, session: Hashable | None, messages: list[dict[str, Any]], max_tokens: int, temperature: float
+    ) -> Iterator[str]:
         """One step per token (its text, "" while held back); runs in the worker thread."""
         import torch  # noqa: PLC0415
         from transformers import DynamicCache  # noqa: PLC0415
 
+        with self._model.lock:
+            kept = self._model.kept.pop(session, None)
+        ids, dropped = self._prompt(messages, kept.dropped if kept else 0)
+        fed: list[int] = []  # the tokens in the cache
         cache = DynamicCache()
-        ids = torch.tensor([self._prompt(messages)])
+        if kept is not None and kept.dropped == dropped:
+            same = next((i for i, (a, b) in enumerate(zip(kept.ids, ids, strict=False)) if a != b),
+                        min(len(kept.ids), len(ids)))
+            same = min(same, len(ids) - 1)  # the prompt's last token is fed again: its logits start the reply
+            kept.cache.crop(same - len(kept.ids))  # a negative count: tokens taken off the end
+            fed, cache = ids[:same], kept.cache
+        step = ids[len(fed) :]
         tokens: list[int] = []
         text = ""
         cut = SentenceCut()
-        for _ in range(max_tokens):
-            with torch.inference_mode():
-                logits = self._model.model(ids, past_key_values=cache, use_cache=True).logits[0, -1]
-            token = _sample(logits, temperature)
-            if token in self._model.stop_ids:
-                yield cut.end()
-                return
-            tokens.append(token)
-            decoded = self._model.tokenizer.decode(tokens)
-            if not decoded.endswith("\ufffd"):  # else a character's bytes are still coming
-                yield cut.feed(decoded[len(text) :])
-                text = decoded
-            else:
-                yield ""
-            ids = torch.tensor([[token]])
+        try:
+            for _ in range(max_tokens):
+                with torch.inference_mode():
+                    logits = self._model.model(torch.tensor([step]), past_key_values=cache).logits[0, -1]
+                fed += step
+                token = _sample(logits, temperature)
+                if token in self._model.stop_ids:
+                    yield cut.end()
+                    return
+                tokens.append(token)
+                decoded = self._model.tokenizer.decode(tokens)
+                if not decoded.endswith("\ufffd"):  # else a character's bytes are still coming
+                    yield cut.feed(decoded[len(text) :])
+                    text = decoded
+                else:
+                    yield ""
+                step = [token]
+        finally:
+            # Also when the reply was cut short: the next turn's prompt shares its prefix up to there.
+            if session is not None and cache.get_seq_length() == len(fed):
+                with self._model.lock:
+                    self._model.kept[session] = _Kept(dropped, fed, cache)
+                    while len(self._model.kept) > self.config.cached_sessions:
+                        self._model.kept.popitem(last=False)
 
 
 def _sample(logits: torch.Tensor, temperature: float) -> int:

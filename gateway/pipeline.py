@@ -19,7 +19,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from gateway.backends import LlmClient, SttClient, chat_messages
-from gateway.config import Config, ConfigError
+from gateway.config import Config, ConfigError, LocalConfig
 from gateway.responder import (
     AudioOut,
     BackendError,
@@ -232,6 +232,17 @@ def installed(modules: tuple[str, ...]) -> bool:
     return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
+def _local(config: Config) -> LocalConfig:
+    """[local], its numbers checked."""
+    local = config.local
+    for name in ("max_output_tokens", "context_tokens", "stt_threads", "llm_threads", "tts_threads"):
+        if getattr(local, name) < 1:
+            raise ConfigError(f"option local.{name}: must be at least 1, got {getattr(local, name)}")
+    if local.cached_sessions < 0:
+        raise ConfigError(f"option local.cached_sessions: must be at least 0, got {local.cached_sessions}")
+    return local
+
+
 def build_transcriber(config: Config) -> Transcriber | None:
     """The gateway's one STT, used for every responder: [stt] base_url's server when set, else the local
     whisper when installed and [local] stt is on, else none."""
@@ -240,7 +251,7 @@ def build_transcriber(config: Config) -> Transcriber | None:
     if config.local.stt and installed(LOCAL_STT):
         from gateway.local_stt import LocalStt  # noqa: PLC0415 - an optional extra
 
-        return LocalStt.shared(config.local.stt_threads)
+        return LocalStt.shared(_local(config).stt_threads)
     return None
 
 
@@ -256,7 +267,7 @@ def build_tts_engine(config: Config) -> TTSEngine:
             raise ConfigError(f'option tts.engine = "piper" needs {LOCAL_EXTRA}')
         from gateway.piper_tts import PiperEngine  # noqa: PLC0415 - an optional extra
 
-        return PiperEngine.shared(config.local.tts_threads)
+        return PiperEngine.shared(_local(config).tts_threads)
     if kind == "qwen3":
         if not config.engine.checkpoint:
             raise ConfigError('option tts.engine = "qwen3" needs [engine] checkpoint')
@@ -290,7 +301,7 @@ def build_responder(config: Config) -> Responder:
         from gateway.local_llm import LocalLlm  # noqa: PLC0415 - an optional extra
 
         # The session's default temperature is the [llm] one: the local model starts from it too.
-        llm = LocalLlm(config.local, config.session.instructions, config.llm.temperature)
+        llm = LocalLlm(_local(config), config.session.instructions, config.llm.temperature)
     return PipelineResponder(
         llm,
         build_tts_engine(config),

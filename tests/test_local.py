@@ -248,6 +248,10 @@ def test_auto_picks_the_local_models_when_no_llm_is_configured(local_config: Any
     config.stt.audio_in = True
     with pytest.raises(ConfigError, match="audio_in"):
         build_responder(config)
+    config.stt.audio_in = False
+    config.local.context_tokens = 0
+    with pytest.raises(ConfigError, match="local.context_tokens: must be at least 1"):
+        build_responder(config)
 
 
 async def test_local_stt_long_turns_and_languages():
@@ -261,12 +265,34 @@ async def test_local_stt_long_turns_and_languages():
     assert {"spider"} <= words(await stt.transcribe(load_pcm("question_spider.wav"), language="en"))
 
 
-def test_the_prompt_keeps_the_system_prompt_and_the_latest_turns_within_its_budget(local_config: Any):
+def test_the_prompt_keeps_the_system_prompt_and_drops_the_oldest_turns_past_its_budget(local_config: Any):
     from gateway.local_llm import LocalLlm
 
-    llm = LocalLlm(LocalConfig(context_tokens=120), "default")
+    llm = LocalLlm(LocalConfig(context_tokens=200), "default")
     turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn number {i} of a long chat."}
              for i in range(20)]
-    ids = llm._prompt([{"role": "system", "content": "Be brief."}, *turns])
+    system = [{"role": "system", "content": "Be brief."}]
+    ids, dropped = llm._prompt(system + turns[:4], 0)
+    assert dropped == 0 and len(ids) < 100
+    ids, dropped = llm._prompt(system + turns, 0)
     text = llm._model.tokenizer.decode(ids)
-    assert len(ids) <= 120 and "Be brief." in text and "Turn number 19 " in text and "Turn number 0 " not in text
+    assert len(ids) <= 100 and "Be brief." in text and "Turn number 19 " in text and "Turn number 0 " not in text
+    # The next turns keep those left out: the prompt's prefix stays until the budget is reached again.
+    assert llm._prompt(system + turns + turns[:2], dropped)[1] == dropped
+
+
+def test_a_sessions_next_turn_reuses_its_kv_cache_and_says_the_same(local_config: Any):
+    from gateway.local_llm import LocalLlm
+
+    llm = LocalLlm(local_config.local, "default")
+    system = {"role": "system", "content": local_config.local.system_prompt}
+    first = [system, {"role": "user", "content": "How many legs does a spider have?"}]
+    reply = "".join(llm._generate("session-1", first, 24, 0.0))
+    kept = llm._model.kept["session-1"]
+    second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "And a bird?"}]
+    prompt, _ = llm._prompt(second, 0)
+    shared = len(llm._prompt(first, 0)[0])
+    assert kept.ids[:shared] == prompt[:shared]  # the first turn's prompt is not fed again
+    # Greedy, the reply is the same from the kept cache as from a fresh one.
+    assert "".join(llm._generate("session-1", second, 24, 0.0)) == "".join(llm._generate(None, second, 24, 0.0))
+    assert len(llm._model.kept["session-1"].ids) > len(prompt)
