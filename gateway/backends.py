@@ -12,11 +12,13 @@ from typing import Any
 
 import anyio
 import openai
+import orjson
 from openai import AsyncOpenAI
 
 from gateway.audio import wav_bytes
 from gateway.config import LlmConfig, SttConfig, api_key
-from gateway.responder import BackendError, Message
+from gateway.protocol import new_id
+from gateway.responder import BackendError, LlmUsage, Message, ToolCallArguments, ToolCallStart
 
 # The openai package refuses an empty API key; local servers (vLLM, llama.cpp) ignore this one.
 NO_API_KEY = "none"
@@ -88,13 +90,19 @@ def chat_messages(instructions: str, messages: Sequence[Message], audio_in: bool
 
     Items without text are left out (an assistant turn interrupted before anything was heard, a
     user turn whose transcription failed), except user audio in audio-in mode, which goes to the
-    model as an ``input_audio`` part.
+    model as an ``input_audio`` part. An assistant message's tool calls follow its text, each call's
+    result in a ``tool`` message right after it, as chat completions require.
     """
     prompt: list[dict[str, Any]] = []
     if instructions:
         prompt.append({"role": "system", "content": instructions})
     for m in messages:
-        if m.text:
+        if m.tool_calls:
+            calls = [{"id": c.call_id, "type": "function",
+                      "function": {"name": c.name, "arguments": c.arguments or "{}"}} for c in m.tool_calls]
+            prompt.append({"role": "assistant", "content": m.text or None, "tool_calls": calls})
+            prompt += [{"role": "tool", "tool_call_id": c.call_id, "content": c.output} for c in m.tool_calls]
+        elif m.text:
             prompt.append({"role": m.role, "content": m.text})
         elif audio_in and m.role == "user" and m.audio:
             data = base64.b64encode(wav_bytes(m.audio)).decode("ascii")
@@ -104,14 +112,21 @@ def chat_messages(instructions: str, messages: Sequence[Message], audio_in: bool
 
 
 class SttClient:
-    """Transcription through POST {base_url}/audio/transcriptions."""
+    """Transcription through POST {base_url}/audio/transcriptions.
+
+    With ``stream`` the request asks for a stream (OpenAI's ``stream=true``) and the text comes as the
+    server sends it: OpenAI's ``transcript.text.delta`` / ``.done`` events, or vLLM's
+    ``transcription.chunk`` ones; a server that ignores the flag and answers whole is read whole.
+    """
 
     def __init__(
-        self, base_url: str, model: str, api_key_env: str = "", language: str = "", timeout_s: float = 10.0
+        self, base_url: str, model: str, api_key_env: str = "", language: str = "", timeout_s: float = 10.0,
+        stream: bool = False,
     ) -> None:
         self.model = model
         self.language = language
         self.timeout_s = timeout_s
+        self.stream = stream
         self._client = _client(base_url, api_key_env, timeout_s)
         # The SDK imports a resource's modules (~20 ms) and builds its response model (~5 ms) on first
         # use: pay that at start-up, not in a turn.
@@ -120,25 +135,80 @@ class SttClient:
 
     @classmethod
     def from_config(cls, config: SttConfig) -> SttClient:
-        return cls(config.base_url, config.model, config.api_key_env, config.language, config.timeout_s)
+        return cls(config.base_url, config.model, config.api_key_env, config.language, config.timeout_s,
+                   config.stream)
 
-    async def transcribe(self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None) -> str:
+    async def transcribe(
+        self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None
+    ) -> AsyncIterator[str]:
+        """Pieces of the transcript as the server gives them (see gateway.responder.Transcriber)."""
+        file = ("audio.wav", wav_bytes(pcm16_24k), "audio/wav")
+        language = language or self.language or None
+        if not self.stream:
+            try:
+                result = await self._transcriptions.create(
+                    file=file, model=self.model, language=language or openai.omit, prompt=prompt or openai.omit
+                )
+            except Exception as exc:  # whatever broke, the turn fails as an STT failure
+                raise BackendError("stt", describe(exc, self.timeout_s)) from exc
+            yield result.text
+            return
+        fields = {"model": self.model, "stream": True, "language": language, "prompt": prompt or None}
         try:
-            result = await self._transcriptions.create(
-                file=("audio.wav", wav_bytes(pcm16_24k), "audio/wav"),
-                model=self.model,
-                language=language or self.language or openai.omit,
-                prompt=prompt or openai.omit,
+            stream = await self._client.post(
+                "/audio/transcriptions",
+                body={k: v for k, v in fields.items() if v is not None},
+                files=[("file", file)],
+                options={"headers": {"Content-Type": "multipart/form-data"}},
+                cast_to=object, stream=True, stream_cls=openai.AsyncStream[object],
             )
-        except Exception as exc:  # whatever broke, the turn fails as an STT failure
+        except Exception as exc:
             raise BackendError("stt", describe(exc, self.timeout_s)) from exc
-        return result.text.strip()
+        try:
+            if not stream.response.headers.get("content-type", "").startswith("text/event-stream"):
+                yield _whole_text(await stream.response.aread())
+                return
+            sent = ""
+            async for event in stream:
+                piece = _stream_piece(event, sent)
+                if piece:
+                    sent += piece
+                    yield piece
+        except Exception as exc:
+            raise BackendError("stt", f"stream broken: {describe(exc, self.timeout_s)}") from exc
+        finally:
+            await stream.close()
 
     async def check(self) -> str | None:
         return await _check("stt", self._client, self.timeout_s)
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def _stream_piece(event: object, sent: str) -> str:
+    """The new text in one streamed transcription event, given the text ``sent`` so far."""
+    if not isinstance(event, dict):
+        raise ValueError(f"not a transcription event: {str(event)[:80]}")
+    kind = event.get("type")
+    if kind == "transcript.text.delta":
+        return event.get("delta") or ""
+    if kind == "transcript.text.done":
+        text = event.get("text") or ""
+        return text[len(sent):] if text.startswith(sent) else ""
+    choices = event.get("choices")  # vLLM: chat-completion-like chunks
+    return ((choices[0].get("delta") or {}).get("content") or "") if choices else ""
+
+
+def _whole_text(body: bytes) -> str:
+    """The text of a whole (not streamed) answer: OpenAI's JSON {"text": ...}, or plain text."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode(errors="replace")
+    if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+        raise ValueError(f"not a transcription: {body[:80]!r}")
+    return data["text"]
 
 
 class LlmClient:
@@ -176,8 +246,11 @@ class LlmClient:
         *,
         max_output_tokens: int | None = None,
         temperature: float | None = None,
-    ) -> AsyncIterator[str]:
-        """The reply's text deltas as they stream in.
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage]:
+        """The reply as it streams in: text deltas, tool calls (as vLLM and OpenAI stream them: a call's id
+        and name first, then pieces of its arguments), and last the token counts if the server sends them.
 
         Closing the iterator (aclose, or cancelling the task iterating it) closes the HTTP stream,
         so the server stops generating.
@@ -185,13 +258,17 @@ class LlmClient:
         limit = self.max_output_tokens
         if max_output_tokens is not None:
             limit = min(limit, max_output_tokens)
-        body = {
+        body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
             "stream": True,
+            "stream_options": {"include_usage": True},
             "max_completion_tokens": limit,
             "temperature": self.temperature if temperature is None else temperature,
         }
+        if tools:
+            body["tools"] = tools
+            body["tool_choice"] = tool_choice or "auto"
         try:
             # client.post, the SDK's documented call for any endpoint: chat.completions.create would
             # run its per-field request transform over the whole conversation and build a pydantic
@@ -201,19 +278,35 @@ class LlmClient:
             )
         except Exception as exc:
             raise BackendError("llm", describe(exc, self.timeout_s)) from exc
+        calls: set[int] = set()
+        usage: dict[str, Any] | None = None
         try:
             async for chunk in stream:
                 if not isinstance(chunk, dict):
                     raise ValueError(f"not a chat.completion.chunk: {str(chunk)[:80]}")
-                # Usage-only chunks have no choices; some servers send a null delta.
+                # Usage comes in a last chunk without choices (some servers repeat it in every chunk).
+                usage = chunk.get("usage") or usage
+                # Some servers send a null delta.
                 choices = chunk.get("choices")
                 delta = (choices[0].get("delta") if choices else None) or {}
                 if content := delta.get("content"):
                     yield content
+                for call in delta.get("tool_calls") or ():
+                    index = call.get("index", 0)
+                    function = call.get("function") or {}
+                    if index not in calls:
+                        calls.add(index)
+                        yield ToolCallStart(index, call.get("id") or new_id("call"), function.get("name") or "")
+                    if arguments := function.get("arguments"):
+                        yield ToolCallArguments(index, arguments)
         except Exception as exc:  # a dropped connection, a stall, an error event, a malformed chunk
             raise BackendError("llm", f"stream broken: {describe(exc, self.timeout_s)}") from exc
         finally:
             await stream.close()
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            yield LlmUsage(usage["prompt_tokens"], usage.get("completion_tokens") or 0,
+                           cached if isinstance(cached, int) else None)
 
     async def check(self) -> str | None:
         return await _check("llm", self._client, self.timeout_s)

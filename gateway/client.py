@@ -1,41 +1,46 @@
 """Terminal client: stream a WAV file (or the microphone) to a Realtime endpoint and save the reply.
 
     python -m gateway client [--url ws://127.0.0.1:8000/v1/realtime] [--wav in.wav] [--out reply.wav] [--beta]
+                             [--webrtc [--signalling-url URL]] [--api-key KEY]
 
-Events are printed one line each, with audio payloads reduced to their size. The helpers here
-(WAV I/O, connecting, event summaries) are shared with ``gateway.replay``.
+Over WebSocket (the default) or WebRTC (``--webrtc``, Opus audio; the optional aiortc extra). Events
+are printed one line each, with audio payloads reduced to their size. The helpers here (WAV I/O, event
+summaries, following the turns) are shared with ``gateway.replay``; the transports are gateway.connection's.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from gateway import connection
 from gateway.audio import SAMPLE_RATE, StreamResampler, wav_bytes, wav_to_pcm16
+from gateway.connection import (
+    AUDIO_DELTA,
+    CliError,
+    Connection,
+    ConnectionLost,
+    ReplyAudio,
+    check_transport,
+    endpoint_from,
+    open_connection,
+)
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/realtime"
 CHUNK_MS = 20
 TAIL_MS = 1000  # silence after the speech: longer than the default silence_duration_ms (500)
 RESPONSE_TIMEOUT_S = 60.0
+# With server playout, how long after a response.done its playout may still start (output_audio_buffer
+# .started comes with the server's next frame, 20 ms later on the gateway).
+PLAYOUT_START_GRACE_S = 0.5
 
-# GA and beta event names: the clients accept both, whichever protocol they asked for.
-AUDIO_DELTA = frozenset({"response.output_audio.delta", "response.audio.delta"})
 TRANSCRIPT_DELTA = frozenset({"response.output_audio_transcript.delta", "response.audio_transcript.delta"})
-
-
-class CliError(Exception):
-    """A problem the user can fix (bad path, bad format, server unreachable): message, exit code 2."""
-
 
 # --- WAV files ----------------------------------------------------------------------------------
 
@@ -130,51 +135,33 @@ def describe(event: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def audio_append(pcm: bytes) -> str:
-    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
-
-
-# --- Connection ---------------------------------------------------------------------------------
-
-
-async def open_connection(url: str, beta: bool = False) -> ClientConnection:
-    """Connect to a Realtime endpoint; failures become CliError with the reason in plain words."""
-    headers = {"OpenAI-Beta": "realtime=v1"} if beta else None
-    try:
-        # No compression: PCM barely compresses and deflate costs CPU on both ends.
-        return await connect(url, additional_headers=headers, compression=None, max_size=None, open_timeout=10)
-    except InvalidURI:
-        raise CliError(f"{url}: not a WebSocket URL (expected ws://HOST:PORT/v1/realtime)") from None
-    except ConnectionRefusedError:
-        raise CliError(f"cannot connect to {url}: connection refused (is the gateway running?)") from None
-    except TimeoutError:
-        raise CliError(f"cannot connect to {url}: timed out") from None
-    except InvalidHandshake as exc:
-        raise CliError(f"cannot connect to {url}: {exc}") from None
-    except OSError as exc:
-        raise CliError(f"cannot connect to {url}: {exc.strerror or exc}") from None
-
-
 class TurnTracker:
     """Follows speech and response state from server events, to know when the exchange is over.
 
     The conversation is quiet when no speech is in progress, no response is active, and a response
-    has finished since the last speech ended (so the last turn has had its answer).
+    has finished since the last speech ended (so the last turn has had its answer). With server
+    playout (WebRTC) the reply is over only once the server has played it: not while its playout runs
+    (output_audio_buffer.started until .stopped or .cleared), nor for a moment after a response.done
+    whose playout has not started yet.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, server_playout: bool = False) -> None:
+        self.server_playout = server_playout
         self.seq = 0
         self.speech_active = False
         self.speech_seen = False
         self.response_active = False
         self.last_stop_seq = 0
         self.last_done_seq = -1
+        self.playing: set[str] = set()  # responses the server is playing out
+        self._unplayed: dict[str, float] = {}  # finished responses whose playout may still start → until when
         self.closed = False  # the connection is gone: nothing more will happen
         self.changed = asyncio.Event()
 
     def update(self, event: dict[str, Any]) -> None:
         self.seq += 1
         kind = event.get("type")
+        response_id = str(event.get("response_id"))
         if kind == "input_audio_buffer.speech_started":
             self.speech_active = self.speech_seen = True
         elif kind == "input_audio_buffer.speech_stopped":
@@ -187,11 +174,33 @@ class TurnTracker:
         elif kind == "response.done":
             self.response_active = False
             self.last_done_seq = self.seq
+            done_id = str((event.get("response") or {}).get("id"))
+            if self.server_playout and done_id not in self.playing:
+                self._unplayed[done_id] = time.monotonic() + PLAYOUT_START_GRACE_S
+        elif kind == "output_audio_buffer.started":
+            self.playing.add(response_id)
+            self._unplayed.pop(response_id, None)
+        elif kind == "output_audio_buffer.stopped":
+            self.playing.discard(response_id)
+        elif kind == "output_audio_buffer.cleared":
+            self.playing.clear()
         self.changed.set()
+
+    def _playout_may_start(self) -> float:
+        """Seconds during which a finished response's playout may still start (0: none may)."""
+        now = time.monotonic()
+        self._unplayed = {r: until for r, until in self._unplayed.items() if until > now}
+        return max(self._unplayed.values(), default=now) - now
 
     @property
     def quiet(self) -> bool:
-        return not self.speech_active and not self.response_active and self.last_done_seq > self.last_stop_seq
+        return (
+            not self.speech_active
+            and not self.response_active
+            and self.last_done_seq > self.last_stop_seq
+            and not self.playing
+            and not self._playout_may_start()
+        )
 
     def close(self) -> None:
         self.closed = True
@@ -206,9 +215,9 @@ class TurnTracker:
             if remaining <= 0:
                 return False
             try:
-                await asyncio.wait_for(self.changed.wait(), remaining)
+                await asyncio.wait_for(self.changed.wait(), min(remaining, self._playout_may_start() or remaining))
             except TimeoutError:
-                return False
+                continue  # the deadline, or a playout that did not start: the loop decides
         return self.quiet
 
 
@@ -223,28 +232,24 @@ class Printer:
         print(f"{time.monotonic() - self.t0:8.3f}s {arrow} {text}", flush=True)
 
 
-async def _receive(ws: ClientConnection, tracker: TurnTracker, reply: bytearray, show: Printer) -> None:
+async def _receive(conn: Connection, tracker: TurnTracker, reply: bytearray, show: Printer) -> None:
     try:
-        async for message in ws:
-            event = json.loads(message)
-            show("<", describe(event))
-            if event.get("type") in AUDIO_DELTA:
-                reply.extend(base64.b64decode(event.get("delta") or ""))
-            tracker.update(event)
+        async for item in conn:
+            if isinstance(item, ReplyAudio):
+                reply.extend(item.pcm)
+                continue
+            show("<", describe(item))
+            tracker.update(item)
     finally:
         tracker.close()
 
 
-async def _stream_wav(ws: ClientConnection, samples: np.ndarray) -> None:
-    """Send the samples, then TAIL_MS of silence, in CHUNK_MS appends paced at real time."""
+async def _stream_wav(conn: Connection, samples: np.ndarray) -> None:
+    """Send the samples, then TAIL_MS of silence, in CHUNK_MS pieces at real time."""
     pcm = samples.tobytes() + bytes(SAMPLE_RATE * TAIL_MS // 1000 * 2)
     step = SAMPLE_RATE * CHUNK_MS // 1000 * 2
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    for n, offset in enumerate(range(0, len(pcm), step)):
-        # Sleep to an absolute schedule so per-send overhead does not accumulate into drift.
-        await asyncio.sleep(max(0.0, start + n * CHUNK_MS / 1000 - loop.time()))
-        await ws.send(audio_append(pcm[offset : offset + step]))
+    for offset in range(0, len(pcm), step):
+        await conn.send_audio(pcm[offset : offset + step])
 
 
 def _sounddevice() -> Any:
@@ -258,7 +263,7 @@ def _sounddevice() -> Any:
     return sounddevice
 
 
-async def _stream_microphone(ws: ClientConnection, sounddevice: Any, show: Printer) -> None:
+async def _stream_microphone(conn: Connection, sounddevice: Any, show: Printer) -> None:
     """Send the default microphone's audio until Ctrl-C."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[np.ndarray] = asyncio.Queue()
@@ -277,37 +282,39 @@ async def _stream_microphone(ws: ClientConnection, sounddevice: Any, show: Print
         while True:
             chunk = resampler.process(await queue.get())
             if len(chunk):
-                await ws.send(audio_append(chunk.tobytes()))
+                await conn.send_audio(chunk.tobytes())
 
 
 async def session(args: argparse.Namespace) -> int:
     """Talk to the endpoint once (see the module docstring); returns the exit code."""
+    endpoint = endpoint_from(args, "webrtc" if args.webrtc else "websocket")
+    check_transport(endpoint.transport)  # fail before any work
     samples = read_wav(args.wav) if args.wav else None
-    sounddevice = _sounddevice() if samples is None else None  # fail before connecting
+    sounddevice = _sounddevice() if samples is None else None
     check_writable(args.out)
     show = Printer()
     reply = bytearray()
-    tracker = TurnTracker()
-    ws = await open_connection(args.url, args.beta)
-    show("*", f"connected to {args.url} ({'beta' if args.beta else 'GA'} protocol)")
-    receiver = asyncio.create_task(_receive(ws, tracker, reply, show))
+    conn = await open_connection(endpoint)
+    tracker = TurnTracker(conn.server_playout)
+    show("*", f"connected to {endpoint.address} over {conn.transport} ({'beta' if args.beta else 'GA'} protocol)")
+    receiver = asyncio.create_task(_receive(conn, tracker, reply, show))
     code = 0
     try:
         if samples is None:
-            await _stream_microphone(ws, sounddevice, show)
+            await _stream_microphone(conn, sounddevice, show)
         else:
             show("*", f"streaming {args.wav} ({len(samples) / SAMPLE_RATE:.2f} s) at real time")
-            await _stream_wav(ws, samples)
+            await _stream_wav(conn, samples)
             if not tracker.speech_seen:
                 # Turn detection is off, or found no speech: end the turn ourselves.
                 show("*", "no speech detected by the server; committing the buffer manually")
-                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-                await ws.send(json.dumps({"type": "response.create"}))
+                await conn.send({"type": "input_audio_buffer.commit"})
+                await conn.send({"type": "response.create"})
             if not await tracker.wait_quiet(RESPONSE_TIMEOUT_S):
                 problem = "the connection closed" if tracker.closed else f"{RESPONSE_TIMEOUT_S:.0f} s passed"
                 show("*", f"{problem} before the response was done")
                 code = 1
-    except ConnectionClosed as exc:
+    except ConnectionLost as exc:
         show("*", f"connection closed by the server: {exc}")
         code = 1
     except asyncio.CancelledError:  # Ctrl-C: the way to end a microphone session
@@ -316,7 +323,7 @@ async def session(args: argparse.Namespace) -> int:
         show("*", "stopped")
     finally:
         receiver.cancel()
-        await ws.close()
+        await conn.close()
     write_wav(args.out, bytes(reply))
     show("*", f"wrote {args.out} ({len(reply) / 2 / SAMPLE_RATE:.2f} s of reply audio)")
     return code
@@ -324,14 +331,16 @@ async def session(args: argparse.Namespace) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "Stream a WAV file (or the microphone) to a Realtime endpoint at real time, print its events one "
-        "line each, and write the reply audio to a WAV file."
+        "Stream a WAV file (or the microphone) to a Realtime endpoint at real time, over WebSocket or WebRTC, "
+        "print its events one line each, and write the reply audio to a WAV file."
     )
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"Realtime endpoint (default {DEFAULT_URL})")
     parser.add_argument("--wav", help="WAV file to send (PCM or float, any rate and channels); without it, the "
                         "microphone")
     parser.add_argument("--out", default="reply.wav", help="where to write the reply audio (default reply.wav)")
-    parser.add_argument("--beta", action="store_true", help="speak the beta protocol (OpenAI-Beta: realtime=v1)")
+    parser.add_argument("--webrtc", action="store_true",
+                        help="connect over WebRTC (Opus audio, events on the oai-events data channel; needs the "
+                        "webrtc extra) instead of WebSocket")
+    connection.add_arguments(parser, DEFAULT_URL)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -40,6 +40,9 @@ class SessionConfig:
     max_append_bytes: int = 15 * 1024 * 1024
     max_buffer_seconds: float = 900.0
     idle_buffer_seconds: float = 60.0
+    max_items: int = 1000
+    max_audio_seconds: float = 900.0
+    max_text_bytes: int = 2 * 1024 * 1024
 
 
 @dataclass
@@ -57,6 +60,22 @@ class VadConfig:
 
 
 @dataclass
+class SemanticVadConfig:
+    model_path: str = ""
+    # smart-turn-v3.2-cpu.onnx in pipecat-ai==1.14.0 (gateway.smart_turn.MODEL_SHA256)
+    model_sha256: str = "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f"
+    pause_ms: int = 200
+    recheck_ms: int = 0
+    low_threshold: float = 0.7
+    medium_threshold: float = 0.5
+    high_threshold: float = 0.3
+    low_max_wait_ms: int = 8000
+    medium_max_wait_ms: int = 4000
+    high_max_wait_ms: int = 2000
+    max_batch: int = 1
+
+
+@dataclass
 class ResponderConfig:
     kind: str = "auto"
     echo_pace: float = 1.0
@@ -70,6 +89,7 @@ class SttConfig:
     api_key_env: str = "STT_API_KEY"
     language: str = ""
     timeout_s: float = 10.0
+    stream: bool = False
     audio_in: bool = False
 
 
@@ -81,6 +101,19 @@ class LlmConfig:
     temperature: float = 0.7
     max_output_tokens: int = 512
     timeout_s: float = 30.0
+
+
+@dataclass
+class McpConfig:
+    enabled: bool = True
+    allowed_hosts: str = ""
+    max_servers: int = 8
+    list_timeout_s: float = 10.0
+    call_timeout_s: float = 30.0
+    max_response_bytes: int = 1024 * 1024
+    max_output_chars: int = 20_000
+    max_tools: int = 100
+    max_rounds: int = 4
 
 
 @dataclass
@@ -151,9 +184,11 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
     vad: VadConfig = field(default_factory=VadConfig)
+    semantic_vad: SemanticVadConfig = field(default_factory=SemanticVadConfig)
     responder: ResponderConfig = field(default_factory=ResponderConfig)
     stt: SttConfig = field(default_factory=SttConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
+    mcp: McpConfig = field(default_factory=McpConfig)
     tts: TtsConfig = field(default_factory=TtsConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.config import ConfigError, LocalConfig
 from gateway.model_worker import ModelWorker, current_session
-from gateway.responder import BackendError
+from gateway.responder import BackendError, LlmUsage
 
 if TYPE_CHECKING:
     import torch
@@ -171,6 +171,7 @@ class LocalLlm:
         self.default_instructions = default_instructions
         self.temperature = temperature
         self._model = _load(config.cache_dir, config.llm_threads)
+        self._warned_of_tools = False
 
     async def stream_chat(
         self,
@@ -178,7 +179,14 @@ class LocalLlm:
         *,
         max_output_tokens: int | None = None,
         temperature: float | None = None,
-    ) -> AsyncIterator[str]:
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> AsyncIterator[str | LlmUsage]:
+        """The reply's text, then its token counts. ``tools`` are not offered to the model: it is too small
+        to call them (the session's tools stay unused; a response that requires one gets speech)."""
+        if tools and not self._warned_of_tools:
+            log.warning("the local LLM does not call tools: a session's tools go unused (configure [llm])")
+            self._warned_of_tools = True
         if messages and messages[0]["role"] == "system" and messages[0]["content"] == self.default_instructions:
             # The session kept the default instructions: the tiny model gets the ones written for it.
             messages = [{"role": "system", "content": self.config.system_prompt}, *messages[1:]]
@@ -222,8 +230,8 @@ class LocalLlm:
 
     def _generate(
         self, session: Hashable | None, messages: list[dict[str, Any]], max_tokens: int, temperature: float
-    ) -> Iterator[str]:
-        """One step per token (its text, "" while held back); runs in the worker thread."""
+    ) -> Iterator[str | LlmUsage]:
+        """One step per token (its text, "" while held back), then the token counts; runs in the worker thread."""
         import torch  # noqa: PLC0415
         from transformers import DynamicCache  # noqa: PLC0415
 
@@ -238,7 +246,8 @@ class LocalLlm:
             same = min(same, len(ids) - 1)  # the prompt's last token is fed again: its logits start the reply
             kept.cache.crop(same - len(kept.ids))  # a negative count: tokens taken off the end
             fed, cache = ids[:same], kept.cache
-        step = ids[len(fed) :]
+        cached = len(fed)
+        step = ids[cached:]
         tokens: list[int] = []
         text = ""
         cut = SentenceCut()
@@ -250,7 +259,7 @@ class LocalLlm:
                 token = _sample(logits, temperature)
                 if token in self._model.stop_ids:
                     yield cut.end()
-                    return
+                    break
                 tokens.append(token)
                 decoded = self._model.tokenizer.decode(tokens)
                 if not decoded.endswith("\ufffd"):  # else a character's bytes are still coming
@@ -259,6 +268,7 @@ class LocalLlm:
                 else:
                     yield ""
                 step = [token]
+            yield LlmUsage(len(ids), len(tokens), cached)
         finally:
             # Also when the reply was cut short: the next turn's prompt shares its prefix up to there.
             if session is not None and cache.get_seq_length() == len(fed):

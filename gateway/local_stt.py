@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -57,13 +58,17 @@ class LocalStt:
         """The process's one copy of the model (every session and responder shares it)."""
         return cls(threads)
 
-    async def transcribe(self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None) -> str:
+    async def transcribe(
+        self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None
+    ) -> AsyncIterator[str]:
+        """The whole transcript as one piece (the decoder's tokens are not streamed)."""
         if language and language.split("-")[0].lower() != "en":
             raise BackendError("stt", f"the local STT (whisper tiny.en) transcribes English only, not {language!r}")
         try:
-            return await self.worker.call(self._transcribe_pcm, pcm16_24k, prompt)
+            text = await self.worker.call(self._transcribe_pcm, pcm16_24k, prompt)
         except Exception as exc:
             raise BackendError("stt", f"{type(exc).__name__}: {exc}"[:200]) from exc
+        yield text
 
     def _transcribe_pcm(self, pcm16_24k: bytes, prompt: str | None) -> str:
         audio = soxr.resample(int16_to_float32(bytes_to_int16(pcm16_24k)), SAMPLE_RATE, WHISPER_RATE)

@@ -25,11 +25,14 @@ from gateway.responder import (
     BackendError,
     ChatModel,
     EchoResponder,
+    LlmUsage,
     Responder,
     ResponseOutput,
     ResponseRequest,
     SpeechText,
     TextOut,
+    ToolCallArguments,
+    ToolCallStart,
     TraceMark,
     Transcriber,
 )
@@ -47,6 +50,7 @@ class BridgeSettings:
 
 
 _Outputs = asyncio.Queue[ResponseOutput | asyncio.Task[None]]
+LlmOutput = str | ToolCallStart | ToolCallArguments | LlmUsage
 
 
 def _tts_error(exc: Exception) -> BackendError:
@@ -118,6 +122,8 @@ class PipelineResponder:
             chat_messages(request.instructions, messages, self.audio_in),
             max_output_tokens=request.max_output_tokens,
             temperature=request.temperature,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
         )
         if "audio" not in request.modalities:
             first = True
@@ -126,13 +132,13 @@ class PipelineResponder:
                     if first:
                         yield TraceMark("llm_first_token")
                         first = False
-                    yield TextOut(delta)
+                    yield TextOut(delta) if isinstance(delta, str) else delta
             return
         async with aclosing(self._speak(chat, request.voice)) as outputs:
             async for out in outputs:
                 yield out
 
-    async def _speak(self, chat: AsyncIterator[str], voice: str) -> AsyncIterator[ResponseOutput]:
+    async def _speak(self, chat: AsyncIterator[LlmOutput], voice: str) -> AsyncIterator[ResponseOutput]:
         try:
             stream = self.tts_engine.open(voice, self.language)
         except Exception as exc:
@@ -141,7 +147,9 @@ class PipelineResponder:
         # Segments as the LLM wrote them, whitespace before them included, in the order fed: the
         # engine gets them stripped, the transcript needs them whole.
         written: deque[str] = deque()
-        reader = asyncio.create_task(self._read_llm(chat, stream, outputs, written))
+        # Tool calls the LLM made after speaking: they follow the speech's audio (see _read_llm).
+        held: list[ResponseOutput] = []
+        reader = asyncio.create_task(self._read_llm(chat, stream, outputs, written, held))
         player = asyncio.create_task(self._play(stream, outputs, written))
         reader.add_done_callback(outputs.put_nowait)
         player.add_done_callback(outputs.put_nowait)
@@ -154,8 +162,10 @@ class PipelineResponder:
                         raise exc
                     if out is player:  # all audio is out; the reader ended the stream or the engine stopped
                         finished = True
-                        return
+                        break
                     continue
+                yield out
+            for out in held:
                 yield out
         finally:
             if not finished:
@@ -165,10 +175,15 @@ class PipelineResponder:
             await asyncio.gather(reader, player, return_exceptions=True)
 
     async def _read_llm(
-        self, chat: AsyncIterator[str], stream: TTSStream, outputs: _Outputs, written: deque[str]
+        self, chat: AsyncIterator[LlmOutput], stream: TTSStream, outputs: _Outputs, written: deque[str],
+        held: list[ResponseOutput],
     ) -> None:
+        """Feeds the reply's text to the TTS stream. Its tool calls go out at once while the LLM has said
+        nothing, so that a call is not held up by speech; after words ("let me check"), they are ``held``
+        until that speech has played, so that each output item ends before the next begins."""
         bridge = None if self.tts_engine.incremental else TextBridge(**dataclasses.asdict(self.bridge))
         spoken = False
+        said = False
 
         def feed(texts: Iterable[str]) -> None:
             nonlocal spoken
@@ -191,6 +206,13 @@ class PipelineResponder:
                 if first:
                     outputs.put_nowait(TraceMark("llm_first_token"))
                     first = False
+                if not isinstance(delta, str):
+                    if said:
+                        held.append(delta)
+                    else:
+                        outputs.put_nowait(delta)
+                    continue
+                said = said or bool(delta.strip())
                 feed([delta] if bridge is None else bridge.feed(delta))
         if bridge is not None:
             feed(bridge.end())

@@ -11,7 +11,10 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.tools import Tool
 
 
 class Dialect(Enum):
@@ -29,6 +32,7 @@ SERVER_EVENTS: dict[str, str | None] = {
     "conversation.item.deleted": "conversation.item.deleted",
     "conversation.item.retrieved": "conversation.item.retrieved",
     "conversation.item.truncated": "conversation.item.truncated",
+    "conversation.item.input_audio_transcription.delta": "conversation.item.input_audio_transcription.delta",
     "conversation.item.input_audio_transcription.completed": (
         "conversation.item.input_audio_transcription.completed"
     ),
@@ -50,15 +54,32 @@ SERVER_EVENTS: dict[str, str | None] = {
     "response.output_audio_transcript.done": "response.audio_transcript.done",
     "response.output_text.delta": "response.text.delta",
     "response.output_text.done": "response.text.done",
+    "response.function_call_arguments.delta": "response.function_call_arguments.delta",
+    "response.function_call_arguments.done": "response.function_call_arguments.done",
+    "mcp_list_tools.in_progress": None,
+    "mcp_list_tools.completed": None,
+    "mcp_list_tools.failed": None,
+    "response.mcp_call_arguments.delta": None,
+    "response.mcp_call_arguments.done": None,
+    "response.mcp_call.in_progress": None,
+    "response.mcp_call.completed": None,
+    "response.mcp_call.failed": None,
     "rate_limits.updated": "rate_limits.updated",
     "output_audio_buffer.started": "output_audio_buffer.started",
     "output_audio_buffer.stopped": "output_audio_buffer.stopped",
     "output_audio_buffer.cleared": "output_audio_buffer.cleared",
 }
 
+# A beta transcription session's own names for the session events (GA keeps session.*).
+BETA_TRANSCRIPTION_SESSION_EVENTS = {
+    "session.created": "transcription_session.created",
+    "session.updated": "transcription_session.updated",
+}
+
 CLIENT_EVENTS = frozenset(
     {
         "session.update",
+        "transcription_session.update",  # beta; its body is always beta-shaped
         "input_audio_buffer.append",
         "input_audio_buffer.commit",
         "input_audio_buffer.clear",
@@ -144,6 +165,71 @@ def _choice(value: Any, choices: tuple[str, ...], param: str) -> str:
     return value
 
 
+def non_empty(obj: dict[str, Any], key: str, param: str, required: bool = False) -> str | None:
+    """A string field that, when present, must not be empty ("" is not taken as absent)."""
+    value = field_of(obj, key, str, param, required)
+    if value == "":
+        raise ProtocolError("invalid_value", f"'{param}' must not be empty.", param)
+    return value
+
+
+def _dict_of_strings(value: dict[str, Any], param: str) -> None:
+    for key, entry in value.items():
+        if not isinstance(entry, str):
+            raise ProtocolError("invalid_type", f"Invalid type for '{param}.{key}': expected string.", f"{param}.{key}")
+
+
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+
+
+def parse_metadata(obj: dict[str, Any], key: str, param: str) -> dict[str, str] | None:
+    """OpenAI's metadata: at most 16 pairs of strings, keys up to 64 characters, values up to 512."""
+    metadata = field_of(obj, key, dict, param)
+    if metadata is None:
+        return None
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise ProtocolError("invalid_value", f"'{param}' may hold at most {MAX_METADATA_PAIRS} pairs.", param)
+    _dict_of_strings(metadata, param)
+    for name, value in metadata.items():
+        if len(name) > MAX_METADATA_KEY_CHARS:
+            raise ProtocolError("string_above_max_length", f"Keys of '{param}' are at most "
+                                f"{MAX_METADATA_KEY_CHARS} characters long.", param)
+        if len(value) > MAX_METADATA_VALUE_CHARS:
+            raise ProtocolError("string_above_max_length", f"Values of '{param}' are at most "
+                                f"{MAX_METADATA_VALUE_CHARS} characters long.", f"{param}.{name}")
+    return metadata
+
+
+def parse_prompt(obj: dict[str, Any], key: str, param: str) -> dict[str, Any] | None:
+    """A stored-prompt reference {id, version?, variables?}; checked, not acted on (no stored prompts here)."""
+    prompt = field_of(obj, key, dict, param)
+    if prompt is None:
+        return None
+    non_empty(prompt, "id", f"{param}.id", required=True)
+    field_of(prompt, "version", str, f"{param}.version")
+    variables = field_of(prompt, "variables", dict, f"{param}.variables") or {}
+    for name, value in variables.items():
+        where = f"{param}.variables.{name}"
+        if isinstance(value, str):
+            continue
+        part = field_of({"v": value}, "v", dict, where, required=True)
+        kind = _choice(field_of(part, "type", str, f"{where}.type", required=True),
+                       ("input_text", "input_image", "input_file"), f"{where}.type")
+        if kind == "input_text":
+            field_of(part, "text", str, f"{where}.text", required=True)
+    return prompt
+
+
+def parse_reasoning(obj: dict[str, Any], key: str, param: str) -> dict[str, Any] | None:
+    """{effort}: checked and reported back; the LLM backend's own settings decide how it reasons."""
+    reasoning = field_of(obj, key, dict, param)
+    if reasoning is not None and (effort := field_of(reasoning, "effort", str, f"{param}.effort")) is not None:
+        _choice(effort, ("minimal", "low", "medium", "high", "xhigh"), f"{param}.effort")
+    return reasoning
+
+
 # --- the session object ------------------------------------------------------------------------
 
 
@@ -156,14 +242,20 @@ class TurnDetection:
     create_response: bool = True
     interrupt_response: bool = True
     idle_timeout_ms: int | None = None
-    eagerness: str = "auto"  # semantic_vad only (run as server VAD; echoed back)
+    eagerness: str = "auto"  # semantic_vad only: how readily a pause ends the turn (gateway/smart_turn.py)
 
 
 @dataclass
 class Transcription:
+    """What the client asked of input transcription; reported back. The gateway's own STT answers
+    (its [stt] model); language and prompt go to it, the other hints are kept and reported only."""
+
     model: str = "whisper-1"
     language: str | None = None
     prompt: str | None = None
+    delay: str | None = None  # GA only, as the rest below
+    keywords: list[str] | None = None
+    languages: list[str] | None = None
 
 
 @dataclass
@@ -172,22 +264,25 @@ class SessionSettings:
     model: str
     instructions: str
     voice: str
+    # "realtime" (a conversation that responds) or "transcription" (turns transcribed, never answered).
+    type: str = "realtime"
     modalities: list[str] = field(default_factory=lambda: ["audio"])
     input_format: str = "pcm16"
     output_format: str = "pcm16"
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     transcription: Transcription | None = None
-    noise_reduction: str | None = None
+    noise_reduction: dict[str, Any] | None = None  # {type, strength?}: kept and reported back
     temperature: float = 0.8
     max_output_tokens: int | str = "inf"
     speed: float = 1.0
-    tools: list[Any] = field(default_factory=list)
+    tools: list[Tool] = field(default_factory=list)  # read by gateway/tools.py, not by parse_session
     tool_choice: str | dict[str, Any] = "auto"
     # GA settings the gateway keeps and reports back but does not act on.
     tracing: str | dict[str, Any] | None = None
     truncation: str | dict[str, Any] = "auto"
     prompt: dict[str, Any] | None = None
     include: list[str] | None = None
+    reasoning: dict[str, Any] | None = None
 
 
 def _parse_format_ga(value: Any, param: str) -> str:
@@ -211,8 +306,9 @@ def _parse_turn_detection(value: Any, current: TurnDetection | None, defaults: T
     if value is None:
         return None
     td = field_of({"t": value}, "t", dict, param, required=True)
-    kind = field_of(td, "type", str, f"{param}.type") or (current.type if current else "server_vad")
-    # semantic_vad is accepted and run as server_vad: the gateway has no semantic turn model.
+    kind = field_of(td, "type", str, f"{param}.type")
+    if kind is None:
+        kind = current.type if current else "server_vad"
     _choice(kind, ("server_vad", "semantic_vad"), f"{param}.type")
     base = replace(current or defaults)
     base.type = kind
@@ -244,15 +340,44 @@ def _parse_turn_detection(value: Any, current: TurnDetection | None, defaults: T
     return base
 
 
-def _parse_transcription(value: Any, param: str) -> Transcription | None:
+def _parse_transcription(value: Any, param: str, dialect: Dialect) -> Transcription | None:
     if value is None:
         return None
     tr = field_of({"t": value}, "t", dict, param, required=True)
-    return Transcription(
-        model=field_of(tr, "model", str, f"{param}.model") or "whisper-1",
-        language=field_of(tr, "language", str, f"{param}.language"),
+    out = Transcription(
+        model=non_empty(tr, "model", f"{param}.model") or "whisper-1",
+        language=non_empty(tr, "language", f"{param}.language"),
         prompt=field_of(tr, "prompt", str, f"{param}.prompt"),
     )
+    if dialect is Dialect.GA:
+        if (delay := field_of(tr, "delay", str, f"{param}.delay")) is not None:
+            out.delay = _choice(delay, ("minimal", "low", "medium", "high", "xhigh"), f"{param}.delay")
+        out.keywords = _strings(tr, "keywords", f"{param}.keywords")
+        out.languages = _strings(tr, "languages", f"{param}.languages")
+    return out
+
+
+def _strings(obj: dict[str, Any], key: str, param: str) -> list[str] | None:
+    values = field_of(obj, key, list, param)
+    for i, value in enumerate(values or []):
+        non_empty({"v": value}, "v", f"{param}[{i}]", required=True)
+    return values
+
+
+def _parse_noise_reduction(obj: dict[str, Any], key: str, param: str,
+                           current: dict[str, Any] | None) -> dict[str, Any] | None:
+    """{type, strength}: what is sent changes (strength alone keeps the type), null turns it off."""
+    nr = field_of(obj, key, dict, param)
+    if nr is None:
+        return None
+    out = dict(current or {"type": "near_field"})
+    if (kind := field_of(nr, "type", str, f"{param}.type")) is not None:
+        out["type"] = _choice(kind, ("near_field", "far_field"), f"{param}.type")
+    if (strength := field_of(nr, "strength", float, f"{param}.strength")) is not None:
+        if not 0.0 <= strength <= 1.0:
+            raise ProtocolError("invalid_value", f"'{param}.strength' must be between 0 and 1.", f"{param}.strength")
+        out["strength"] = strength
+    return out
 
 
 def _parse_modalities(value: Any, param: str) -> list[str]:
@@ -276,95 +401,145 @@ def _parse_max_tokens(value: Any, param: str) -> int | str:
 
 def parse_session(
     body: Any, current: SessionSettings, dialect: Dialect, voice_locked: bool, vad_defaults: TurnDetection,
-    voices: frozenset[str] | None = None,
+    voices: frozenset[str] | None = None, transcription_update: bool = False,
 ) -> SessionSettings:
     """A session.update's ``session`` applied to ``current``; only the fields sent change. Turn detection
-    switched on starts from ``vad_defaults``; ``voices`` are the voices the speech engine has (None: any)."""
+    switched on starts from ``vad_defaults``; ``voices`` are the voices the speech engine has (None: any).
+
+    The session's type comes from the update: GA ``session.type``, beta's event name
+    (``transcription_update``: a transcription_session.update, always beta-shaped); a GA update without a
+    type keeps the session's. A transcription session reads only the input-audio fields."""
     s = field_of({"session": body}, "session", dict, "session", required=True)
     new = replace(current)
+    if transcription_update:
+        new.type = "transcription"
+        _parse_input_beta(s, new, vad_defaults)
+        if "modalities" in s:
+            _parse_modalities(s["modalities"], "session.modalities")  # checked; nothing to respond with
+        _parse_include(s, new)
+        return new
+    if dialect is Dialect.BETA:
+        new.type = "realtime"
+        _parse_realtime_beta(s, new, vad_defaults, voice_locked, voices)
+        return new
+    if (kind := field_of(s, "type", str, "session.type")) is not None:
+        new.type = _choice(kind, ("realtime", "transcription"), "session.type")
+    audio = field_of(s, "audio", dict, "session.audio") or {}
+    inp = field_of(audio, "input", dict, "session.audio.input") or {}
+    _parse_input_ga(inp, new, vad_defaults)
+    _parse_include(s, new)
+    if new.type == "realtime":
+        _parse_realtime_ga(s, audio, new, voice_locked, voices)
+    return new
+
+
+def _parse_input_ga(inp: dict[str, Any], new: SessionSettings, vad_defaults: TurnDetection) -> None:
+    param = "session.audio.input"
+    if inp.get("format") is not None:
+        new.input_format = _parse_format_ga(inp["format"], f"{param}.format")
+    if "turn_detection" in inp:
+        new.turn_detection = _parse_turn_detection(
+            inp["turn_detection"], new.turn_detection, vad_defaults, f"{param}.turn_detection"
+        )
+    if "transcription" in inp:
+        new.transcription = _parse_transcription(inp["transcription"], f"{param}.transcription", Dialect.GA)
+    if "noise_reduction" in inp:
+        new.noise_reduction = _parse_noise_reduction(inp, "noise_reduction", f"{param}.noise_reduction",
+                                                     new.noise_reduction)
+
+
+def _parse_input_beta(s: dict[str, Any], new: SessionSettings, vad_defaults: TurnDetection) -> None:
+    if (fmt := field_of(s, "input_audio_format", str, "session.input_audio_format")) is not None:
+        new.input_format = _choice(fmt, AUDIO_FORMATS, "session.input_audio_format")
+    if "turn_detection" in s:
+        new.turn_detection = _parse_turn_detection(
+            s["turn_detection"], new.turn_detection, vad_defaults, "session.turn_detection"
+        )
+    if "input_audio_transcription" in s:
+        new.transcription = _parse_transcription(
+            s["input_audio_transcription"], "session.input_audio_transcription", Dialect.BETA
+        )
+    if "input_audio_noise_reduction" in s:
+        new.noise_reduction = _parse_noise_reduction(
+            s, "input_audio_noise_reduction", "session.input_audio_noise_reduction", new.noise_reduction
+        )
+
+
+def _parse_include(s: dict[str, Any], new: SessionSettings) -> None:
+    if "include" in s:
+        include = field_of(s, "include", list, "session.include")
+        for i, entry in enumerate(include or []):
+            _choice(entry, ("item.input_audio_transcription.logprobs",), f"session.include[{i}]")
+        new.include = include
+
+
+def _parse_realtime_ga(s: dict[str, Any], audio: dict[str, Any], new: SessionSettings, voice_locked: bool,
+                       voices: frozenset[str] | None) -> None:
+    _parse_common(s, new)
+    if "output_modalities" in s:
+        new.modalities = _parse_modalities(s["output_modalities"], "session.output_modalities")
+    if "max_output_tokens" in s:
+        new.max_output_tokens = _parse_max_tokens(s["max_output_tokens"], "session.max_output_tokens")
+    out = field_of(audio, "output", dict, "session.audio.output") or {}
+    if out.get("format") is not None:
+        new.output_format = _parse_format_ga(out["format"], "session.audio.output.format")
+    voice = field_of(out, "voice", (str, dict), "session.audio.output.voice")
+    if isinstance(voice, dict):
+        voice = non_empty(voice, "id", "session.audio.output.voice.id", required=True)
+    elif voice is not None:
+        non_empty(out, "voice", "session.audio.output.voice")
+    _parse_voice(voice, field_of(out, "speed", float, "session.audio.output.speed"), "session.audio.output",
+                 new, voice_locked, voices)
+    _parse_ga_extras(s, new)
+
+
+def _parse_realtime_beta(s: dict[str, Any], new: SessionSettings, vad_defaults: TurnDetection, voice_locked: bool,
+                         voices: frozenset[str] | None) -> None:
+    _parse_common(s, new)
+    _parse_input_beta(s, new, vad_defaults)
+    if "modalities" in s:
+        new.modalities = _parse_modalities(s["modalities"], "session.modalities")
+    if "max_response_output_tokens" in s:
+        new.max_output_tokens = _parse_max_tokens(s["max_response_output_tokens"], "session.max_response_output_tokens")
+    if (fmt := field_of(s, "output_audio_format", str, "session.output_audio_format")) is not None:
+        new.output_format = _choice(fmt, AUDIO_FORMATS, "session.output_audio_format")
+    if (temperature := parse_temperature(s, "session.temperature")) is not None:
+        new.temperature = temperature
+    if "tracing" in s:
+        new.tracing = _parse_tracing(s)
+    _parse_voice(non_empty(s, "voice", "session.voice"), field_of(s, "speed", float, "session.speed"), "session",
+                 new, voice_locked, voices)
+
+
+def _parse_common(s: dict[str, Any], new: SessionSettings) -> None:
+    """Fields both shapes of a realtime session share."""
     if (instructions := field_of(s, "instructions", str, "session.instructions")) is not None:
         new.instructions = instructions
-    if dialect is Dialect.GA:
-        kind = field_of(s, "type", str, "session.type")
-        if kind is not None and kind != "realtime":
-            raise ProtocolError(
-                "invalid_value", "Only sessions of type 'realtime' are supported by this gateway.", "session.type"
-            )
-        if "output_modalities" in s:
-            new.modalities = _parse_modalities(s["output_modalities"], "session.output_modalities")
-        if "max_output_tokens" in s:
-            new.max_output_tokens = _parse_max_tokens(s["max_output_tokens"], "session.max_output_tokens")
-        audio = field_of(s, "audio", dict, "session.audio") or {}
-        inp = field_of(audio, "input", dict, "session.audio.input") or {}
-        out = field_of(audio, "output", dict, "session.audio.output") or {}
-        if "format" in inp:
-            new.input_format = _parse_format_ga(inp["format"], "session.audio.input.format")
-        if "format" in out:
-            new.output_format = _parse_format_ga(out["format"], "session.audio.output.format")
-        if "turn_detection" in inp:
-            new.turn_detection = _parse_turn_detection(
-                inp["turn_detection"], current.turn_detection, vad_defaults, "session.audio.input.turn_detection"
-            )
-        if "transcription" in inp:
-            new.transcription = _parse_transcription(inp["transcription"], "session.audio.input.transcription")
-        if "noise_reduction" in inp:
-            nr = field_of(inp, "noise_reduction", dict, "session.audio.input.noise_reduction")
-            new.noise_reduction = nr.get("type") if nr else None
-        voice = field_of(out, "voice", (str, dict), "session.audio.output.voice")
-        speed = field_of(out, "speed", float, "session.audio.output.speed")
-        voice_param = "session.audio.output.voice"
-        _parse_ga_extras(s, new)
-    else:
-        if "modalities" in s:
-            new.modalities = _parse_modalities(s["modalities"], "session.modalities")
-        if "max_response_output_tokens" in s:
-            new.max_output_tokens = _parse_max_tokens(
-                s["max_response_output_tokens"], "session.max_response_output_tokens"
-            )
-        for key, attr in (("input_audio_format", "input_format"), ("output_audio_format", "output_format")):
-            if (fmt := field_of(s, key, str, f"session.{key}")) is not None:
-                setattr(new, attr, _choice(fmt, AUDIO_FORMATS, f"session.{key}"))
-        if "turn_detection" in s:
-            new.turn_detection = _parse_turn_detection(
-                s["turn_detection"], current.turn_detection, vad_defaults, "session.turn_detection"
-            )
-        if "input_audio_transcription" in s:
-            new.transcription = _parse_transcription(
-                s["input_audio_transcription"], "session.input_audio_transcription"
-            )
-        if "input_audio_noise_reduction" in s:
-            nr = field_of(s, "input_audio_noise_reduction", dict, "session.input_audio_noise_reduction")
-            new.noise_reduction = nr.get("type") if nr else None
-        if (temperature := field_of(s, "temperature", float, "session.temperature")) is not None:
-            if not 0.6 <= temperature <= 1.2:
-                raise ProtocolError(
-                    "invalid_value", "'session.temperature' must be between 0.6 and 1.2.", "session.temperature"
-                )
-            new.temperature = float(temperature)
-        voice = field_of(s, "voice", str, "session.voice")
-        speed = field_of(s, "speed", float, "session.speed")
-        voice_param = "session.voice"
+    if (model := non_empty(s, "model", "session.model")) is not None:
+        new.model = model
+    # tools and tool_choice are read by gateway/tools.py (the session calls it).
+
+
+def _parse_voice(voice: str | None, speed: float | None, where: str, new: SessionSettings, voice_locked: bool,
+                 voices: frozenset[str] | None) -> None:
+    voice_param = f"{where}.voice"
     if voice is not None:
-        name = voice if isinstance(voice, str) else field_of(voice, "id", str, f"{voice_param}.id", required=True)
-        if name != current.voice and voice_locked:
+        if voice != new.voice and voice_locked:
             raise ProtocolError(
                 "cannot_update_voice", "Cannot update a session's voice after audio has been output.", voice_param
             )
-        new.voice = check_voice(name, voices, voice_param)
+        new.voice = check_voice(voice, voices, voice_param)
     if speed is not None:
         if not 0.25 <= speed <= 1.5:
-            raise ProtocolError("invalid_value", "speed must be between 0.25 and 1.5.", voice_param[:-5] + "speed")
+            raise ProtocolError("invalid_value", "speed must be between 0.25 and 1.5.", f"{where}.speed")
         new.speed = float(speed)
-    if (tools := field_of(s, "tools", list, "session.tools")) is not None:
-        new.tools = tools
-    if (tool_choice := field_of(s, "tool_choice", (str, dict), "session.tool_choice")) is not None:
-        if isinstance(tool_choice, str):
-            _choice(tool_choice, ("none", "auto", "required"), "session.tool_choice")
-        else:
-            _choice(field_of(tool_choice, "type", str, "session.tool_choice.type", required=True),
-                    ("function", "mcp"), "session.tool_choice.type")
-        new.tool_choice = tool_choice
-    return new
+
+
+def parse_temperature(obj: dict[str, Any], param: str) -> float | None:
+    temperature = field_of(obj, "temperature", float, param)
+    if temperature is not None and not 0.6 <= temperature <= 1.2:
+        raise ProtocolError("invalid_value", f"'{param}' must be between 0.6 and 1.2.", param)
+    return None if temperature is None else float(temperature)
 
 
 def response_format(params: dict[str, Any], dialect: Dialect) -> str | None:
@@ -372,7 +547,8 @@ def response_format(params: dict[str, Any], dialect: Dialect) -> str | None:
     if dialect is Dialect.GA:
         audio = field_of(params, "audio", dict, "response.audio") or {}
         out = field_of(audio, "output", dict, "response.audio.output") or {}
-        return _parse_format_ga(out["format"], "response.audio.output.format") if out.get("format") else None
+        fmt = out.get("format")
+        return None if fmt is None else _parse_format_ga(fmt, "response.audio.output.format")
     fmt = field_of(params, "output_audio_format", str, "response.output_audio_format")
     return None if fmt is None else _choice(fmt, AUDIO_FORMATS, "response.output_audio_format")
 
@@ -386,50 +562,71 @@ def check_voice(name: str, voices: frozenset[str] | None, param: str) -> str:
 
 
 def _parse_ga_extras(s: dict[str, Any], new: SessionSettings) -> None:
-    """Settings kept and reported back as sent (the gateway has no tracing, truncation policy or stored
-    prompts): their shape is checked, their content is not acted on."""
+    """Settings kept and reported back as sent (the gateway has no tracing, truncation policy, stored
+    prompts or reasoning control): their shape is checked, their content is not acted on."""
     if "tracing" in s:
-        tracing = field_of(s, "tracing", (str, dict), "session.tracing")
-        if isinstance(tracing, str):
-            _choice(tracing, ("auto",), "session.tracing")
-        new.tracing = tracing
+        new.tracing = _parse_tracing(s)
     if "truncation" in s:
-        truncation = field_of(s, "truncation", (str, dict), "session.truncation") or "auto"
+        truncation = field_of(s, "truncation", (str, dict), "session.truncation")
         if isinstance(truncation, str):
             _choice(truncation, ("auto", "disabled"), "session.truncation")
-        new.truncation = truncation
+        elif truncation is not None:
+            param = "session.truncation"
+            _choice(field_of(truncation, "type", str, f"{param}.type", required=True), ("retention_ratio",),
+                    f"{param}.type")
+            ratio = field_of(truncation, "retention_ratio", float, f"{param}.retention_ratio", required=True)
+            if not 0.0 <= ratio <= 1.0:
+                raise ProtocolError("invalid_value", f"'{param}.retention_ratio' must be between 0 and 1.",
+                                    f"{param}.retention_ratio")
+            limits = field_of(truncation, "token_limits", dict, f"{param}.token_limits") or {}
+            field_of(limits, "post_instructions", int, f"{param}.token_limits.post_instructions")
+        new.truncation = truncation or "auto"
     if "prompt" in s:
-        new.prompt = field_of(s, "prompt", dict, "session.prompt")
-    if "include" in s:
-        include = field_of(s, "include", list, "session.include")
-        for i, entry in enumerate(include or []):
-            _choice(entry, ("item.input_audio_transcription.logprobs",), f"session.include[{i}]")
-        new.include = include
+        new.prompt = parse_prompt(s, "prompt", "session.prompt")
+    if "reasoning" in s:
+        new.reasoning = parse_reasoning(s, "reasoning", "session.reasoning")
 
 
-def _td_wire(td: TurnDetection | None, dialect: Dialect) -> dict[str, Any] | None:
+def _parse_tracing(s: dict[str, Any]) -> str | dict[str, Any] | None:
+    tracing = field_of(s, "tracing", (str, dict), "session.tracing")
+    if isinstance(tracing, str):
+        _choice(tracing, ("auto",), "session.tracing")
+    elif tracing is not None:
+        for key in ("workflow_name", "group_id"):
+            field_of(tracing, key, str, f"session.tracing.{key}")
+        field_of(tracing, "metadata", dict, "session.tracing.metadata")
+    return tracing
+
+
+def _td_wire(td: TurnDetection | None, dialect: Dialect, transcription: bool = False) -> dict[str, Any] | None:
+    """Turn detection as reported; a transcription session's has no response settings."""
     if td is None:
         return None
     if td.type == "semantic_vad":
-        return {"type": td.type, "eagerness": td.eagerness, "create_response": td.create_response,
-                "interrupt_response": td.interrupt_response}
-    out = {
-        "type": td.type,
-        "threshold": td.threshold,
-        "prefix_padding_ms": td.prefix_padding_ms,
-        "silence_duration_ms": td.silence_duration_ms,
-        "create_response": td.create_response,
-        "interrupt_response": td.interrupt_response,
-    }
-    if dialect is Dialect.GA:
+        out: dict[str, Any] = {"type": td.type, "eagerness": td.eagerness}
+    else:
+        out = {"type": td.type, "threshold": td.threshold, "prefix_padding_ms": td.prefix_padding_ms,
+               "silence_duration_ms": td.silence_duration_ms}
+    if transcription:
+        return out
+    out.update(create_response=td.create_response, interrupt_response=td.interrupt_response)
+    if dialect is Dialect.GA and td.type == "server_vad":
         out["idle_timeout_ms"] = td.idle_timeout_ms
     return out
 
 
-def _tr_wire(tr: Transcription | None) -> dict[str, Any] | None:
+def _tr_wire(tr: Transcription | None, dialect: Dialect) -> dict[str, Any] | None:
     if tr is None:
         return None
-    return {"model": tr.model, "language": tr.language, "prompt": tr.prompt}
+    out: dict[str, Any] = {"model": tr.model, "language": tr.language, "prompt": tr.prompt}
+    if dialect is Dialect.GA:
+        hints = {"delay": tr.delay, "keywords": tr.keywords, "languages": tr.languages}
+        out.update((k, v) for k, v in hints.items() if v is not None)
+    return out
+
+
+def _noise_wire(nr: dict[str, Any] | None, dialect: Dialect) -> dict[str, Any] | None:
+    return nr if nr is None or dialect is Dialect.GA else {"type": nr["type"]}
 
 
 def format_wire(name: str) -> dict[str, Any]:
@@ -437,8 +634,16 @@ def format_wire(name: str) -> dict[str, Any]:
 
 
 def session_wire(s: SessionSettings, dialect: Dialect) -> dict[str, Any]:
-    noise = {"type": s.noise_reduction} if s.noise_reduction else None
+    """The session object of session.created/updated, for the session's type and the dialect."""
+    noise = _noise_wire(s.noise_reduction, dialect)
+    transcription = s.type == "transcription"
+    td = _td_wire(s.turn_detection, dialect, transcription)
     if dialect is Dialect.GA:
+        audio_input = {"format": format_wire(s.input_format), "transcription": _tr_wire(s.transcription, dialect),
+                       "noise_reduction": noise, "turn_detection": td}
+        if transcription:
+            return {"type": "transcription", "object": "realtime.transcription_session", "id": s.id,
+                    "audio": {"input": audio_input}, "include": s.include}
         return {
             "type": "realtime",
             "object": "realtime.session",
@@ -446,23 +651,24 @@ def session_wire(s: SessionSettings, dialect: Dialect) -> dict[str, Any]:
             "model": s.model,
             "output_modalities": s.modalities,
             "instructions": s.instructions,
-            "tools": s.tools,
+            "tools": [t.wire() for t in s.tools],
             "tool_choice": s.tool_choice,
             "max_output_tokens": s.max_output_tokens,
             "tracing": s.tracing,
             "truncation": s.truncation,
             "prompt": s.prompt,
             "include": s.include,
+            "reasoning": s.reasoning,
             "audio": {
-                "input": {
-                    "format": format_wire(s.input_format),
-                    "transcription": _tr_wire(s.transcription),
-                    "noise_reduction": noise,
-                    "turn_detection": _td_wire(s.turn_detection, dialect),
-                },
+                "input": audio_input,
                 "output": {"format": format_wire(s.output_format), "voice": s.voice, "speed": s.speed},
             },
         }
+    if transcription:
+        # No client_secret: OpenAI sends it only in the REST answer that minted one.
+        return {"id": s.id, "object": "realtime.transcription_session", "input_audio_format": s.input_format,
+                "input_audio_transcription": _tr_wire(s.transcription, dialect),
+                "input_audio_noise_reduction": noise, "turn_detection": td, "include": s.include}
     return {
         "id": s.id,
         "object": "realtime.session",
@@ -472,14 +678,16 @@ def session_wire(s: SessionSettings, dialect: Dialect) -> dict[str, Any]:
         "voice": s.voice,
         "input_audio_format": s.input_format,
         "output_audio_format": s.output_format,
-        "input_audio_transcription": _tr_wire(s.transcription),
+        "input_audio_transcription": _tr_wire(s.transcription, dialect),
         "input_audio_noise_reduction": noise,
-        "turn_detection": _td_wire(s.turn_detection, dialect),
-        "tools": s.tools,
-        "tool_choice": s.tool_choice,
+        "turn_detection": td,
+        "tools": [t.wire() for t in s.tools],
+        # Beta's tool_choice is a string: a named function is its name.
+        "tool_choice": s.tool_choice["name"] if isinstance(s.tool_choice, dict) else s.tool_choice,
         "temperature": s.temperature,
         "max_response_output_tokens": s.max_output_tokens,
         "speed": s.speed,
+        "tracing": s.tracing,
     }
 
 
@@ -490,8 +698,8 @@ def parse_item(body: Any, param: str = "item") -> dict[str, Any]:
     """A client-created item, checked, in GA shape (beta part types renamed)."""
     item = field_of({"item": body}, "item", dict, param, required=True)
     kind = _choice(field_of(item, "type", str, f"{param}.type", required=True),
-                   ("message", "function_call", "function_call_output"), f"{param}.type")
-    out: dict[str, Any] = {"id": field_of(item, "id", str, f"{param}.id") or new_id("item"),
+                   ("message", "function_call", "function_call_output", "mcp_approval_response"), f"{param}.type")
+    out: dict[str, Any] = {"id": non_empty(item, "id", f"{param}.id") or new_id("item"),
                            "object": "realtime.item", "type": kind, "status": "completed"}
     if kind == "message":
         role = _choice(field_of(item, "role", str, f"{param}.role", required=True),
@@ -517,14 +725,22 @@ def parse_item(body: Any, param: str = "item") -> dict[str, Any]:
         out.update(role=role, content=parts)
     elif kind == "function_call":
         out.update(
-            call_id=field_of(item, "call_id", str, f"{param}.call_id") or new_id("call"),
-            name=field_of(item, "name", str, f"{param}.name", required=True),
+            call_id=non_empty(item, "call_id", f"{param}.call_id") or new_id("call"),
+            name=non_empty(item, "name", f"{param}.name", required=True),
             arguments=field_of(item, "arguments", str, f"{param}.arguments") or "",
         )
-    else:
+    elif kind == "function_call_output":
         out.update(
-            call_id=field_of(item, "call_id", str, f"{param}.call_id", required=True),
+            call_id=non_empty(item, "call_id", f"{param}.call_id", required=True),
             output=field_of(item, "output", str, f"{param}.output", required=True),
+        )
+    else:  # the client's answer to an mcp_approval_request (GA only: the session checks the dialect)
+        del out["object"], out["status"]  # not fields of this item type
+        out.update(
+            approval_request_id=field_of(item, "approval_request_id", str, f"{param}.approval_request_id",
+                                         required=True),
+            approve=field_of(item, "approve", bool, f"{param}.approve", required=True),
+            reason=field_of(item, "reason", str, f"{param}.reason"),
         )
     return out
 

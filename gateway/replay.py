@@ -1,30 +1,35 @@
 """Headless replay: one Realtime session per WAV file, all at once, with per-turn latency reports.
 
     python -m gateway replay --url ws://127.0.0.1:8000/v1/realtime --out DIR a.wav b.wav ...
+    python -m gateway replay --transport webrtc [--signalling-url URL] --out DIR a.wav b.wav ...
 
 Each WAV is split into turns at silences (``--split-silence-ms``). A turn is streamed like a
 microphone would (paced at ``--speed`` × real time), followed by silence so server VAD ends it.
-The reply is "played" on a simulated clock running at the same speed; once it has played out and
-``--turn-gap-ms`` has passed, the next turn starts. With ``--barge-in-ms`` the next turn starts
-instead when that much of the reply has played, and when the server reports the new speech the
-client stops its playback and sends conversation.item.truncate with what was heard, as a real
-client does.
+Over WebSocket the reply is "played" on a simulated clock running at the same speed; once it has
+played out and ``--turn-gap-ms`` has passed, the next turn starts. With ``--barge-in-ms`` the next
+turn starts instead when that much of the reply has played, and when the server reports the new
+speech the client stops its playback and sends conversation.item.truncate with what was heard, as
+a real client does.
+
+Over WebRTC (``--transport webrtc``: Opus audio, real time only) the server plays the reply out: it
+is heard as it arrives on the track, it has played out at output_audio_buffer.stopped, and on a
+barge-in the server clears its playout and truncates the reply itself (the client sends no truncate).
 
 Written per session, in DIR/<wav name>/: output.wav (every reply's audio as received),
 events.jsonl (every event sent and received, with times; audio reduced to its size) and
-latency.json (per turn: speech_stopped → first audio delta, → response.done, barge-in
+latency.json (per turn: speech_stopped → first reply audio, → response.done, barge-in
 speech_started → response.done), plus latency.png when matplotlib is installed. DIR/summary.json
-collects the sessions and the SHA-256 of each output.wav: with the echo responder, or a model with
-a fixed seed and greedy decoding, the same WAVs give the same hashes (barge-in runs excepted when
-the reply streams in real time, since how much of it is sent before the cancel depends on timing).
+collects the sessions and the SHA-256 of each output.wav: over WebSocket, with the echo responder,
+or a model with a fixed seed and greedy decoding, the same WAVs give the same hashes (barge-in runs
+excepted when the reply streams in real time, since how much of it is sent before the cancel depends
+on timing). Over WebRTC the audio is Opus-coded, so its hashes differ from WebSocket's; see README.md
+for how stable they are from run to run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import bisect
 import contextlib
 import hashlib
 import json
@@ -36,21 +41,20 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
-from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
 
+from gateway import connection
 from gateway.audio import SAMPLE_RATE
-from gateway.client import (
-    AUDIO_DELTA,
-    CHUNK_MS,
-    DEFAULT_URL,
-    TAIL_MS,
+from gateway.client import CHUNK_MS, DEFAULT_URL, TAIL_MS, TurnTracker, read_wav, strip_audio, write_wav
+from gateway.connection import (
+    TRANSPORTS,
     CliError,
-    TurnTracker,
+    Connection,
+    ConnectionLost,
+    Endpoint,
+    ReplyAudio,
+    check_transport,
+    endpoint_from,
     open_connection,
-    read_wav,
-    strip_audio,
-    write_wav,
 )
 
 FRAME = SAMPLE_RATE * 20 // 1000  # 20 ms analysis frames for splitting turns
@@ -72,6 +76,13 @@ class Options:
     tail_ms: int = TAIL_MS
     turn_timeout_s: float = 30.0
     beta: bool = False
+    transport: str = "websocket"
+    signalling_url: str | None = None  # WebRTC: None derives it from ``url``
+    api_key: str | None = None
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.url, self.transport, self.signalling_url, self.api_key, self.beta)
 
     def barge_in_for(self, reply: int) -> int | None:
         """Barge-in point for the reply to turn ``reply`` (0-based); one value applies to all."""
@@ -157,13 +168,16 @@ class TurnReport:
 
 
 class Playback:
-    """What a listener hears: each reply item played from its first delta, on the simulated clock.
+    """What a listener hears: each reply item played from its first audio.
 
-    Playback stalls when the audio received so far has all been played (an underrun), and ends
-    once the response is done and everything received has been played.
+    Over WebSocket the client plays it, on the simulated clock: playback stalls when the audio received
+    so far has all been played (an underrun), and ends once the response is done and everything
+    received has been played. With ``server_playout`` (WebRTC) the server plays it: the audio is heard
+    as it arrives on the track, and playback ends with output_audio_buffer.stopped or .cleared.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, server_playout: bool = False) -> None:
+        self.server_playout = server_playout
         self.item_id: str | None = None
         self.response_id: str | None = None
         self.received_ms = 0.0
@@ -173,7 +187,8 @@ class Playback:
 
     def advance(self, now_ms: float) -> None:
         if self._last is not None and self.item_id is not None:
-            self.played_ms = min(self.received_ms, self.played_ms + now_ms - self._last)
+            elapsed = self.received_ms if self.server_playout else self.played_ms + now_ms - self._last
+            self.played_ms = min(self.received_ms, elapsed)
         self._last = now_ms
 
     def feed(self, response_id: str, item_id: str, ms: float, now_ms: float) -> None:
@@ -185,7 +200,12 @@ class Playback:
         self.received_ms += ms
 
     def response_done(self, response_id: str) -> None:
-        if response_id == self.response_id:
+        if response_id == self.response_id and not self.server_playout:
+            self.streaming = False
+
+    def playout_ended(self, response_id: str | None) -> None:
+        """The server stopped (``response_id``) or cleared (None) its playout."""
+        if self.server_playout and response_id in (None, self.response_id):
             self.streaming = False
 
     def active(self, now_ms: float) -> bool:
@@ -211,16 +231,15 @@ class Session:
         self.turns: list[TurnReport] = []
         self.reply = bytearray()
         self.errors: list[str] = []
-        self.tracker = TurnTracker()
-        self.playback = Playback()
+        server_playout = options.transport == "webrtc"
+        self.tracker = TurnTracker(server_playout)
+        self.playback = Playback(server_playout)
         self.by_response: dict[str, TurnReport] = {}
         self.played_of: dict[str, TurnReport] = {}  # assistant item → the turn it answers
-        self.ws: ClientConnection | None = None
+        self.conn: Connection | None = None
         self.log: TextIO | None = None
         self.t0 = 0.0
         self.mic = bytearray()  # audio waiting to be sent, as by a microphone
-        self.sent_ms: list[float] = []  # input-audio time at the end of each append sent...
-        self.sent_at: list[float] = []  # ...and when it was sent (wall seconds since connecting)
         self.mic_ready = asyncio.Event()
         self.mic_idle = asyncio.Event()
         self.sha256 = ""
@@ -245,7 +264,9 @@ class Session:
             turns = [turns[0], turns[0]]  # one turn: its copy is the speech that interrupts the reply
         with open(self.out_dir / "events.jsonl", "w") as log:
             self.log = log
-            self.ws = await open_connection(self.options.url, self.options.beta)
+            self.conn = await open_connection(
+                self.options.endpoint, self.options.speed, on_send=lambda event: self._log("send", event)
+            )
             self.t0 = time.monotonic()
             receiver = asyncio.create_task(self._receive())
             sender = asyncio.create_task(self._send_microphone())
@@ -253,7 +274,7 @@ class Session:
                 await self._converse(turns)
             finally:
                 sender.cancel()
-                await self.ws.close()
+                await self.conn.close()
                 await asyncio.gather(receiver, sender, return_exceptions=True)
         write_wav(self.out_dir / "output.wav", bytes(self.reply))
         self.sha256 = hashlib.sha256((self.out_dir / "output.wav").read_bytes()).hexdigest()
@@ -324,38 +345,33 @@ class Session:
                 await asyncio.wait_for(self.tracker.changed.wait(), wait)
 
     async def _send_microphone(self) -> None:
-        """Stream the queued audio in CHUNK_MS appends on an absolute schedule at ``speed``."""
-        loop = asyncio.get_running_loop()
+        """Stream the queued audio in CHUNK_MS pieces, paced by the connection like a microphone."""
+        assert self.conn is not None
         step = SAMPLE_RATE * CHUNK_MS // 1000 * 2
-        interval = CHUNK_MS / 1000 / self.options.speed
         while True:
             await self.mic_ready.wait()
-            next_at = loop.time()
             while self.mic:
-                chunk = base64.b64encode(self.mic[:step]).decode()
+                chunk = bytes(self.mic[:step])
                 del self.mic[:step]
-                await asyncio.sleep(max(0.0, next_at - loop.time()))
-                await self._send_event({"type": "input_audio_buffer.append", "audio": chunk})
-                self.sent_ms.append((self.sent_ms[-1] if self.sent_ms else 0.0) + CHUNK_MS)
-                self.sent_at.append(self.now())
-                next_at += interval
+                try:
+                    await self.conn.send_audio(chunk)
+                except ConnectionLost:
+                    return  # the receiver sees the end too
             self.mic_ready.clear()
             self.mic_idle.set()
 
     async def _send_event(self, event: dict[str, Any]) -> None:
-        assert self.ws is not None
-        self._log("send", event)
-        await self.ws.send(json.dumps(event))
+        assert self.conn is not None
+        await self.conn.send(event)
 
     async def _receive(self) -> None:
-        assert self.ws is not None
-        try:
-            async for message in self.ws:
-                event = json.loads(message)
-                self._log("recv", event)
-                await self._on_event(event)
-        except ConnectionClosed:
-            pass
+        assert self.conn is not None
+        async for item in self.conn:
+            if isinstance(item, ReplyAudio):
+                self._on_audio(item)
+            else:
+                self._log("recv", item)
+                await self._on_event(item)
         self.tracker.close()
 
     async def _on_event(self, event: dict[str, Any]) -> None:
@@ -371,28 +387,15 @@ class Session:
                 await self._barge_in(t)
         elif kind == "input_audio_buffer.speech_stopped" and turn is not None:
             turn.speech_stopped_s = t
-            # The append that carried the speech's last sample (input time is the audio sent so far).
-            sent = bisect.bisect_left(self.sent_ms, event.get("audio_end_ms", 0))
-            if sent < len(self.sent_at):
-                turn.speech_end_s = round(self.sent_at[sent], 4)
+            assert self.conn is not None
+            sent = self.conn.sent_at(event.get("audio_end_ms", 0))
+            if sent is not None:
+                turn.speech_end_s = round(sent - self.t0, 4)
         elif kind == "response.created" and turn is not None:
             response_id = event["response"]["id"]
             turn.response_id = response_id
             turn.responses += 1
             self.by_response[response_id] = turn
-        elif kind in AUDIO_DELTA:
-            pcm = base64.b64decode(event.get("delta") or "")
-            self.reply.extend(pcm)
-            answered = self.by_response.get(event.get("response_id", ""))
-            if answered is not None:
-                answered.reply_audio_ms += len(pcm) / 2 * 1000 / SAMPLE_RATE
-                if answered.first_audio_s is None:
-                    answered.first_audio_s = t
-                if answered.barge_in_s is None:  # audio after a barge-in is never played
-                    self.played_of[event["item_id"]] = answered
-                    self.playback.feed(
-                        event["response_id"], event["item_id"], len(pcm) / 2 * 1000 / SAMPLE_RATE, self.sim_ms()
-                    )
         elif kind == "response.done":
             response = event["response"]
             answered = self.by_response.get(response["id"])
@@ -400,17 +403,44 @@ class Session:
             if answered is not None:
                 answered.response_done_s = t
                 answered.status = response.get("status")
+        elif kind == "output_audio_buffer.stopped":
+            self.playback.playout_ended(event.get("response_id"))
+        elif kind == "output_audio_buffer.cleared":
+            self.playback.playout_ended(None)
+        elif kind == "conversation.item.truncated" and self.playback.server_playout:
+            # The server truncated the reply where its playout was (the client does it over WebSocket).
+            truncated = self.played_of.get(event.get("item_id", ""))
+            if truncated is not None:
+                truncated.truncated_at_ms = event.get("audio_end_ms")
         elif kind == "error":
             err = event.get("error") or {}
             self.errors.append(f"{err.get('code') or err.get('type')}: {err.get('message')}")
 
+    def _on_audio(self, audio: ReplyAudio) -> None:
+        self.reply.extend(audio.pcm)
+        self.tracker.changed.set()  # the barge-in point may have been reached
+        answered = self.by_response.get(audio.response_id or "")
+        if answered is None:
+            return
+        ms = len(audio.pcm) / 2 * 1000 / SAMPLE_RATE
+        answered.reply_audio_ms += ms
+        if answered.first_audio_s is None:
+            answered.first_audio_s = round(self.now(), 4)
+        if answered.barge_in_s is None:  # audio after a barge-in is never played
+            item_id = audio.item_id or audio.response_id or ""
+            self.played_of[item_id] = answered
+            self.playback.feed(audio.response_id or "", item_id, ms, self.sim_ms())
+
     async def _barge_in(self, t: float) -> None:
-        """New speech while a reply plays: stop playback and tell the server what was heard."""
+        """New speech while a reply plays: stop listening to it, and (when the client plays the audio)
+        tell the server what was heard; with server playout the server truncates it itself."""
         item_id, played_ms = self.playback.stop()
         answered = self.played_of.get(item_id or "")
         if item_id is None or answered is None:
             return
         answered.barge_in_s = t
+        if self.playback.server_playout:
+            return
         answered.played_ms = round(played_ms, 1)
         answered.truncated_at_ms = int(played_ms)
         await self._send_event(
@@ -433,7 +463,8 @@ class Session:
                 turn.played_ms = round(turn.reply_audio_ms, 1)  # not interrupted: heard to the end
         report = {
             "wav": str(self.wav),
-            "url": self.options.url,
+            "url": self.options.endpoint.address,
+            "transport": self.options.transport,
             "speed": self.options.speed,
             "output_wav": "output.wav",
             "output_sha256": self.sha256,
@@ -512,6 +543,9 @@ def print_table(sessions: list[Session], out: TextIO = sys.stdout) -> None:
 
 async def replay(wavs: list[Path], options: Options) -> list[Session]:
     """Run one session per WAV file concurrently; write each one's files and DIR/summary.json."""
+    check_transport(options.transport)
+    if options.transport == "webrtc" and options.speed != 1:
+        raise CliError("--speed must be 1 over WebRTC: its audio runs at real time")
     loaded = [(wav, read_wav(wav)) for wav in wavs]  # bad files fail before anything connects
     try:
         options.out.mkdir(parents=True, exist_ok=True)
@@ -531,7 +565,8 @@ async def replay(wavs: list[Path], options: Options) -> list[Session]:
         if isinstance(result, BaseException):
             raise result
     summary = {
-        "url": options.url,
+        "url": options.endpoint.address,
+        "transport": options.transport,
         "speed": options.speed,
         "sessions": [
             {
@@ -598,7 +633,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("wavs", nargs="+", type=Path, metavar="WAV",
                         help="WAV files (PCM or float, any rate and channels), one session each")
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"Realtime endpoint (default {DEFAULT_URL})")
     parser.add_argument("--out", required=True, type=Path, help="folder for the per-session results")
     parser.add_argument(
         "--speed", type=_positive, default=1.0, help="audio and playback clock speed, × real time (default 1)"
@@ -619,20 +653,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tail-ms", type=_milliseconds, default=TAIL_MS, help="silence sent after each turn so server VAD ends it"
     )
     parser.add_argument("--turn-timeout", type=_positive, default=30.0, help="seconds to wait for a reply (default 30)")
-    parser.add_argument("--beta", action="store_true", help="speak the beta protocol (OpenAI-Beta: realtime=v1)")
+    parser.add_argument("--transport", choices=TRANSPORTS, default="websocket",
+                        help="websocket (default), or webrtc: Opus audio at real time, the server plays the replies "
+                        "out and truncates them on barge-in (needs the webrtc extra)")
+    connection.add_arguments(parser, DEFAULT_URL)
 
 
 def run(args: argparse.Namespace) -> int:
+    endpoint = endpoint_from(args, args.transport)
     options = Options(
         out=args.out,
-        url=args.url,
+        url=endpoint.url,
         speed=args.speed,
         turn_gap_ms=args.turn_gap_ms,
         barge_in_ms=args.barge_in_ms,
         split_silence_ms=args.split_silence_ms,
         tail_ms=args.tail_ms,
         turn_timeout_s=args.turn_timeout,
-        beta=args.beta,
+        beta=endpoint.beta,
+        transport=endpoint.transport,
+        signalling_url=endpoint.signalling_url,
+        api_key=endpoint.api_key,
     )
     try:
         sessions = asyncio.run(replay(args.wavs, options))

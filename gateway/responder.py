@@ -16,13 +16,24 @@ SAMPLE_RATE = 24_000  # every responder speaks pcm16 mono at 24 kHz; the session
 
 
 @dataclass
+class ToolCall:
+    """A tool call the assistant made, with its result (a function's output, an MCP call's output or error)."""
+
+    call_id: str
+    name: str
+    arguments: str
+    output: str
+
+
+@dataclass
 class Message:
-    """One conversation item as a responder sees it."""
+    """One conversation item as a responder sees it (an assistant message may hold the tool calls after it)."""
 
     item_id: str
     role: str  # "system" | "user" | "assistant"
     text: str | None = None  # text content, the transcript of audio, or what was heard of it
     audio: bytes | None = None  # pcm16 24 kHz, for user audio items
+    tool_calls: list[ToolCall] = field(default_factory=list)  # assistant only: calls that have a result
 
 
 @dataclass
@@ -35,6 +46,8 @@ class ResponseRequest:
     modalities: list[str] = field(default_factory=lambda: ["audio"])
     max_output_tokens: int | None = None
     temperature: float | None = None  # None: the backend's configured temperature
+    tools: list[dict[str, Any]] = field(default_factory=list)  # chat-completions tools (gateway/tools.py)
+    tool_choice: str | dict[str, Any] | None = None  # chat-completions tool_choice; None with no tools
     # Transcriptions of user audio items, started when each item was committed (the runner's): the
     # responder awaits those of messages that have no text yet. A failed one raises its BackendError.
     transcripts: dict[str, asyncio.Future[str]] = field(default_factory=dict)
@@ -62,13 +75,39 @@ class TextOut:
 
 
 @dataclass
+class ToolCallStart:
+    """The LLM began tool call ``index`` of this reply (parallel calls have their own indices)."""
+
+    index: int
+    call_id: str
+    name: str
+
+
+@dataclass
+class ToolCallArguments:
+    """A piece of the JSON arguments of tool call ``index``, as the LLM streamed it."""
+
+    index: int
+    delta: str
+
+
+@dataclass
+class LlmUsage:
+    """The LLM's token counts for one chat completion (sent when its server reports them)."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int | None = None
+
+
+@dataclass
 class TraceMark:
     """A latency checkpoint (stt_done, llm_first_token, tts_first_audio) reached by the responder."""
 
     name: str
 
 
-ResponseOutput = AudioOut | SpeechText | TextOut | TraceMark
+ResponseOutput = AudioOut | SpeechText | TextOut | ToolCallStart | ToolCallArguments | LlmUsage | TraceMark
 
 
 class BackendError(Exception):
@@ -81,17 +120,32 @@ class BackendError(Exception):
 
 
 class Transcriber(Protocol):
-    async def transcribe(self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None) -> str:
-        """The text of the audio; ``language`` and ``prompt`` from the session override the configured ones."""
+    def transcribe(self, pcm16_24k: bytes, language: str | None = None,
+                   prompt: str | None = None) -> AsyncIterator[str]:
+        """The text of the audio as it is recognised: pieces whose concatenation is the transcript (one
+        piece from a recogniser that does not stream). ``language`` and ``prompt`` from the session
+        override the configured ones. A failure raises BackendError."""
+
+
+async def transcript_of(transcriber: Transcriber, pcm16_24k: bytes, language: str | None = None,
+                        prompt: str | None = None) -> str:
+    """The whole transcript of the audio, trimmed."""
+    return "".join([piece async for piece in transcriber.transcribe(pcm16_24k, language, prompt)]).strip()
 
 
 class ChatModel(Protocol):
     """A streamed chat LLM: a remote one (gateway.backends.LlmClient) or in process (gateway.local_llm)."""
 
     def stream_chat(
-        self, messages: list[dict[str, Any]], *, max_output_tokens: int | None = None, temperature: float | None = None
-    ) -> AsyncIterator[str]:
-        """The reply's text deltas; closing the iterator stops the generation."""
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_output_tokens: int | None = None,
+        temperature: float | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage]:
+        """The reply: text deltas, tool calls, and last the token counts; closing the iterator stops it."""
 
     async def check(self) -> str | None:
         """What is wrong with the backend, or None (checked at start-up)."""

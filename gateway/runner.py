@@ -9,25 +9,31 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from contextlib import aclosing
+from typing import Any, Protocol
 
 import orjson
 
-from gateway.model_worker import current_session
-from gateway.responder import BackendError, Responder, ResponseRequest, Transcriber
-from gateway.session import (
+from gateway.effects import (
+    CallMcp,
     ClearPlayout,
     Effect,
+    ListMcpTools,
     Mark,
     Play,
     PlayoutEnd,
+    RunSmartTurn,
     RunVad,
-    Session,
     StartResponse,
     StopResponse,
     Transcribe,
 )
+from gateway.mcp_client import McpClient, McpFailure
+from gateway.model_worker import current_session
+from gateway.responder import BackendError, Responder, ResponseRequest, Transcriber
+from gateway.session import Session
+from gateway.smart_turn import SmartTurnBatcher
 from gateway.trace import TurnTrace
 from gateway.vad import SileroVAD, VadBatcher
 
@@ -63,7 +69,10 @@ class SessionRunner:
         trace: TurnTrace | None = None,
         playout: Playout | None = None,
         transcriber: Transcriber | None = None,
+        smart_turn: SmartTurnBatcher | None = None,
     ) -> None:
+        """``smart_turn``: the Smart Turn model for semantic_vad; without it every check is answered "no
+        verdict", so a semantic_vad turn ends after its eagerness's longest wait."""
         self.session = session
         self.responder = responder
         self.transcriber = transcriber
@@ -79,11 +88,17 @@ class SessionRunner:
         # and audio that arrives during a VAD call goes into the next one (a session catches up).
         self._vad_backlog = bytearray()
         self._vad_task: asyncio.Task[None] | None = None
+        # MCP listings (None) and calls (their response's id: cancelled with it) in flight.
+        self.mcp = McpClient(session.config.mcp)
+        self._mcp_tasks: dict[asyncio.Task[None], str | None] = {}
+        self._smart_turn = smart_turn
+        self._checks: set[asyncio.Task[None]] = set()  # Smart Turn calls under way
         self._closed = False
         # The context of this session's tasks: shared local models queue their work by session.
         self._context = contextvars.copy_context()
         self._context.run(current_session.set, session.settings.id)
-        session.transcribes = transcriber is not None
+        session.transcription.available = transcriber is not None
+        session.transcription.always = responder.reads_transcripts
         session.voices = responder.voices
 
     async def start(self) -> None:
@@ -107,7 +122,8 @@ class SessionRunner:
 
     async def close(self) -> None:
         self._closed = True
-        tasks = [t for t in (self._task, self._vad_task, *self._transcripts.values()) if t is not None and not t.done()]
+        tasks = [t for t in (self._task, self._vad_task, *self._transcripts.values(), *self._mcp_tasks, *self._checks)
+                 if t is not None and not t.done()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -126,6 +142,10 @@ class SessionRunner:
                         await self._apply(self.session.vad_result(self.vad.process(self._take_vad_backlog())))
                     else:
                         self._vad_task = asyncio.create_task(self._run_vad())
+            elif isinstance(effect, RunSmartTurn):
+                task = asyncio.create_task(self._check_turn(effect))
+                self._checks.add(task)
+                task.add_done_callback(self._checks.discard)
             elif isinstance(effect, StartResponse):
                 request = effect.request
                 request.transcripts = {m.item_id: self._transcripts[m.item_id] for m in request.messages
@@ -136,9 +156,14 @@ class SessionRunner:
                 # A response that failed stops itself: its own task is the one sending its last events.
                 if self._task is not None and self._task is not asyncio.current_task():
                     self._task.cancel()
+                for task, response_id in list(self._mcp_tasks.items()):
+                    if response_id == effect.response_id:
+                        task.cancel()
+            elif isinstance(effect, ListMcpTools):
+                self._start_mcp(self._list_mcp_tools(effect), None)
+            elif isinstance(effect, CallMcp):
+                self._start_mcp(self._call_mcp(effect), effect.response_id)
             elif isinstance(effect, Transcribe):
-                if not self.responder.reads_transcripts and self.session.settings.transcription is None:
-                    continue  # nobody would read it
                 task = asyncio.create_task(self._transcribe(effect), context=self._context)
                 # A failure is reported to the client at once; a response may await it or not.
                 task.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -155,6 +180,28 @@ class SessionRunner:
                     await self._apply(self.session.playout_cleared(*heard))
             elif isinstance(effect, Mark):
                 self.trace.mark(effect.name, effect.response_id)
+
+    def _start_mcp(self, work: Coroutine[Any, Any, None], response_id: str | None) -> None:
+        task = asyncio.create_task(work)
+        self._mcp_tasks[task] = response_id
+        task.add_done_callback(self._mcp_tasks.pop)
+
+    async def _list_mcp_tools(self, effect: ListMcpTools) -> None:
+        try:
+            tools = await self.mcp.list_tools(effect.server)
+        except McpFailure as exc:
+            log.warning("MCP server %s: %s", effect.server.server_label, exc)
+            await self._apply(self.session.mcp_tools_listed(effect.item_id, None, str(exc)))
+            return
+        await self._apply(self.session.mcp_tools_listed(effect.item_id, tools))
+
+    async def _call_mcp(self, effect: CallMcp) -> None:
+        try:
+            output = await self.mcp.call(effect.server, effect.name, effect.arguments)
+        except McpFailure as exc:
+            await self._apply(self.session.mcp_call_finished(effect.response_id, effect.item_id, None, exc.error))
+            return
+        await self._apply(self.session.mcp_call_finished(effect.response_id, effect.item_id, output))
 
     def _take_vad_backlog(self) -> bytes:
         pcm = bytes(self._vad_backlog)
@@ -174,14 +221,36 @@ class SessionRunner:
         finally:
             self._vad_task = None
 
+    async def _check_turn(self, effect: RunSmartTurn) -> None:
+        probability = None
+        if self._smart_turn is not None:
+            try:
+                probability = await self._smart_turn.predict(effect.pcm)
+            except Exception:  # a broken model must not take the session with it: the longest wait decides
+                log.exception("Smart Turn failed; the turn ends after its eagerness's longest wait")
+        if not self._closed:
+            await self._apply(self.session.smart_turn_result(effect.seq, probability))
+
     async def _transcribe(self, effect: Transcribe) -> str:
+        """Streams the item's transcript to the client as it comes; returns it whole (responses await it)."""
         assert self.transcriber is not None
+        text = ""
+        pieces = self.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
         try:
-            text = await self.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
-        except BackendError as exc:
-            log.warning("transcription of %s failed: %s", effect.item_id, exc)
-            await self._apply(self.session.input_transcribed(effect.item_id, None, exc.cause))
-            raise
+            async with aclosing(pieces):
+                async for piece in pieces:
+                    piece = piece if text else piece.lstrip()  # a transcript starts at its first word
+                    if piece:
+                        text += piece
+                        await self._apply(self.session.input_transcript_delta(effect.item_id, piece))
+        except Exception as exc:  # any transcriber's failure is an STT failure, for the responses awaiting it
+            error = exc if isinstance(exc, BackendError) else BackendError("stt", f"{type(exc).__name__}: {exc}")
+            log.warning("transcription of %s failed: %s", effect.item_id, error)
+            await self._apply(self.session.input_transcribed(effect.item_id, None, str(error)))
+            if error is exc:
+                raise
+            raise error from exc
+        text = text.strip()
         await self._apply(self.session.input_transcribed(effect.item_id, text))
         return text
 

@@ -19,12 +19,13 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from gateway import __version__
+from gateway import __version__, mcp_client
 from gateway.config import REPO_ROOT, Config, ConfigError
 from gateway.protocol import Dialect
 from gateway.responder import Responder, Transcriber
 from gateway.runner import Playout, Send, SessionRunner
 from gateway.session import Session
+from gateway.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError, eagerness_levels
 from gateway.trace import ACTIVE_SESSIONS, TurnTrace
 from gateway.vad import SileroModel, SileroVAD, VadBatcher
 
@@ -58,12 +59,17 @@ class Gateway:
         self._vad_batcher = VadBatcher(
             self._vad_executor, config.vad.inline_windows, config.vad.batch_interval_ms
         )
+        # Smart Turn (semantic_vad) has a thread of its own: its calls take tens of milliseconds, and the
+        # sessions' VAD batches must not queue behind them.
+        self._smart_turn_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smart-turn")
+        self._smart_turn: SmartTurnBatcher | None = None
         self._trace_sink: IO[str] | None = None
         self._server: Server | None = None
         self.webrtc: WebRTCServer | None = None
         self._backend_check: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        eagerness_levels(self.config.semantic_vad)  # a bad [semantic_vad] option fails here, not in a session
         if self.config.trace.jsonl_path:
             self._trace_sink = open(self.config.trace.jsonl_path, "a", buffering=1)  # noqa: SIM115
         cfg = self.config.server
@@ -102,8 +108,8 @@ class Gateway:
         self._backend_check = asyncio.create_task(self._warn_of_backends())
 
     async def _load_models(self) -> None:
-        """The responder, the transcriber and the VAD, loaded in worker threads while /healthz answers
-        "starting" (the local models' first start takes about 30 s)."""
+        """The responder, the transcriber, the VAD and Smart Turn models (and MCP's client stack), loaded
+        in worker threads while /healthz answers "starting" (the local models' first start takes ~30 s)."""
         from gateway.pipeline import build_responder, build_transcriber  # noqa: PLC0415 - the model stack
 
         log.info("loading models; /healthz says starting until they are ready")
@@ -114,6 +120,15 @@ class Gateway:
         self.transcriber, self._vad_model, *built = await asyncio.gather(*loads)
         if built:
             self.responder = built[0]
+        if self.config.mcp.enabled:
+            await loop.run_in_executor(None, mcp_client.preload)
+        semantic = self.config.semantic_vad
+        try:
+            model = await loop.run_in_executor(None, SmartTurnModel, semantic.model_path or None,
+                                               semantic.model_sha256 or None)
+        except SmartTurnModelError as exc:
+            raise ConfigError(str(exc)) from None
+        self._smart_turn = SmartTurnBatcher(model, self._smart_turn_executor, semantic.max_batch)
 
     async def _warn_of_backends(self) -> None:
         """Name a backend that is down now, not at the first user's turn (which it would fail)."""
@@ -139,6 +154,7 @@ class Gateway:
             self._server.close()
             await self._server.wait_closed()
         self._vad_executor.shutdown(wait=False, cancel_futures=True)
+        self._smart_turn_executor.shutdown(wait=False, cancel_futures=True)
         for part in (self.responder, self.transcriber):
             close = getattr(part, "aclose", None)
             if close is not None:
@@ -203,12 +219,15 @@ class Gateway:
             trace=TurnTrace(session.settings.id, self._trace_sink),
             playout=playout,
             transcriber=self.transcriber,
+            smart_turn=self._smart_turn,
         )
 
     async def _handle(self, ws: ServerConnection) -> None:
         beta = "realtime=v1" in (ws.request.headers.get("OpenAI-Beta") or "")
-        model = parse_qs(urlsplit(ws.request.path).query).get("model", [None])[0]
-        session = Session(self.config, Dialect.BETA if beta else Dialect.GA, model=model)
+        query = parse_qs(urlsplit(ws.request.path).query)
+        model = query.get("model", [None])[0]
+        kind = "transcription" if query.get("intent") == ["transcription"] else "realtime"
+        session = Session(self.config, Dialect.BETA if beta else Dialect.GA, model=model, session_type=kind)
         runner = self.new_runner(session, ws.send)
         self.sessions.add(runner)
         ACTIVE_SESSIONS.set(len(self.sessions))

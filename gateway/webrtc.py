@@ -18,7 +18,6 @@ Routes (CORS open, so the page served on the gateway's port may call them):
 from __future__ import annotations
 
 import asyncio
-import fractions
 import logging
 import os
 import secrets
@@ -38,15 +37,18 @@ from aiortc import (
     RTCPeerConnection,
     RTCSessionDescription,
 )
-from aiortc.jitterbuffer import JitterBuffer, JitterFrame
-from aiortc.mediastreams import MediaStreamError
-from aiortc.rtcrtpreceiver import RTCRtpReceiver
-from aiortc.rtp import RtpPacket
-from aiortc.utils import uint16_add
-from av import AudioFrame
 
-from gateway.audio import SAMPLE_RATE, Downsampler2x, StreamResampler, Upsampler2x
+from gateway.audio import Upsampler2x
 from gateway.protocol import Dialect
+from gateway.rtc_media import (
+    AIORTC_JITTER_PREFETCH,
+    FRAME_SAMPLES,
+    RTC_RATE,
+    InboundAudio,
+    PacedTrack,
+    audio_frames,
+    set_jitter_prefetch,
+)
 from gateway.session import Session
 from gateway.trace import ACTIVE_SESSIONS
 
@@ -55,22 +57,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RTC_RATE = 48_000  # Opus always runs at 48 kHz
-FRAME_SAMPLES = 960  # 20 ms at 48 kHz: the Opus frame and RTP packet size browsers expect
-TIME_BASE = fractions.Fraction(1, RTC_RATE)
 CALLS_PATHS = ("/v1/realtime/calls", "/realtime/calls")
 BETA_PATHS = ("/v1/realtime", "/realtime")
 # A call whose peer connection is not up by then is dropped: the client went away during ICE.
 CONNECT_TIMEOUT_S = 30.0
-# aiortc's audio jitter buffer: 16 packets, released once 4 later ones have arrived (~80 ms held).
-AIORTC_JITTER_CAPACITY = 16
-AIORTC_JITTER_PREFETCH = 4
 # Audio a response queues before its playout starts (or resumes after running dry): one frame, so
 # a producer at real-time pace whose chunks land just after a frame went out does not run dry at
 # the next one; a first chunk of 20 ms or more still starts at once.
 CUSHION_SAMPLES = FRAME_SAMPLES
-# Longest hole in the input timeline filled with silence (a longer one is a clock jump, not a pause).
-MAX_GAP_S = 2
 
 Notify = Callable[[str, str], Awaitable[None]]
 
@@ -96,15 +90,13 @@ class _Chunk:
     samples: np.ndarray  # int16, 48 kHz mono
 
 
-class OutboundAudio(MediaStreamTrack):
+class OutboundAudio(PacedTrack):
     """The agent's voice: response audio queued by the session, sent in real-time 20 ms frames.
 
     It is the session's playout buffer (gateway.runner.Playout): it upsamples 24 → 48 kHz, sends
     silence when nothing is queued, counts how much of the current item has gone out (what the
     listener heard) and reports output_audio_buffer.started / .stopped through ``notify``.
     """
-
-    kind = "audio"
 
     def __init__(self, notify: Notify) -> None:
         super().__init__()
@@ -118,8 +110,6 @@ class OutboundAudio(MediaStreamTrack):
         self._item: str | None = None  # item of the audio last sent
         self._item_samples = 0  # samples of self._item sent so far
         self._done: set[str] = set()  # responses whose response.done has been sent
-        self._start: float | None = None
-        self._pts = 0
         self.underruns = 0  # times a playing response ran dry: its audio came too late
 
     # Playout interface, called by the runner ---------------------------------------------------
@@ -158,16 +148,7 @@ class OutboundAudio(MediaStreamTrack):
 
     # MediaStreamTrack -----------------------------------------------------------------------------
 
-    async def recv(self) -> AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        loop = asyncio.get_running_loop()
-        if self._start is None:
-            self._start = loop.time()
-        else:
-            self._pts += FRAME_SAMPLES
-            # Sleep first, fill after: the frame then carries whatever arrived during the wait.
-            await asyncio.sleep(self._start + self._pts / RTC_RATE - loop.time())
+    async def next_frame(self) -> np.ndarray:
         samples = np.zeros(FRAME_SAMPLES, dtype=np.int16)
         events: list[tuple[str, str]] = []
         if self._filling and self._queue and (
@@ -184,15 +165,9 @@ class OutboundAudio(MediaStreamTrack):
             self._done.discard(self._playing)
             self._playing = None
             self._filling = True
-        # Stereo, both channels the same: aiortc's Opus encoder takes stereo as it is, but upmixes mono
-        # through FFmpeg at -3 dB.
-        frame = AudioFrame.from_ndarray(np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo")
-        frame.sample_rate = RTC_RATE
-        frame.pts = self._pts
-        frame.time_base = TIME_BASE
         for kind, response_id in events:
             await self._notify(kind, response_id)
-        return frame
+        return samples
 
     def _fill(self, samples: np.ndarray, events: list[tuple[str, str]]) -> int:
         """Move queued audio into ``samples``; returns how many were filled."""
@@ -226,19 +201,6 @@ class OutboundAudio(MediaStreamTrack):
     def _flush_upsampler(self) -> None:
         if self._feeding is not None:
             self._enqueue(*self._feeding, self._upsampler.flush())
-
-
-def _mono_s16(frame: AudioFrame) -> np.ndarray:
-    """A decoded frame as int16 mono (aiortc's Opus decoder gives s16 stereo, interleaved)."""
-    data = frame.to_ndarray()
-    channels = len(frame.layout.channels)
-    if data.dtype != np.int16:
-        raise ValueError(f"unexpected audio sample format {frame.format.name}")
-    if channels == 1:
-        return data.reshape(-1)
-    # Packed formats come as (1, samples × channels), planar ones as (channels, samples).
-    per_channel = data.reshape(-1, channels) if not frame.format.is_planar else data.T
-    return (per_channel.astype(np.int32).sum(axis=1) // channels).astype(np.int16)
 
 
 # --- one call -------------------------------------------------------------------------------------
@@ -362,32 +324,11 @@ class Call:
             await self.runner.receive(await self._inbox.get())
 
     async def _run_input(self, track: MediaStreamTrack) -> None:
-        resampler: Downsampler2x | StreamResampler | None = None
-        rate = 0
-        next_pts: int | None = None
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            # Keep reading before the session starts too: the track's queue is unbounded.
+        inbound = InboundAudio()
+        async for frame in audio_frames(track):
             if not self._started.is_set():
-                continue
-            assert isinstance(frame, AudioFrame)
-            if resampler is None or rate != frame.sample_rate:
-                rate = frame.sample_rate
-                # Opus is always 48 kHz; G.711 (8 kHz) if that is all the client offered.
-                resampler = Downsampler2x() if rate == RTC_RATE else StreamResampler(rate, SAMPLE_RATE)
-                next_pts = None
-            samples = _mono_s16(frame)
-            if frame.pts is not None:
-                # Lost packets, and senders using DTX (no packets while silent), leave holes in the
-                # RTP timeline: fill them with silence so VAD sees the pause and input times stay true.
-                if next_pts is not None and frame.pts > next_pts:
-                    gap = min(frame.pts - next_pts, MAX_GAP_S * frame.sample_rate)
-                    samples = np.concatenate([np.zeros(gap, dtype=np.int16), samples])
-                next_pts = frame.pts + frame.samples
-            pcm = resampler.process(samples)
+                continue  # the session reads its audio from session.created on
+            pcm = inbound.convert(frame)
             if len(pcm):
                 await self.runner.feed_audio(pcm.tobytes())
 
@@ -401,41 +342,6 @@ class Call:
         channel = self._channel
         if channel is not None and channel.readyState == "open":
             channel.send(text)
-
-
-class PassThroughBuffer:
-    """An audio "jitter buffer" that hands each packet to the decoder as it arrives.
-
-    Opus puts one frame in each RTP packet, so no reassembly is needed; the consumer is VAD and
-    speech recognition, not a loudspeaker, so smoothing out arrival jitter buys nothing and costs
-    latency (aiortc's buffer holds ~80 ms, and still 20 ms at prefetch 0). A packet arriving after a
-    later one is dropped (its hole becomes silence); that is rare on a LAN.
-    """
-
-    capacity = AIORTC_JITTER_CAPACITY
-
-    def __init__(self) -> None:
-        self._last: int | None = None
-
-    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
-        if self._last is not None and not 0 < uint16_add(packet.sequence_number, -self._last) < 0x8000:
-            return False, None  # late or duplicate
-        self._last = packet.sequence_number
-        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)  # type: ignore[attr-defined]
-
-
-def set_jitter_prefetch(receiver: RTCRtpReceiver, prefetch: int) -> None:
-    """Swap the receiver's audio jitter buffer: aiortc fixes it at prefetch 4 and offers no setting.
-
-    ``prefetch`` 0 passes packets through (PassThroughBuffer); n > 0 is aiortc's buffer releasing a
-    frame once n later ones have arrived (~n × 20 ms held).
-    """
-    name = "_RTCRtpReceiver__jitter_buffer"
-    if not hasattr(receiver, name):
-        log.warning("this aiortc version has no %s; webrtc.jitter_prefetch is ignored", name)
-        return
-    buffer = PassThroughBuffer() if prefetch <= 0 else JitterBuffer(AIORTC_JITTER_CAPACITY, prefetch=prefetch)
-    setattr(receiver, name, buffer)
 
 
 # --- HTTP signalling ------------------------------------------------------------------------------

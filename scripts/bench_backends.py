@@ -24,7 +24,7 @@ import openai
 
 from gateway.audio import wav_bytes
 from gateway.backends import LlmClient, SttClient, chat_messages
-from gateway.responder import Message
+from gateway.responder import Message, transcript_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,7 +72,7 @@ async def run(base_url: str, calls: int, audio_s: float) -> None:
             pass
 
     rows = [
-        (f"transcription, {audio_s:g} s of audio", "gateway.backends", lambda: stt.transcribe(pcm)),
+        (f"transcription, {audio_s:g} s of audio", "gateway.backends", lambda: transcript_of(stt, pcm)),
         ("", "openai, default transport", sdk_stt),
         (f"chat stream, {len(REPLY.split()) + 2} chunks", "gateway.backends", gateway_chat),
         ("", "openai, default transport", sdk_chat),

@@ -116,7 +116,7 @@ async def rtc_trial(gateway: Gateway, server: WebRTCServer, speech: bytes, end_m
         await asyncio.sleep(0.3)  # media flowing, as with an open microphone
         start_ms = client.mic.sent_ms + CHUNK_MS  # the next frame carries the first sample
         client.mic.say(speech)
-        speech_end = client.mic.said_at(start_ms + (end_ms // CHUNK_MS) * CHUNK_MS)
+        speech_end = client.mic.sent_at(start_ms + (end_ms // CHUNK_MS) * CHUNK_MS)
         stopped_event = (await client.until("input_audio_buffer.speech_stopped", timeout=15))[-1]
         stopped = next(t for t, e in client.timed if e is stopped_event)
         reply = None

@@ -37,13 +37,19 @@ QUESTIONS = {
     "question_sky.wav": "Why is the sky blue?",
     "question_tea.wav": "How do I make a good cup of tea?",
 }
+# A hesitation inside a sentence (semantic_vad's tests): one utterance, so the words before the pause keep
+# the sentence's running intonation.
+PAUSED_SENTENCE = 'I want to fly from Boston to <break time="700ms"/> Denver on Friday.'
 
 
-def speak(text: str) -> np.ndarray:
-    """espeak-ng → float64 mono at 24 kHz, trimmed to the audible part, at SPEECH_RMS_DBFS."""
+def speak(text: str, ssml: bool = False) -> np.ndarray:
+    """espeak-ng → float64 mono at 24 kHz, trimmed to the audible part, at SPEECH_RMS_DBFS.
+
+    ``ssml``: ``text`` is SSML (e.g. ``<break time="800ms"/>`` for a pause inside a sentence)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "speech.wav"
-        subprocess.run(["espeak-ng", "-v", "en-us", "-s", "170", "-w", str(path), text], check=True)
+        args = ["-m", f"<speak>{text}</speak>"] if ssml else [text]
+        subprocess.run(["espeak-ng", "-v", "en-us", "-s", "170", "-w", str(path), *args], check=True)
         with wave.open(str(path), "rb") as w:
             assert w.getnchannels() == 1 and w.getsampwidth() == 2
             rate = w.getframerate()
@@ -67,6 +73,28 @@ def noise(n: int, seed: int) -> np.ndarray:
 
 def silence(ms: int) -> np.ndarray:
     return np.zeros(RATE * ms // 1000)
+
+
+def gaps(x: np.ndarray, min_ms: int) -> list[list[int]]:
+    """Silent gaps of at least ``min_ms`` inside trimmed speech, [start, end] in ms (10 ms frames below 1%
+    of the peak)."""
+    hop = RATE // 100
+    loud = np.array([np.abs(x[i : i + hop]).max() for i in range(0, len(x), hop)]) > 0.01 * np.abs(x).max()
+    out, start = [], None
+    for i, is_loud in enumerate(loud):
+        if not is_loud and start is None:
+            start = i
+        elif is_loud and start is not None:
+            if (i - start) * 10 >= min_ms:
+                out.append([start * 10, i * 10])
+            start = None
+    return out
+
+
+def split_at_gaps(x: np.ndarray, segment: list[int], min_ms: int) -> list[list[int]]:
+    """A sentence's [start, end] in ms as the speech segments between its gaps of at least ``min_ms``."""
+    edges = [segment[0], *(segment[0] + t for gap in gaps(x, min_ms) for t in gap), segment[1]]
+    return [edges[i : i + 2] for i in range(0, len(edges), 2)]
 
 
 def assemble(parts: list[np.ndarray | str]) -> tuple[np.ndarray, list[list[int]]]:
@@ -105,6 +133,9 @@ def main() -> None:
     two, two_segs = assemble([silence(500), SENTENCE_2, silence(1500), SENTENCE_3, silence(800)])
     noisy_speech, noisy_segs = assemble([silence(600), SENTENCE_3, silence(800)])
     noisy_speech = noisy_speech + noise(len(noisy_speech), seed=1)
+    sentence = speak(PAUSED_SENTENCE, ssml=True)
+    paused = np.concatenate([silence(500), sentence, silence(800)])
+    paused_segs = split_at_gaps(sentence, [500, 500 + round(len(sentence) * 1000 / RATE)], 400)
     files = {
         "one_sentence.wav": (one, one_segs, f"{SENTENCE_1!r}, 0.5 s silence before, 0.8 s after"),
         "two_turns.wav": (two, two_segs, f"{SENTENCE_2!r}, 1.5 s silence, {SENTENCE_3!r}"),
@@ -113,6 +144,8 @@ def main() -> None:
             noisy_segs,
             f"{SENTENCE_3!r} over pink noise at {NOISE_RMS_DBFS:g} dBFS (speech {SPEECH_RMS_DBFS:g} dBFS)",
         ),
+        "paused_turn.wav": (paused, paused_segs, f"{PAUSED_SENTENCE!r} (espeak-ng SSML), 0.5 s silence before, 0.8 s "
+                            "after"),
         "silence.wav": (silence(1000), [], "1 s of digital silence"),
         "noise.wav": (noise(RATE * 2, seed=2), [], f"2 s of pink noise at {NOISE_RMS_DBFS:g} dBFS"),
     }

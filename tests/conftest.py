@@ -2,6 +2,11 @@
 
 The SDK does not validate what it receives, so every server event is checked here against the
 SDK's own server-event union (GA or beta) with pydantic; an invalid event fails the test.
+
+Beta transcription sessions are the one place where the SDK's types and OpenAI differ: the union
+lacks transcription_session.created (OpenAI sends it; it is checked here as .updated is), and the
+session's client_secret is typed as required, though OpenAI sends it only in the REST answer that
+mints one; its absence is the only failure tolerated.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 from openai.types.beta.realtime import RealtimeServerEvent as BetaServerEvent
+from openai.types.beta.realtime import TranscriptionSessionUpdatedEvent
 from openai.types.realtime import RealtimeServerEvent
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from gateway.config import Config, load_config
 from gateway.responder import EchoResponder, Responder
@@ -65,6 +71,7 @@ def make_config(**overrides: Any) -> Config:
     config = load_config(env={})
     config.server.port = 0
     config.webrtc.enabled = False  # tests that want it turn it on, on a free port
+    config.local.stt = False  # likewise the local whisper: "no STT" stays what it was for the echo responder
     for name, value in overrides.items():
         section, key = name.split("__")
         setattr(getattr(config, section), key, value)
@@ -94,6 +101,29 @@ async def gateway(start_gateway: StartGateway) -> Gateway:
     return await start_gateway()
 
 
+@pytest.fixture
+async def start_pipeline(start_gateway: StartGateway) -> AsyncIterator[Callable[..., Awaitable[Gateway]]]:
+    """Starts gateways whose responder is the pipeline on a fake OpenAI server, with the tone engine as fast
+    as it goes: ``await start_pipeline(fake, **config_overrides)``."""
+    from gateway.backends import LlmClient
+    from gateway.pipeline import BridgeSettings, PipelineResponder
+    from gateway.tone_tts import ToneEngine
+
+    responders: list[PipelineResponder] = []
+
+    async def start(fake: Any, **overrides: Any) -> Gateway:
+        responders.append(PipelineResponder(
+            LlmClient(fake.base_url, "llm-test", timeout_s=5),
+            ToneEngine(first_audio_ms=0), BridgeSettings(starter_chars=10, max_segment_chars=80),
+        ))
+        stt = {"stt__base_url": fake.base_url, "stt__model": "whisper-test", "stt__timeout_s": 5.0}
+        return await start_gateway(responders[-1], **stt | overrides)
+
+    yield start
+    for responder in responders:
+        await responder.aclose()
+
+
 class Client:
     """A Realtime connection of the openai SDK, with strict checks on every event received."""
 
@@ -115,8 +145,11 @@ class Client:
 
     async def recv(self, timeout: float = 10.0) -> dict[str, Any]:
         raw = await asyncio.wait_for(self.connection.recv_bytes(), timeout)
-        self.adapter.validate_json(raw)  # raises on any field the SDK's types do not allow
         event = orjson.loads(raw)
+        if event["type"].startswith("transcription_session."):
+            check_beta_transcription_session(event)
+        else:
+            self.adapter.validate_json(raw)  # raises on any field the SDK's types do not allow
         self.received.append(event)
         return event
 
@@ -141,17 +174,32 @@ class Client:
             return events
 
 
+def check_beta_transcription_session(event: dict[str, Any]) -> None:
+    """transcription_session.created/.updated against the SDK's type (see the module's docstring)."""
+    assert event["type"] in ("transcription_session.created", "transcription_session.updated"), event["type"]
+    try:
+        TranscriptionSessionUpdatedEvent.model_validate({**event, "type": "transcription_session.updated"})
+    except ValidationError as exc:
+        problems = [e for e in exc.errors() if e["loc"] != ("session", "client_secret") or e["type"] != "missing"]
+        if problems:
+            raise
+
+
 @asynccontextmanager
-async def connect(gateway: Gateway, beta: bool = False) -> AsyncIterator[Client]:
+async def connect(gateway: Gateway, beta: bool = False, transcription: bool = False) -> AsyncIterator[Client]:
+    """A connection as the SDK opens it; ``transcription``: with ?intent=transcription (no model)."""
     port = gateway.port
     openai = AsyncOpenAI(
         api_key="test-key", base_url=f"http://127.0.0.1:{port}/v1", websocket_base_url=f"ws://127.0.0.1:{port}/v1"
     )
     realtime = openai.beta.realtime if beta else openai.realtime
-    async with realtime.connect(model="gpt-realtime") as connection:
+    options: dict[str, Any] = {"model": "gpt-realtime"}
+    if transcription:  # the beta SDK needs a model, the GA one takes none with an intent
+        options = {"extra_query": {"intent": "transcription"}, **({"model": "gpt-4o-transcribe"} if beta else {})}
+    async with realtime.connect(**options) as connection:
         client = Client(connection, beta)
         created = await client.recv()
-        assert created["type"] == "session.created"
+        assert created["type"] == ("transcription_session.created" if beta and transcription else "session.created")
         yield client
 
 

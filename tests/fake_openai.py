@@ -1,8 +1,13 @@
 """A fake OpenAI-compatible STT + LLM server: real HTTP on loopback, for tests and benchmarks.
 
 It serves POST /v1/chat/completions (streamed as SSE in OpenAI's chunk format, or whole) and
-POST /v1/audio/transcriptions (multipart), with configurable latency, token rate, reply text and
-failures, and records every request and whether the client closed a stream before it finished.
+POST /v1/audio/transcriptions (multipart; with ``stt_streams``, a request with stream=true is answered
+as OpenAI's gpt-4o-transcribe does: SSE transcript.text.delta events, then transcript.text.done with
+the text and token usage; without it the flag is ignored and the text comes whole, as whisper servers
+do), with configurable latency, token rate, reply text and failures, and records every request and
+whether the client closed a stream before it finished.
+A reply may call tools (``Script``): streamed as vLLM and OpenAI stream them, each call's id and name
+first, then its arguments in pieces, one token's time each, and ``finish_reason: "tool_calls"``.
 
 In tests: ``fake = FakeOpenAI(reply="Hello."); await fake.start(); ...; await fake.stop()``
 (``fake.base_url`` is what a client's base_url should be). Standalone, for benchmarks:
@@ -62,7 +67,23 @@ class Recorded:
         return self.body.get("messages", [])
 
 
-Reply = str | Callable[[dict[str, Any]], str]
+@dataclass
+class Call:
+    """A tool call in a scripted reply."""
+
+    name: str
+    arguments: dict[str, Any] | str = field(default_factory=dict)
+
+
+@dataclass
+class Script:
+    """A reply that says ``text`` (maybe nothing), then makes ``calls`` (parallel calls: several)."""
+
+    text: str = ""
+    calls: list[Call] = field(default_factory=list)
+
+
+Reply = str | Script | Callable[[dict[str, Any]], str | Script]
 
 
 class FakeOpenAI:
@@ -80,7 +101,11 @@ class FakeOpenAI:
         stt_failure: str | None = None,
         fail_after_tokens: int = 0,
         model: str = "fake-llm",
+        usage: bool = True,
+        stt_streams: bool = False,
+        stt_tokens_per_s: float = 0.0,  # 0: as fast as possible
     ) -> None:
+        """``usage``: report token counts when asked (stream_options.include_usage); some servers never do."""
         for failure in (llm_failure, stt_failure):
             if failure is not None and failure not in FAILURES:
                 raise ValueError(f"unknown failure {failure!r}, expected one of {FAILURES}")
@@ -92,6 +117,8 @@ class FakeOpenAI:
         self.llm_failure, self.stt_failure = llm_failure, stt_failure
         self.fail_after_tokens = fail_after_tokens
         self.model = model
+        self.usage = usage
+        self.stt_streams, self.stt_tokens_per_s = stt_streams, stt_tokens_per_s
         self.requests: list[Recorded] = []
         self._runner: web.AppRunner | None = None
 
@@ -133,7 +160,13 @@ class FakeOpenAI:
         await self.stop()
 
     def _text(self, reply: Reply, body: dict[str, Any]) -> str:
-        return reply(body) if callable(reply) else reply
+        text = reply(body) if callable(reply) else reply
+        assert isinstance(text, str)
+        return text
+
+    def _script(self, body: dict[str, Any]) -> Script:
+        reply = self.reply(body) if callable(self.reply) else self.reply
+        return reply if isinstance(reply, Script) else Script(reply)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         # Latencies count from the request's arrival, as a real server's do: reading and parsing the
@@ -158,11 +191,15 @@ class FakeOpenAI:
             return _error_500()
         if failure in ("break", "hang") and self.fail_after_tokens == 0:
             await _fail(request, failure, rec)
-        tokens = tokenize(self._text(self.reply, body))
+        script = self._script(body)
+        tokens = tokenize(script.text)
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        finish_reason = "stop"
+        finish_reason = "tool_calls" if script.calls else "stop"
+        calls = [(f"call_{uuid.uuid4().hex[:24]}", c.name,
+                  c.arguments if isinstance(c.arguments, str) else orjson.dumps(c.arguments).decode())
+                 for c in script.calls]
         if limit is not None and len(tokens) > limit:
-            tokens, finish_reason = tokens[:limit], "length"
+            tokens, finish_reason, calls = tokens[:limit], "length", []
         created = int(time.time())
         completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         await _sleep_until(first_token_at)
@@ -178,7 +215,10 @@ class FakeOpenAI:
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": "".join(tokens), "refusal": None},
+                            "message": {"role": "assistant", "content": "".join(tokens) or None, "refusal": None,
+                                        "tool_calls": [{"id": i, "type": "function",
+                                                        "function": {"name": n, "arguments": a}}
+                                                       for i, n, a in calls] or None},
                             "logprobs": None,
                             "finish_reason": finish_reason,
                         }
@@ -196,7 +236,7 @@ class FakeOpenAI:
                 "system_fingerprint": None,
                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
             }
-            return b"data: " + orjson.dumps(data) + b"\n\n"
+            return _sse(data)
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
@@ -211,8 +251,16 @@ class FakeOpenAI:
                 await asyncio.sleep(interval)
             await response.write(chunk({"content": token}))
             rec.tokens_sent += 1
+        for index, (call_id, name, arguments) in enumerate(calls):
+            start = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+            await response.write(chunk({"tool_calls": [start]}))
+            for piece in _pieces(arguments):
+                if interval:
+                    await asyncio.sleep(interval)
+                await response.write(chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
+                rec.tokens_sent += 1
         await response.write(chunk({}, finish_reason))
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if self.usage and (body.get("stream_options") or {}).get("include_usage"):
             usage = {
                 "id": completion_id,
                 "object": "chat.completion.chunk",
@@ -221,7 +269,7 @@ class FakeOpenAI:
                 "choices": [],
                 "usage": _usage(body, len(tokens)),
             }
-            await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")
+            await response.write(_sse(usage))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         rec.finished = True
@@ -251,10 +299,13 @@ class FakeOpenAI:
         try:
             if self.stt_failure == "500":
                 return _error_500()
-            if self.stt_failure in ("break", "hang"):
+            streamed = self.stt_streams and fields.get("stream") == "true"
+            if self.stt_failure in ("break", "hang") and not (streamed and self.fail_after_tokens):
                 await _fail(request, self.stt_failure, rec)
             await _sleep_until(done_at)
             text = self._text(self.transcript, fields)
+            if streamed:
+                return await self._stream_transcript(request, text, rec)
             rec.finished = True
             if fields.get("response_format") == "text":
                 return web.Response(text=text)
@@ -266,8 +317,39 @@ class FakeOpenAI:
             rec.done.set()
 
 
+    async def _stream_transcript(self, request: web.Request, text: str, rec: Recorded) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        tokens = tokenize(text)
+        interval = 1 / self.stt_tokens_per_s if self.stt_tokens_per_s > 0 else 0.0
+        for n, token in enumerate(tokens):
+            if self.stt_failure in ("break", "hang") and n == self.fail_after_tokens:
+                await _fail(request, self.stt_failure, rec)
+            if n and interval:
+                await asyncio.sleep(interval)
+            await response.write(_sse({"type": "transcript.text.delta", "delta": token, "logprobs": None}))
+            rec.tokens_sent += 1
+        audio_tokens = len(rec.body["file"]["pcm"]) // 4800  # about 10 per second, as gpt-4o-transcribe counts
+        usage = {"type": "tokens", "input_tokens": audio_tokens, "output_tokens": len(tokens),
+                 "total_tokens": audio_tokens + len(tokens),
+                 "input_token_details": {"text_tokens": 0, "audio_tokens": audio_tokens}}
+        await response.write(_sse({"type": "transcript.text.done", "text": text, "logprobs": None, "usage": usage}))
+        await response.write_eof()
+        rec.finished = True
+        return response
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
 async def _sleep_until(when: float) -> None:
     await asyncio.sleep(max(0.0, when - asyncio.get_running_loop().time()))
+
+
+def _pieces(arguments: str, size: int = 8) -> list[str]:
+    """A call's arguments in the pieces a server streams them in."""
+    return [arguments[i : i + size] for i in range(0, len(arguments), size)]
 
 
 def _usage(body: dict[str, Any], completion_tokens: int) -> dict[str, int]:
@@ -309,6 +391,7 @@ async def _serve(args: argparse.Namespace) -> None:
         llm_failure=args.llm_failure,
         stt_failure=args.stt_failure,
         fail_after_tokens=args.fail_after_tokens,
+        stt_streams=args.stt_streams,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -332,6 +415,7 @@ def main() -> None:
     parser.add_argument("--tokens-per-s", type=float, default=0.0, help="token rate, 0 = unlimited")
     parser.add_argument("--llm-failure", choices=FAILURES)
     parser.add_argument("--stt-failure", choices=[f for f in FAILURES if f != "garbage"])
+    parser.add_argument("--stt-streams", action="store_true", help="stream transcriptions asked with stream=true")
     parser.add_argument("--fail-after-tokens", type=int, default=0)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(parser.parse_args()))

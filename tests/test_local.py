@@ -29,7 +29,7 @@ import pytest
 from gateway.config import ConfigError, LocalConfig
 from gateway.local_llm import SentenceCut
 from gateway.pipeline import LOCAL_LLM, LOCAL_STT, LOCAL_TTS, build_responder, build_transcriber, installed
-from gateway.responder import BackendError, Responder
+from gateway.responder import BackendError, LlmUsage, Responder, transcript_of
 from tests.conftest import StartGateway, audio_of, connect, load_pcm, make_config, silence, types
 
 pytestmark = pytest.mark.skipif(
@@ -98,7 +98,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 @pytest.fixture(scope="module")
 def local_config() -> Any:
-    return make_config(responder__kind="local")
+    return make_config(responder__kind="local", local__stt=True)
 
 
 @pytest.fixture
@@ -106,10 +106,10 @@ def local_responder(local_config: Any) -> Responder:
     return build_responder(local_config)  # the models are the process's: loaded by the first test only
 
 
-async def transcribe(pcm: bytes) -> str:
-    stt = build_transcriber(make_config())
+async def transcribe(pcm: bytes, language: str | None = None) -> str:
+    stt = build_transcriber(make_config(local__stt=True))
     assert stt is not None
-    return await stt.transcribe(pcm)
+    return await transcript_of(stt, pcm, language)
 
 
 async def done_of(client: Any, response_id: str, timeout: float = 60) -> list[dict[str, Any]]:
@@ -124,6 +124,11 @@ async def short_answers(client: Any) -> None:
     """Answers of a few words: what they say does not matter to the test, its time does."""
     await client.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 16}})
     await client.until("session.updated")
+
+
+def said(steps: Any) -> str:
+    """The text of a generation's steps (the last is its token counts)."""
+    return "".join(step for step in steps if isinstance(step, str))
 
 
 def served_gateway(served: Served) -> Any:
@@ -164,7 +169,7 @@ async def test_a_spoken_question_gets_a_spoken_answer_and_a_barge_in_cancels_the
 
 
 async def test_two_sessions_at_once_both_get_answers(start_gateway: StartGateway, local_responder: Responder):
-    gateway = await start_gateway(local_responder)
+    gateway = await start_gateway(local_responder, local__stt=True)
     async with connect(gateway) as a, connect(gateway) as b:
         await asyncio.gather(*(short_answers(client) for client in (a, b)))
         await asyncio.gather(a.append(load_pcm("question_spider.wav"), chunk_ms=100),
@@ -184,7 +189,7 @@ async def test_a_turn_cancelled_while_queued_behind_another_sessions_leaves_the_
     """b's turn waits behind a's long prompt (one forward step of a few hundred tokens); b cancels it: the
     response ends at once, its work leaves the LLM's queue, a's answer goes on, and b's next turn works."""
     worker = local_responder.llm._model.worker  # type: ignore[attr-defined]
-    gateway = await start_gateway(local_responder)
+    gateway = await start_gateway(local_responder, local__stt=True)
     long_question = "Here is a long story about a cat. " * 40 + "What is the story about?"
     async with connect(gateway) as a, connect(gateway) as b:
         b_session = b.received[0]["session"]["id"]
@@ -211,7 +216,7 @@ async def test_a_turn_cancelled_while_queued_behind_another_sessions_leaves_the_
 
 
 async def test_echo_transcribes_with_the_local_stt_for_sessions_that_ask(start_gateway: StartGateway):
-    gateway = await start_gateway()  # the echo responder; no [stt] base_url: the local STT
+    gateway = await start_gateway(local__stt=True)  # the echo responder; no [stt] base_url: the local STT
     async with connect(gateway) as asking, connect(gateway) as silent:
         await asking.send({"type": "session.update", "session": {
             "type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}}})
@@ -238,7 +243,7 @@ def test_auto_picks_the_local_models_when_no_llm_is_configured(local_config: Any
     from gateway.local_stt import LocalStt
     from gateway.piper_tts import PiperEngine
 
-    config = make_config()
+    config = make_config(local__stt=True)
     built = build_responder(config)
     assert isinstance(built.llm, LocalLlm) and isinstance(built.tts_engine, PiperEngine)  # type: ignore[attr-defined]
     assert build_responder(config).llm._model is built.llm._model  # type: ignore[attr-defined] - one copy
@@ -255,14 +260,12 @@ def test_auto_picks_the_local_models_when_no_llm_is_configured(local_config: Any
 
 
 async def test_local_stt_long_turns_and_languages():
-    stt = build_transcriber(make_config())
-    assert stt is not None
     # Longer than whisper's 30 s window: transcribed window by window.
     long = (load_pcm("question_spider.wav") + silence(2000)) * 6
-    assert words(await stt.transcribe(long)) >= {"spider", "have"}
+    assert words(await transcribe(long)) >= {"spider", "have"}
     with pytest.raises(BackendError, match="English only"):
-        await stt.transcribe(load_pcm("question_spider.wav"), language="de")
-    assert {"spider"} <= words(await stt.transcribe(load_pcm("question_spider.wav"), language="en"))
+        await transcribe(load_pcm("question_spider.wav"), language="de")
+    assert {"spider"} <= words(await transcribe(load_pcm("question_spider.wav"), language="en"))
 
 
 def test_the_prompt_keeps_the_system_prompt_and_drops_the_oldest_turns_past_its_budget(local_config: Any):
@@ -287,12 +290,15 @@ def test_a_sessions_next_turn_reuses_its_kv_cache_and_says_the_same(local_config
     llm = LocalLlm(local_config.local, "default")
     system = {"role": "system", "content": local_config.local.system_prompt}
     first = [system, {"role": "user", "content": "How many legs does a spider have?"}]
-    reply = "".join(llm._generate("session-1", first, 24, 0.0))
+    reply = said(llm._generate("session-1", first, 24, 0.0))
     kept = llm._model.kept["session-1"]
     second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "And a bird?"}]
     prompt, _ = llm._prompt(second, 0)
     shared = len(llm._prompt(first, 0)[0])
     assert kept.ids[:shared] == prompt[:shared]  # the first turn's prompt is not fed again
     # Greedy, the reply is the same from the kept cache as from a fresh one.
-    assert "".join(llm._generate("session-1", second, 24, 0.0)) == "".join(llm._generate(None, second, 24, 0.0))
+    steps = list(llm._generate("session-1", second, 24, 0.0))
+    assert said(steps) == said(llm._generate(None, second, 24, 0.0))
+    usage = steps[-1]
+    assert isinstance(usage, LlmUsage) and usage.input_tokens == len(prompt) and usage.cached_tokens >= shared
     assert len(llm._model.kept["session-1"].ids) > len(prompt)

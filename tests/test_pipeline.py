@@ -26,6 +26,7 @@ from gateway.responder import (
     SpeechText,
     TextOut,
     TraceMark,
+    transcript_of,
 )
 from gateway.tone_tts import ToneEngine, ToneStream, tone_pcm
 from gateway.tts import TTSError
@@ -136,7 +137,7 @@ def respond(responder: Transcribing, req: ResponseRequest) -> AsyncIterator[Resp
     if responder.stt is not None and responder.reads_transcripts:
         for m in req.messages:
             if m.role == "user" and m.audio and not m.text and m.item_id not in req.transcripts:
-                req.transcripts[m.item_id] = asyncio.ensure_future(responder.stt.transcribe(m.audio))
+                req.transcripts[m.item_id] = asyncio.ensure_future(transcript_of(responder.stt, m.audio))
     return responder.respond(req)
 
 

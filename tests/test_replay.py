@@ -110,7 +110,9 @@ async def test_barge_in_truncates_what_was_heard(start_gateway, tmp_path: Path) 
 async def test_client_streams_a_wav_and_saves_the_reply(start_gateway, tmp_path: Path, capsys) -> None:
     gateway = await start_gateway()
     out = tmp_path / "reply.wav"
-    args = argparse.Namespace(url=url_of(gateway), wav=str(ONE_SENTENCE), out=str(out), beta=True)
+    parser = argparse.ArgumentParser()
+    client.add_arguments(parser)
+    args = parser.parse_args(["--url", url_of(gateway), "--wav", str(ONE_SENTENCE), "--out", str(out), "--beta"])
     assert await client.session(args) == 0
     printed = capsys.readouterr().out
     assert "response.audio.delta" in printed and "B" in printed  # beta names, sizes instead of base64

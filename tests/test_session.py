@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
+from gateway.effects import ClearPlayout, Play, RunVad, StartResponse, StopResponse
 from gateway.responder import AudioOut, BackendError, EchoResponder, SpeechText
 from gateway.runner import SessionRunner
-from gateway.session import ClearPlayout, Phase, Play, RunVad, Session, StartResponse, StopResponse
+from gateway.session import Phase, Session
 from gateway.vad import SileroModel, SileroVAD, VadBatcher
 from tests.conftest import load_pcm, make_config, silence
 
@@ -181,6 +182,8 @@ def test_settings_a_client_sends_come_back_in_session_updated():
     session = Session(make_config())
     sent = {
         "type": "realtime",
+        "tools": [{"type": "function", "name": "lookup", "description": "Look a word up.",
+                   "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}],
         "tool_choice": {"type": "function", "name": "lookup"},
         "tracing": {"workflow_name": "support"},
         "truncation": {"type": "retention_ratio", "retention_ratio": 0.5},
@@ -189,7 +192,7 @@ def test_settings_a_client_sends_come_back_in_session_updated():
         "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}},
     }
     got = events_of(send(session, type="session.update", session=sent))[0]["session"]
-    for key in ("tool_choice", "tracing", "truncation", "prompt", "include"):
+    for key in ("tools", "tool_choice", "tracing", "truncation", "prompt", "include"):
         assert got[key] == sent[key]
     assert got["audio"]["input"]["turn_detection"] == {
         "type": "semantic_vad", "eagerness": "high", "create_response": True, "interrupt_response": True}

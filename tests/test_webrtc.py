@@ -8,7 +8,6 @@ openai package's own types.
 from __future__ import annotations
 
 import asyncio
-import fractions
 import shutil
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,79 +20,27 @@ pytest.importorskip("aiortc")
 
 import aiohttp  # noqa: E402
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  # noqa: E402
-from aiortc.mediastreams import MediaStreamError, MediaStreamTrack  # noqa: E402
+from aiortc.mediastreams import MediaStreamTrack  # noqa: E402
 from aiortc.rtp import RtpPacket  # noqa: E402
 from av import AudioFrame  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
 from gateway.audio import (  # noqa: E402
     Downsampler2x,
-    StreamResampler,  # noqa: E402
     Upsampler2x,
 )
 from gateway.responder import EchoResponder  # noqa: E402
-from gateway.server import Gateway  # noqa: E402
-from gateway.webrtc import (  # noqa: E402
+from gateway.rtc_media import (  # noqa: E402
     AIORTC_JITTER_PREFETCH,
-    OutboundAudio,
+    Microphone,
     PassThroughBuffer,
-    WebRTCServer,
-    _mono_s16,
+    audio_frames,
+    mono_s16,
     set_jitter_prefetch,
 )
+from gateway.server import Gateway  # noqa: E402
+from gateway.webrtc import OutboundAudio, WebRTCServer  # noqa: E402
 from tests.conftest import BETA_EVENTS, FIXTURES, GA_EVENTS, StartGateway, load_pcm  # noqa: E402
-
-RATE = 48_000
-FRAME = 960  # 20 ms
-
-
-class Microphone(MediaStreamTrack):
-    """Speaks queued pcm16 24 kHz audio in real-time 20 ms frames at 48 kHz, silence in between.
-
-    ``sent_ms`` is the amount of audio sent so far; ``said_at`` maps audio time to the loop time it
-    went out, for latency measurements.
-    """
-
-    kind = "audio"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._pending = np.zeros(0, dtype=np.int16)
-        self._resampler = StreamResampler(24_000, RATE)
-        self._start: float | None = None
-        self._pts = 0
-
-    def say(self, pcm24k: bytes) -> None:
-        out = self._resampler.process(np.frombuffer(pcm24k, dtype="<i2"))
-        self._pending = np.concatenate([self._pending, out, self._resampler.flush()])
-
-    @property
-    def sent_ms(self) -> float:
-        return self._pts * 1000 / RATE
-
-    def said_at(self, audio_ms: float) -> float:
-        """The loop time at which audio time ``audio_ms`` of this track went out."""
-        assert self._start is not None
-        return self._start + audio_ms / 1000
-
-    async def recv(self) -> AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        loop = asyncio.get_running_loop()
-        if self._start is None:
-            self._start = loop.time()
-        else:
-            self._pts += FRAME
-            await asyncio.sleep(self._start + self._pts / RATE - loop.time())
-        samples = np.zeros(FRAME, dtype=np.int16)
-        n = min(FRAME, len(self._pending))
-        samples[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
-        frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE
-        frame.pts = self._pts
-        frame.time_base = fractions.Fraction(1, RATE)
-        return frame
 
 
 class RtcClient:
@@ -172,6 +119,8 @@ class RtcClient:
         except ValueError:
             self.invalid.append(str(message))
         event = orjson.loads(message)
+        if event["type"] == "session.created":
+            self.mic.start()  # the gateway reads the call's audio from now on
         self.received.append(event)
         self.timed.append((asyncio.get_running_loop().time(), event))
         self.events.put_nowait(event)
@@ -185,14 +134,8 @@ class RtcClient:
 
     async def _listen(self, track: MediaStreamTrack) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            assert isinstance(frame, AudioFrame)
-            stereo = frame.to_ndarray().reshape(-1, len(frame.layout.channels))
-            self.speaker.append((loop.time(), stereo[:, 0].copy()))
+        async for frame in audio_frames(track):
+            self.speaker.append((loop.time(), mono_s16(frame)))
 
 
 def rms(samples: np.ndarray) -> float:
@@ -344,7 +287,7 @@ async def test_signalling_errors_and_cors(rtc):
         await offer.setLocalDescription(await offer.createOffer())
         form = aiohttp.FormData()
         form.add_field("sdp", offer.localDescription.sdp)
-        form.add_field("session", '{"type": "transcription"}')
+        form.add_field("session", '{"type": "translation"}')
         async with http.post(base + "/v1/realtime/calls", data=form) as response:
             assert response.status == 400
             assert (await response.json())["error"]["code"] == "invalid_session"
@@ -564,7 +507,7 @@ def test_pass_through_buffer_drops_late_and_duplicate_packets():
 
 def test_stereo_frames_are_mixed_to_mono():
     frame = AudioFrame.from_ndarray(np.array([[100, 300, -100, -301]], dtype=np.int16), format="s16", layout="stereo")
-    assert _mono_s16(frame).tolist() == [200, -201]
+    assert mono_s16(frame).tolist() == [200, -201]
 
 
 async def test_a_busy_signalling_port_is_named(start_gateway: StartGateway):
