@@ -131,6 +131,7 @@ class LocalConfig:
     max_output_tokens: int = 60
     context_tokens: int = 512
     cached_sessions: int = 8
+    starter_chars: int = 12
     system_prompt: str = (
         "You are a friendly voice assistant. Answer in one or two short, simple sentences, "
         "without lists or special characters."

@@ -254,7 +254,9 @@ class LocalLlm:
         try:
             for _ in range(max_tokens):
                 with torch.inference_mode():
-                    logits = self._model.model(torch.tensor([step]), past_key_values=cache).logits[0, -1]
+                    # logits_to_keep: the next token's only; a prefill's other rows would cost 28 M MACs each.
+                    out = self._model.model(torch.tensor([step]), past_key_values=cache, logits_to_keep=1)
+                logits = out.logits[0, -1]
                 fed += step
                 token = _sample(logits, temperature)
                 if token in self._model.stop_ids:

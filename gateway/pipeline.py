@@ -257,7 +257,7 @@ def installed(modules: tuple[str, ...]) -> bool:
 def _local(config: Config) -> LocalConfig:
     """[local], its numbers checked."""
     local = config.local
-    for name in ("max_output_tokens", "context_tokens", "stt_threads", "llm_threads", "tts_threads"):
+    for name in ("max_output_tokens", "context_tokens", "starter_chars", "stt_threads", "llm_threads", "tts_threads"):
         if getattr(local, name) < 1:
             raise ConfigError(f"option local.{name}: must be at least 1, got {getattr(local, name)}")
     if local.cached_sessions < 0:
@@ -324,10 +324,11 @@ def build_responder(config: Config) -> Responder:
 
         # The session's default temperature is the [llm] one: the local model starts from it too.
         llm = LocalLlm(_local(config), config.session.instructions, config.llm.temperature)
+    starter = config.tts.starter_chars if kind == "pipeline" else config.local.starter_chars
     return PipelineResponder(
         llm,
         build_tts_engine(config),
-        BridgeSettings(config.tts.starter_chars, config.tts.max_segment_chars),
+        BridgeSettings(starter, config.tts.max_segment_chars),
         audio_in=config.stt.audio_in,
         language=None if config.tts.language == "auto" else config.tts.language,
     )

@@ -246,6 +246,7 @@ def test_auto_picks_the_local_models_when_no_llm_is_configured(local_config: Any
     config = make_config(local__stt=True)
     built = build_responder(config)
     assert isinstance(built.llm, LocalLlm) and isinstance(built.tts_engine, PiperEngine)  # type: ignore[attr-defined]
+    assert built.bridge.starter_chars == config.local.starter_chars  # type: ignore[attr-defined]
     assert build_responder(config).llm._model is built.llm._model  # type: ignore[attr-defined] - one copy
     assert isinstance(build_transcriber(config), LocalStt)
     config.local.stt = False
