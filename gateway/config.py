@@ -131,6 +131,23 @@ class TtsConfig:
 
 
 @dataclass
+class LocalConfig:
+    stt: bool = True
+    cache_dir: str = ""
+    max_output_tokens: int = 60
+    context_tokens: int = 512
+    cached_sessions: int = 8
+    starter_chars: int = 12
+    system_prompt: str = (
+        "You are a friendly voice assistant. Answer in one or two short, simple sentences, "
+        "without lists or special characters."
+    )
+    stt_threads: int = 2
+    llm_threads: int = 1
+    tts_threads: int = 1
+
+
+@dataclass
 class EngineConfig:
     checkpoint: str = ""
     device: str = "auto"
@@ -191,6 +208,7 @@ class Config:
     llm: LlmConfig = field(default_factory=LlmConfig)
     mcp: McpConfig = field(default_factory=McpConfig)
     tts: TtsConfig = field(default_factory=TtsConfig)
+    local: LocalConfig = field(default_factory=LocalConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)

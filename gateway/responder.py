@@ -133,9 +133,30 @@ async def transcript_of(transcriber: Transcriber, pcm16_24k: bytes, language: st
     return "".join([piece async for piece in transcriber.transcribe(pcm16_24k, language, prompt)]).strip()
 
 
+class ChatModel(Protocol):
+    """A streamed chat LLM: a remote one (gateway.backends.LlmClient) or in process (gateway.local_llm)."""
+
+    def stream_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_output_tokens: int | None = None,
+        temperature: float | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage]:
+        """The reply: text deltas, tool calls, and last the token counts; closing the iterator stops it."""
+
+    async def check(self) -> str | None:
+        """What is wrong with the backend, or None (checked at start-up)."""
+
+    async def aclose(self) -> None: ...
+
+
 class Responder(Protocol):
-    # Transcribes each committed user audio item (None: the responder reads no transcripts).
-    transcriber: Transcriber | None
+    # Whether respond() reads the transcripts of user audio (ResponseRequest.transcripts): the runner
+    # then transcribes every committed user audio item, not only for sessions that ask for it.
+    reads_transcripts: bool
     # The voices it speaks with, lower case (None: any name will do).
     voices: frozenset[str] | None
 
@@ -148,7 +169,7 @@ class EchoResponder:
     pace 1.0 sends audio at real time, 2.0 at twice real time, 0 as fast as possible.
     """
 
-    transcriber = None
+    reads_transcripts = False
     voices = None
 
     def __init__(self, pace: float = 1.0, chunk_ms: int = 40) -> None:

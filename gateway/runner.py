@@ -7,6 +7,7 @@ server messages, so the WebSocket server and the WebRTC data channel share it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from contextlib import aclosing
@@ -29,7 +30,8 @@ from gateway.effects import (
     Transcribe,
 )
 from gateway.mcp_client import McpClient, McpFailure
-from gateway.responder import BackendError, Responder, ResponseRequest
+from gateway.model_worker import current_session
+from gateway.responder import BackendError, Responder, ResponseRequest, Transcriber
 from gateway.session import Session
 from gateway.smart_turn import SmartTurnBatcher
 from gateway.trace import TurnTrace
@@ -66,12 +68,14 @@ class SessionRunner:
         vad_batcher: VadBatcher | None = None,
         trace: TurnTrace | None = None,
         playout: Playout | None = None,
+        transcriber: Transcriber | None = None,
         smart_turn: SmartTurnBatcher | None = None,
     ) -> None:
         """``smart_turn``: the Smart Turn model for semantic_vad; without it every check is answered "no
         verdict", so a semantic_vad turn ends after its eagerness's longest wait."""
         self.session = session
         self.responder = responder
+        self.transcriber = transcriber
         self.vad = vad
         self._send = send
         self._vad_batcher = vad_batcher
@@ -90,8 +94,11 @@ class SessionRunner:
         self._smart_turn = smart_turn
         self._checks: set[asyncio.Task[None]] = set()  # Smart Turn calls under way
         self._closed = False
-        # Today the responder's transcriber is the only one, and a responder with one reads transcripts.
-        session.transcription.available = session.transcription.always = responder.transcriber is not None
+        # The context of this session's tasks: shared local models queue their work by session.
+        self._context = contextvars.copy_context()
+        self._context.run(current_session.set, session.settings.id)
+        session.transcription.available = transcriber is not None
+        session.transcription.always = responder.reads_transcripts
         session.voices = responder.voices
 
     async def start(self) -> None:
@@ -148,7 +155,7 @@ class SessionRunner:
                 request = effect.request
                 request.transcripts = {m.item_id: self._transcripts[m.item_id] for m in request.messages
                                        if m.role == "user" and not m.text and m.item_id in self._transcripts}
-                self._task = asyncio.create_task(self._respond(request))
+                self._task = asyncio.create_task(self._respond(request), context=self._context)
             elif isinstance(effect, StopResponse):
                 self.trace.cancelled(effect.response_id)
                 # A response that failed stops itself: its own task is the one sending its last events.
@@ -162,7 +169,7 @@ class SessionRunner:
             elif isinstance(effect, CallMcp):
                 self._start_mcp(self._call_mcp(effect), effect.response_id)
             elif isinstance(effect, Transcribe):
-                task = asyncio.create_task(self._transcribe(effect))
+                task = asyncio.create_task(self._transcribe(effect), context=self._context)
                 # A failure is reported to the client at once; a response may await it or not.
                 task.add_done_callback(lambda t: t.cancelled() or t.exception())
                 self._transcripts[effect.item_id] = task
@@ -231,9 +238,9 @@ class SessionRunner:
 
     async def _transcribe(self, effect: Transcribe) -> str:
         """Streams the item's transcript to the client as it comes; returns it whole (responses await it)."""
-        assert self.responder.transcriber is not None
+        assert self.transcriber is not None
         text = ""
-        pieces = self.responder.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
+        pieces = self.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
         try:
             async with aclosing(pieces):
                 async for piece in pieces:

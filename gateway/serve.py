@@ -124,17 +124,26 @@ class GatewayServer:
         check_exposure(self.config, self.gateway, self.insecure_no_auth)
         tls = check_tls(self.config)
         self._socket = listen(server.host, server.port)
-        # Loaded here, not in the app's lifespan (which then finds it started): a failure is an error
-        # naming its cause, not a traceback from inside uvicorn.
-        await self.gateway.start()
+        # The models load while the server already answers (/healthz "starting", sessions 503), not in the
+        # app's lifespan, which then finds the gateway started: a failure is an error naming its cause, not
+        # a traceback from inside uvicorn.
+        loading = asyncio.create_task(self.gateway.start())
+        await asyncio.sleep(0)  # the gateway is marked started before uvicorn runs the lifespan
         self._server = _Server(uvicorn_config(self.app, self.config))
         self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
         while not self._server.started and not self._task.done():
             await asyncio.sleep(0.01)
         if self._task.done():
+            loading.cancel()
             with contextlib.suppress(SystemExit):  # uvicorn exits when its startup fails
                 self._task.result()
             raise ConfigError("the HTTP server did not start (see the log above)")
+        log.info("loading models; /healthz says starting until they are ready")
+        try:
+            await loading
+        except BaseException:
+            await self.stop()
+            raise
         scheme = "https" if tls else "http"
         log.info("gateway %s on %s://%s:%d (WebSocket %s://%s:%d/v1/realtime; responder: %s; auth: %s)",
                  __version__, scheme, server.host, self.port, "wss" if tls else "ws", server.host, self.port,

@@ -10,7 +10,7 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import IO, TYPE_CHECKING, Any
@@ -22,7 +22,7 @@ from gateway import mcp_client
 from gateway.auth import Auth, ClientSecret
 from gateway.config import Config, ConfigError
 from gateway.protocol import Dialect
-from gateway.responder import Responder
+from gateway.responder import Responder, Transcriber
 from gateway.runner import Playout, Send, SessionRunner
 from gateway.session import Session
 from gateway.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError, eagerness_levels
@@ -44,8 +44,10 @@ class SessionRefused(Exception):
 
 class Gateway:
     def __init__(self, config: Config, responder: Responder | None = None, auth: Auth | None = None) -> None:
+        """``responder``: None builds the configured one; the transcriber is always the configured one."""
         self.config = config
         self.responder = responder
+        self.transcriber: Transcriber | None = None
         self.auth = auth if auth is not None else Auth.from_env(os.environ)
         self.sessions: set[SessionRunner] = set()
         self.ready = False
@@ -64,20 +66,24 @@ class Gateway:
         self._started = False
 
     async def start(self) -> None:
-        """Load the models and open what the sessions share; a second call does nothing."""
+        """Load the models and open what the sessions share, in worker threads (the local models' first
+        start takes ~30 s; /healthz says "starting" meanwhile); a second call does nothing."""
         if self._started:
             return
         self._started = True
-        loop = asyncio.get_running_loop()
-        if self.responder is None:
-            from gateway.pipeline import build_responder  # noqa: PLC0415 - pulls in the model stack
+        from gateway.pipeline import build_responder, build_transcriber  # noqa: PLC0415 - the model stack
 
-            self.responder = await loop.run_in_executor(None, build_responder, self.config)
-        self._vad_model = await loop.run_in_executor(None, SileroModel)
+        eagerness_levels(self.config.semantic_vad)  # a bad [semantic_vad] option fails here, not in a session
+        loop = asyncio.get_running_loop()
+        loads = [loop.run_in_executor(None, build_transcriber, self.config), loop.run_in_executor(None, SileroModel)]
+        if self.responder is None:
+            loads.append(loop.run_in_executor(None, build_responder, self.config))
+        self.transcriber, self._vad_model, *built = await asyncio.gather(*loads)
+        if built:
+            self.responder = built[0]
         if self.config.mcp.enabled:
             await loop.run_in_executor(None, mcp_client.preload)
         semantic = self.config.semantic_vad
-        eagerness_levels(semantic)  # a bad [semantic_vad] option fails here, not in a session
         try:
             model = await loop.run_in_executor(None, SmartTurnModel, semantic.model_path or None,
                                                semantic.model_sha256 or None)
@@ -97,14 +103,16 @@ class Gateway:
         # keep it out of the collector, so full collections stay short and the loop keeps its pace.
         gc.freeze()
         self.ready = True
-        check = getattr(self.responder, "check", None)
-        if check is not None:
-            self._backend_check = asyncio.create_task(self._warn_of_backends(check))
+        self._backend_check = asyncio.create_task(self._warn_of_backends())
 
-    @staticmethod
-    async def _warn_of_backends(check: Callable[[], Awaitable[list[str]]]) -> None:
+    async def _warn_of_backends(self) -> None:
         """Name a backend that is down now, not at the first user's turn (which it would fail)."""
-        for problem in await check():
+        problems = []
+        if check := getattr(self.responder, "check", None):
+            problems += await check()
+        if (check := getattr(self.transcriber, "check", None)) and (problem := await check()):
+            problems.append(problem)
+        for problem in problems:
             log.warning("%s; turns will fail until it answers", problem)
 
     async def stop(self) -> None:
@@ -117,9 +125,10 @@ class Gateway:
             await self.webrtc.stop()
         self._vad_executor.shutdown(wait=False, cancel_futures=True)
         self._smart_turn_executor.shutdown(wait=False, cancel_futures=True)
-        close = getattr(self.responder, "aclose", None)
-        if close is not None:
-            await close()  # the backends' HTTP connection pools
+        for part in (self.responder, self.transcriber):
+            close = getattr(part, "aclose", None)
+            if close is not None:
+                await close()  # the backends' HTTP connection pools
         gc.unfreeze()  # what start-up kept out of the collector may go now
         if self._trace_sink is not None:
             self._trace_sink.close()
@@ -171,6 +180,7 @@ class Gateway:
             vad_batcher=self._vad_batcher,
             trace=TurnTrace(session.settings.id, self._trace_sink),
             playout=playout,
+            transcriber=self.transcriber,
             smart_turn=self._smart_turn,
         )
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections import deque
 from collections.abc import AsyncIterator
 
 import numpy as np
 
 from gateway.responder import SAMPLE_RATE
-from gateway.tts import TTSChunk, TTSError
+from gateway.tts import SegmentStream, TTSChunk
 
 
 def tone_pcm(text: str, char_ms: int = 60) -> bytes:
@@ -39,34 +38,10 @@ def _char_pcm(ch: str, char_ms: int) -> bytes:
     return (0.3 * np.sin(2 * np.pi * freq * t) * ramp * 32767).astype("<i2").tobytes()
 
 
-class ToneStream:
+class ToneStream(SegmentStream):
     def __init__(self, engine: ToneEngine) -> None:
+        super().__init__()
         self._engine = engine
-        self._segments: deque[str] = deque()
-        self._ended = False
-        self._input = asyncio.Event()  # set on feed, end and cancel
-        self._cancel = asyncio.Event()
-
-    def feed(self, text: str) -> None:
-        if self._ended:
-            raise TTSError("feed after end")
-        if not text.strip():
-            raise TTSError("empty text")
-        self._segments.append(text)
-        self._input.set()
-
-    def end(self) -> None:
-        self._ended = True
-        self._input.set()
-
-    def cancel(self) -> None:
-        self._cancel.set()
-        self._segments.clear()
-        self._input.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, or return at once when the stream is cancelled."""
@@ -77,14 +52,7 @@ class ToneStream:
     async def __aiter__(self) -> AsyncIterator[TTSChunk]:
         engine = self._engine
         chunk_bytes = SAMPLE_RATE * 2 * engine.chunk_ms // 1000
-        while not self.cancelled:
-            if not self._segments:
-                if self._ended:
-                    return
-                self._input.clear()
-                await self._input.wait()
-                continue
-            text = self._segments.popleft()
+        while (text := await self.next_segment()) is not None:
             await self._pause(engine.first_audio_ms / 1000)
             pcm = tone_pcm(text, engine.char_ms)
             for offset in range(0, len(pcm), chunk_bytes):

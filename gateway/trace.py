@@ -15,7 +15,8 @@ from typing import IO, Any
 from prometheus_client import Counter, Gauge, Histogram
 
 STAGES = (
-    "committed", "stt_done", "llm_first_token", "tts_first_audio", "first_delta", "response_done",
+    "committed", "stt_done", "llm_first_token", "llm_first_segment", "tts_first_audio", "first_delta",
+    "response_done",
 )
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.35, 0.5, 0.75, 1, 2.5, 5, 10)
 

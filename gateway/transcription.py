@@ -72,7 +72,7 @@ class InputTranscription:
         if stt.audio_in:
             why = "[stt] audio_in = true sends user audio to the LLM instead"
         elif not stt.base_url:
-            why = "[stt] base_url is empty"
+            why = "[stt] base_url is empty, and the local STT is off or not installed"
         else:
             why = "the responder in use transcribes nothing"
         return f"No speech-to-text backend is available to transcribe input audio ({why})."

@@ -140,12 +140,11 @@ async def serve(args: argparse.Namespace) -> None:
             engine.checkpoint, engine.mode, engine.devices = args.checkpoint, args.engine_mode, args.engine_devices
             engine.max_streams, engine.max_frames = args.max_streams, args.engine_max_frames
         else:
-            from gateway.backends import LlmClient, SttClient
+            from gateway.backends import LlmClient
             from gateway.pipeline import BridgeSettings, PipelineResponder
             from gateway.tone_tts import ToneEngine
 
             responder = PipelineResponder(
-                SttClient.from_config(config.stt),
                 LlmClient.from_config(config.llm),
                 ToneEngine(first_audio_ms=25, realtime=True),
                 BridgeSettings(config.tts.starter_chars, config.tts.max_segment_chars),

@@ -31,6 +31,12 @@ NOISE_RMS_DBFS = -50.0  # "low noise": 30 dB below the speech, like a quiet room
 SENTENCE_1 = "The quick brown fox jumps over the lazy dog."
 SENTENCE_2 = "Could you tell me what the weather will be like tomorrow?"
 SENTENCE_3 = "Yes, and please book a table for two at seven."
+# Questions for the local models (tests/test_local.py): words that whisper tiny.en hears back from espeak-ng.
+QUESTIONS = {
+    "question_spider.wav": "How many legs does a spider have?",
+    "question_sky.wav": "Why is the sky blue?",
+    "question_tea.wav": "How do I make a good cup of tea?",
+}
 # A hesitation inside a sentence (semantic_vad's tests): one utterance, so the words before the pause keep
 # the sentence's running intonation.
 PAUSED_SENTENCE = 'I want to fly from Boston to <break time="700ms"/> Denver on Friday.'
@@ -143,6 +149,9 @@ def main() -> None:
         "silence.wav": (silence(1000), [], "1 s of digital silence"),
         "noise.wav": (noise(RATE * 2, seed=2), [], f"2 s of pink noise at {NOISE_RMS_DBFS:g} dBFS"),
     }
+    for name, question in QUESTIONS.items():
+        x, segments = assemble([silence(500), question, silence(800)])
+        files[name] = (x, segments, f"{question!r}, 0.5 s silence before, 0.8 s after")
     manifest = {}
     for name, (x, segments, description) in files.items():
         write_wav(out / name, x)

@@ -71,6 +71,7 @@ def make_config(**overrides: Any) -> Config:
     config = load_config(env={})
     config.server.port = 0
     config.webrtc.enabled = False  # tests that want it turn it on
+    config.local.stt = False  # likewise the local whisper: "no STT" stays what it was for the echo responder
     for name, value in overrides.items():
         section, key = name.split("__")
         setattr(getattr(config, section), key, value)
@@ -116,7 +117,7 @@ async def gateway(start_gateway: StartGateway) -> Served:
 async def start_pipeline(start_gateway: StartGateway) -> AsyncIterator[Callable[..., Awaitable[Served]]]:
     """Starts gateways whose responder is the pipeline on a fake OpenAI server, with the tone engine as fast
     as it goes: ``await start_pipeline(fake, **config_overrides)``."""
-    from gateway.backends import LlmClient, SttClient
+    from gateway.backends import LlmClient
     from gateway.pipeline import BridgeSettings, PipelineResponder
     from gateway.tone_tts import ToneEngine
 
@@ -124,10 +125,11 @@ async def start_pipeline(start_gateway: StartGateway) -> AsyncIterator[Callable[
 
     async def start(fake: Any, **overrides: Any) -> Served:
         responders.append(PipelineResponder(
-            SttClient(fake.base_url, "whisper-test", timeout_s=5), LlmClient(fake.base_url, "llm-test", timeout_s=5),
+            LlmClient(fake.base_url, "llm-test", timeout_s=5),
             ToneEngine(first_audio_ms=0), BridgeSettings(starter_chars=10, max_segment_chars=80),
         ))
-        return await start_gateway(responders[-1], **overrides)
+        stt = {"stt__base_url": fake.base_url, "stt__model": "whisper-test", "stt__timeout_s": 5.0}
+        return await start_gateway(responders[-1], **stt | overrides)
 
     yield start
     for responder in responders:

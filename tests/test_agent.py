@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backends import LlmClient, SttClient
+from gateway.backends import LlmClient
 from gateway.pipeline import BridgeSettings, PipelineResponder
 from gateway.serve import GatewayServer
 from gateway.tone_tts import ToneEngine
@@ -31,12 +31,11 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
 async def agent(fake: FakeOpenAI, start_gateway):
     """A gateway whose responder is the pipeline; the TTS speaks at real-time pace like a real engine."""
     responder = PipelineResponder(
-        SttClient(fake.base_url, "whisper-test", timeout_s=5),
         LlmClient(fake.base_url, "llm-test", timeout_s=5),
         ToneEngine(first_audio_ms=25, realtime=True),
         BridgeSettings(starter_chars=10, max_segment_chars=80),
     )
-    yield await start_gateway(responder)
+    yield await start_gateway(responder, stt__base_url=fake.base_url)
     await responder.aclose()
 
 
@@ -118,17 +117,17 @@ async def test_backend_failure_fails_one_response_and_the_next_turn_works(agent,
 async def test_latency_trace_records_every_stage(fake: FakeOpenAI, start_gateway, tmp_path):
     trace = tmp_path / "turns.jsonl"
     responder = PipelineResponder(
-        SttClient(fake.base_url, "whisper-test", timeout_s=5), LlmClient(fake.base_url, "llm-test", timeout_s=5),
+        LlmClient(fake.base_url, "llm-test", timeout_s=5),
         ToneEngine(first_audio_ms=25), BridgeSettings(starter_chars=10, max_segment_chars=80),
     )
-    gateway = await start_gateway(responder, trace__jsonl_path=str(trace))
+    gateway = await start_gateway(responder, stt__base_url=fake.base_url, trace__jsonl_path=str(trace))
     async with connect(gateway) as client:
         await client.append(load_pcm("one_sentence.wav") + silence(800), chunk_ms=100)
         await client.until("response.done")
     await responder.aclose()
     record = json.loads(trace.read_text().splitlines()[0])
-    stages = ["committed_ms", "stt_done_ms", "llm_first_token_ms", "tts_first_audio_ms", "first_delta_ms",
-              "response_done_ms"]
+    stages = ["committed_ms", "stt_done_ms", "llm_first_token_ms", "llm_first_segment_ms", "tts_first_audio_ms",
+              "first_delta_ms", "response_done_ms"]
     times = [record[s] for s in stages]
     assert times == sorted(times) and record["status"] == "completed"
 

