@@ -22,9 +22,8 @@ from engine.worker import QwenTTSEngine
 from gateway.config import EngineConfig
 from gateway.engine_client import EngineClient
 from gateway.responder import BackendError
-from gateway.server import Gateway
 from gateway.tts import TTSChunk, TTSError
-from tests.conftest import audio_of, connect, load_pcm, make_config, silence
+from tests.conftest import Served, audio_of, connect, load_pcm, make_config, silence
 from tests.fake_openai import FakeOpenAI
 
 FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
@@ -185,7 +184,7 @@ async def test_a_pipeline_turn_through_the_engine_process(supervisor: EngineSupe
             tts__engine="qwen3", engine__mode="process", engine__endpoints=supervisor.endpoints[0],
             engine__heartbeat_ms=CONFIG.heartbeat_ms,
         )
-        gateway = Gateway(config)
+        gateway = Served(config)  # the responder built from the config: the pipeline on the engine process
         await gateway.start()
         try:
             async with connect(gateway) as client:

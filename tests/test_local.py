@@ -41,8 +41,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TRANSCRIBED = "conversation.item.input_audio_transcription.completed"
 
 
+NUMBERS = "zero one two three four five six seven eight nine ten eleven twelve".split()
+
+
 def words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z0-9']+", text.lower()))
+    """The words of ``text``, small numbers spelled out (the STT may hear "8" as "eight" and back)."""
+    found = re.findall(r"[a-z0-9']+", text.lower())
+    return {NUMBERS[int(w)] if w.isdigit() and int(w) < len(NUMBERS) else w for w in found}
 
 
 def free_port() -> int:
