@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import mimetypes
 import time
 
@@ -33,6 +34,7 @@ from gateway.realtime_ws import RealtimeEndpoint
 from gateway.responder import Responder
 from gateway.rest import HttpError, authorize, error_response, http_error_response
 from gateway.server import Gateway
+from gateway.trace import metrics_registry
 from gateway.webrtc_routes import signalling_routes
 
 MAX_STATIC_PATH_CHARS = 255
@@ -56,7 +58,8 @@ class Pages:
 
     async def metrics(self, request: Request) -> Response:
         authorize(request, self.gateway)
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        # A thread: under `serve --workers N` this reads and adds up every worker's metrics files.
+        return Response(await asyncio.to_thread(generate_latest, metrics_registry()), media_type=CONTENT_TYPE_LATEST)
 
     async def turns(self, request: Request) -> Response:
         """A live session's latency trace: its last turns, stage by stage (the page's latency panel)."""

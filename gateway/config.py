@@ -36,6 +36,7 @@ class ServerConfig:
     inbound_budget_bytes: int = 256 * 1024 * 1024
     send_timeout_s: float = 10.0
     max_sessions: int = 1000
+    workers: int = 0
 
 
 @dataclass

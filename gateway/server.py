@@ -20,6 +20,7 @@ from prometheus_client import Counter
 
 from gateway import mcp_client
 from gateway.auth import Auth, ClientSecret
+from gateway.capacity import Capacity
 from gateway.config import Config, ConfigError
 from gateway.protocol import Dialect
 from gateway.responder import Responder, Transcriber
@@ -43,12 +44,15 @@ class SessionRefused(Exception):
 
 
 class Gateway:
-    def __init__(self, config: Config, responder: Responder | None = None, auth: Auth | None = None) -> None:
-        """``responder``: None builds the configured one; the transcriber is always the configured one."""
+    def __init__(self, config: Config, responder: Responder | None = None, auth: Auth | None = None,
+                 capacity: Capacity | None = None) -> None:
+        """``responder``: None builds the configured one; the transcriber is always the configured one.
+        ``capacity``: this process's share of the gateway's sessions (default: its own, of max_sessions)."""
         self.config = config
         self.responder = responder
         self.transcriber: Transcriber | None = None
         self.auth = auth if auth is not None else Auth.from_env(os.environ)
+        self.capacity = capacity if capacity is not None else Capacity(config.server.max_sessions)
         self.sessions: set[SessionRunner] = set()
         self.ready = False
         self._vad_model: SileroModel | None = None

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections import deque
 from typing import IO, Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
 
 STAGES = (
     "committed", "stt_done", "llm_first_token", "llm_first_segment", "tts_first_audio", "first_delta",
@@ -33,7 +35,19 @@ CANCEL_TO_LAST_DELTA = Histogram(
     buckets=_BUCKETS,
 )
 RESPONSES = Counter("gateway_responses_total", "Responses by final status", ["status"])
-ACTIVE_SESSIONS = Gauge("gateway_active_sessions", "Open Realtime sessions")
+# livesum: under `serve --workers N` (prometheus_client's multiprocess mode) the sum over the live workers.
+ACTIVE_SESSIONS = Gauge("gateway_active_sessions", "Open Realtime sessions", multiprocess_mode="livesum")
+
+
+def metrics_registry() -> CollectorRegistry:
+    """What /metrics shows: this process's metrics, or under `serve --workers N` (prometheus_client's
+    multiprocess mode: its files in PROMETHEUS_MULTIPROC_DIR) every worker's, added up."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return REGISTRY
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    return registry
+
 
 _DELTAS = ("response.output_audio.delta", "response.audio.delta")
 
