@@ -3,7 +3,8 @@
 uvicorn parses HTTP (h11: bounded request heads, 400 for malformed ones), the websockets library's
 sans-I/O protocol speaks WebSocket (gateway/ws_protocol.py adds the send deadline and the inbound
 bound). The socket is bound here, before the server starts, so that a busy port is a clear error, and
-so that several worker processes can later accept on one socket bound by their parent.
+so that the worker processes of `serve --workers N` (gateway.workers) accept on one socket their parent
+bound.
 """
 
 from __future__ import annotations
