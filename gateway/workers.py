@@ -37,6 +37,8 @@ from multiprocessing.synchronize import Event
 from types import FrameType
 from typing import TYPE_CHECKING
 
+# Nothing imported here may import prometheus_client: a worker imports this module before it sets
+# PROMETHEUS_MULTIPROC_DIR, which prometheus_client reads once, when first imported.
 from gateway.auth import Auth
 from gateway.capacity import shared_counts
 from gateway.config import Config, ConfigError
@@ -130,8 +132,9 @@ class Workers:
         server = self.config.server
         supervisor: EngineSupervisor | None = None
         try:
-            auth = Auth.from_env(os.environ)  # one signing key: a client secret minted by one worker opens on any
-            check_exposure(self.config, auth, self.insecure_no_auth)
+            # One signing key: a client secret minted by one worker opens a session on any.
+            self._auth = Auth.from_env(os.environ)
+            check_exposure(self.config, self._auth, self.insecure_no_auth)
             check_tls(self.config)
             self._socket = listen(server.host, server.port)
             supervisor = self._start_engines()
@@ -140,7 +143,6 @@ class Workers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
             log.info("starting %d workers on %s:%d", self.count, server.host, self._socket.getsockname()[1])
-            self._auth = auth
             for worker in self._workers:
                 self._start(worker)
             return self._watch()
@@ -193,7 +195,7 @@ class Workers:
             alive = [w for w in self._workers if w.process is not None and w.process.is_alive()]
             if self._signals and not alive:
                 return 0
-            due = [w.due for w in self._workers if w.process is None]
+            due = [w.due for w in self._workers if w.process is None and not self._signals]
             timeout = max(0.0, min(due) - time.monotonic()) if due else None
             wait([w.process.sentinel for w in alive], timeout)  # a signal handler runs meanwhile, too
             for worker in self._workers:

@@ -53,7 +53,7 @@ class Gateway:
 
     async def worker_of(self, session_id: str) -> int:
         pattern = rf"worker\[(\d+)\] gateway\.server: session {session_id} opened"
-        return int((await self.wait_for(pattern, timeout=10))[0][1])
+        return int((await self.wait_for(pattern, timeout=60))[0][1])
 
     async def metric(self, name: str) -> float:
         url = f"http://127.0.0.1:{self.port}/metrics"
