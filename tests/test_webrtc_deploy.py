@@ -8,6 +8,12 @@ connections get ``ice_servers`` as aiortc itself reads them. With the defaults a
 from __future__ import annotations
 
 import re
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +27,35 @@ from tests.conftest import StartGateway  # noqa: E402
 from tests.test_webrtc import RtcClient, session_count  # noqa: E402
 
 HOST_CANDIDATE = re.compile(r"^a=candidate:\S+ \d+ \S+ \d+ (\S+) (\d+) typ host", re.MULTILINE)
+RELAY_CANDIDATE = re.compile(r"^a=candidate:\S+ \d+ udp \d+ (\S+) (\d+) typ relay", re.MULTILINE)
+TURN_USER, TURN_PASSWORD = "gateway", "s3cret-from-env"
+
+
+@pytest.fixture
+def coturn(tmp_path: Path) -> Iterator[int]:
+    """A real TURN server (Debian's coturn) on a loopback port, one long-term user; yields its port."""
+    if shutil.which("turnserver") is None:
+        pytest.skip("coturn is not installed (apt-get install coturn; .ci/run installs it)")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "turnserver.log"
+    process = subprocess.Popen(
+        ["turnserver", "-n", "--listening-ip=127.0.0.1", "--relay-ip=127.0.0.1", f"--listening-port={port}",
+         "--lt-cred-mech", f"--user={TURN_USER}:{TURN_PASSWORD}", "--realm=voice-gateway.test", "--no-tls",
+         "--no-dtls", "--no-tcp", "--no-cli", f"--pidfile={tmp_path / 'turnserver.pid'}",
+         f"--userdb={tmp_path / 'turndb'}", f"--log-file={log}", "--simple-log"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while "Total General servers" not in (log.read_text() if log.exists() else ""):
+            assert process.poll() is None and time.monotonic() < deadline, "turnserver did not start"
+            time.sleep(0.05)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(5)
 
 
 async def post_offer(base_url: str) -> tuple[int, str, dict[str, str]]:
@@ -109,6 +144,22 @@ async def test_ice_servers_reach_the_gateways_peer_connection(start_gateway: Sta
     assert (ice.turn_server, ice.turn_transport, ice.turn_ssl) == (("127.0.0.1", 9), "tcp", False)
     assert (ice.turn_username, ice.turn_password) == ("gateway", "s3cret-from-env")
     assert ice.stun_server is None
+
+
+@pytest.mark.parametrize("password", [TURN_PASSWORD, "wrong"])
+async def test_the_gateway_gathers_a_relay_candidate_from_a_real_turn_server(
+    coturn: int, start_gateway: StartGateway, monkeypatch, password: str
+):
+    # coturn first: it then outlives the gateway, whose calls release their allocations as they close.
+    monkeypatch.setenv("TURN_CREDENTIAL", password)
+    gateway = await start_gateway(webrtc__enabled=True, webrtc__ice_servers=f"turn:127.0.0.1:{coturn}",
+                                  webrtc__turn_username=TURN_USER, webrtc__advertised_host="203.0.113.7")
+    status, answer, _ = await post_offer(f"http://127.0.0.1:{gateway.port}")
+    assert status == 201, answer
+    relays = {host for host, _ in RELAY_CANDIDATE.findall(answer)}
+    # The relay's address (coturn's relay-ip) is left as it is; a wrong credential gets no allocation.
+    assert relays == ({"127.0.0.1"} if password == TURN_PASSWORD else set())
+    assert {host for host, _ in HOST_CANDIDATE.findall(answer) if ":" not in host} == {"203.0.113.7"}
 
 
 async def test_a_call_connects_on_loopback_with_the_defaults(start_gateway: StartGateway):
