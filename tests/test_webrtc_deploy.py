@@ -2,7 +2,8 @@
 
 An aiortc client POSTs real offers to a served gateway: the answer's host candidates carry
 ``[webrtc] advertised_host``, the Location header ``[webrtc] advertised_url``, and the gateway's peer
-connections get ``ice_servers`` as aiortc itself reads them. With the defaults a call still connects.
+connections get ``ice_servers`` as aiortc itself reads them (and a real coturn gives them a relay candidate).
+With the defaults a call still connects.
 """
 
 from __future__ import annotations
