@@ -216,6 +216,36 @@ async def test_turn_playback_and_barge_in(start_gateway, transcribing) -> None:
         assert "could not connect" in await page.locator("#errors").inner_text()
 
 
+DRAIN_NOTICE = {"type": "error", "event_id": "event_drain", "error": {
+    "type": "server_error", "code": "server_shutting_down", "param": None, "event_id": None,
+    "message": "This server is shutting down: the session closes in 5 s. Start a new session to continue."}}
+
+
+async def test_the_drain_notice_and_the_servers_close_are_shown(start_gateway) -> None:
+    """A draining gateway's last words (the server_shutting_down error, then close 1001), added by a route
+    on the page's real WebSocket to the gateway: the page shows both as notices, not as faults."""
+    gateway = await start_gateway()
+    problems: list[str] = []
+    async with open_page(gateway, problems) as page:
+        routes = []
+
+        def relay(route) -> None:
+            route.connect_to_server()  # everything else passes through both ways
+            routes.append(route)
+
+        await page.route_web_socket("**/v1/realtime", relay)
+        await page.click("#connect")
+        await until(page, "window.__gateway.events['session.updated'] >= 1")
+        routes[0].send(orjson.dumps(DRAIN_NOTICE).decode())
+        await until(page, "window.__gateway.errors.length >= 1")
+        await routes[0].close(code=1001, reason="Going away")
+        await until(page, "window.__gateway.state === 'closed'")
+        notices = await page.locator("#errors li.warn").all_inner_texts()
+        assert await page.locator("#notice").is_visible() and len(notices) == 2
+        assert "server closed the session" in notices[0] and "shutting down" in notices[1]
+        assert await page.locator("#errors li.error").count() == 0 and problems == []
+
+
 async def test_healthz_names_a_remote_llm_but_not_where_it_is(start_pipeline) -> None:
     """What the banner reads on a pipeline gateway: model names, no backend URL (/healthz is public)."""
     async with FakeOpenAI() as fake:
