@@ -191,6 +191,8 @@ class WebRtcConfig:
     turn_username: str = ""
     turn_credential_env: str = "TURN_CREDENTIAL"
     jitter_prefetch: int = 0
+    advertised_host: str = ""
+    advertised_url: str = ""
 
 
 @dataclass
