@@ -98,6 +98,7 @@ class SttConfig:
     timeout_s: float = 10.0
     stream: bool = False
     audio_in: bool = False
+    early_ms: int = 200
 
 
 @dataclass
@@ -191,6 +192,8 @@ class WebRtcConfig:
     turn_username: str = ""
     turn_credential_env: str = "TURN_CREDENTIAL"
     jitter_prefetch: int = 0
+    advertised_host: str = ""
+    advertised_url: str = ""
 
 
 @dataclass

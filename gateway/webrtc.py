@@ -9,14 +9,21 @@ has played, so barge-in truncates at the point the listener actually reached.
 A call is pending from its answer until its peer connection is up: pending calls are limited by
 ``[webrtc] max_pending_calls`` and dropped after ``connect_timeout_s``, apart from ``[server]
 max_sessions``, which counts a call only once it is connected.
+
+Behind a balancer the answer names this node: ``[webrtc] advertised_host`` replaces the address of its
+host candidates (aiortc binds the interfaces' own addresses, private ones in a pod or behind 1:1 NAT), and
+``ice_servers`` adds a TURN relay's candidates for clients that cannot reach the node over UDP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
+import re
 import secrets
+import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,6 +40,7 @@ from aiortc import (
 )
 
 from gateway.audio import Upsampler2x
+from gateway.config import ConfigError
 from gateway.rtc_media import (
     AIORTC_JITTER_PREFETCH,
     FRAME_SAMPLES,
@@ -66,6 +74,7 @@ class WebRTCOptions(Protocol):
     turn_username: str
     turn_credential_env: str
     jitter_prefetch: int
+    advertised_host: str
 
 
 # --- outbound audio: the server-side playout buffer ---------------------------------------------
@@ -342,6 +351,51 @@ class Call:
 # --- the calls -------------------------------------------------------------------------------------
 
 
+# a=candidate:<foundation> <component> <transport> <priority> <address> <port> typ host ...
+_HOST_CANDIDATE = re.compile(r"^(a=candidate:\S+ \d+ \S+ \d+ )(\S+)( \d+ typ host(?: .*)?)$")
+_CONNECTION = re.compile(r"^c=IN IP([46]) (\S+)$")
+
+
+def _ip_version(host: str) -> int | None:
+    try:
+        return ipaddress.ip_address(host).version
+    except ValueError:
+        return None  # an mDNS name
+
+
+def advertise(sdp: str, address: str) -> str:
+    """``sdp`` with ``address`` in place of its host candidates' own (and in the c= lines that named one),
+    for those of the same IP version; ports, and reflexive and relay candidates, stay as they are."""
+    version = ipaddress.ip_address(address).version
+    lines = sdp.split("\r\n")
+    replaced = set()
+    for i, line in enumerate(lines):
+        match = _HOST_CANDIDATE.match(line)
+        if match and _ip_version(match[2]) == version:
+            replaced.add(match[2])
+            lines[i] = match[1] + address + match[3]
+    for i, line in enumerate(lines):
+        match = _CONNECTION.match(line)
+        if match and match[2] in replaced:
+            lines[i] = f"c=IN IP{match[1]} {address}"
+    return "\r\n".join(lines)
+
+
+async def resolve_advertised(host: str) -> str | None:
+    """The address ``[webrtc] advertised_host`` names (IPv4 first), None when unset. A name is resolved at
+    each call, so a DNS change needs no restart."""
+    if not host:
+        return None
+    if _ip_version(host) is not None:
+        return host
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    except OSError as exc:
+        raise ConfigError(f"[webrtc] advertised_host {host!r} does not resolve: {exc}") from None
+    addresses = [str(info[4][0]) for info in infos]
+    return next((a for a in addresses if _ip_version(a) == 4), addresses[0])
+
+
 def ice_configuration(options: WebRTCOptions) -> RTCConfiguration:
     """No ICE server unless configured: aiortc's default (Google STUN) is unreachable offline, and host
     candidates are enough on loopback and a LAN."""
@@ -379,11 +433,14 @@ class CallRegistry:
         return None
 
     async def answer(self, session: Session, offer_sdp: str) -> tuple[Call, str]:
-        """A new call for ``session`` and the SDP answer to ``offer_sdp``; aiortc's error if it cannot use it."""
+        """A new call for ``session`` and the SDP answer to ``offer_sdp``, naming the advertised address;
+        aiortc's error if it cannot use the offer, ConfigError if that address cannot be found."""
         call = Call(self, session)
         self.calls[call.id] = call
         try:
-            return call, await call.answer(offer_sdp)
+            address = await resolve_advertised(self.options.advertised_host)
+            answer = await call.answer(offer_sdp)
+            return call, advertise(answer, address) if address is not None else answer
         except BaseException:
             await call.close()
             raise

@@ -3,6 +3,7 @@
   POST   /v1/realtime/calls             offer as application/sdp, or multipart/form-data with parts
                                         ``sdp`` and ``session`` (JSON, applied before session.created)
                                         → 201, answer SDP, Location: /v1/realtime/calls/{call_id}
+                                        (under ``[webrtc] advertised_url`` when set: this node's own URL)
   DELETE /v1/realtime/calls/{call_id}   hang up → 204
   POST   /v1/realtime?model=...         beta signalling (application/sdp) → 201; beta-shaped events
 
@@ -21,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.config import ConfigError
 from gateway.protocol import Dialect
 from gateway.rest import HttpError, authorize, read_body
 from gateway.server import Gateway, SessionRefused, configure
@@ -118,11 +120,14 @@ class Signalling:
             raise HttpError(400, str(exc), "invalid_session") from None
         try:
             call, answer = await calls.answer(session, offer)
+        except ConfigError as exc:  # [webrtc] advertised_host does not resolve: this node's fault, not the offer's
+            raise HttpError(503, str(exc), "unavailable", kind="server_error") from None
         except Exception as exc:  # aiortc raises ValueError and others on offers it cannot use
             raise HttpError(400, f"The SDP offer cannot be used: {exc}", "invalid_offer") from None
         log.info("call %s (%s) answered", call.id, dialect.name)
+        base = self.gateway.config.webrtc.advertised_url.rstrip("/")
         return Response(answer, 201, media_type="application/sdp",
-                        headers={"Location": f"/v1/realtime/calls/{call.id}"})
+                        headers={"Location": f"{base}/v1/realtime/calls/{call.id}"})
 
     async def delete_call(self, request: Request) -> Response:
         authorize(request, self.gateway, secrets_allowed=True)

