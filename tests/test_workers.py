@@ -1,7 +1,8 @@
 """`python -m gateway serve --workers 2` as a real subprocess on a loopback port, its sessions opened by the
 openai SDK: sessions land on both workers, /metrics of any worker counts them all, a worker killed outright
 is started again and the gateway goes on, SIGTERM ends it all; with [engine] mode = "process" both workers
-speak through the one engine process the parent started."""
+speak through the one engine process the parent started; `--workers auto` is 1 unless a GPU engine runs in
+engine processes."""
 
 from __future__ import annotations
 
@@ -172,3 +173,21 @@ def engine_processes(parent: int) -> list[int]:
             if b"engine.process" in args and f"{parent}".encode() in args and not gone(int(cmdline.parent.name)):
                 found.append(int(cmdline.parent.name))
     return found
+
+
+def test_the_worker_count_auto_is_one_unless_a_gpu_engine_runs_in_engine_processes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway import workers
+    from gateway.config import ConfigError
+    from tests.conftest import make_config
+
+    monkeypatch.setattr(workers, "cpu_count", lambda: 16)
+    assert workers.worker_count(make_config(tts__engine="tone")) == 1  # auto, no GPU engine: one process
+    assert workers.worker_count(make_config(tts__engine="tone", server__workers=3)) == 3
+    engines = {"tts__engine": "qwen3", "engine__mode": "process", "engine__endpoints": "ipc:///a,ipc:///b"}
+    assert workers.worker_count(make_config(**engines)) == 16 - 2 * 2  # two cores per engine process
+    assert workers.worker_count(make_config(**engines | {"engine__endpoints": "", "engine__devices": "cpu"})) == 1
+    with pytest.raises(ConfigError, match='mode = "process"'):
+        workers.worker_count(make_config(tts__engine="qwen3", engine__checkpoint="x", server__workers=2))
+    with pytest.raises(ConfigError, match="server.workers"):
+        workers.worker_count(make_config(server__workers=-1))
