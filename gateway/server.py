@@ -285,6 +285,7 @@ class Gateway:
             await asyncio.gather(*(end_session() for end_session in list(self._ends.values())),
                                  return_exceptions=True)
             await self._wait_sessions(loop.time() + DRAIN_CLOSE_S, hurried_too=False)
+        log.info("drained: %d session(s) left", len(self.sessions))
 
     def hurry(self) -> None:
         """A draining gateway ends its sessions now (the second SIGTERM or SIGINT)."""
