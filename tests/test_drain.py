@@ -115,3 +115,27 @@ async def test_hurry_ends_every_session_at_once_with_1001(start_gateway):
                 await client.quiet(2)
             assert closed.value.rcvd.code == 1001
             assert not [e for e in client.received if e["type"] == "error"]  # no "closes in N s" that is untrue
+
+
+async def test_a_draining_webrtc_call_is_told_on_its_data_channel_then_hung_up(start_gateway):
+    pytest.importorskip("aiortc")
+    from tests.test_webrtc import RtcClient, session_count  # noqa: PLC0415 - aiortc is an optional extra
+
+    gateway = await start_gateway(webrtc__enabled=True, server__drain_seconds=1.5, server__drain_notice_seconds=1.0)
+    client = RtcClient(f"http://127.0.0.1:{gateway.port}")
+    try:
+        await client.connect()
+        await client.until("session.created")
+        assert await session_count(gateway, 1) == 1
+        drain = asyncio.create_task(gateway.drain())
+        notice = (await client.until("error", timeout=3))[-1]
+        assert (notice["error"]["code"], notice["error"]["type"]) == ("server_shutting_down", "server_error")
+        await asyncio.wait_for(drain, 3)
+        assert not gateway.sessions and not gateway.webrtc.calls and gateway.gateway.capacity.sessions == 0
+        for _ in range(100):  # the hang-up reaches the client's side too
+            if client.channel.readyState == "closed":
+                break
+            await asyncio.sleep(0.05)
+        assert client.channel.readyState == "closed"
+    finally:
+        await client.close()
