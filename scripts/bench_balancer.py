@@ -166,7 +166,7 @@ async def drain(nginx: Nginx, doomed: Gateway, pcm: bytes, args: argparse.Namesp
         f"SIGTERM -> last session of a ended: {last_end - signalled:.2f} s; SIGTERM -> a exited: "
         f"{exited - signalled:.2f} s (exit code {code})",
         f"a's sessions: {len(on_doomed)}: {len([c for c in on_doomed if c in finished])} finished their "
-        f"conversation, {len([c for c in on_doomed if c in told])} told then closed 1001 ({unanswered} turns "
+        f"conversation, {len([c for c in on_doomed if c in told])} told then closed 1001 ({unanswered} turn(s) "
         f"cut by the close); sessions lost (any gateway): {len(lost)} {[(c.close_code, c.notice) for c in lost]}",
         f"whole run {time.monotonic() - started:.1f} s",
     ]
@@ -194,7 +194,7 @@ async def main(args: argparse.Namespace) -> None:
         lines.append(f"speech_stopped -> first delta, via nginx:   {summary(proxied)}")
         hop = [percentile([x for c in proxied for x in c.latencies], q) - percentile(
             [x for c in direct for x in c.latencies], q) for q in (0.5, 0.95)]
-        lines.append(f"proxy hop: +{hop[0] * 1000:.1f} ms at P50, +{hop[1] * 1000:.1f} ms at P95")
+        lines.append(f"proxy hop: {hop[0] * 1000:+.1f} ms at P50, {hop[1] * 1000:+.1f} ms at P95")
         lines += await drain(nginx, gateways[0], pcm, args)
         print("\n".join(lines))
     finally:
