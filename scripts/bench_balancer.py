@@ -6,6 +6,9 @@ pace, --turns turns per session (speech, 800 ms of silence, wait for response.do
 balance   --sessions sessions opened together through nginx: how many each gateway holds (its /metrics).
 hop       speech_stopped -> first audio delta, as the client sees it, for the same load (--sessions
           sessions) direct (half on each gateway) and through nginx: the extra latency of the proxy hop.
+          Both events cross the hop, so it shows only what nginx adds between them; the round trip of a
+          client event (session.update -> session.updated, --round-trips of them, one session, idle
+          gateways) shows the hop itself.
 drain     --sessions conversations through nginx, started over --spread seconds; gateway A gets SIGTERM
           --kill-after seconds in. Reported: the time from SIGTERM to A's last session ending and to A's
           exit, how A's sessions ended (finished their conversation / told, then closed with 1001) and the
@@ -133,6 +136,21 @@ async def load(urls: list[str], pcm: bytes, turns: int, spread: float) -> list[C
                                   for i, url in enumerate(urls)))
 
 
+async def round_trips(url: str, count: int) -> list[float]:
+    """session.update -> session.updated, one after another on one session, in milliseconds."""
+    times = []
+    async with websockets.connect(url.replace("http", "ws") + "/v1/realtime?model=gpt-realtime",
+                                  additional_headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+        await ws.recv()
+        for _ in range(count):
+            began = time.monotonic()
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime"}}))
+            while json.loads(await ws.recv())["type"] != "session.updated":
+                pass
+            times.append((time.monotonic() - began) * 1000)
+    return times
+
+
 def summary(conversations: list[Conversation]) -> str:
     latencies = [x * 1000 for c in conversations for x in c.latencies]
     return (f"P50 {percentile(latencies, 0.5):.1f} ms, P95 {percentile(latencies, 0.95):.1f} ms, "
@@ -188,6 +206,10 @@ async def main(args: argparse.Namespace) -> None:
                  f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
         placed = await balance(nginx, gateways, args.sessions)
         lines.append(f"balance: {args.sessions} sessions opened together through nginx -> {placed}")
+        for name, url in (("direct", gateways[1].url), ("via nginx", nginx.url)):
+            times = await round_trips(url, args.round_trips)
+            lines.append(f"session.update round trip, {name}: P50 {percentile(times, 0.5):.2f} ms, "
+                         f"P95 {percentile(times, 0.95):.2f} ms over {len(times)}")
         direct = await load([gateways[i % 2].url for i in range(args.sessions)], pcm, args.turns, args.spread)
         proxied = await load([nginx.url] * args.sessions, pcm, args.turns, args.spread)
         lines.append(f"speech_stopped -> first delta, direct:      {summary(direct)}")
@@ -211,6 +233,7 @@ if __name__ == "__main__":
     parser.add_argument("--spread", type=float, default=3.0, help="seconds over which sessions start")
     parser.add_argument("--wav", default="question_sky.wav", help="fixture speech for each turn")
     parser.add_argument("--kill-after", type=float, default=6.0, help="seconds into the drain run to SIGTERM a")
+    parser.add_argument("--round-trips", type=int, default=200)
     parser.add_argument("--drain-seconds", type=float, default=30.0)
     parser.add_argument("--notice-seconds", type=float, default=10.0)
     asyncio.run(main(parser.parse_args()))
