@@ -295,6 +295,7 @@ class QwenTTSEngine(Batcher):
     model and runs the batching loop; `from_config` is what the gateway calls."""
 
     incremental = True
+    model_name = "Qwen3-TTS"
 
     def __init__(self, ckpt: Checkpoint, **options: Any) -> None:
         super().__init__(ckpt, **options)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mimetypes
 import time
+from typing import Any
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -26,11 +27,13 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from gateway import __version__
+from gateway.backends import LlmClient
 from gateway.client_secrets import client_secret_routes
 from gateway.config import REPO_ROOT, Config
 from gateway.guard import FrontDoor, Hosts, Origins
+from gateway.pipeline import PipelineResponder
 from gateway.realtime_ws import RealtimeEndpoint
-from gateway.responder import Responder
+from gateway.responder import EchoResponder, Responder
 from gateway.rest import HttpError, authorize, error_response, http_error_response
 from gateway.server import Gateway
 from gateway.trace import DRAINING, ENGINE_REGISTRY, ENGINE_STREAMS_FREE, SESSION_SLOTS_FREE, SESSIONS
@@ -51,7 +54,8 @@ class Pages:
         gateway = self.gateway
         body = {"status": "ok" if gateway.ready else "starting", "version": __version__,
                 "active_sessions": len(gateway.sessions), "uptime_s": round(time.time() - self.started_at, 1),
-                "webrtc": gateway.webrtc is not None}
+                "webrtc": gateway.webrtc is not None, "auth_required": gateway.auth.required,
+                "responder": describe_responder(gateway)}
         return Response(orjson.dumps(body), 200 if gateway.ready else 503, media_type="application/json",
                         headers={"Cache-Control": "no-cache"})
 
@@ -102,6 +106,30 @@ class Pages:
         content_type = "text/javascript" if file.suffix == ".js" else mimetypes.guess_type(file.name)[0]
         return FileResponse(file, media_type=content_type or "application/octet-stream",
                             headers={"Cache-Control": "no-cache"})
+
+
+def _model_name(part: object) -> str | None:
+    """A model's name as its part declares it (``model_name``; a remote client's ``model``)."""
+    name = getattr(part, "model_name", None) or getattr(part, "model", None)
+    return name if isinstance(name, str) else None
+
+
+def describe_responder(gateway: Gateway) -> dict[str, Any] | None:
+    """What answers, for the page's banner: the kind and model names only (/healthz is public: no backend
+    URL, no key). ``kind``: "local" (the in-process demo models), "pipeline" (a remote LLM), "echo", or
+    the responder's class name for one given in code; None while the gateway is starting."""
+    responder = gateway.responder
+    if responder is None:
+        return None
+    models = {"stt": _model_name(gateway.transcriber)}
+    if isinstance(responder, EchoResponder):
+        kind = "echo"
+    elif isinstance(responder, PipelineResponder):
+        kind = "pipeline" if isinstance(responder.llm, LlmClient) else "local"
+        models |= {"llm": _model_name(responder.llm), "tts": _model_name(responder.tts_engine)}
+    else:
+        kind = type(responder).__name__
+    return {"kind": kind, "models": {role: name for role, name in models.items() if name}}
 
 
 def routes(gateway: Gateway) -> list[BaseRoute]:

@@ -99,6 +99,7 @@ class SttConfig:
     timeout_s: float = 10.0
     stream: bool = False
     audio_in: bool = False
+    early_ms: int = 200
 
 
 @dataclass

@@ -80,6 +80,17 @@ class Transcribe:
 
 
 @dataclass
+class PrepareTranscript:
+    """Transcribe this audio quietly, ahead of its Transcribe (a VAD turn in its closing pause): a later
+    Transcribe of the same bytes takes the result. Each one replaces the previous; ``pcm`` None only
+    drops it (the user spoke again)."""
+
+    pcm: bytes | None
+    language: str | None = None
+    prompt: str | None = None
+
+
+@dataclass
 class ListMcpTools:
     """List this MCP server's tools and pass them (or why listing failed) to ``mcp_tools_listed``."""
 
@@ -107,4 +118,4 @@ class Mark:
 
 
 Effect = (dict[str, Any] | RunVad | RunSmartTurn | StartResponse | StopResponse | Play | PlayoutEnd | ClearPlayout
-          | Mark | Transcribe | ListMcpTools | CallMcp)
+          | Mark | Transcribe | PrepareTranscript | ListMcpTools | CallMcp)

@@ -118,6 +118,7 @@ class EngineClient:
     client, when given)."""
 
     incremental = True
+    model_name = "Qwen3-TTS"
 
     def __init__(self, endpoints: Iterable[str], heartbeat_s: float = 0.5, *,
                  supervisor: EngineSupervisor | None = None, connect_timeout_s: float = 30.0) -> None:

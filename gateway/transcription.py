@@ -10,14 +10,23 @@ is transcribed as it enters the conversation, whatever becomes of the response t
 
 The runner carries out each Transcribe effect and feeds back ``delta`` (as the STT server streams
 them, or the whole text at once from one that does not), then ``completed`` or ``failed``.
+
+Early: a VAD turn's transcription starts in its closing pause (``[stt] early_ms``), as a
+PrepareTranscript of the audio up to the pause, which is byte for byte what the turn commits if the
+user stays silent; the turn's Transcribe then takes that result instead of starting from nothing.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gateway.config import Config
 from gateway.conversation import BYTES_PER_MS, Conversation, EventMaker, Item
-from gateway.effects import Effect, Transcribe
+from gateway.effects import Effect, PrepareTranscript, Transcribe
 from gateway.protocol import SessionSettings
+
+if TYPE_CHECKING:
+    from gateway.turns import InputAudio
 
 
 class InputTranscription:
@@ -28,10 +37,32 @@ class InputTranscription:
         # Set by the runner: it has a transcriber; its responder reads user transcripts.
         self.available = False
         self.always = False
+        self._early_pause: int | None = None  # the pause whose audio is being transcribed early
+
+    def wanted(self, settings: SessionSettings) -> bool:
+        return self.always or settings.type == "transcription" or settings.transcription is not None
+
+    def early(self, settings: SessionSettings, audio: InputAudio) -> list[Effect]:
+        """After the VAD's windows: start transcribing the turn in progress once its pause has lasted
+        ``early_ms``, or drop that when the pause ends in more speech (or in the turn's commit, which has
+        taken the result by then)."""
+        early_ms = self._config.stt.early_ms
+        pause = audio.detector.pause_ms if audio.speech is not None else None
+        if pause is not None and audio.heard_ms - pause < early_ms:
+            pause = None
+        if pause == self._early_pause:
+            return []
+        self._early_pause = pause
+        if pause is None:
+            return [PrepareTranscript(None)]
+        if not (early_ms and self.available and self.wanted(settings)) or audio.speech is None:
+            return []
+        tr = settings.transcription
+        return [PrepareTranscript(audio.peek(audio.speech[1], pause), tr and tr.language, tr and tr.prompt)]
 
     def start(self, item: Item, settings: SessionSettings) -> list[Effect]:
         """``item`` entered the conversation: transcribe it if anyone wants its text."""
-        if not (self.always or settings.type == "transcription" or settings.transcription is not None):
+        if not self.wanted(settings):
             return []
         if not self.available:
             return self._failed(item, "stt_unavailable", self._unavailable())

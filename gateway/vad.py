@@ -314,6 +314,12 @@ class TurnDetector:
         return self._confirmed
 
     @property
+    def pause_ms(self) -> int | None:
+        """Start of the silence run under way in confirmed speech (where its turn ends if the silence
+        lasts silence_duration_ms), else None."""
+        return self._silence_ms if self._confirmed else None
+
+    @property
     def position_ms(self) -> int:
         """Input time of the end of the last window fed."""
         return self.start_ms + self._windows * WINDOW_MS

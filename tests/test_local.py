@@ -145,6 +145,13 @@ async def test_the_served_gateway_says_starting_until_its_models_are_loaded(serv
     assert served.statuses == ["starting", "ok"]
 
 
+def test_the_served_gateway_names_its_local_models_for_the_page(served: Served):
+    with urllib.request.urlopen(f"http://127.0.0.1:{served.port}/healthz", timeout=2) as answer:
+        responder = orjson.loads(answer.read())["responder"]
+    assert responder == {"kind": "local", "models": {
+        "stt": "whisper tiny.en", "llm": "SmolLM2-135M-Instruct", "tts": "piper en_US-joe-medium"}}
+
+
 async def test_a_spoken_question_gets_a_spoken_answer_and_a_barge_in_cancels_the_next(served: Served):
     async with connect(served_gateway(served)) as client:
         await client.append(load_pcm("question_spider.wav"), chunk_ms=100)

@@ -4,17 +4,23 @@ reason a session hears when there is no STT at all."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 from collections.abc import AsyncIterator
 
 import orjson
 import pytest
 
 from gateway.backends import LlmClient
+from gateway.effects import PrepareTranscript, Transcribe
 from gateway.pipeline import PipelineResponder
 from gateway.protocol import Dialect
+from gateway.responder import EchoResponder
+from gateway.runner import SessionRunner
 from gateway.server import Gateway
 from gateway.session import Session
 from gateway.tone_tts import ToneEngine
+from gateway.vad import SileroModel, SileroVAD
 from tests.conftest import StartGateway, connect, load_pcm, make_config, silence, types
 from tests.fake_openai import FakeOpenAI, tokenize
 
@@ -152,3 +158,96 @@ def test_a_configuration_handed_over_before_session_created(dialect: Dialect):
         assert created["type"] == "transcription_session.created"
         assert created["session"]["input_audio_transcription"]["model"] == "gpt-4o-transcribe"
     assert not session.responds
+
+
+# --- early transcription: a VAD turn transcribed in its closing pause ----------------------------------
+
+WINDOW = 1536  # bytes of pcm16 24 kHz per 32 ms VAD window
+
+
+def append(pcm: bytes) -> bytes:
+    return orjson.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+
+
+def vad(session: Session, *probabilities: float) -> list:
+    return session.vad_result(list(probabilities))
+
+
+def pause_session(**config) -> Session:
+    session = Session(make_config(**config))
+    session.transcription.available = session.transcription.always = True  # as the pipeline sets them
+    session.handle(append(SPEECH[: 120 * WINDOW]))
+    return session
+
+
+def test_early_transcription_takes_exactly_the_audio_the_turn_commits():
+    session = pause_session()
+    vad(session, *[0.9] * 20)
+    assert not [e for e in vad(session, *[0.0] * 6) if isinstance(e, PrepareTranscript)]  # 192 ms < early_ms
+    early = [e for e in vad(session, 0.0) if isinstance(e, PrepareTranscript)]
+    assert len(early) == 1 and early[0].pcm
+    effects = vad(session, *[0.0] * 9)  # 512 ms of silence: the turn ends
+    commit = next(e for e in effects if isinstance(e, Transcribe))
+    assert commit.pcm == early[0].pcm
+    # After the commit, what is left of the early one is dropped (the runner took it at the Transcribe).
+    assert effects.index(commit) < effects.index(PrepareTranscript(None))
+
+
+def test_speech_after_the_pause_drops_the_early_transcription():
+    session = pause_session()
+    vad(session, *[0.9] * 20, *[0.0] * 8)
+    assert PrepareTranscript(None) in vad(session, 0.9)
+    vad(session, *[0.9] * 5)
+    early = next(e for e in vad(session, *[0.0] * 8) if isinstance(e, PrepareTranscript))
+    effects = vad(session, *[0.0] * 8)
+    commit = next(e for e in effects if isinstance(e, Transcribe))
+    assert commit.pcm == early.pcm and len(commit.pcm) == (20 + 8 + 6) * WINDOW  # both parts of the turn
+
+
+def test_early_transcription_off():
+    session = pause_session(stt__early_ms=0)
+    effects = vad(session, *[0.9] * 20, *[0.0] * 16)
+    assert not [e for e in effects if isinstance(e, PrepareTranscript) and e.pcm]
+    assert [e for e in effects if isinstance(e, Transcribe)]
+
+
+class RecordingTranscriber:
+    def __init__(self, sent: list[dict]) -> None:
+        self.sent = sent
+        self.calls: list[int] = []  # how many events had been sent at each call
+
+    async def transcribe(self, pcm: bytes, language: str | None = None, prompt: str | None = None):
+        self.calls.append(len(self.sent))
+        yield f"{len(pcm)} bytes"
+
+
+@pytest.mark.parametrize("early_ms", [200, 0])
+async def test_a_spoken_turn_is_transcribed_once_early_or_not(early_ms: int):
+    """Silero on a spoken sentence: the turn is transcribed once; early, the call starts before the
+    turn is committed, and the transcript is of the committed audio."""
+    sent: list[dict] = []
+
+    async def record(message: str) -> None:
+        sent.append(orjson.loads(message))
+
+    transcriber = RecordingTranscriber(sent)
+    session = Session(make_config(stt__early_ms=early_ms))
+    runner = SessionRunner(session, EchoResponder(pace=0), SileroVAD(SileroModel()), record,
+                           transcriber=transcriber)
+    await runner.start()
+    await runner.receive(orjson.dumps({"type": "session.update", "session": {
+        "type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}}}))
+    for pcm in [SPEECH[i : i + 960] for i in range(0, len(SPEECH), 960)] + [silence(20)] * 50:
+        await runner.receive(append(pcm))
+        await asyncio.sleep(0)  # as between a client's messages
+    for _ in range(200):
+        if COMPLETED in types(sent):
+            break
+        await asyncio.sleep(0.01)
+    await runner.close()
+    committed = types(sent).index("input_audio_buffer.committed")
+    assert len(transcriber.calls) == 1 and (transcriber.calls[0] < committed) == bool(early_ms)
+    stopped = next(e for e in sent if e["type"] == "input_audio_buffer.speech_stopped")
+    started = next(e for e in sent if e["type"] == "input_audio_buffer.speech_started")
+    completed = next(e for e in sent if e["type"] == COMPLETED)
+    assert completed["transcript"] == f"{(stopped['audio_end_ms'] - started['audio_start_ms']) * 48} bytes"

@@ -2,7 +2,8 @@
 
 Chromium's fake microphone plays tests/fixtures/one_sentence.wav in a loop: the sentence is a user
 turn, the echo reply starts in the pause after it, and the next round of the sentence interrupts
-that reply, so one run sees a turn, playback and a barge-in with its truncate.
+that reply, so one run sees a turn, playback and a barge-in with its truncate. The user's side is
+transcribed by the local whisper when the "local" extra is installed, else by the fake STT server.
 
 Needs Debian's ``chromium`` package and Playwright for Python (``pip install playwright``; never
 ``playwright install``: the system Chromium is used). Skipped with the reason when either is absent.
@@ -11,16 +12,23 @@ Needs Debian's ``chromium`` package and Playwright for Python (``pip install pla
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
+import urllib.request
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import orjson
 import pytest
 
 async_api = pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
     pytest.skip("chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True)
+
+from gateway.pipeline import LOCAL_STT, installed  # noqa: E402 - after the skips
+from tests.fake_openai import FakeOpenAI  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEECH = ROOT / "tests" / "fixtures" / "one_sentence.wav"
@@ -59,6 +67,16 @@ async def open_page(gateway, problems: list[str] | None = None):
             await browser.close()
 
 
+@pytest.fixture
+async def transcribing() -> AsyncIterator[dict[str, object]]:
+    """Config overrides that give the gateway a speech-to-text: the local whisper, else the fake server."""
+    if installed(LOCAL_STT):
+        yield {"local__stt": True}
+        return
+    async with FakeOpenAI(transcript="The quick brown fox jumps over the lazy dog.") as fake:
+        yield {"stt__base_url": fake.base_url, "stt__model": "whisper-test"}
+
+
 async def until(page, condition: str) -> None:
     # As a function, not an expression: Playwright evaluates a bare expression with eval(), which the
     # page's Content-Security-Policy forbids.
@@ -93,16 +111,26 @@ async def test_microphone_resampler_is_continuous_across_chunks(start_gateway) -
             assert result["snrDb"] > 90
 
 
-async def test_turn_playback_and_barge_in(start_gateway) -> None:
-    gateway = await start_gateway()
+BARS = """() => [...document.querySelectorAll('#latency-chart rect.bar')]
+  .map((r) => ({ stage: r.dataset.stage, width: r.getBBox().width }))"""
+
+
+async def test_turn_playback_and_barge_in(start_gateway, transcribing) -> None:
+    gateway = await start_gateway(**transcribing)
     problems: list[str] = []
     async with open_page(gateway, problems) as page:
-        # Settings chosen before connecting go out in the first session.update.
+        # The banner says what answers, before anything starts.
+        await until(page, "window.__gateway.responder !== null")
+        banner = await page.locator("#responder").inner_text()
+        assert banner.startswith("Echo (repeats you)") and "whisper" in banner
+        # Settings chosen before starting go out in the first session.update.
         await page.select_option("#voice", "coral")
         await page.fill("#silence", "450")
+        await page.fill("#instructions", "Answer in one sentence.")
         await page.click("#connect")
 
         await until(page, "window.__gateway.state === 'connected'")
+        assert await page.locator("#connect").inner_text() == "Stop"
         await until(page, "window.__gateway.events['session.updated'] >= 1")
         await page.click("#apply")
         await until(page, "window.__gateway.events['session.updated'] >= 2")
@@ -110,10 +138,12 @@ async def test_turn_playback_and_barge_in(start_gateway) -> None:
         await until(page, "window.__gateway.playedSamples > 0")  # its reply was heard
         await until(page, "window.__gateway.events['conversation.item.truncated'] >= 1")  # barge-in
         await until(page, "window.__gateway.turns.some((t) => t.server)")  # the gateway's own timings
+        # The user's words, transcribed, in the row of that turn.
+        await until(page, "window.__gateway.turns[0].marks.transcript !== undefined")
         stats = await page.evaluate("window.__gateway")
 
         ARTIFACTS.mkdir(exist_ok=True)
-        await page.screenshot(path=str(ARTIFACTS / "web.png"), full_page=True)
+        await page.screenshot(path=str(ARTIFACTS / "page.png"), full_page=True)
 
         assert stats["errors"] == [] and problems == []
         assert stats["sentAppends"] > 0 and stats["speechStarted"] >= 2
@@ -124,15 +154,35 @@ async def test_turn_playback_and_barge_in(start_gateway) -> None:
         turn = stats["turns"][0]
         # Measured from when the page sent the speech's last sample: the VAD's 450 ms of silence included.
         assert turn["responseId"] and not turn["endEstimated"] and turn["heardMs"] >= 400
-        assert await page.locator("#transcript li.user").count() >= 1
-        assert "(audio)" in await page.locator("#transcript li.assistant").first.inner_text()
+        marks = turn["marks"]
+        assert 400 <= marks["stopped"] <= marks["audio"] <= marks["heard"] == turn["heardMs"]
+        assert "first_delta_ms" in turn["server"]
+
+        # Whisper tiny hears the fake microphone (echo-cancelled, resampled twice) only roughly: "the quick
+        # round-fark stump over the lazy nard" is typical. Some of the sentence's words, then.
+        user = set(re.findall(r"[a-z]+", (await page.locator("#transcript li.user .text").first.inner_text()).lower()))
+        assert len(user & {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog"}) >= 3, user
+        assert "(audio)" in await page.locator("#transcript li.assistant").first.inner_text()  # echo: no text
+        assert await page.locator("#transcript li.assistant.interrupted").count() >= 1
         assert "interrupted" in await page.locator("#transcript").inner_text()
-        assert await page.locator("#latency-rows tr").count() >= 1
-        assert "first_delta" in await page.locator("#latency-rows").inner_text()
+
+        # The chart drew the turn: a bar per milestone it reached, as long as its time.
+        bars = [b for b in await page.evaluate(BARS) if b["width"] > 1]
+        assert {"stopped", "transcript", "audio", "heard"} <= {b["stage"] for b in bars}
+        width = {b["stage"]: b["width"] for b in bars[:5]}
+        assert width["stopped"] < width["heard"]
+        chart = await page.locator("#latency-chart").inner_html()
+        assert "first audio" in chart and "ms after the end of your speech" in chart
+
+        # The microphone: the chosen device named, the meter moved with the speech.
+        assert stats["levelPeak"] > 0.01
+        assert await page.locator("#mic-name").inner_text() not in ("", "no microphone open")
+        assert await page.locator("#mic option").count() >= 2  # listed with their names after permission
 
         # The form shows what the server confirmed in session.updated.
         assert await page.input_value("#voice") == "coral"
         assert await page.input_value("#silence") == "450"
+        assert await page.input_value("#instructions") == "Answer in one sentence."
 
         # Without turn detection the user ends the turn with "Send turn".
         assert await page.is_disabled("#commit")
@@ -152,17 +202,90 @@ async def test_turn_playback_and_barge_in(start_gateway) -> None:
         await page.click("#apply")
         await until(page, "window.__gateway.errors.length > 0")
         assert "cannot_update_voice" in (await page.evaluate("window.__gateway.errors"))[0]
+        assert await page.locator("#notice").is_visible()
         assert await page.input_value("#voice") == "coral"
 
         await page.click("#connect")
         await until(page, "window.__gateway.state === 'closed'")
+        assert await page.locator("#connect").inner_text() == "Start"
 
         # A connection failure is shown plainly.
         await gateway.stop()
         await page.click("#connect")
         await until(page, "window.__gateway.errors.length > 1")
         assert "could not connect" in await page.locator("#errors").inner_text()
-        assert await page.locator("#errors-panel").is_visible()
+
+
+DRAIN_NOTICE = {"type": "error", "event_id": "event_drain", "error": {
+    "type": "server_error", "code": "server_shutting_down", "param": None, "event_id": None,
+    "message": "This server is shutting down: the session closes in 5 s. Start a new session to continue."}}
+
+
+async def test_the_drain_notice_and_the_servers_close_are_shown(start_gateway) -> None:
+    """A draining gateway's last words (the server_shutting_down error, then close 1001), added by a route
+    on the page's real WebSocket to the gateway: the page shows both as notices, not as faults."""
+    gateway = await start_gateway()
+    problems: list[str] = []
+    async with open_page(gateway, problems) as page:
+        routes = []
+
+        def relay(route) -> None:
+            route.connect_to_server()  # everything else passes through both ways
+            routes.append(route)
+
+        await page.route_web_socket("**/v1/realtime", relay)
+        await page.click("#connect")
+        await until(page, "window.__gateway.events['session.updated'] >= 1")
+        routes[0].send(orjson.dumps(DRAIN_NOTICE).decode())
+        await until(page, "window.__gateway.errors.length >= 1")
+        await routes[0].close(code=1001, reason="Going away")
+        await until(page, "window.__gateway.state === 'closed'")
+        notices = await page.locator("#errors li.warn").all_inner_texts()
+        assert await page.locator("#notice").is_visible() and len(notices) == 2
+        assert "server closed the session" in notices[0] and "shutting down" in notices[1]
+        assert await page.locator("#errors li.error").count() == 0 and problems == []
+
+
+async def test_healthz_names_a_remote_llm_but_not_where_it_is(start_pipeline) -> None:
+    """What the banner reads on a pipeline gateway: model names, no backend URL (/healthz is public)."""
+    async with FakeOpenAI() as fake:
+        gateway = await start_pipeline(fake)
+        url = f"http://127.0.0.1:{gateway.port}/healthz"
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+    assert orjson.loads(body)["responder"] == {"kind": "pipeline", "models": {
+        "stt": "whisper-test", "llm": "llm-test", "tts": "tone (a test signal, no speech)"}}
+    assert fake.base_url.encode() not in body and b"127.0.0.1" not in body
+
+
+async def test_an_api_key_mints_the_session_secret(start_gateway, monkeypatch) -> None:
+    """With GATEWAY_API_KEYS the page says a key is needed; given one, it connects with a minted secret."""
+    key = "sk-page-" + "k" * 24
+    monkeypatch.setenv("GATEWAY_API_KEYS", key)
+    monkeypatch.delenv("GATEWAY_SIGNING_KEY", raising=False)
+    gateway = await start_gateway()
+    problems: list[str] = []
+    async with open_page(gateway, problems) as page:
+        await until(page, "window.__gateway.authRequired")
+        await page.click("#connect")
+        await until(page, "window.__gateway.errors.length > 0")
+        assert "needs an API key" in await page.locator("#errors").inner_text()
+
+        await page.fill("#api-key", "sk-wrong-" + "k" * 24)
+        await page.click("#connect")
+        await until(page, "window.__gateway.errors.length > 1")
+        assert "API key was refused (401)" in await page.locator("#errors").inner_text()
+
+        await page.fill("#api-key", key)
+        await page.click("#connect")
+        await until(page, "window.__gateway.events['session.updated'] >= 1")
+        # The key stays in the page unless the user asks to keep it.
+        assert await page.evaluate("localStorage.length") == 0
+        await page.check("#remember-key")
+        assert await page.evaluate("localStorage.getItem('voice-gateway.api-key')") == key
+        await page.uncheck("#remember-key")
+        assert await page.evaluate("localStorage.length") == 0
+    # The browser's console reports the refused handshakes; nothing else went wrong.
+    assert all("WebSocket" in p or "401" in p for p in problems), problems
 
 
 async def test_the_page_over_webrtc(start_gateway) -> None:

@@ -29,19 +29,13 @@ function requireSecureContext() {
   }
 }
 
-// Starts the microphone; onChunk receives Int16Array chunks of 24 kHz mono. Returns {stop()}.
-export async function startMicrophone(onChunk) {
-  requireSecureContext();
-  let stream;
-  try {
-    stream = await navigator.mediaDevices.getUserMedia({
-      audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true, channelCount: 1 },
-    });
-  } catch (err) {
-    throw new Error(`microphone unavailable: ${err.name === "NotAllowedError" ? "permission denied" : err.message}`);
-  }
+// Starts the microphone (`deviceId`: one of enumerateDevices' audio inputs, or null for the default);
+// onChunk receives Int16Array chunks of 24 kHz mono. Returns {rate, label, deviceId, level(), stop()}.
+export async function startMicrophone(onChunk, deviceId = null) {
+  const stream = await openMicrophone(deviceId, { channelCount: 1 });
   // The device's own rate: Firefox refuses a microphone in a context of another rate.
   const context = new AudioContext();
+  let level;
   try {
     await context.audioWorklet.addModule(new URL("./capture-worklet.js", import.meta.url));
     const source = context.createMediaStreamSource(stream);
@@ -54,6 +48,7 @@ export async function startMicrophone(onChunk) {
     });
     node.port.onmessage = (e) => onChunk(e.data);
     source.connect(node);
+    level = levelOf(context, source);
     await context.resume();
   } catch (err) {
     stream.getTracks().forEach((t) => t.stop());
@@ -62,10 +57,65 @@ export async function startMicrophone(onChunk) {
   }
   return {
     rate: context.sampleRate,
+    ...describe(stream),
+    level,
     stop() {
       stream.getTracks().forEach((t) => t.stop());
       context.close();
     },
+  };
+}
+
+// The microphone as a MediaStream (WebRTC sends it itself), with its level meter.
+// Returns {stream, label, deviceId, level(), stop()}.
+export async function openMeteredMicrophone(deviceId = null) {
+  const stream = await openMicrophone(deviceId);
+  const context = new AudioContext();
+  const level = levelOf(context, context.createMediaStreamSource(stream));
+  await context.resume();
+  return {
+    stream,
+    ...describe(stream),
+    level,
+    stop() {
+      stream.getTracks().forEach((t) => t.stop());
+      context.close();
+    },
+  };
+}
+
+async function openMicrophone(deviceId, extra = {}) {
+  requireSecureContext();
+  const audio = { echoCancellation: true, noiseSuppression: true, autoGainControl: true, ...extra };
+  if (deviceId) audio.deviceId = { exact: deviceId };
+  try {
+    return await navigator.mediaDevices.getUserMedia({ audio });
+  } catch (err) {
+    const why = err.name === "NotAllowedError" ? "permission denied"
+      : err.name === "OverconstrainedError" ? "the chosen device is gone" : err.message;
+    throw new Error(`microphone unavailable: ${why}`);
+  }
+}
+
+function describe(stream) {
+  const track = stream.getAudioTracks()[0];
+  return { label: track?.label || "microphone", deviceId: track?.getSettings().deviceId ?? null };
+}
+
+// The input level for the meter: the RMS (0..1) of the last ~20 ms. The analyser feeds a muted gain to
+// the destination: Chromium only runs nodes that lead somewhere.
+function levelOf(context, source) {
+  const analyser = context.createAnalyser();
+  analyser.fftSize = 1024;
+  const mute = context.createGain();
+  mute.gain.value = 0;
+  source.connect(analyser).connect(mute).connect(context.destination);
+  const samples = new Float32Array(analyser.fftSize);
+  return () => {
+    analyser.getFloatTimeDomainData(samples);
+    let sum = 0;
+    for (const x of samples) sum += x * x;
+    return Math.sqrt(sum / samples.length);
   };
 }
 

@@ -27,6 +27,7 @@ const HANGUP_TIMEOUT_MS = 2000;
  * @param {boolean} [options.beta]  beta signalling (POST /v1/realtime?model=...) and beta-shaped events
  * @param {string} [options.model]  model name for the beta route
  * @param {RTCIceServer[]} [options.iceServers]  none by default: host candidates work on a LAN
+ * @param {string} [options.token]  an API key or client secret, sent as Authorization: Bearer
  * @returns {Promise<{send: (event: object) => void, close: () => Promise<void>, pc: RTCPeerConnection,
  *   audio: HTMLAudioElement, callUrl: URL | null}>}
  */
@@ -40,7 +41,9 @@ export async function connectWebRTC({
   beta = false,
   model = "gpt-realtime",
   iceServers = [],
+  token = null,
 }) {
+  const auth = token ? { Authorization: `Bearer ${token}` } : {};
   const pc = new RTCPeerConnection({ iceServers });
   const player = audio ?? new Audio();
   player.autoplay = true;
@@ -73,7 +76,7 @@ export async function connectWebRTC({
     if (callUrl) {
       // Hang up before closing the connection, so the DELETE finds the call. keepalive: it still
       // goes out when called from pagehide.
-      await fetch(callUrl, { method: "DELETE", keepalive: true, signal: AbortSignal.timeout(HANGUP_TIMEOUT_MS) })
+      await fetch(callUrl, { method: "DELETE", headers: auth, keepalive: true, signal: AbortSignal.timeout(HANGUP_TIMEOUT_MS) })
         .catch(() => {});
     }
     channel.close();
@@ -110,9 +113,9 @@ export async function connectWebRTC({
       const form = new FormData();
       form.set("sdp", offer);
       form.set("session", JSON.stringify(session));
-      init = { method: "POST", body: form };
+      init = { method: "POST", body: form, headers: auth };
     } else {
-      init = { method: "POST", body: offer, headers: { "Content-Type": "application/sdp" } };
+      init = { method: "POST", body: offer, headers: { "Content-Type": "application/sdp", ...auth } };
     }
     let response;
     try {
