@@ -27,11 +27,20 @@ async def _serve(args: argparse.Namespace) -> int:
         await server.stop()
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    stop = asyncio.Event()
+    # SIGTERM (a platform stopping the gateway) drains: no new session, the running ones may go on for
+    # [server] drain_seconds. SIGINT (Ctrl-C), or a second signal, ends every session now (1001).
+    signalled = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if signalled.is_set() or sig == signal.SIGINT:
+            server.gateway.hurry()
+        signalled.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+        loop.add_signal_handler(sig, on_signal, sig)
+    await signalled.wait()
+    await server.drain()
     await server.stop()
     return 0
 

@@ -5,7 +5,7 @@
   POST   /v1/realtime/client_secrets, /v1/realtime/sessions, /v1/realtime/transcription_sessions
                                             ephemeral client secrets (gateway/client_secrets.py)
   GET    /v1/realtime/sessions/{id}/turns   a live session's latency trace
-  GET    /healthz, /metrics                 health (never needs a key), Prometheus metrics
+  GET    /healthz, /readyz, /metrics        liveness, readiness (neither needs a key), Prometheus metrics
   GET    /...                               the browser page (public: it holds no secret)
 
 ``create_app(config)`` is the app factory: a worker process builds its app from the config alone.
@@ -36,13 +36,14 @@ from gateway.realtime_ws import RealtimeEndpoint
 from gateway.responder import EchoResponder, Responder
 from gateway.rest import HttpError, authorize, error_response, http_error_response
 from gateway.server import Gateway
+from gateway.trace import DRAINING, ENGINE_REGISTRY, ENGINE_STREAMS_FREE, SESSION_SLOTS_FREE, SESSIONS
 from gateway.webrtc_routes import signalling_routes
 
 MAX_STATIC_PATH_CHARS = 255
 
 
 class Pages:
-    """The page and /healthz, /metrics and a session's turns."""
+    """The page and /healthz, /readyz, /metrics and a session's turns."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -58,9 +59,27 @@ class Pages:
         return Response(orjson.dumps(body), 200 if gateway.ready else 503, media_type="application/json",
                         headers={"Cache-Control": "no-cache"})
 
+    async def readyz(self, request: Request) -> Response:
+        """Readiness for a balancer: 200 while a new session would be taken, else 503 saying why."""
+        gateway, capacity = self.gateway, self.gateway.capacity
+        why = gateway.not_ready()
+        body = {"status": "ready" if why is None else "not_ready", "reason": why, "sessions": capacity.sessions,
+                "session_slots_free": capacity.free, "engine_streams_free": gateway.engine_streams_free(),
+                "draining": capacity.draining}
+        return Response(orjson.dumps(body), 200 if why is None else 503, media_type="application/json",
+                        headers={"Cache-Control": "no-cache"})
+
     async def metrics(self, request: Request) -> Response:
         authorize(request, self.gateway)
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        capacity = self.gateway.capacity
+        SESSIONS.set(capacity.sessions)
+        SESSION_SLOTS_FREE.set(capacity.free)
+        DRAINING.set(int(capacity.draining))
+        body = generate_latest()
+        if (streams := self.gateway.engine_streams_free()) is not None:
+            ENGINE_STREAMS_FREE.set(streams)
+            body += generate_latest(ENGINE_REGISTRY)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     async def turns(self, request: Request) -> Response:
         """A live session's latency trace: its last turns, stage by stage (the page's latency panel)."""
@@ -123,6 +142,7 @@ def routes(gateway: Gateway) -> list[BaseRoute]:
     table += signalling_routes(gateway)  # answers 404 while WebRTC is off
     table += [
         Route("/healthz", pages.healthz),
+        Route("/readyz", pages.readyz),
         Route("/metrics", pages.metrics),
         Route("/v1/realtime/sessions/{session_id}/turns", pages.turns),
         # The page's folder is served flat: a path of one segment, so that the API's paths never reach it

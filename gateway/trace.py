@@ -12,7 +12,7 @@ import json
 from collections import deque
 from typing import IO, Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 STAGES = (
     "committed", "stt_done", "llm_first_token", "llm_first_segment", "tts_first_audio", "first_delta",
@@ -34,6 +34,17 @@ CANCEL_TO_LAST_DELTA = Histogram(
 )
 RESPONSES = Counter("gateway_responses_total", "Responses by final status", ["status"])
 ACTIVE_SESSIONS = Gauge("gateway_active_sessions", "Open Realtime sessions")
+# Capacity, set at each scrape from gateway.capacity (every worker process's sessions): what a balancer or
+# an autoscaler acts on.
+SESSIONS = Gauge("gateway_sessions", "Sessions the gateway holds (every worker process)",
+                 multiprocess_mode="mostrecent")
+SESSION_SLOTS_FREE = Gauge("gateway_session_slots_free", "Sessions the gateway may still take ([server] max_sessions)",
+                           multiprocess_mode="mostrecent")
+DRAINING = Gauge("gateway_draining", "1 while the gateway drains (takes no new session)", multiprocess_mode="max")
+# Only with an engine that has a stream cap (qwen3): a registry of its own, left out of /metrics otherwise.
+ENGINE_REGISTRY = CollectorRegistry(auto_describe=True)
+ENGINE_STREAMS_FREE = Gauge("gateway_engine_streams_free", "TTS engine streams free: the engines' rows less the "
+                            "streams they hold or queue", registry=ENGINE_REGISTRY, multiprocess_mode="mostrecent")
 
 _DELTAS = ("response.output_audio.delta", "response.audio.delta")
 
