@@ -163,6 +163,11 @@ class Batcher:
         with self.cond:
             return len(self._active) + len(self._waiting)
 
+    @property
+    def free_streams(self) -> int:
+        """Rows neither held nor waited for (the gateway's readiness and /metrics read it)."""
+        return max(0, self.max_streams - self.load)
+
     def counters(self) -> dict[str, Any]:
         """Streams held now, and the runner's counters since start (what the benchmarks read)."""
         with self.cond:

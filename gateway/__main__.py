@@ -29,20 +29,30 @@ def configure_logging(level: str, prefix: str = "") -> None:
 
 async def run_server(server: GatewayServer,
                      serving: Callable[[GatewayServer], Awaitable[None]] | None = None) -> int:
-    """Start `server` and serve until SIGINT or SIGTERM (running `serving` meanwhile); 2 (the reason on
-    stderr) when it cannot start. One process does this, and so does each worker of `serve --workers N`."""
+    """Start `server` and serve until SIGINT or SIGTERM (running `serving` meanwhile), then drain and stop;
+    2 (the reason on stderr) when it cannot start. One process does this, and so does each worker of
+    `serve --workers N`."""
     try:
         await server.start()
     except ConfigError as exc:
         await server.stop()
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    stop = asyncio.Event()
+    # SIGTERM (a platform stopping the gateway) drains: no new session, the running ones may go on for
+    # [server] drain_seconds. SIGINT (Ctrl-C), or a second signal, ends every session now (1001).
+    signalled = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if signalled.is_set() or sig == signal.SIGINT:
+            server.gateway.hurry()
+        signalled.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     task = asyncio.create_task(serving(server)) if serving is not None else None
-    await stop.wait()
+    await signalled.wait()
+    await server.drain()
     if task is not None:
         task.cancel()
     await server.stop()

@@ -5,7 +5,7 @@
   POST   /v1/realtime/client_secrets, /v1/realtime/sessions, /v1/realtime/transcription_sessions
                                             ephemeral client secrets (gateway/client_secrets.py)
   GET    /v1/realtime/sessions/{id}/turns   a live session's latency trace
-  GET    /healthz, /metrics                 health (never needs a key), Prometheus metrics
+  GET    /healthz, /readyz, /metrics        liveness, readiness (neither needs a key), Prometheus metrics
   GET    /...                               the browser page (public: it holds no secret)
 
 ``create_app(config)`` is the app factory: a worker process builds its app from the config alone.
@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -37,14 +37,14 @@ from gateway.realtime_ws import RealtimeEndpoint
 from gateway.responder import EchoResponder, Responder
 from gateway.rest import HttpError, authorize, error_response, http_error_response
 from gateway.server import Gateway
-from gateway.trace import metrics_registry
+from gateway.trace import DRAINING, ENGINE_STREAMS_FREE, SESSION_SLOTS_FREE, SESSIONS, metrics_text
 from gateway.webrtc_routes import signalling_routes
 
 MAX_STATIC_PATH_CHARS = 255
 
 
 class Pages:
-    """The page and /healthz, /metrics and a session's turns."""
+    """The page and /healthz, /readyz, /metrics and a session's turns."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -60,10 +60,26 @@ class Pages:
         return Response(orjson.dumps(body), 200 if gateway.ready else 503, media_type="application/json",
                         headers={"Cache-Control": "no-cache"})
 
+    async def readyz(self, request: Request) -> Response:
+        """Readiness for a balancer: 200 while a new session would be taken, else 503 saying why."""
+        gateway, capacity = self.gateway, self.gateway.capacity
+        why = gateway.not_ready()
+        body = {"status": "ready" if why is None else "not_ready", "reason": why, "sessions": capacity.sessions,
+                "session_slots_free": capacity.free, "engine_streams_free": gateway.engine_streams_free(),
+                "draining": capacity.draining}
+        return Response(orjson.dumps(body), 200 if why is None else 503, media_type="application/json",
+                        headers={"Cache-Control": "no-cache"})
+
     async def metrics(self, request: Request) -> Response:
         authorize(request, self.gateway)
+        capacity = self.gateway.capacity
+        SESSIONS.set(capacity.sessions)
+        SESSION_SLOTS_FREE.set(capacity.free)
+        DRAINING.set(int(capacity.draining))
+        if (streams := self.gateway.engine_streams_free()) is not None:
+            ENGINE_STREAMS_FREE.set(streams)
         # A thread: under `serve --workers N` this reads and adds up every worker's metrics files.
-        return Response(await asyncio.to_thread(generate_latest, metrics_registry()), media_type=CONTENT_TYPE_LATEST)
+        return Response(await asyncio.to_thread(metrics_text, streams is not None), media_type=CONTENT_TYPE_LATEST)
 
     async def turns(self, request: Request) -> Response:
         """A live session's latency trace: its last turns, stage by stage (the page's latency panel)."""
@@ -126,6 +142,7 @@ def routes(gateway: Gateway) -> list[BaseRoute]:
     table += signalling_routes(gateway)  # answers 404 while WebRTC is off
     table += [
         Route("/healthz", pages.healthz),
+        Route("/readyz", pages.readyz),
         Route("/metrics", pages.metrics),
         Route("/v1/realtime/sessions/{session_id}/turns", pages.turns),
         # The page's folder is served flat: a path of one segment, so that the API's paths never reach it

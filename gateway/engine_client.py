@@ -173,6 +173,12 @@ class EngineClient:
         link.send([p.OPEN, stream.sid, voice.encode(), b"" if lang == "auto" else lang.encode()])
         return stream
 
+    @property
+    def free_streams(self) -> int:
+        """Rows the engines that are up have left, as of their last heartbeat: each one's cap (``rows`` in its
+        hello) less the streams it reported (every gateway process's) and those opened here since."""
+        return sum(max(0, int(link.hello["rows"]) - link.load - link.opened) for link in self.links if link.up)
+
     async def stats(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Each engine process's counters (engine.worker.Batcher.counters, plus its instance, pid, clients and
         uptime), from the engines that answer within `timeout`."""

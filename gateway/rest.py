@@ -16,18 +16,19 @@ class HttpError(Exception):
     """A refusal the app answers with ``status`` and an OpenAI-shaped error body."""
 
     def __init__(self, status: int, message: str, code: str | None, param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.param, self.kind = status, code, param, kind
+        self.headers = headers
 
 
 def error_response(status: int, message: str, code: str | None, kind: str = "invalid_request_error",
-                   param: str | None = None) -> Response:
-    return Response(error_body(message, code, kind, param), status, media_type="application/json")
+                   param: str | None = None, headers: dict[str, str] | None = None) -> Response:
+    return Response(error_body(message, code, kind, param), status, headers, media_type="application/json")
 
 
 def http_error_response(exc: HttpError) -> Response:
-    return error_response(exc.status, str(exc), exc.code, exc.kind, exc.param)
+    return error_response(exc.status, str(exc), exc.code, exc.kind, exc.param, exc.headers)
 
 
 def authorize(request: Request, gateway: Gateway, secrets_allowed: bool = False) -> Credential:

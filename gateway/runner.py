@@ -113,6 +113,10 @@ class SessionRunner:
         if len(self._vad_backlog) > MAX_VAD_BACKLOG_BYTES and self._vad_task is not None:
             await asyncio.wait([self._vad_task])
 
+    async def send_event(self, event: dict[str, Any]) -> None:
+        """A server event from outside the session (a draining gateway's notice), in order with its others."""
+        await self._apply([event])
+
     async def feed_audio(self, pcm: bytes) -> None:
         """Input audio from a media track (pcm16 24 kHz), the same path as input_audio_buffer.append."""
         await self._apply(self.session.input_audio(pcm))

@@ -51,6 +51,13 @@ def check_exposure(config: Config, auth: Auth, insecure_no_auth: bool) -> None:
                 "and the paid backends behind it", host)
 
 
+def check_drain(config: Config) -> None:
+    server = config.server
+    for name in ("drain_seconds", "drain_notice_seconds"):
+        if getattr(server, name) < 0:
+            raise ConfigError(f"option server.{name} must be >= 0, got {getattr(server, name)}")
+
+
 def check_tls(config: Config) -> bool:
     """Whether TLS is on; a ConfigError naming the option when its files cannot be used."""
     cert, key = config.server.tls_cert, config.server.tls_key
@@ -134,6 +141,7 @@ class GatewayServer:
             tls = bool(server.tls_cert)
         else:
             check_exposure(self.config, self.gateway.auth, self.insecure_no_auth)
+            check_drain(self.config)
             tls = check_tls(self.config)
             self._socket = listen(server.host, server.port)
         # The models load while the server already answers (/healthz "starting", sessions 503), not in the
@@ -171,6 +179,12 @@ class GatewayServer:
     def port(self) -> int:
         assert self._socket is not None
         return self._socket.getsockname()[1]
+
+    async def drain(self) -> None:
+        """Stop taking sessions and let those running end within [server] drain_seconds (Gateway.drain;
+        ``gateway.hurry()`` ends them now). Call ``stop`` after it."""
+        server = self.config.server
+        await self.gateway.drain(server.drain_seconds, server.drain_notice_seconds)
 
     async def stop(self) -> None:
         if self._server is not None and self._task is not None:

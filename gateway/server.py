@@ -10,10 +10,10 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 from prometheus_client import Counter
@@ -22,7 +22,7 @@ from gateway import mcp_client
 from gateway.auth import Auth, ClientSecret
 from gateway.capacity import Capacity
 from gateway.config import Config, ConfigError
-from gateway.protocol import Dialect
+from gateway.protocol import Dialect, error_event
 from gateway.responder import Responder, Transcriber
 from gateway.runner import Playout, Send, SessionRunner
 from gateway.session import Session
@@ -35,12 +35,39 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How long the sessions ended at a drain's end get to finish closing (a close handshake, a hang-up).
+DRAIN_CLOSE_S = 5.0
+
 DISCONNECTS = Counter("gateway_client_disconnects_total",
                       "Sessions whose client went away, by what the session was doing", ["during"])
 
 
+# Ends a session from the server's side (a WebSocket closes with 1001, a WebRTC call hangs up).
+End = Callable[[], Awaitable[None]]
+
+
 class SessionRefused(Exception):
     """A session cannot start as asked (a bad configuration); the message says why."""
+
+
+class Refusal(NamedTuple):
+    """Why no new session starts now: an HTTP 503 with this error code, message and Retry-After."""
+
+    code: str
+    message: str
+    retry_after_s: int = 1
+
+
+STARTING = Refusal("server_starting", "The gateway is starting.", 5)
+FULL = Refusal("session_limit_reached", "This gateway holds as many sessions as it may ([server] max_sessions); "
+               "try again later or another one.")
+DRAINING = Refusal("server_shutting_down", "This gateway is shutting down; start the session on another one.")
+
+
+def drain_notice(seconds: float) -> dict[str, Any]:
+    """The one event a draining session gets ``seconds`` before the gateway closes it (the page shows it)."""
+    return error_event("server_shutting_down", f"This server is shutting down: the session closes in "
+                       f"{round(seconds)} s. Start a new session to continue.", error_type="server_error")
 
 
 class Gateway:
@@ -54,6 +81,9 @@ class Gateway:
         self.auth = auth if auth is not None else Auth.from_env(os.environ)
         self.capacity = capacity if capacity is not None else Capacity(config.server.max_sessions)
         self.sessions: set[SessionRunner] = set()
+        self._ends: dict[SessionRunner, End] = {}
+        self._emptied = asyncio.Event()  # set whenever the last session of this process ends
+        self._hurry = asyncio.Event()  # a second signal: the drain closes what is left at once
         self.ready = False
         self._vad_model: SileroModel | None = None
         self._vad_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
@@ -148,12 +178,36 @@ class Gateway:
 
     # --- sessions, for every transport ------------------------------------------------------------
 
-    def unavailable(self) -> str | None:
-        """Why no session can start now (HTTP 503), or None."""
+    def unavailable(self) -> Refusal | None:
+        """Why no session can start now (HTTP 503), or None; takes no slot (see ``admit``)."""
         if not self.ready:
-            return "The gateway is starting."
-        if len(self.sessions) >= self.config.server.max_sessions:
-            return "Too many sessions."
+            return STARTING
+        if self.capacity.draining:
+            return DRAINING
+        if self.capacity.free <= 0:
+            return FULL
+        return None
+
+    def admit(self) -> Refusal | None:
+        """Take a session slot, or say why not; a slot taken is given back by ``close_session`` once the
+        session is ``opened``, else by ``capacity.release()``."""
+        if (refusal := self.unavailable()) is not None:
+            return refusal
+        return None if self.capacity.admit() else self.unavailable() or FULL
+
+    def engine_streams_free(self) -> int | None:
+        """Streams the TTS engine can still take (its rows less those held), or None when it has no such cap
+        (the tone and piper engines, the echo responder)."""
+        engine = getattr(self.responder, "tts_engine", None)
+        return getattr(engine, "free_streams", None)
+
+    def not_ready(self) -> str | None:
+        """Why a balancer should send no new session here now (``/readyz``): starting, draining, full, or
+        no engine streams (new ones would wait for a row), or None."""
+        if (refusal := self.unavailable()) is not None:
+            return {STARTING: "starting", DRAINING: "draining"}.get(refusal, "full")
+        if self.engine_streams_free() == 0:
+            return "no engine streams"
         return None
 
     def new_session(self, dialect: Dialect, *, model: str | None = None, server_playout: bool = False,
@@ -188,8 +242,11 @@ class Gateway:
             smart_turn=self._smart_turn,
         )
 
-    def opened(self, runner: SessionRunner, how: str) -> None:
+    def opened(self, runner: SessionRunner, how: str, end: End) -> None:
+        """A session admitted (its slot taken) is running; ``end`` closes it from the server's side."""
         self.sessions.add(runner)
+        self._ends[runner] = end
+        self._emptied.clear()
         ACTIVE_SESSIONS.set(len(self.sessions))
         log.info("session %s opened (%s shape, %s)", runner.session.settings.id, runner.session.dialect.value, how)
 
@@ -200,8 +257,52 @@ class Gateway:
         await runner.close()
         if runner in self.sessions:
             self.sessions.discard(runner)
+            del self._ends[runner]
+            self.capacity.release()
             ACTIVE_SESSIONS.set(len(self.sessions))
             log.info("session %s closed", runner.session.settings.id)
+            if not self.sessions:
+                self._emptied.set()
+
+    # --- draining --------------------------------------------------------------------------------
+
+    async def drain(self, seconds: float, notice_seconds: float) -> None:
+        """Stop taking sessions; let this process's sessions run for up to ``seconds``, send each the notice
+        ``notice_seconds`` before that end, then end what is left (1001). Returns once none is left; after
+        ``hurry()`` it ends them at once."""
+        self.capacity.draining = True
+        log.info("draining: %d session(s) here may run for up to %g s", len(self.sessions), seconds)
+        if self.webrtc is not None:
+            await self.webrtc.close_pending()  # not connected yet: no conversation to keep
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        if not await self._wait_sessions(end - notice_seconds) and not self._hurry.is_set():
+            left = max(0.0, end - loop.time())
+            await asyncio.gather(*(runner.send_event(drain_notice(left)) for runner in list(self.sessions)))
+            await self._wait_sessions(end)
+        if self.sessions:
+            log.info("drain: ending the %d session(s) left", len(self.sessions))
+            await asyncio.gather(*(end_session() for end_session in list(self._ends.values())),
+                                 return_exceptions=True)
+            await self._wait_sessions(loop.time() + DRAIN_CLOSE_S, hurried_too=False)
+        log.info("drained: %d session(s) left", len(self.sessions))
+
+    def hurry(self) -> None:
+        """A draining gateway ends its sessions now (the second SIGTERM or SIGINT)."""
+        self._hurry.set()
+
+    async def _wait_sessions(self, until: float, hurried_too: bool = True) -> bool:
+        """Wait until no session is left (True), ``until`` (loop time) or ``hurry()``."""
+        if not self.sessions:
+            return True
+        waits = [asyncio.ensure_future(self._emptied.wait())]
+        if hurried_too:
+            waits.append(asyncio.ensure_future(self._hurry.wait()))
+        timeout = max(0.0, until - asyncio.get_running_loop().time())
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+        return not self.sessions
 
 def configure(session: Session, config: dict[str, Any], kind: str = "realtime") -> None:
     """Apply a session configuration before session.created, as the client's first event would be

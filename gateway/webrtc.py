@@ -50,6 +50,7 @@ from gateway.rtc_media import (
     audio_frames,
     set_jitter_prefetch,
 )
+from gateway.server import Refusal
 from gateway.session import Session
 
 if TYPE_CHECKING:
@@ -424,12 +425,12 @@ class CallRegistry:
     def pending(self) -> int:
         return sum(not call.connected for call in self.calls.values())
 
-    def unavailable(self) -> str | None:
+    def unavailable(self) -> Refusal | None:
         """Why no call can start now (HTTP 503), or None."""
-        if (why := self.gateway.unavailable()) is not None:
-            return why
+        if (refusal := self.gateway.unavailable()) is not None:
+            return refusal
         if self.pending >= self.options.max_pending_calls:
-            return "Too many calls waiting to connect ([webrtc] max_pending_calls)."
+            return Refusal("too_many_pending_calls", "Too many calls waiting to connect ([webrtc] max_pending_calls).")
         return None
 
     async def answer(self, session: Session, offer_sdp: str) -> tuple[Call, str]:
@@ -448,11 +449,15 @@ class CallRegistry:
     def connected(self, call: Call) -> None:
         """The call's peer connection is up: from now on it is a session, counted in max_sessions."""
         call.connected = True
-        if len(self.gateway.sessions) >= self.gateway.config.server.max_sessions:
-            log.info("call %s connected but the gateway is full ([server] max_sessions), closing", call.id)
+        if (refusal := self.gateway.admit()) is not None:
+            log.info("call %s connected but refused (%s), closing", call.id, refusal.message)
             call.close_soon(client_gone=False)
             return
-        self.gateway.opened(call.runner, f"WebRTC call {call.id}")
+        self.gateway.opened(call.runner, f"WebRTC call {call.id}", call.close)
+
+    async def close_pending(self) -> None:
+        """Hang up the calls not connected yet (a draining gateway's: they hold no conversation)."""
+        await asyncio.gather(*(call.close() for call in list(self.calls.values()) if not call.connected))
 
     async def stop(self) -> None:
         await asyncio.gather(*(call.close() for call in list(self.calls.values())))

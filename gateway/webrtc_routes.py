@@ -107,8 +107,9 @@ class Signalling:
         if calls is None:
             raise HttpError(404, "WebRTC is off on this gateway ([webrtc] enabled, and the webrtc extra).",
                             "webrtc_disabled")
-        if (why := calls.unavailable()) is not None:
-            raise HttpError(503, why, "unavailable", kind="server_error")
+        if (refusal := calls.unavailable()) is not None:
+            raise HttpError(503, refusal.message, refusal.code, kind="server_error",
+                            headers={"Retry-After": str(refusal.retry_after_s)})
         offer, session_config = await read_offer(request)
         if (problem := offer_problem(offer)) is not None:
             raise HttpError(400, problem, "invalid_offer")

@@ -127,7 +127,7 @@ class Workers:
 
     def run(self) -> int:
         """Serve until a signal stops every worker; 2 when the gateway cannot start (the reason on stderr)."""
-        from gateway.serve import check_exposure, check_tls, listen  # noqa: PLC0415
+        from gateway.serve import check_drain, check_exposure, check_tls, listen  # noqa: PLC0415
 
         server = self.config.server
         supervisor: EngineSupervisor | None = None
@@ -135,6 +135,7 @@ class Workers:
             # One signing key: a client secret minted by one worker opens a session on any.
             self._auth = Auth.from_env(os.environ)
             check_exposure(self.config, self._auth, self.insecure_no_auth)
+            check_drain(self.config)
             check_tls(self.config)
             self._socket = listen(server.host, server.port)
             supervisor = self._start_engines()

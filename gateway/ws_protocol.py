@@ -139,9 +139,14 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
     def _drop_parsed_frame(self) -> None:
         """websockets' parser keeps its last frame referenced (a local of its generator) until the next one
         is parsed: between messages, with nothing buffered, a fresh parser lets a large message's bytes go
-        once handled, instead of when (if ever) the next message arrives."""
+        once handled, instead of when (if ever) the next message arrives. Only where the parser waits for
+        a frame's first byte (in ``at_eof``): a read that ended inside a frame's header leaves the buffer
+        empty too, with that header already taken by the parser."""
         conn = self.conn
-        if self._parser_holds and not conn.reader.buffer and conn.cur_size is None and conn.state is State.OPEN:
+        waiting = conn.parser.gi_yieldfrom
+        at_frame_start = waiting is not None and waiting.gi_code.co_name == "at_eof"
+        if (self._parser_holds and at_frame_start and not conn.reader.buffer and conn.cur_size is None
+                and conn.state is State.OPEN):
             conn.parser = conn.parse()
             next(conn.parser)
             self._parser_holds = 0

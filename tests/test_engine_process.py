@@ -204,8 +204,26 @@ async def test_a_pipeline_turn_through_the_engine_process(supervisor: EngineSupe
                 done = (await client.until("response.done"))[-1]["response"]
                 assert (done["id"], done["status"]) == (response_id, "cancelled")
                 assert not [e for e in await client.quiet(0.5) if e.get("response_id") == response_id]
+            # /readyz and /metrics read the engine processes' free streams through the responder.
+            assert gateway.gateway.engine_streams_free() is not None
         finally:
             await gateway.stop()
+
+
+async def test_free_streams_follow_what_the_engine_reports(client: EngineClient) -> None:
+    """What the gateway's /readyz and /metrics report: the engine's rows (its hello) less its streams."""
+    rows = client.links[0].hello["rows"]
+    assert client.free_streams == rows
+    stream = client.open("alloy", "english")
+    # No text yet: it holds its row, waiting for some.
+    assert client.free_streams == rows - 1  # counted here until the next heartbeat
+    await asyncio.sleep(3 * HEARTBEAT_S)
+    assert client.links[0].load == 1 and client.free_streams == rows - 1  # now as the engine reports it
+    stream.cancel()
+    deadline = time.monotonic() + 10
+    while client.free_streams != rows and time.monotonic() < deadline:
+        await asyncio.sleep(HEARTBEAT_S)
+    assert client.free_streams == rows
 
 
 def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:

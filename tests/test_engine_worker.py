@@ -120,6 +120,19 @@ async def test_more_streams_than_slots_wait(engine: QwenTTSEngine) -> None:
     assert all([c.text for c in r] == [c.text for c in results[0]] for r in results)
 
 
+async def test_free_streams_count_the_rows_held(engine: QwenTTSEngine) -> None:
+    assert engine.free_streams == engine.max_streams
+    stream = engine.open("alloy", "english")
+    # No text yet: it holds its row, waiting for some.
+    assert engine.free_streams == engine.max_streams - 1
+    stream.cancel()
+    for _ in range(200):
+        if engine.free_streams == engine.max_streams:
+            break
+        await asyncio.sleep(0.01)
+    assert engine.free_streams == engine.max_streams
+
+
 async def test_cancel_ends_iteration_and_frees_the_slot(engine: QwenTTSEngine) -> None:
     stream = engine.open("alloy", "english")
     stream.feed(TEXT)

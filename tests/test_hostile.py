@@ -286,3 +286,28 @@ async def test_many_clients_sending_the_largest_messages_stay_within_the_memory_
     bound = limits["inbound_budget_bytes"] * 2 + clients * (limits["inbound_free_bytes"] + 256 * 1024) * 3
     print(f"peak RSS growth {peak / mib:.1f} MiB, documented bound {bound / mib:.1f} MiB")
     assert peak <= bound
+
+
+async def test_a_frame_split_after_its_header_is_read_whole(start_gateway):
+    """A TCP read that ends inside a frame's header, right after a message: the server must not lose the
+    header it already took (it did: the next bytes were read as a new frame, 1002 "incorrect masking")."""
+    gateway: Served = await start_gateway(EchoResponder(pace=0))
+    loop = asyncio.get_running_loop()
+    client = await loop.run_in_executor(None, RawWebSocket, gateway.port)
+    frames = []
+    for event in ({"type": "input_audio_buffer.append", "audio": base64.b64encode(silence(20)).decode()},
+                  {"type": "input_audio_buffer.clear"}):
+        client.protocol.send_text(orjson.dumps(event))
+        (frame,) = client.protocol.data_to_send()
+        frames.append(frame)
+    # One read holds a whole message and the next frame's first two bytes; the rest comes later.
+    for part in (frames[0] + frames[1][:2], frames[1][2:6], frames[1][6:]):
+        await loop.run_in_executor(None, client.sock.sendall, part)
+        await asyncio.sleep(0.1)
+    client.sock.settimeout(5)
+    received = b""
+    while b"input_audio_buffer.cleared" not in received:
+        data = await loop.run_in_executor(None, client.sock.recv, 65536)
+        assert data, f"the server closed the connection: {received[-200:]!r}"
+        received += data
+    client.sock.close()

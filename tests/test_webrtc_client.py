@@ -155,7 +155,7 @@ async def test_replay_barge_in_and_the_same_report_as_websocket(gateway, short_w
         ("ftp://127.0.0.1/v1/realtime/calls", "not an HTTP URL for WebRTC signalling"),
         ("http://127.0.0.1:1/v1/realtime/calls", "connection refused"),
         ("{webrtc}/v1/nowhere", "refused the offer: HTTP 404"),
-        ("{webrtc}/v1/realtime/calls", "refused the offer: HTTP 503: Too many sessions."),
+        ("{webrtc}/v1/realtime/calls", "refused the offer: HTTP 503: This gateway holds as many sessions as it may"),
     ],
 )
 async def test_signalling_problems_exit_2(start_gateway, short_wav: Path, tmp_path: Path, capsys,

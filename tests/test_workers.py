@@ -106,8 +106,9 @@ async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one
         async with sessions(gateway, 12) as first:
             workers = [worker for _, worker in first]
             assert set(workers) == {0, 1}, f"the kernel gave every connection to one worker: {workers}"
-            # One worker's /metrics counts both workers' sessions.
+            # One worker's /metrics counts both workers' sessions: the live gauges added up, and the shared count.
             assert await gateway.metric("gateway_active_sessions") == 12
+            assert await gateway.metric("gateway_sessions") == 12
             # An echo turn on a session of each worker.
             for client, worker in [next(s for s in first if s[1] == w) for w in (0, 1)]:
                 speech = load_pcm("one_sentence.wav")
@@ -118,15 +119,18 @@ async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one
 
             pids = gateway.worker_pids()
             os.kill(pids[1], signal.SIGKILL)
-            await gateway.wait_for(r"worker 1 \(pid \d+\) exited with status -9 .* holding \d+ sessions; restarting")
+            held = workers.count(1)
+            await gateway.wait_for(rf"worker 1 \(pid \d+\) exited with status -9 .* holding {held} sessions; restart")
             await gateway.wait_for(r"worker\[1\] gateway\.serve: gateway \S+ on http", 2)
             assert gateway.worker_pids()[1] != pids[1]
-            # The killed worker's live gauge is gone: the count is worker 0's sessions, still open.
+            # The killed worker's live gauge is gone and its slot zeroed: the counts are worker 0's sessions.
             assert await gateway.metric("gateway_active_sessions") == workers.count(0)
+            assert await gateway.metric("gateway_sessions") == workers.count(0)
             # New sessions work, on both workers again, and the count adds up.
             async with sessions(gateway, 12) as second:
                 assert {worker for _, worker in second} == {0, 1}
                 assert await gateway.metric("gateway_active_sessions") == workers.count(0) + 12
+                assert await gateway.metric("gateway_sessions") == workers.count(0) + 12
 
         pids = gateway.worker_pids()
         gateway.process.send_signal(signal.SIGTERM)
