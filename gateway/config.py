@@ -35,6 +35,7 @@ class ServerConfig:
     inbound_free_bytes: int = 256 * 1024
     inbound_budget_bytes: int = 256 * 1024 * 1024
     send_timeout_s: float = 10.0
+    request_head_timeout_s: float = 10.0
     max_sessions: int = 1000
     drain_seconds: float = 600.0
     drain_notice_seconds: float = 30.0

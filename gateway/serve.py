@@ -1,6 +1,7 @@
 """Serving the app: uvicorn on one listening socket, with TLS when configured and the WebSocket limits.
 
-uvicorn parses HTTP (h11: bounded request heads, 400 for malformed ones), the websockets library's
+uvicorn parses HTTP (h11: bounded request heads, 400 for malformed ones; gateway/http_protocol.py adds a
+deadline for them), the websockets library's
 sans-I/O protocol speaks WebSocket (gateway/ws_protocol.py adds the send deadline and the inbound
 bound). The socket is bound here, before the server starts, so that a busy port is a clear error, and
 so that the worker processes of `serve --workers N` (gateway.workers) accept on one socket their parent
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from gateway import __version__
+from gateway import __version__, http_protocol, ws_protocol
 from gateway.app import create_app
 from gateway.auth import Auth
 from gateway.capacity import Capacity
@@ -26,7 +27,6 @@ from gateway.config import Config, ConfigError
 from gateway.guard import is_loopback
 from gateway.responder import Responder
 from gateway.server import Gateway
-from gateway.ws_protocol import protocol_class
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,8 @@ def uvicorn_config(app: object, config: Config) -> uvicorn.Config:
     server = config.server
     return uvicorn.Config(
         app,
-        http="h11",
-        ws=protocol_class(server.send_timeout_s, server.inbound_free_bytes, server.inbound_budget_bytes,
+        http=http_protocol.protocol_class(server.request_head_timeout_s),
+        ws=ws_protocol.protocol_class(server.send_timeout_s, server.inbound_free_bytes, server.inbound_budget_bytes,
                           server.max_message_bytes),
         ws_max_size=server.max_message_bytes,
         ws_per_message_deflate=False,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import gc
 import logging
 import os
@@ -311,3 +312,27 @@ async def test_a_frame_split_after_its_header_is_read_whole(start_gateway):
         assert data, f"the server closed the connection: {received[-200:]!r}"
         received += data
     client.sock.close()
+
+
+async def test_a_request_head_that_never_ends_is_cut_off(start_gateway):
+    """Slowloris: a head sent a byte at a time is closed at request_head_timeout_s; a kept-alive connection
+    that asks again in time is served."""
+    gateway: Served = await start_gateway(EchoResponder(pace=0), server__request_head_timeout_s=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    await writer.drain()
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 200")
+    await asyncio.sleep(0.3)
+    sent = 0
+    with contextlib.suppress(ConnectionError):
+        for byte in b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Slow: yes\r\n" * 20:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            sent += 1
+            await asyncio.sleep(0.02)
+    rest = b""
+    with contextlib.suppress(ConnectionError):
+        rest = await asyncio.wait_for(reader.read(), 5)  # the first answer's body, then the close
+    assert b"HTTP/1.1" not in rest
+    assert sent < 40  # closed some 0.5 s in, long before the head would have ended
+    writer.close()
