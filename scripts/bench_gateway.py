@@ -135,6 +135,7 @@ def gateway_config(args: argparse.Namespace) -> tuple[Any, bool]:
     config.webrtc.enabled = False
     config.mcp.enabled = False  # no session here calls a tool: the mcp package need not be installed
     config.trace.jsonl_path = str(Path(args.stats_dir) / "trace.jsonl")
+    config.server.drain_seconds = 0  # the benchmark's SIGTERM comes after its sessions: no drain to wait for
     if args.responder == "echo":
         config.responder.echo_pace = 1.0
         return config, False
