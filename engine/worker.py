@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ACTIVE = Gauge("tts_engine_active_streams", "Streams holding an engine row (generating or waiting for text)")
+ACTIVE = Gauge("tts_engine_active_streams", "Streams holding an engine row (generating or waiting for text)",
+               multiprocess_mode="livesum")
 FIRST_AUDIO = Histogram("tts_engine_first_audio_seconds", "From a stream's open() to its first audio packet",
                         buckets=(.01, .015, .02, .025, .03, .04, .05, .075, .1, .15, .2, .3, .5, 1, 2))
 

@@ -8,19 +8,30 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from gateway.config import ConfigError, load_config
 
+if TYPE_CHECKING:
+    from gateway.serve import GatewayServer
 
-async def _serve(args: argparse.Namespace) -> int:
-    from gateway.serve import GatewayServer  # noqa: PLC0415 - keeps `client` free of the server's imports
 
-    config = load_config(args.config)
-    if args.host:
-        config.server.host = args.host
-    if args.port is not None:
-        config.server.port = args.port
-    server = GatewayServer(config, insecure_no_auth=args.insecure_no_auth)
+def configure_logging(level: str, prefix: str = "") -> None:
+    logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s")
+    # uvicorn logs a line per WebSocket handshake; the gateway logs each session itself.
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    # The openai package's HTTP client logs every request at INFO: a line per STT and LLM call of every
+    # turn. The gateway logs the failed ones itself; --log-level DEBUG shows them all.
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
+
+
+async def run_server(server: GatewayServer,
+                     serving: Callable[[GatewayServer], Awaitable[None]] | None = None) -> int:
+    """Start `server` and serve until SIGINT or SIGTERM (running `serving` meanwhile), then drain and stop;
+    2 (the reason on stderr) when it cannot start. One process does this, and so does each worker of
+    `serve --workers N`."""
     try:
         await server.start()
     except ConfigError as exc:
@@ -39,10 +50,45 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
+    task = asyncio.create_task(serving(server)) if serving is not None else None
     await signalled.wait()
     await server.drain()
+    if task is not None:
+        task.cancel()
     await server.stop()
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.serve import GatewayServer  # noqa: PLC0415 - keeps `client` free of the server's imports
+    from gateway.workers import Workers, worker_count  # noqa: PLC0415
+
+    config = load_config(args.config)
+    if args.host:
+        config.server.host = args.host
+    if args.port is not None:
+        config.server.port = args.port
+    if args.workers is not None:
+        config.server.workers = args.workers
+    workers = worker_count(config)
+    if workers > 1:
+        return Workers(config, workers, insecure_no_auth=args.insecure_no_auth).run()
+
+    async def serve() -> int:
+        return await run_server(GatewayServer(config, insecure_no_auth=args.insecure_no_auth))
+
+    return asyncio.run(serve())
+
+
+def _workers(value: str) -> int:
+    if value == "auto":
+        return 0
+    try:
+        if (n := int(value)) >= 0:
+            return n
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected a number of processes or auto, got {value!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,8 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--config", help="config file (default: the repository's config.toml)")
     serve.add_argument("--insecure-no-auth", action="store_true",
                        help="serve a non-loopback address with no API keys: anyone who reaches it may use it")
+    serve.add_argument("--workers", type=_workers, help="worker processes sharing the port, the engine processes "
+                       "and max_sessions (default from config: 0 = auto: one per CPU core less two per engine "
+                       "process when a Qwen3-TTS engine runs in engine processes on a GPU, else 1)")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    commands = {"serve": lambda args: asyncio.run(_serve(args))}
+    commands = {"serve": _serve}
     with contextlib.suppress(ImportError):
         from gateway import certs  # noqa: PLC0415
 
@@ -73,15 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         replay.add_arguments(sub.add_parser("replay", help="replay WAV conversations headlessly"))
         commands["replay"] = replay.run
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(args, "log_level", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    # uvicorn logs a line per WebSocket handshake; the gateway logs each session itself.
-    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
-    # The openai package's HTTP client logs every request at INFO: a line per STT and LLM call of every
-    # turn. The gateway logs the failed ones itself; --log-level DEBUG shows them all.
-    if logging.getLogger().level > logging.DEBUG:
-        logging.getLogger("httpx2").setLevel(logging.WARNING)
+    configure_logging(getattr(args, "log_level", "INFO"))
     try:
         return commands[args.command](args)
     except ConfigError as exc:

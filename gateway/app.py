@@ -13,12 +13,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import mimetypes
 import time
 from typing import Any
 
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -36,7 +37,7 @@ from gateway.realtime_ws import RealtimeEndpoint
 from gateway.responder import EchoResponder, Responder
 from gateway.rest import HttpError, authorize, error_response, http_error_response
 from gateway.server import Gateway
-from gateway.trace import DRAINING, ENGINE_REGISTRY, ENGINE_STREAMS_FREE, SESSION_SLOTS_FREE, SESSIONS
+from gateway.trace import DRAINING, ENGINE_STREAMS_FREE, SESSION_SLOTS_FREE, SESSIONS, metrics_text
 from gateway.webrtc_routes import signalling_routes
 
 MAX_STATIC_PATH_CHARS = 255
@@ -75,11 +76,10 @@ class Pages:
         SESSIONS.set(capacity.sessions)
         SESSION_SLOTS_FREE.set(capacity.free)
         DRAINING.set(int(capacity.draining))
-        body = generate_latest()
         if (streams := self.gateway.engine_streams_free()) is not None:
             ENGINE_STREAMS_FREE.set(streams)
-            body += generate_latest(ENGINE_REGISTRY)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        # A thread: under `serve --workers N` this reads and adds up every worker's metrics files.
+        return Response(await asyncio.to_thread(metrics_text, streams is not None), media_type=CONTENT_TYPE_LATEST)
 
     async def turns(self, request: Request) -> Response:
         """A live session's latency trace: its last turns, stage by stage (the page's latency panel)."""

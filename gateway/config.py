@@ -39,6 +39,7 @@ class ServerConfig:
     max_sessions: int = 1000
     drain_seconds: float = 600.0
     drain_notice_seconds: float = 30.0
+    workers: int = 0
 
 
 @dataclass

@@ -280,15 +280,20 @@ def build_transcriber(config: Config) -> Transcriber | None:
     return None
 
 
+def tts_kind(config: Config) -> str:
+    """[tts] engine, "auto" resolved: qwen3 when [engine] names a checkpoint or engine processes' endpoints,
+    else piper when installed, else tone."""
+    if config.tts.engine != "auto":
+        return config.tts.engine
+    if config.engine.checkpoint or config.engine.endpoints:
+        return "qwen3"
+    return "piper" if installed(LOCAL_TTS) else "tone"
+
+
 def build_tts_engine(config: Config) -> TTSEngine:
     """[tts] engine: "tone", "piper", "qwen3" (needs [engine] checkpoint, or endpoints of running engine
     processes) or "auto"; a qwen3 engine runs as [engine] mode says: in a thread here, or in engine processes."""
-    kind = config.tts.engine
-    if kind == "auto":
-        if config.engine.checkpoint or config.engine.endpoints:
-            kind = "qwen3"
-        else:
-            kind = "piper" if installed(LOCAL_TTS) else "tone"
+    kind = tts_kind(config)
     if kind == "tone":
         return ToneEngine()
     if kind == "piper":

@@ -4,7 +4,8 @@ uvicorn parses HTTP (h11: bounded request heads, 400 for malformed ones; gateway
 deadline for them), the websockets library's
 sans-I/O protocol speaks WebSocket (gateway/ws_protocol.py adds the send deadline and the inbound
 bound). The socket is bound here, before the server starts, so that a busy port is a clear error, and
-so that several worker processes can later accept on one socket bound by their parent.
+so that the worker processes of `serve --workers N` (gateway.workers) accept on one socket their parent
+bound.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import uvicorn
 
 from gateway import __version__, http_protocol, ws_protocol
 from gateway.app import create_app
+from gateway.auth import Auth
+from gateway.capacity import Capacity
 from gateway.config import Config, ConfigError
 from gateway.guard import is_loopback
 from gateway.responder import Responder
@@ -34,10 +37,10 @@ CONNECTION_HEADROOM = 256
 GRACEFUL_SHUTDOWN_S = 5
 
 
-def check_exposure(config: Config, gateway: Gateway, insecure_no_auth: bool) -> None:
+def check_exposure(config: Config, auth: Auth, insecure_no_auth: bool) -> None:
     """Nothing unauthenticated on a non-loopback address, unless the operator says so out loud."""
     host = config.server.host
-    if is_loopback(host) or gateway.auth.required:
+    if is_loopback(host) or auth.required:
         return
     if not insecure_no_auth:
         raise ConfigError(
@@ -115,27 +118,40 @@ class _Server(uvicorn.Server):
 
 
 class GatewayServer:
-    """One process serving the gateway on [server] host and port."""
+    """One process serving the gateway on [server] host and port; or, as one of `serve --workers N`
+    (gateway.workers), on the socket `sock` its parent bound (and checked the configuration for), with its
+    parent's `auth` (one signing key for client secrets) and counting its sessions in `capacity`, its slot
+    of the counts the workers share."""
 
-    def __init__(self, config: Config, responder: Responder | None = None, insecure_no_auth: bool = False) -> None:
+    def __init__(self, config: Config, responder: Responder | None = None, insecure_no_auth: bool = False, *,
+                 sock: socket.socket | None = None, auth: Auth | None = None,
+                 capacity: Capacity | None = None) -> None:
         self.config = config
-        self.gateway = Gateway(config, responder)
+        self.gateway = Gateway(config, responder, auth, capacity)
         self.app = create_app(config, gateway=self.gateway)
         self.insecure_no_auth = insecure_no_auth
-        self._socket: socket.socket | None = None
+        self._inherited = sock is not None
+        self._socket: socket.socket | None = sock
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         server = self.config.server
-        check_exposure(self.config, self.gateway, self.insecure_no_auth)
-        check_drain(self.config)
-        tls = check_tls(self.config)
-        self._socket = listen(server.host, server.port)
+        if self._inherited:
+            tls = bool(server.tls_cert)
+        else:
+            check_exposure(self.config, self.gateway.auth, self.insecure_no_auth)
+            check_drain(self.config)
+            tls = check_tls(self.config)
+            self._socket = listen(server.host, server.port)
         # The models load while the server already answers (/healthz "starting", sessions 503), not in the
         # app's lifespan, which then finds the gateway started: a failure is an error naming its cause, not
         # a traceback from inside uvicorn.
         loading = asyncio.create_task(self.gateway.start())
+        if self._inherited:
+            # One of several workers accepts connections only once it can serve them: until then (a worker
+            # started again), the others take them all.
+            await loading
         await asyncio.sleep(0)  # the gateway is marked started before uvicorn runs the lifespan
         self._server = _Server(uvicorn_config(self.app, self.config))
         self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
@@ -146,7 +162,8 @@ class GatewayServer:
             with contextlib.suppress(SystemExit):  # uvicorn exits when its startup fails
                 self._task.result()
             raise ConfigError("the HTTP server did not start (see the log above)")
-        log.info("loading models; /healthz says starting until they are ready")
+        if not loading.done():
+            log.info("loading models; /healthz says starting until they are ready")
         try:
             await loading
         except BaseException:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections import deque
 from typing import IO, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 STAGES = (
     "committed", "stt_done", "llm_first_token", "llm_first_segment", "tts_first_audio", "first_delta",
@@ -33,7 +36,8 @@ CANCEL_TO_LAST_DELTA = Histogram(
     buckets=_BUCKETS,
 )
 RESPONSES = Counter("gateway_responses_total", "Responses by final status", ["status"])
-ACTIVE_SESSIONS = Gauge("gateway_active_sessions", "Open Realtime sessions")
+# livesum: under `serve --workers N` (prometheus_client's multiprocess mode) the sum over the live workers.
+ACTIVE_SESSIONS = Gauge("gateway_active_sessions", "Open Realtime sessions", multiprocess_mode="livesum")
 # Capacity, set at each scrape from gateway.capacity (every worker process's sessions): what a balancer or
 # an autoscaler acts on.
 SESSIONS = Gauge("gateway_sessions", "Sessions the gateway holds (every worker process)",
@@ -45,6 +49,29 @@ DRAINING = Gauge("gateway_draining", "1 while the gateway drains (takes no new s
 ENGINE_REGISTRY = CollectorRegistry(auto_describe=True)
 ENGINE_STREAMS_FREE = Gauge("gateway_engine_streams_free", "TTS engine streams free: the engines' rows less the "
                             "streams they hold or queue", registry=ENGINE_REGISTRY, multiprocess_mode="mostrecent")
+
+
+def metrics_text(engine_streams: bool) -> bytes:
+    """/metrics: this process's metrics, or under `serve --workers N` (prometheus_client's multiprocess mode:
+    its files in PROMETHEUS_MULTIPROC_DIR) every worker's, added up; gateway_engine_streams_free only when
+    `engine_streams` (an engine with a stream cap)."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return generate_latest() + (generate_latest(ENGINE_REGISTRY) if engine_streams else b"")
+    registry = CollectorRegistry()
+    registry.register(_AllWorkers(engine_streams))
+    return generate_latest(registry)
+
+
+class _AllWorkers(Collector):
+    """Every worker's metrics files, added up (the engine's stream gauge has a file even when unused)."""
+
+    def __init__(self, engine_streams: bool) -> None:
+        self.files = MultiProcessCollector(None)
+        self.engine_streams = engine_streams
+
+    def collect(self) -> Any:
+        return [m for m in self.files.collect() if self.engine_streams or m.name != "gateway_engine_streams_free"]
+
 
 _DELTAS = ("response.output_audio.delta", "response.audio.delta")
 

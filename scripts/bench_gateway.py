@@ -31,8 +31,13 @@ where a turn's time goes.
     .venv/bin/python scripts/bench_gateway.py --responder pipeline --tts engine --checkpoint /tmp/q06 \\
         --engine-mode process --max-streams 512 --sessions 100,200,400 --arrivals poisson,aligned
 
-Several gateway processes: each writes its own file in the stats folder (`probe`), and every table reads
-them all, so a gateway run as N worker processes needs only its start here changed (`start_gateway`).
+--workers N runs the gateway as `serve --workers N` does (gateway.workers: N worker processes on one
+port, sharing the engine processes): each worker probes itself into its own file in the stats folder, and
+the report gives every worker's loop lag P99 and their maximum (the issue's target is on each worker).
+
+    .venv/bin/python scripts/bench_gateway.py --responder pipeline --tts engine --checkpoint /tmp/q06 \\
+        --engine-mode process --max-streams 512 --workers 12 --clients 4 --sessions 100,200,400 \\
+        --arrivals poisson,aligned --aligned-sessions 400
 """
 
 from __future__ import annotations
@@ -120,9 +125,9 @@ async def probe(path: Path, engine: Any) -> None:
         task.cancel()
 
 
-async def serve(args: argparse.Namespace) -> None:
+def gateway_config(args: argparse.Namespace) -> tuple[Any, bool]:
+    """The benchmark's gateway configuration, and whether it speaks with the bench's tone engine."""
     from gateway.config import load_config
-    from gateway.serve import GatewayServer
 
     config = load_config()
     config.server.port = args.port
@@ -130,28 +135,54 @@ async def serve(args: argparse.Namespace) -> None:
     config.webrtc.enabled = False
     config.mcp.enabled = False  # no session here calls a tool: the mcp package need not be installed
     config.trace.jsonl_path = str(Path(args.stats_dir) / "trace.jsonl")
-    responder = None
-    if args.responder == "pipeline":
-        config.responder.kind = "pipeline"
-        config.stt.base_url = config.llm.base_url = args.fake_url
-        if args.tts == "engine":
-            config.tts.engine = "qwen3"
-            engine = config.engine
-            engine.checkpoint, engine.mode, engine.devices = args.checkpoint, args.engine_mode, args.engine_devices
-            engine.max_streams, engine.max_frames = args.max_streams, args.engine_max_frames
-        else:
-            from gateway.backends import LlmClient
-            from gateway.pipeline import BridgeSettings, PipelineResponder
-            from gateway.tone_tts import ToneEngine
-
-            responder = PipelineResponder(
-                LlmClient.from_config(config.llm),
-                ToneEngine(first_audio_ms=25, realtime=True),
-                BridgeSettings(config.tts.starter_chars, config.tts.max_segment_chars),
-            )
-    else:
+    config.server.drain_seconds = 0  # the benchmark's SIGTERM comes after its sessions: no drain to wait for
+    if args.responder == "echo":
         config.responder.echo_pace = 1.0
-    gateway = GatewayServer(config, responder)
+        return config, False
+    config.responder.kind = "pipeline"
+    config.stt.base_url = config.llm.base_url = args.fake_url
+    if args.tts == "tone":
+        return config, True
+    config.tts.engine = "qwen3"
+    engine = config.engine
+    engine.checkpoint, engine.mode, engine.devices = args.checkpoint, args.engine_mode, args.engine_devices
+    engine.max_streams, engine.max_frames = args.max_streams, args.engine_max_frames
+    return config, False
+
+
+def tone_responder(config: Any) -> Any:
+    """The pipeline on the fake backends with a tone engine that starts after 25 ms, then keeps real time."""
+    from gateway.backends import LlmClient
+    from gateway.pipeline import BridgeSettings, PipelineResponder
+    from gateway.tone_tts import ToneEngine
+
+    return PipelineResponder(LlmClient.from_config(config.llm), ToneEngine(first_audio_ms=25, realtime=True),
+                             BridgeSettings(config.tts.starter_chars, config.tts.max_segment_chars))
+
+
+async def probe_worker(server: Any) -> None:
+    """Each worker of `serve --workers N` (gateway.workers), once it serves: says so, then probes itself into
+    the stats folder (the trace file's)."""
+    print("ready", flush=True)
+    await probe(Path(server.config.trace.jsonl_path).parent / f"gateway-{os.getpid()}.jsonl",
+                getattr(server.gateway.responder, "tts_engine", None))
+
+
+def serve_workers(args: argparse.Namespace) -> int:
+    """The gateway as `serve --workers N` runs it: this process is the parent (engine processes included)."""
+    from gateway.workers import Hooks, Workers, worker_count
+
+    config, tone = gateway_config(args)
+    config.server.workers = args.workers
+    hooks = Hooks(responder=tone_responder if tone else None, serving=probe_worker)
+    return Workers(config, worker_count(config), hooks=hooks).run()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from gateway.serve import GatewayServer
+
+    config, tone = gateway_config(args)
+    gateway = GatewayServer(config, tone_responder(config) if tone else None)
     await gateway.start()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -169,12 +200,15 @@ def start_gateway(args: argparse.Namespace, stats_dir: Path, fake_url: str) -> s
     cmd = [sys.executable, __file__, "--serve", "--port", str(args.port), "--stats-dir", str(stats_dir),
            "--responder", args.responder, "--fake-url", fake_url, "--tts", args.tts,
            "--checkpoint", args.checkpoint, "--engine-mode", args.engine_mode, "--engine-devices", args.engine_devices,
-           "--max-streams", str(args.max_streams), "--engine-max-frames", str(args.engine_max_frames)]
+           "--max-streams", str(args.max_streams), "--engine-max-frames", str(args.engine_max_frames),
+           "--workers", str(args.workers)]
     server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": pythonpath})
-    if server.stdout.readline().strip() != "ready":
-        server.wait(30)
-        raise SystemExit(f"the gateway did not start (exit status {server.returncode})")
+    for _ in range(args.workers):  # each worker says "ready" once it serves
+        if server.stdout.readline().strip() != "ready":
+            server.terminate()
+            server.wait(60)
+            raise SystemExit(f"the gateway did not start (exit status {server.returncode})")
     return server
 
 
@@ -414,6 +448,7 @@ def summarise(n: int, label: str, result: Result, records: dict[int, list[dict]]
     statuses = {s: list(result.responses.values()).count(s) for s in set(result.responses.values())}
     return {
         "sessions": n, "arrivals": label, "loop_lag_p99_ms": lag_p99,
+        "loop_lag_p99_max_ms": max(lag_p99.values(), default=float("nan")),
         "loop_lag_p50_ms": pct([lag for rows in records.values() for r in rows for lag in r["lags_ms"]], 50),
         "cpu_s_per_session_min": cpu_per,
         "first_delta_p50_ms": pct(result.first_delta_ms, 50), "first_delta_p95_ms": pct(result.first_delta_ms, 95),
@@ -437,14 +472,15 @@ def print_report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
 
     engine = f", {args.tts} TTS" + (f" ({args.engine_mode})" if args.tts == "engine" else "")
     print(f"\nbench_gateway --responder {args.responder}{engine if args.responder == 'pipeline' else ''}  "
-          f"({platform.node()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}; {args.clients} load "
-          f"processes, {args.cycles} cycles per session)")
-    print("| sessions | arrivals | loop lag P99 ms (per gateway process) | stop -> first delta P50 / P95 ms | "
+          f"({platform.node()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M')}; {args.workers} gateway "
+          f"process(es), {args.clients} load processes, {args.cycles} cycles per session)")
+    print("| sessions | arrivals | loop lag P99 ms: max (each gateway process) | stop -> first delta P50 / P95 ms | "
           "VAD late P50 / P95 ms | engine batch | engine step busy | GPU busy | load-gen lag P99 ms | audio errors |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         e = r["engine"]
-        print(f"| {r['sessions']} | {r['arrivals']} | {', '.join(f(v) for v in r['loop_lag_p99_ms'].values())} | "
+        each = ", ".join(f(v) for v in r["loop_lag_p99_ms"].values())
+        print(f"| {r['sessions']} | {r['arrivals']} | {f(r['loop_lag_p99_max_ms'])} ({each}) | "
               f"{f(r['first_delta_p50_ms'])} / {f(r['first_delta_p95_ms'])} | {f(r['vad_late_p50_ms'])} / "
               f"{f(r['vad_late_p95_ms'])} | {f(e.get('batch_mean', float('nan')))} | "
               f"{f(e.get('step_busy', float('nan')), 2)} | {f(e.get('gpu_busy', float('nan')), 2)} | "
@@ -490,6 +526,10 @@ def main() -> int:
     parser.add_argument("--max-streams", type=int, default=0, help="[engine] max_streams (0 = its default)")
     parser.add_argument("--engine-max-frames", type=int, default=250, help="[engine] max_frames: random weights "
                         "never say EOS, so this ends a reply nobody cut (250 = 20 s)")
+    parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (`serve --workers N`; "
+                        "1 = one process, as `serve` runs by default on a CPU)")
+    parser.add_argument("--aligned-sessions", default="", help="comma-separated session counts at which the "
+                        "aligned arrivals run (default: every --sessions level)")
     parser.add_argument("--port", type=int, default=18765)
     parser.add_argument("--json", type=Path, help="write every level's figures here")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -497,6 +537,8 @@ def main() -> int:
     parser.add_argument("--fake-url", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
+        if args.workers > 1:
+            return serve_workers(args)
         asyncio.run(serve(args))
         return 0
     if args.tts == "engine" and not args.checkpoint:
@@ -526,13 +568,22 @@ def main() -> int:
     try:
         server = start_gateway(args, stats_dir, fake_url)
         trace_path = stats_dir / "trace.jsonl"
+        aligned_at = {int(n) for n in args.aligned_sessions.split(",") if n.strip()} or set(counts)
         for n in counts:
             for label in labels:
+                if label == "aligned" and n not in aligned_at:
+                    continue
                 result, start, end = run_level(pool, args.clients, url, n, args, label == "aligned")
                 time.sleep(1.5)  # the probes' last records
                 result.traces = [json.loads(line) for line in trace_path.read_text().splitlines()]
                 trace_path.write_text("")  # the gateway appends to it: what follows belongs to the next run
                 rows.append(summarise(n, label, result, gateway_records(stats_dir, start, end), start, end))
+                # As it goes, so that a run cut short (a device call's time limit) keeps the levels it measured.
+                r = rows[-1]
+                print(f"{n} sessions, {label}: loop lag P99 max {r['loop_lag_p99_max_ms']:.1f} ms, stop -> first "
+                      f"delta P95 {r['first_delta_p95_ms']:.1f} ms, VAD late P95 {r['vad_late_p95_ms']:.1f} ms, "
+                      f"audio errors {r['audio_errors']}", flush=True)
+                write_json(args, rows)
     finally:
         pool.shutdown(cancel_futures=True)
         if server is not None:
@@ -543,11 +594,14 @@ def main() -> int:
             p.wait(10)
         shutil.rmtree(stats_dir, ignore_errors=True)
     print_report(args, rows)
+    return 0
+
+
+def write_json(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     if args.json:
         args.json.write_text(json.dumps({"command": " ".join([Path(sys.executable).name, *sys.argv]),
                                          "machine": f"{platform.node()}, {os.cpu_count()} cores",
                                          "date": time.strftime("%Y-%m-%d %H:%M %Z"), "levels": rows}, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

@@ -4,9 +4,12 @@
 #   scripts/gpu_capacity.sh wheels           # here, once: the wheels the GPU host lacks, into .whl/ (+ .whl/oracle/)
 #   scripts/gpu_capacity.sh engine           # call A: random real-size 0.6B and 1.7B checkpoints, the 1.7B float32
 #                                            #   parity against the official code, bench_engine.py at 1/64/256 streams
-#   scripts/gpu_capacity.sh gateway [0.6b|1.7b] [SESSIONS]
-#                                            # call B: an engine process + the gateway + the multi-process load
-#                                            #   generator at several session levels (Poisson, then aligned)
+#   scripts/gpu_capacity.sh gateway          # call B: an engine process + `serve --workers 12` + 4 load-generator
+#                                            #   processes: 0.6B at 100..500 sessions (Poisson; aligned at 400),
+#                                            #   then 1.7B at 200 and 400 (Poisson) with the time left: 9 minutes
+#                                            #   in all (SESSIONS=..., SESSIONS_17=... change the levels)
+#   scripts/gpu_capacity.sh dry              # here: call B's gateway runs on the CPU, small (the tiny checkpoint
+#                                            #   of tests/data, 2 workers, 2 and 4 sessions)
 #   ORACLE_SITE=DIR scripts/gpu_capacity.sh check
 #                                            # here: every step above on the CPU, with tiny checkpoints (DIR: an
 #                                            #   environment's site-packages holding qwen-tts, transformers 4.57.3)
@@ -87,15 +90,30 @@ engine() {
   done
 }
 
+# bench SIZE DIR SESSIONS ALIGNED SECONDS: the gateway as `serve --workers $WORKERS` runs it, on an engine
+# process of the SIZE checkpoint in DIR, at the SESSIONS levels (Poisson arrivals; aligned too at the ALIGNED
+# levels, none when empty).
+bench() {
+  local arrivals=(--arrivals poisson)
+  [ -n "$4" ] && arrivals=(--arrivals poisson,aligned --aligned-sessions "$4")
+  step "$5" "bench-gateway-$1" python3 scripts/bench_gateway.py --responder pipeline --tts engine \
+    --checkpoint "$2" --engine-mode process --engine-devices "$ENGINE_DEVICES" --max-streams "$MAX_STREAMS" \
+    --workers "$WORKERS" --sessions "$3" "${arrivals[@]}" --cycles "$CYCLES" --clients "$CLIENTS" --port "$PORT" \
+    --json "$OUT/bench-gateway-$1.json"
+}
+
 gateway() {
-  local size=${1:-0.6b} sessions=${2:-$SESSIONS} dir=$Q06
-  [ "$size" = 1.7b ] && dir=$Q17
   setup
-  checkpoint "$size" "$dir" 2
-  step 420 "bench-gateway-$size" python3 scripts/bench_gateway.py --responder pipeline --tts engine \
-    --checkpoint "$dir" --engine-mode process --engine-devices "$ENGINE_DEVICES" --max-streams "$MAX_STREAMS" \
-    --sessions "$sessions" --arrivals poisson,aligned --cycles "$CYCLES" --clients "$CLIENTS" --port "$PORT" \
-    --json "$OUT/bench-gateway-$size.json"
+  local start=$SECONDS
+  checkpoint 0.6b "$Q06" 2
+  bench 0.6b "$Q06" "$SESSIONS" "$ALIGNED" "$LIMIT_06"
+  # 1.7B with what is left of the call (its checkpoint is made by call A; made here, it takes minutes).
+  local left=$((BUDGET - (SECONDS - start)))
+  if [ ! -f "$Q17/references.json" ] || [ "$left" -lt 150 ]; then
+    log "1.7B skipped: ${left} s left, checkpoint $( [ -f "$Q17/references.json" ] && echo present || echo absent)"
+    return 0
+  fi
+  bench 1.7b "$Q17" "$SESSIONS_17" "" "$((left - 10))"
 }
 
 wheels() {
@@ -111,19 +129,29 @@ wheels() {
 case "${1:-}" in
   wheels) wheels ;;
   engine|gateway)
+    # The gateway call: 12 workers and 4 load-generator processes share the 16 cores with the engine
+    # process; one cycle per session (two turns) keeps a level near 35 s.
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 FRAMES=125 STREAMS=1,64,256 ENGINE_DEVICES=auto MAX_STREAMS=512
-    SESSIONS=${SESSIONS:-50,100,200,400} CYCLES=2 CLIENTS=${CLIENTS:-6} PORT=18765
+    WORKERS=${WORKERS:-12} CLIENTS=${CLIENTS:-4} SESSIONS=${SESSIONS:-100,200,300,400,500} ALIGNED=400
+    SESSIONS_17=${SESSIONS_17:-200,400} CYCLES=1 PORT=18765 BUDGET=510 LIMIT_06=330
     "$@" ;;
+  dry)
+    CPU_CHECK=1 Q06=$ROOT/tests/data/qwen3_tts_tiny Q17=$ROOT/tests/data/qwen3_tts_tiny ENGINE_DEVICES=cpu
+    MAX_STREAMS=4 WORKERS=2 CLIENTS=1 SESSIONS=2,4 ALIGNED=4 SESSIONS_17=2 CYCLES=1 PORT=${PORT:-28765}
+    BUDGET=530 LIMIT_06=200
+    export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
+    gateway ;;
   check)
     # The same steps on this machine's CPU with tiny checkpoints, in the gateway's .venv (the tiny checkpoint
     # has five speakers: the voices map to one of them).
     : "${ORACLE_SITE:?set ORACLE_SITE to the site-packages of an environment holding qwen-tts}"
     CPU_CHECK=1 DEVICE=cpu FIXTURE=tiny Q06=/tmp/gpu-check-a Q17=/tmp/gpu-check-b FRAMES=6 STREAMS=1,2
-    ENGINE_DEVICES=cpu MAX_STREAMS=4 SESSIONS=2 CYCLES=1 CLIENTS=1 PORT=${PORT:-28765}
+    ENGINE_DEVICES=cpu MAX_STREAMS=4 WORKERS=2 SESSIONS=2 ALIGNED=2 SESSIONS_17=2 CYCLES=1 CLIENTS=1
+    PORT=${PORT:-28765} BUDGET=530 LIMIT_06=200
     export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
     ORACLE_PATH=$ORACLE_SITE:$ROOT
     rm -rf "$Q06" "$Q17"
     engine
-    gateway 0.6b 2 ;;
-  *) sed -n 2,16p "$0"; exit 2 ;;
+    gateway ;;
+  *) sed -n 2,18p "$0"; exit 2 ;;
 esac

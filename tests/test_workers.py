@@ -1,0 +1,197 @@
+"""`python -m gateway serve --workers 2` as a real subprocess on a loopback port, its sessions opened by the
+openai SDK: sessions land on both workers, /metrics of any worker counts them all, a worker killed outright
+is started again and the gateway goes on, SIGTERM ends it all; with [engine] mode = "process" both workers
+speak through the one engine process the parent started; `--workers auto` is 1 unless a GPU engine runs in
+engine processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import Client, audio_of, connect, load_pcm, silence
+from tests.fake_openai import FakeOpenAI
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+START_TIMEOUT_S = 180  # two workers loading their models on a shared CPU
+
+
+@dataclass
+class Gateway:
+    process: subprocess.Popen[bytes]
+    log: Path
+    port: int = 0
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    async def wait_for(self, pattern: str, count: int = 1, timeout: float = START_TIMEOUT_S) -> list[re.Match[str]]:
+        """The first `count` matches of `pattern` in the log, once there are that many."""
+        deadline = time.monotonic() + timeout
+        while len(found := list(re.finditer(pattern, self.text(), re.M))) < count:
+            assert self.process.poll() is None, f"the gateway exited ({self.process.returncode}):\n{self.text()}"
+            assert time.monotonic() < deadline, f"no {count} x {pattern!r} in:\n{self.text()}"
+            await asyncio.sleep(0.1)
+        return found[:count]
+
+    def worker_pids(self) -> dict[int, int]:
+        """The latest pid of each worker, from the parent's log."""
+        return {int(slot): int(pid) for slot, pid in re.findall(r"worker (\d+) started \(pid (\d+)\)", self.text())}
+
+    async def worker_of(self, session_id: str) -> int:
+        pattern = rf"worker\[(\d+)\] gateway\.server: session {session_id} opened"
+        return int((await self.wait_for(pattern, timeout=60))[0][1])
+
+    async def metric(self, name: str) -> float:
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        text = (await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())).decode()
+        return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+
+@contextlib.asynccontextmanager
+async def serve(tmp_path: Path, **env: str) -> AsyncIterator[Gateway]:
+    log = tmp_path / "gateway.log"
+    environ = {**os.environ, "GATEWAY_WEBRTC_ENABLED": "false", "GATEWAY_LOCAL_STT": "false",
+               "GATEWAY_MCP_ENABLED": "false", "OMP_NUM_THREADS": "1", **env}
+    environ.pop("GATEWAY_API_KEYS", None)
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--workers", "2", "--port", "0"],
+                                   cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
+    gateway = Gateway(process, log)
+    try:
+        ready = await gateway.wait_for(r"worker\[\d\] gateway\.serve: gateway \S+ on http://127\.0\.0\.1:(\d+)", 2)
+        gateway.port = int(ready[0][1])
+        yield gateway
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@contextlib.asynccontextmanager
+async def sessions(gateway: Gateway, count: int) -> AsyncIterator[list[tuple[Client, int]]]:
+    """`count` sessions held open at once, each with the worker it landed on."""
+    async with contextlib.AsyncExitStack() as stack:
+        opened = []
+        for _ in range(count):
+            client = await stack.enter_async_context(connect(SimpleNamespace(port=gateway.port)))
+            opened.append((client, await gateway.worker_of(client.received[0]["session"]["id"])))
+        yield opened
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one_comes_back(tmp_path: Path) -> None:
+    async with serve(tmp_path, GATEWAY_RESPONDER_KIND="echo") as gateway:
+        async with sessions(gateway, 12) as first:
+            workers = [worker for _, worker in first]
+            assert set(workers) == {0, 1}, f"the kernel gave every connection to one worker: {workers}"
+            # One worker's /metrics counts both workers' sessions: the live gauges added up, and the shared count.
+            assert await gateway.metric("gateway_active_sessions") == 12
+            assert await gateway.metric("gateway_sessions") == 12
+            # An echo turn on a session of each worker.
+            for client, worker in [next(s for s in first if s[1] == w) for w in (0, 1)]:
+                speech = load_pcm("one_sentence.wav")
+                await client.append(speech + silence(800))
+                events = await client.until("response.done", timeout=30)
+                assert events[-1]["response"]["status"] == "completed", worker
+                assert len(audio_of(events)) > 48 * 500
+
+            pids = gateway.worker_pids()
+            os.kill(pids[1], signal.SIGKILL)
+            held = workers.count(1)
+            await gateway.wait_for(rf"worker 1 \(pid \d+\) exited with status -9 .* holding {held} sessions; restart")
+            await gateway.wait_for(r"worker\[1\] gateway\.serve: gateway \S+ on http", 2)
+            assert gateway.worker_pids()[1] != pids[1]
+            # The killed worker's live gauge is gone and its slot zeroed: the counts are worker 0's sessions.
+            assert await gateway.metric("gateway_active_sessions") == workers.count(0)
+            assert await gateway.metric("gateway_sessions") == workers.count(0)
+            # New sessions work, on both workers again, and the count adds up.
+            async with sessions(gateway, 12) as second:
+                assert {worker for _, worker in second} == {0, 1}
+                assert await gateway.metric("gateway_active_sessions") == workers.count(0) + 12
+                assert await gateway.metric("gateway_sessions") == workers.count(0) + 12
+
+        pids = gateway.worker_pids()
+        gateway.process.send_signal(signal.SIGTERM)
+        assert gateway.process.wait(30) == 0
+        assert all(gone(pid) for pid in pids.values())
+
+
+@pytest.mark.skipif(not FIXTURE.exists(), reason="the tiny Qwen3-TTS checkpoint is missing")
+async def test_two_workers_speak_through_one_engine_process(tmp_path: Path) -> None:
+    reply = "Hello world, this is a test."
+    async with FakeOpenAI(reply=reply, transcript="Hi.") as fake:
+        env = {"GATEWAY_RESPONDER_KIND": "pipeline", "GATEWAY_LLM_BASE_URL": fake.base_url,
+               "GATEWAY_STT_BASE_URL": fake.base_url, "GATEWAY_TTS_ENGINE": "qwen3",
+               "GATEWAY_ENGINE_CHECKPOINT": str(FIXTURE), "GATEWAY_ENGINE_MODE": "process",
+               "GATEWAY_ENGINE_DEVICES": "cpu", "GATEWAY_ENGINE_VOICES": "alloy=vivian",
+               "GATEWAY_ENGINE_MAX_FRAMES": "200"}
+        async with serve(tmp_path, **env) as gateway:
+            assert len(engine_processes(gateway.process.pid)) == 1
+            async with sessions(gateway, 8) as opened:
+                by_worker = {worker: client for client, worker in opened}
+                assert set(by_worker) == {0, 1}
+
+                async def turn(client: Client) -> list[dict]:
+                    await client.append(load_pcm("one_sentence.wav") + silence(800), chunk_ms=100)
+                    return await client.until("response.done", timeout=90)
+
+                for events in await asyncio.gather(*(turn(client) for client in by_worker.values())):
+                    assert events[-1]["response"]["status"] == "completed"
+                    spoken = "".join(e["delta"] for e in events
+                                     if e["type"] == "response.output_audio_transcript.delta")
+                    assert spoken.strip() == reply
+                    assert len(audio_of(events)) >= 48 * 80 * 4
+            gateway.process.send_signal(signal.SIGTERM)
+            assert gateway.process.wait(60) == 0
+            assert not engine_processes(gateway.process.pid)  # stopped last, by the parent
+
+
+def engine_processes(parent: int) -> list[int]:
+    """Engine processes started by `parent` (their command line names it)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            args = cmdline.read_bytes().split(b"\0")
+            if b"engine.process" in args and f"{parent}".encode() in args and not gone(int(cmdline.parent.name)):
+                found.append(int(cmdline.parent.name))
+    return found
+
+
+def test_the_worker_count_auto_is_one_unless_a_gpu_engine_runs_in_engine_processes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway import workers
+    from gateway.config import ConfigError
+    from tests.conftest import make_config
+
+    monkeypatch.setattr(workers, "cpu_count", lambda: 16)
+    assert workers.worker_count(make_config(tts__engine="tone")) == 1  # auto, no GPU engine: one process
+    assert workers.worker_count(make_config(tts__engine="tone", server__workers=3)) == 3
+    engines = {"tts__engine": "qwen3", "engine__mode": "process", "engine__endpoints": "ipc:///a,ipc:///b"}
+    assert workers.worker_count(make_config(**engines)) == 16 - 2 * 2  # two cores per engine process
+    assert workers.worker_count(make_config(**engines | {"engine__endpoints": "", "engine__devices": "cpu"})) == 1
+    with pytest.raises(ConfigError, match='mode = "process"'):
+        workers.worker_count(make_config(tts__engine="qwen3", engine__checkpoint="x", server__workers=2))
+    with pytest.raises(ConfigError, match="server.workers"):
+        workers.worker_count(make_config(server__workers=-1))
