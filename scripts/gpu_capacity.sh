@@ -8,6 +8,10 @@
 #                                            #   processes: 0.6B at 100..500 sessions (Poisson; aligned at 400),
 #                                            #   then 1.7B at 200 and 400 (Poisson) with the time left: 9 minutes
 #                                            #   in all (SESSIONS=..., SESSIONS_17=... change the levels)
+#   scripts/gpu_capacity.sh more             # call C: the 1.7B checkpoint and the gateway in front of it (200,
+#                                            #   400 sessions), then issue 14's echo benchmark before and after the
+#                                            #   one-port server (.before/ holds `git archive 6d27b35` of the
+#                                            #   websockets-server tree: carry it with .whl)
 #   scripts/gpu_capacity.sh dry              # here: call B's gateway runs on the CPU, small (the tiny checkpoint
 #                                            #   of tests/data, 2 workers, 2 and 4 sessions)
 #   ORACLE_SITE=DIR scripts/gpu_capacity.sh check
@@ -116,6 +120,17 @@ gateway() {
   bench 1.7b "$Q17" "$SESSIONS_17" "" "$((left - 10))"
 }
 
+more() {
+  setup
+  checkpoint 1.7b "$Q17" 2
+  bench 1.7b "$Q17" "$SESSIONS_17" "" 220
+  # The old tree starts its sessions uniformly over 2 s from one client process: the same here.
+  step 130 echo-before env PYTHONPATH="$ROOT/.before:/tmp/site" python3 .before/scripts/bench_gateway.py \
+    --responder echo --sessions 10,50,100 --port 18766
+  step 130 echo-after python3 scripts/bench_gateway.py --responder echo --sessions 10,50,100 --spread 2 \
+    --clients 1 --port 18767
+}
+
 wheels() {
   local platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64"
@@ -128,7 +143,7 @@ wheels() {
 
 case "${1:-}" in
   wheels) wheels ;;
-  engine|gateway)
+  engine|gateway|more)
     # The gateway call: 12 workers and 4 load-generator processes share the 16 cores with the engine
     # process; one cycle per session (two turns) keeps a level near 35 s.
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 FRAMES=125 STREAMS=1,64,256 ENGINE_DEVICES=auto MAX_STREAMS=512
