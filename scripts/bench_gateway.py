@@ -137,7 +137,8 @@ def gateway_config(args: argparse.Namespace) -> tuple[Any, bool]:
     config.trace.jsonl_path = str(Path(args.stats_dir) / "trace.jsonl")
     config.server.drain_seconds = 0  # the benchmark's SIGTERM comes after its sessions: no drain to wait for
     if args.responder == "echo":
-        config.responder.echo_pace = 1.0
+        # The echo alone: not the local models "auto" picks where they are installed, nor their whisper.
+        config.responder.kind, config.responder.echo_pace, config.local.stt = "echo", 1.0, False
         return config, False
     config.responder.kind = "pipeline"
     config.stt.base_url = config.llm.base_url = args.fake_url
@@ -187,7 +188,7 @@ async def serve(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     task = asyncio.create_task(probe(Path(args.stats_dir) / f"gateway-{os.getpid()}.jsonl",
-                                     getattr(gateway.responder, "tts_engine", None)))
+                                     getattr(gateway.gateway.responder, "tts_engine", None)))
     print("ready", flush=True)
     await stop.wait()
     task.cancel()

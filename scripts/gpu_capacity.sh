@@ -12,6 +12,7 @@
 #                                            #   400 sessions), then issue 14's echo benchmark before and after the
 #                                            #   one-port server (.before/ holds `git archive 6d27b35` of the
 #                                            #   websockets-server tree: carry it with .whl)
+#   scripts/gpu_capacity.sh frontdoor        # issue 14's echo benchmark alone, before and after
 #   scripts/gpu_capacity.sh dry              # here: call B's gateway runs on the CPU, small (the tiny checkpoint
 #                                            #   of tests/data, 2 workers, 2 and 4 sessions)
 #   ORACLE_SITE=DIR scripts/gpu_capacity.sh check
@@ -124,11 +125,17 @@ more() {
   setup
   checkpoint 1.7b "$Q17" 2
   bench 1.7b "$Q17" "$SESSIONS_17" "" 220
-  # The old tree starts its sessions uniformly over 2 s from one client process: the same here.
+  frontdoor
+}
+
+# Issue 14's benchmark: the echo responder on the websockets server (.before/) and on the one-port server.
+# The old tree starts its sessions uniformly over 2 s from one client process, one scenario each: the same here.
+frontdoor() {
+  setup
   step 130 echo-before env PYTHONPATH="$ROOT/.before:/tmp/site" python3 .before/scripts/bench_gateway.py \
     --responder echo --sessions 10,50,100 --port 18766
   step 130 echo-after python3 scripts/bench_gateway.py --responder echo --sessions 10,50,100 --spread 2 \
-    --clients 1 --port 18767
+    --clients 1 --cycles 1 --port 18767
 }
 
 wheels() {
@@ -143,7 +150,7 @@ wheels() {
 
 case "${1:-}" in
   wheels) wheels ;;
-  engine|gateway|more)
+  engine|gateway|more|frontdoor)
     # The gateway call: 12 workers and 4 load-generator processes share the 16 cores with the engine
     # process; one cycle per session (two turns) keeps a level near 35 s.
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 FRAMES=125 STREAMS=1,64,256 ENGINE_DEVICES=auto MAX_STREAMS=512
