@@ -47,18 +47,19 @@ class InputTranscription:
         ``early_ms``, or drop that when the pause ends in more speech (or in the turn's commit, which has
         taken the result by then)."""
         early_ms = self._config.stt.early_ms
-        pause = audio.detector.pause_ms if audio.speech is not None else None
+        if not (early_ms and self.available and self.wanted(settings)):
+            return []
+        speech = audio.speech
+        pause = audio.detector.pause_ms if speech is not None else None
         if pause is not None and audio.heard_ms - pause < early_ms:
             pause = None
         if pause == self._early_pause:
             return []
         self._early_pause = pause
-        if pause is None:
+        if speech is None or pause is None:
             return [PrepareTranscript(None)]
-        if not (early_ms and self.available and self.wanted(settings)) or audio.speech is None:
-            return []
         tr = settings.transcription
-        return [PrepareTranscript(audio.peek(audio.speech[1], pause), tr and tr.language, tr and tr.prompt)]
+        return [PrepareTranscript(audio.peek(speech[1], pause), tr and tr.language, tr and tr.prompt)]
 
     def start(self, item: Item, settings: SessionSettings) -> list[Effect]:
         """``item`` entered the conversation: transcribe it if anyone wants its text."""
