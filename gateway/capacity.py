@@ -19,7 +19,9 @@ def shared_counts(workers: int) -> SynchronizedArray:
 class Capacity:
     def __init__(self, limit: int, counts: SynchronizedArray | None = None, slot: int = 0) -> None:
         self.limit = limit
-        self._counts = counts if counts is not None else shared_counts(1)
+        # One process: the fork context's array, whose lock is anonymous, so no resource-tracker process
+        # starts with every gateway (the spawn context's named lock starts one).
+        self._counts = counts if counts is not None else multiprocessing.get_context("fork").Array("q", 1)
         self._slot = slot
         self.draining = False
 
