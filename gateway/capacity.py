@@ -3,26 +3,35 @@
 Admission, ``/readyz`` and ``/metrics`` read this one object. With ``serve --workers N`` every worker
 process holds a ``Capacity`` on one shared array (a slot per worker, made by the parent before it starts
 them), so the limit is the gateway's, not each worker's, and any worker's ``/readyz`` tells the truth.
+
+The array has no cross-process lock: a worker killed outright (SIGKILL, the OOM killer) while holding one
+would leave it held, and every other worker and the parent would wait on it for ever. Instead each slot has
+one writer (its worker; the parent only once that worker is dead), and a worker admits optimistically:
+count itself in, then look at the total and step back if it went over. Two workers racing for the last
+slot may then both step back (that client is told to retry), but the gateway never holds more than its limit.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
-from multiprocessing.sharedctypes import SynchronizedArray
+import threading
+from collections.abc import MutableSequence
+
+Counts = MutableSequence[int]
 
 
-def shared_counts(workers: int) -> SynchronizedArray:
-    """The array the parent hands to its ``workers`` (a spawn context's, so it crosses to them)."""
-    return multiprocessing.get_context("spawn").Array("q", workers)
+def shared_counts(workers: int) -> Counts:
+    """The array the parent hands to its ``workers`` (shared memory that crosses to spawned processes)."""
+    return multiprocessing.get_context("spawn").RawArray(ctypes.c_int64, workers)
 
 
 class Capacity:
-    def __init__(self, limit: int, counts: SynchronizedArray | None = None, slot: int = 0) -> None:
+    def __init__(self, limit: int, counts: Counts | None = None, slot: int = 0) -> None:
         self.limit = limit
-        # One process: the fork context's array, whose lock is anonymous, so no resource-tracker process
-        # starts with every gateway (the spawn context's named lock starts one).
-        self._counts = counts if counts is not None else multiprocessing.get_context("fork").Array("q", 1)
+        self._counts = counts if counts is not None else (ctypes.c_int64 * 1)()  # one process: nothing to share
         self._slot = slot
+        self._own = threading.Lock()  # this process's slot, should a thread other than the loop's count too
         self.draining = False
 
     @property
@@ -36,12 +45,15 @@ class Capacity:
 
     def admit(self) -> bool:
         """Count one more session here if the gateway has room and is not draining."""
-        with self._counts.get_lock():  # two workers must not both take the last slot
-            if self.draining or self.sessions >= self.limit:
-                return False
+        if self.draining:
+            return False
+        with self._own:
             self._counts[self._slot] += 1
-        return True
+            if self.sessions <= self.limit:
+                return True
+            self._counts[self._slot] -= 1
+        return False
 
     def release(self) -> None:
-        with self._counts.get_lock():
+        with self._own:
             self._counts[self._slot] -= 1

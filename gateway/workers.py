@@ -32,7 +32,6 @@ import tempfile
 import time
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
-from multiprocessing.sharedctypes import SynchronizedArray
 from multiprocessing.synchronize import Event
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -40,7 +39,7 @@ from typing import TYPE_CHECKING
 # Nothing imported here may import prometheus_client: a worker imports this module before it sets
 # PROMETHEUS_MULTIPROC_DIR, which prometheus_client reads once, when first imported.
 from gateway.auth import Auth
-from gateway.capacity import shared_counts
+from gateway.capacity import Counts, shared_counts
 from gateway.config import Config, ConfigError
 
 if TYPE_CHECKING:
@@ -121,7 +120,7 @@ class Workers:
         self._workers = [_Worker(slot) for slot in range(count)]
         self._signals: list[int] = []
         self._socket: socket.socket | None = None
-        self._counts: SynchronizedArray | None = None
+        self._counts: Counts | None = None
         self._metrics_dir = ""
         self._auth: Auth | None = None
 
@@ -215,8 +214,7 @@ class Workers:
         assert process is not None and self._counts is not None and worker.ready is not None
         process.join()
         worker.process = None
-        with self._counts.get_lock():
-            held, self._counts[worker.slot] = self._counts[worker.slot], 0
+        held, self._counts[worker.slot] = self._counts[worker.slot], 0  # its only writer is gone
         multiprocess.mark_process_dead(process.pid, self._metrics_dir)
         if self._signals:
             return False
@@ -256,7 +254,7 @@ class Workers:
                     worker.process.join()
 
 
-def _worker_main(slot: int, config: Config, auth: Auth, sock: socket.socket, counts: SynchronizedArray,
+def _worker_main(slot: int, config: Config, auth: Auth, sock: socket.socket, counts: Counts,
                  ready: Event, metrics_dir: str, hooks: Hooks, log_level: str) -> None:
     """One worker process: a GatewayServer on the parent's socket, until SIGTERM or SIGINT."""
     # Its own process group: a terminal's Ctrl-C reaches the parent only, which passes it on once.

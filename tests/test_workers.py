@@ -44,9 +44,21 @@ class Gateway:
         deadline = time.monotonic() + timeout
         while len(found := list(re.finditer(pattern, self.text(), re.M))) < count:
             assert self.process.poll() is None, f"the gateway exited ({self.process.returncode}):\n{self.text()}"
-            assert time.monotonic() < deadline, f"no {count} x {pattern!r} in:\n{self.text()}"
+            assert time.monotonic() < deadline, f"no {count} x {pattern!r} ({self.where()}) in:\n{self.text()}"
             await asyncio.sleep(0.1)
         return found[:count]
+
+    def where(self) -> str:
+        """What the parent and its workers are waiting on in the kernel, should a wait time out."""
+        pids = [self.process.pid, *self.worker_pids().values()]
+        states = []
+        for pid in pids:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                states.append(f"{pid} {stat} {Path(f'/proc/{pid}/wchan').read_text() or '-'}")
+            except OSError:
+                states.append(f"{pid} gone")
+        return "; ".join(states)
 
     def worker_pids(self) -> dict[int, int]:
         """The latest pid of each worker, from the parent's log."""
