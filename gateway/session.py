@@ -337,8 +337,9 @@ class Session:
         response_id = field_of(event, "response_id", str, "response_id")
         active = self.responses.active
         if active is None:
-            raise ProtocolError(
-                "response_cancel_not_active", "Cancellation failed: no active response found.", "response_id"
+            raise ProtocolError(  # the response_id is at fault only when the client named one
+                "response_cancel_not_active", "Cancellation failed: no active response found.",
+                "response_id" if response_id is not None else None,
             )
         if response_id is not None and response_id != active.id:
             raise ProtocolError(

@@ -209,7 +209,9 @@ BAD_INPUTS = [
      "item_delete_invalid_item_id", "item_id"),
     ('{"type": "conversation.item.truncate", "item_id": "item_nope", "content_index": 0, "audio_end_ms": 1, '
      '"event_id": "e1"}', "item_truncate_invalid_item_id", "item_id"),
-    ('{"type": "response.cancel", "event_id": "e1"}', "response_cancel_not_active", "response_id"),
+    ('{"type": "response.cancel", "event_id": "e1"}', "response_cancel_not_active", None),
+    ('{"type": "response.cancel", "response_id": "resp_nope", "event_id": "e1"}', "response_cancel_not_active",
+     "response_id"),
     ('{"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": '
      '{"type": "server_vad", "threshold": 2}}}}, "event_id": "e1"}', "invalid_value",
      "session.audio.input.turn_detection.threshold"),
