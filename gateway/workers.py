@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 STABLE_S = 60.0
 FIRST_PAUSE_S, LONGEST_PAUSE_S = 1.0, 30.0
 CONFIG_ERROR = 2  # a worker's exit status when it cannot start (as `serve` exits)
+# A worker's death wakes the parent through its sentinel pipe; a process it forked could keep that pipe
+# open, so the parent also looks every few seconds.
+CHECK_S = 5.0
 
 
 def cpu_count() -> int:
@@ -196,7 +199,7 @@ class Workers:
             if self._signals and not alive:
                 return 0
             due = [w.due for w in self._workers if w.process is None and not self._signals]
-            timeout = max(0.0, min(due) - time.monotonic()) if due else None
+            timeout = max(0.0, min([*due, time.monotonic() + CHECK_S]) - time.monotonic())
             wait([w.process.sentinel for w in alive], timeout)  # a signal handler runs meanwhile, too
             for worker in self._workers:
                 if worker.process is not None and not worker.process.is_alive():
