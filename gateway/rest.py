@@ -63,12 +63,15 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
     body = await read_body(request, limit)
-    if not body.strip():
-        return {}
+    return json_object(body, "The body", "invalid_json") if body.strip() else {}
+
+
+def json_object(text: bytes | str, what: str, not_object_code: str) -> dict[str, Any]:
+    """A JSON object a client sent (``what`` names it in the 400 error), or HttpError."""
     try:
-        value = orjson.loads(body)
+        value = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        raise HttpError(400, f"The body is not valid JSON: {exc}.", "invalid_json") from None
+        raise HttpError(400, f"{what} is not valid JSON: {exc}.", "invalid_json") from None
     if not isinstance(value, dict):
-        raise HttpError(400, "The body must be a JSON object.", "invalid_json")
+        raise HttpError(400, f"{what} must be a JSON object.", not_object_code)
     return value

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import orjson
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
@@ -24,7 +23,7 @@ from starlette.routing import Route
 
 from gateway.config import ConfigError
 from gateway.protocol import Dialect
-from gateway.rest import HttpError, authorize, read_body
+from gateway.rest import HttpError, authorize, json_object, read_body
 from gateway.server import Gateway, SessionRefused, configure
 
 log = logging.getLogger(__name__)
@@ -82,13 +81,7 @@ async def read_offer(request: Request) -> tuple[str, dict[str, Any] | None]:
         raise HttpError(400, "The form has no 'sdp' part.", "missing_required_parameter")
     if session_text is None:
         return sdp, None
-    try:
-        session = orjson.loads(session_text)
-    except orjson.JSONDecodeError as exc:
-        raise HttpError(400, f"The 'session' part is not valid JSON: {exc}.", "invalid_json") from None
-    if not isinstance(session, dict):
-        raise HttpError(400, "The 'session' part must be a JSON object.", "invalid_value")
-    return sdp, session
+    return sdp, json_object(session_text, "The 'session' part", "invalid_value")
 
 
 class Signalling:
