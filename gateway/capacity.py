@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
-import threading
 from collections.abc import MutableSequence
 
 Counts = MutableSequence[int]
@@ -31,7 +30,6 @@ class Capacity:
         self.limit = limit
         self._counts = counts if counts is not None else (ctypes.c_int64 * 1)()  # one process: nothing to share
         self._slot = slot
-        self._own = threading.Lock()  # this process's slot, should a thread other than the loop's count too
         self.draining = False
 
     @property
@@ -47,13 +45,12 @@ class Capacity:
         """Count one more session here if the gateway has room and is not draining."""
         if self.draining:
             return False
-        with self._own:
-            self._counts[self._slot] += 1
-            if self.sessions <= self.limit:
-                return True
-            self._counts[self._slot] -= 1
+        # Only the event loop's thread counts here, between awaits: this slot's read-modify-write is whole.
+        self._counts[self._slot] += 1
+        if self.sessions <= self.limit:
+            return True
+        self._counts[self._slot] -= 1
         return False
 
     def release(self) -> None:
-        with self._own:
-            self._counts[self._slot] -= 1
+        self._counts[self._slot] -= 1
