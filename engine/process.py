@@ -1,10 +1,10 @@
 """The engine process: one process owns one device and batches the streams of every gateway process
-connected to it, over ZeroMQ (the protocol is in engine.protocol).
+connected to it, over ZeroMQ (the protocol is in engine.ipc).
 
     python -m engine.process --endpoint ipc:///tmp/vg/engine-0.sock --config '{"checkpoint": "...", ...}'
 
 One thread does everything. Between steps it takes in what the clients sent, so a cancel takes effect
-before the next step; then it runs one pass of the batching loop (engine.worker.Batcher), whose deliveries
+before the next step; then it runs one pass of the batching loop (engine.batcher.Batcher), whose deliveries
 go straight out on the socket. It binds only once the model is loaded and its CUDA graphs are captured,
 then prints one JSON line on stdout, {"ready": endpoint}, or {"error": message} when it cannot start:
 engine.supervisor waits for that line. It exits on SIGTERM (failing its open streams with a clear error
@@ -22,14 +22,14 @@ import signal
 import sys
 import time
 from functools import partial
-from types import SimpleNamespace
 from typing import Any
 
 import zmq
 
-from engine import protocol as p
-from engine.worker import Batcher, Utterance
-from gateway.tts import TTSChunk, TTSError
+from engine import ipc
+from engine.api import TTSChunk, TTSError
+from engine.batcher import Batcher, Utterance
+from engine.config import EngineConfig
 
 log = logging.getLogger("engine.process")
 
@@ -68,7 +68,7 @@ class EngineServer:
             self._check_liveness()
             if self.batcher.has_work():
                 self.batcher.run_pass()
-        self.batcher.fail_all(p.EngineGone("the engine process is shutting down"))
+        self.batcher.fail_all(ipc.EngineGone("the engine process is shutting down"))
 
     # -- what clients send --
     def _drain(self) -> None:
@@ -82,8 +82,8 @@ class EngineServer:
             if client is None:
                 client = self.clients[identity] = Client(identity, time.monotonic())
                 why = self.dropped.pop(identity, None)
-                if why is not None and kind != p.BYE:
-                    self._send(client, [p.RESET, why.encode()])
+                if why is not None and kind != ipc.BYE:
+                    self._send(client, [ipc.RESET, why.encode()])
             client.heard = time.monotonic()
             try:
                 self._handle(client, kind, args)
@@ -91,39 +91,39 @@ class EngineServer:
                 log.warning("bad %r message from a client: %s", kind[:16], exc)
 
     def _handle(self, client: Client, kind: bytes, args: list[bytes]) -> None:
-        if kind == p.PING:
-            self._send(client, [p.PONG, self.instance.encode(), str(self.batcher.load).encode()])
-        elif kind == p.HELLO:
-            self._send(client, [p.HELLO, json.dumps(self.hello()).encode()])
-        elif kind == p.OPEN:
+        if kind == ipc.PING:
+            self._send(client, [ipc.PONG, self.instance.encode(), str(self.batcher.load).encode()])
+        elif kind == ipc.HELLO:
+            self._send(client, [ipc.HELLO, json.dumps(self.hello()).encode()])
+        elif kind == ipc.OPEN:
             sid, voice, language = args[0], args[1].decode(), args[2].decode()
             try:
                 utterance = Utterance(self.batcher, self.batcher.resolve(voice, language or None),
                                       partial(self._deliver, client, sid))
                 client.streams[sid] = self.batcher.admit(utterance)
             except TTSError as exc:
-                self._send(client, [p.ERROR, sid, p.INPUT, str(exc).encode()])
-        elif kind in (p.FEED, p.END):
+                self._send(client, [ipc.ERROR, sid, ipc.INPUT, str(exc).encode()])
+        elif kind in (ipc.FEED, ipc.END):
             utterance = client.streams.get(args[0])
             if utterance is None:
                 return  # a stream that already ended or was cancelled
             try:
-                if kind == p.FEED:
+                if kind == ipc.FEED:
                     utterance.feed(args[1].decode())
                 else:
                     utterance.end()
             except TTSError as exc:
                 utterance.cancel()
                 utterance.deliver(exc)
-        elif kind == p.CANCEL:
+        elif kind == ipc.CANCEL:
             utterance = client.streams.pop(args[0], None)
             if utterance is not None:
                 utterance.cancel()
-        elif kind == p.STATS:
+        elif kind == ipc.STATS:
             stats = {**self.batcher.counters(), "instance": self.instance, "pid": os.getpid(),
                      "clients": len(self.clients), "uptime_s": round(time.monotonic() - self.started, 3)}
-            self._send(client, [p.STATS, args[0], json.dumps(stats).encode()])
-        elif kind == p.BYE:
+            self._send(client, [ipc.STATS, args[0], json.dumps(stats).encode()])
+        elif kind == ipc.BYE:
             self._drop(client, "said goodbye")
         else:
             raise ValueError("unknown kind")
@@ -138,13 +138,13 @@ class EngineServer:
     def _deliver(self, client: Client, sid: bytes, item: TTSChunk | BaseException | None) -> None:
         """An utterance's packet, end or failure, from the batching loop."""
         if item is None:
-            frames = [p.DONE, sid]
+            frames = [ipc.DONE, sid]
         elif isinstance(item, BaseException):
-            cause = p.INPUT if isinstance(item, TTSError) else p.ENGINE
-            text = str(item) if isinstance(item, TTSError | p.EngineGone) else f"{type(item).__name__}: {item}"
-            frames = [p.ERROR, sid, cause, text.encode()]
+            cause = ipc.INPUT if isinstance(item, TTSError) else ipc.ENGINE
+            text = str(item) if isinstance(item, TTSError | ipc.EngineGone) else f"{type(item).__name__}: {item}"
+            frames = [ipc.ERROR, sid, cause, text.encode()]
         else:
-            frames = [p.PACKET, sid, item.text.encode(), item.pcm]
+            frames = [ipc.PACKET, sid, item.text.encode(), item.pcm]
         if not isinstance(item, TTSChunk):
             client.streams.pop(sid, None)
         self._send(client, frames)
@@ -155,7 +155,7 @@ class EngineServer:
         try:
             self.socket.send_multipart([client.identity, *frames], zmq.NOBLOCK)
         except zmq.Again:
-            self._drop(client, f"does not keep up (over {p.QUEUE_LIMIT} messages queued)")
+            self._drop(client, f"does not keep up (over {ipc.QUEUE_LIMIT} messages queued)")
         except zmq.ZMQError as exc:  # EHOSTUNREACH (ROUTER_MANDATORY): its connection is closed
             self._drop(client, f"is unreachable ({exc})")
 
@@ -165,7 +165,7 @@ class EngineServer:
         if now < self._next_check:
             return
         self._next_check = now + self.heartbeat_s
-        silent = now - p.MISSED_HEARTBEATS * self.heartbeat_s
+        silent = now - ipc.MISSED_HEARTBEATS * self.heartbeat_s
         for client in [c for c in self.clients.values() if c.heard < silent]:
             self._drop(client, f"was silent for {now - client.heard:.1f} s")
         if self.parent is not None and os.getppid() != self.parent:
@@ -189,8 +189,8 @@ class EngineServer:
 def bind(endpoint: str) -> zmq.Socket:
     socket = zmq.Context.instance().socket(zmq.ROUTER)
     socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    socket.setsockopt(zmq.SNDHWM, p.QUEUE_LIMIT)
-    socket.setsockopt(zmq.RCVHWM, p.QUEUE_LIMIT)
+    socket.setsockopt(zmq.SNDHWM, ipc.QUEUE_LIMIT)
+    socket.setsockopt(zmq.RCVHWM, ipc.QUEUE_LIMIT)
     socket.setsockopt(zmq.LINGER, 1000)  # the last errors still go out at shutdown
     socket.bind(endpoint)
     return socket
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat-ms", type=float, default=500)
     parser.add_argument("--parent", type=int, help="exit when this process is no longer the parent")
     args = parser.parse_args(argv)
-    config = SimpleNamespace(**json.loads(args.config))
+    config = EngineConfig.from_dict(json.loads(args.config))
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s engine[{config.device}] %(name)s: %(message)s")
     # SIGTERM stops the loop between passes (the handler only sets a flag).

@@ -33,7 +33,7 @@ from prometheus_client import Counter, Histogram
 
 from engine.checkpoint import Checkpoint
 from engine.codec import CodecDecoder
-from engine.prompt import NO_CODEC
+from engine.prompt import NO_CODEC, TextTokens, Voice
 from engine.sampling import SamplingParams
 from engine.stream import Packet, Stream
 
@@ -303,3 +303,22 @@ class Runner:
         pcm = self.decoder.pcm[n][:len(due)].cpu().numpy()
         return [(s, s.packet(pcm[i, :k * self.samples_per_frame].tobytes(), codes[i, :, :k]))
                 for i, (s, k) in enumerate(zip(due, frames, strict=True))]
+
+
+def synthesize(ckpt: Checkpoint, speaker: str, language: str | None, text: str, params: SamplingParams,
+               max_frames: int, seed: int | None = 0, non_streaming: bool = False, packet_frames: int = 4,
+               min_frames: int = 2, cuda_graphs: bool = False,
+               first_packet_frames: int = 0) -> tuple[torch.Tensor, list[Packet]]:
+    """A whole utterance on the calling thread (tests, benchmarks): codes [T, 16] and its packets."""
+    tokens = TextTokens(ckpt.tokenizer)
+    runner = Runner(ckpt, 1, max_frames + 16 + (len(text.encode()) + 8 if non_streaming else 0), params,
+                    packet_frames, first_packet_frames, cuda_graphs=cuda_graphs)
+    stream = Stream(ckpt, tokens, Voice.resolve(ckpt.config, speaker, language), seed, packet_frames, max_frames,
+                    min_frames, non_streaming, first_packet_frames)
+    stream.add_text(text, final=True)
+    runner.add(stream)
+    packets = []
+    while not stream.done:
+        packets += [packet for _, packet in runner.step() if packet is not None]
+    codes = torch.cat([p.codes for p in packets], dim=1).T if packets else torch.zeros(0, 16, dtype=torch.long)
+    return codes, packets

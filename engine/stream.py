@@ -27,7 +27,6 @@ import torch
 
 from engine.checkpoint import Checkpoint
 from engine.prompt import PromptError, TextTokens, Voice, prompt_ids
-from engine.sampling import SamplingParams
 
 
 @dataclass
@@ -166,24 +165,3 @@ class Stream:
         text = self.text[self.spoken_text_end:end]
         self.spoken_text_end = max(self.spoken_text_end, end)
         return Packet(pcm=pcm, text=text, codes=codes)
-
-
-def synthesize(ckpt: Checkpoint, speaker: str, language: str | None, text: str, params: SamplingParams,
-               max_frames: int, seed: int | None = 0, non_streaming: bool = False, packet_frames: int = 4,
-               min_frames: int = 2, cuda_graphs: bool = False,
-               first_packet_frames: int = 0) -> tuple[torch.Tensor, list[Packet]]:
-    """A whole utterance on the calling thread (tests, benchmarks): codes [T, 16] and its packets."""
-    from engine.runner import Runner
-
-    tokens = TextTokens(ckpt.tokenizer)
-    runner = Runner(ckpt, 1, max_frames + 16 + (len(text.encode()) + 8 if non_streaming else 0), params,
-                    packet_frames, first_packet_frames, cuda_graphs=cuda_graphs)
-    stream = Stream(ckpt, tokens, Voice.resolve(ckpt.config, speaker, language), seed, packet_frames, max_frames,
-                    min_frames, non_streaming, first_packet_frames)
-    stream.add_text(text, final=True)
-    runner.add(stream)
-    packets = []
-    while not stream.done:
-        packets += [packet for _, packet in runner.step() if packet is not None]
-    codes = torch.cat([p.codes for p in packets], dim=1).T if packets else torch.zeros(0, 16, dtype=torch.long)
-    return codes, packets

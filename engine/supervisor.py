@@ -3,7 +3,7 @@
 EngineSupervisor runs `python -m engine.process` once per device with the [engine] options, waits until
 each says it is ready, then watches each from a thread: one that exits is started again, after a pause
 that grows while it keeps dying soon after its start, and meanwhile its clients fail the streams it held
-(gateway.engine_client). The endpoints are IPC sockets in a folder only this user can open (a private
+(gateway.responders.engine_client). The endpoints are IPC sockets in a folder only this user can open (a private
 temporary one unless [engine] ipc_dir names one). Whoever starts the gateway's processes starts one
 supervisor and hands `endpoints` to every gateway process; the engine processes exit by themselves if the
 supervisor's process dies. This module imports neither torch nor zmq.

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from engine.config import EngineConfig
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "config.toml"
 
@@ -72,7 +74,7 @@ class VadConfig:
 @dataclass
 class SemanticVadConfig:
     model_path: str = ""
-    # smart-turn-v3.2-cpu.onnx in pipecat-ai==1.14.0 (gateway.smart_turn.MODEL_SHA256)
+    # smart-turn-v3.2-cpu.onnx in pipecat-ai==1.14.0 (gateway.runtime.smart_turn.MODEL_SHA256)
     model_sha256: str = "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f"
     pause_ms: int = 200
     recheck_ms: int = 0
@@ -150,40 +152,6 @@ class LocalConfig:
     stt_threads: int = 2
     llm_threads: int = 1
     tts_threads: int = 1
-
-
-@dataclass
-class EngineConfig:
-    checkpoint: str = ""
-    device: str = "auto"
-    dtype: str = "auto"
-    packet_frames: int = 4
-    # Frames in a stream's first packet (0 = packet_frames): 1 starts audio after a single frame.
-    first_packet_frames: int = 1
-    max_frames: int = 1500
-    max_text_chars: int = 2000
-    seed: int = 0
-    greedy: bool = False
-    # Streams the engine runs at once (each holds a preallocated KV-cache slot); more wait for a slot.
-    # 0 = 64 on a GPU, 4 on a CPU.
-    max_streams: int = 0
-    # CUDA graphs of the engine's step, one per batch size up to graph_max_batch (0 = max_streams).
-    cuda_graphs: bool = True
-    graph_max_batch: int = 0
-    # engine.kernels' Triton kernels on a GPU (false: the PyTorch ops, ~2.5x slower per frame).
-    fused_kernels: bool = True
-    # "thread": the engine runs in a worker thread of the gateway's process; "process": in engine processes
-    # (one per device, engine.process) that every gateway process shares over IPC (gateway.engine_client).
-    mode: str = "thread"
-    # process mode: the devices, one engine process each ("cuda:0,cuda:1"; "auto": every GPU, else `device`).
-    devices: str = "auto"
-    # process mode: the folder of the IPC sockets ("" = a private temporary folder).
-    ipc_dir: str = ""
-    # process mode: connect to engine processes started elsewhere, at these endpoints ("" = start them here).
-    endpoints: str = ""
-    heartbeat_ms: float = 500.0
-    start_timeout_s: float = 900.0
-    voices: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

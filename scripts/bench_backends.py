@@ -1,7 +1,7 @@
 """CPU the STT and LLM clients cost the event loop, per transcription and per streamed reply.
 
 The fake OpenAI-compatible server (tests/fake_openai.py) runs in its own process with no latency, so
-this process's CPU time is the clients' alone: gateway.backends as the gateway runs it, beside the
+this process's CPU time is the clients' alone: gateway.responders.remote as the gateway runs it, beside the
 openai package's plain calls (``audio.transcriptions.create`` and ``chat.completions.create`` on its
 default HTTP transport) for comparison. The first call of each client is reported apart: one-off
 imports and model builds land there when start-up has not paid them.
@@ -23,8 +23,8 @@ from pathlib import Path
 import openai
 
 from gateway.audio import wav_bytes
-from gateway.backends import LlmClient, SttClient, chat_messages
-from gateway.responder import Message, transcript_of
+from gateway.realtime.responder import Message, transcript_of
+from gateway.responders.remote import LlmClient, SttClient, chat_messages
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,9 +72,9 @@ async def run(base_url: str, calls: int, audio_s: float) -> None:
             pass
 
     rows = [
-        (f"transcription, {audio_s:g} s of audio", "gateway.backends", lambda: transcript_of(stt, pcm)),
+        (f"transcription, {audio_s:g} s of audio", "gateway.responders.remote", lambda: transcript_of(stt, pcm)),
         ("", "openai, default transport", sdk_stt),
-        (f"chat stream, {len(REPLY.split()) + 2} chunks", "gateway.backends", gateway_chat),
+        (f"chat stream, {len(REPLY.split()) + 2} chunks", "gateway.responders.remote", gateway_chat),
         ("", "openai, default transport", sdk_chat),
     ]
     print(f"\nbench_backends ({calls} calls each, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")

@@ -47,7 +47,7 @@ def percentile(values: list[float], q: float) -> float:
 def bench_ours(args: argparse.Namespace, ckpt, graphs: bool, levels: list[int]) -> dict:
     """Waves of N streams opened at once (the worst case for first audio), for each N in levels."""
     from engine import kernels
-    from engine.worker import QwenTTSEngine
+    from engine.threaded import QwenTTSEngine
 
     name = "this engine, CUDA graphs" if graphs else "this engine, eager"
     if not kernels.available(torch.zeros(0, device=args.device)):
@@ -159,9 +159,9 @@ def numerics(ckpt, args: argparse.Namespace) -> dict:
 
     from engine import kernels
     from engine.prompt import TextTokens, Voice
-    from engine.runner import Runner
+    from engine.runner import Runner, synthesize
     from engine.sampling import SamplingParams
-    from engine.stream import Stream, synthesize
+    from engine.stream import Stream
 
     params = SamplingParams.from_generation_config(ckpt.generation, greedy=True)
     prompts = [("vivian", "english", TEXT), ("ryan", "english", "How are you doing today? I am fine, thanks!"),

@@ -23,7 +23,7 @@ P50/P95, VAD lateness P50/P95 (speech_stopped after the audio that completed the
 engine's mean batch and its step and GPU time per second, the load generator's own lag, barge-in and
 cancel times, and audio lost or reordered (echo: the reply must be the committed input audio, byte for
 byte; all: no delta of a response after its response.done). A second table gives stop -> first delta and
-cancel -> last delta as the gateway's own trace (gateway/trace.py) records them, and, for the pipeline,
+cancel -> last delta as the gateway's own trace (gateway/runtime/trace.py) records them, and, for the pipeline,
 where a turn's time goes.
 
     .venv/bin/python scripts/bench_gateway.py --responder echo --sessions 1,10,50,100
@@ -31,7 +31,7 @@ where a turn's time goes.
     .venv/bin/python scripts/bench_gateway.py --responder pipeline --tts engine --checkpoint /tmp/q06 \\
         --engine-mode process --max-streams 512 --sessions 100,200,400 --arrivals poisson,aligned
 
---workers N runs the gateway as `serve --workers N` does (gateway.workers: N worker processes on one
+--workers N runs the gateway as `serve --workers N` does (gateway.server.workers: N worker processes on one
 port, sharing the engine processes): each worker probes itself into its own file in the stats folder, and
 the report gives every worker's loop lag P99 and their maximum (the issue's target is on each worker).
 
@@ -153,16 +153,16 @@ def gateway_config(args: argparse.Namespace) -> tuple[Any, bool]:
 
 def tone_responder(config: Any) -> Any:
     """The pipeline on the fake backends with a tone engine that starts after 25 ms, then keeps real time."""
-    from gateway.backends import LlmClient
-    from gateway.pipeline import BridgeSettings, PipelineResponder
-    from gateway.tone_tts import ToneEngine
+    from gateway.responders.pipeline import BridgeSettings, PipelineResponder
+    from gateway.responders.remote import LlmClient
+    from gateway.responders.tone_tts import ToneEngine
 
     return PipelineResponder(LlmClient.from_config(config.llm), ToneEngine(first_audio_ms=25, realtime=True),
                              BridgeSettings(config.tts.starter_chars, config.tts.max_segment_chars))
 
 
 async def probe_worker(server: Any) -> None:
-    """Each worker of `serve --workers N` (gateway.workers), once it serves: says so, then probes itself into
+    """Each worker of `serve --workers N` (gateway.server.workers), once it serves: says so, then probes itself into
     the stats folder (the trace file's)."""
     print("ready", flush=True)
     await probe(Path(server.config.trace.jsonl_path).parent / f"gateway-{os.getpid()}.jsonl",
@@ -171,7 +171,7 @@ async def probe_worker(server: Any) -> None:
 
 def serve_workers(args: argparse.Namespace) -> int:
     """The gateway as `serve --workers N` runs it: this process is the parent (engine processes included)."""
-    from gateway.workers import Hooks, Workers, worker_count
+    from gateway.server.workers import Hooks, Workers, worker_count
 
     config, tone = gateway_config(args)
     config.server.workers = args.workers
@@ -180,7 +180,7 @@ def serve_workers(args: argparse.Namespace) -> int:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    from gateway.serve import GatewayServer
+    from gateway.server.serve import GatewayServer
 
     config, tone = gateway_config(args)
     gateway = GatewayServer(config, tone_responder(config) if tone else None)
@@ -216,7 +216,7 @@ def start_gateway(args: argparse.Namespace, stats_dir: Path, fake_url: str) -> s
 # --- the load generator (each of --clients processes runs some of the sessions) -----------------------
 
 
-# A pipeline turn's stages in the gateway's trace (gateway/trace.py), from the end of speech.
+# A pipeline turn's stages in the gateway's trace (gateway/runtime/trace.py), from the end of speech.
 TURN_STAGES = ("speech_stopped", "committed", "stt_done", "llm_first_token", "tts_first_audio", "first_delta")
 
 
@@ -230,7 +230,7 @@ class Result:
     stop_late_ms: list[float] = field(default_factory=list)  # speech_stopped after the audio that ended it
     client_lags_ms: list[float] = field(default_factory=list)  # did the load generator keep its pace?
     late_starts: int = 0  # sessions whose connection was not ready at their start time
-    traces: list[dict] = field(default_factory=list)  # the gateway's own per-turn trace (gateway/trace.py)
+    traces: list[dict] = field(default_factory=list)  # the gateway's own per-turn trace (gateway/runtime/trace.py)
 
     def merge(self, other: dict[str, Any]) -> None:
         for f in dataclasses.fields(self):

@@ -8,7 +8,7 @@ question, then silence until its answer is done and a pause after it; session k 
 
 Per session count it reports, over all turns: end of the user's speech (the last speech sample sent,
 as the gateway's speech_stopped says) to the first reply audio delta, P50/P95; the same from
-speech_stopped; and each stage's median, from the gateway's trace (gateway/trace.py): the VAD's
+speech_stopped; and each stage's median, from the gateway's trace (gateway/runtime/trace.py): the VAD's
 silence (end of speech -> speech_stopped), STT (-> stt_done), LLM to its first sentence
 (-> llm_first_segment), TTS first audio (-> tts_first_audio), and delivery (-> the client's first delta).
 
@@ -59,7 +59,7 @@ QUESTIONS = [
     "How far away is the moon?",
     "What should I cook for dinner tonight?",
 ]
-# The trace's stages (gateway/trace.py) in the order a turn reaches them.
+# The trace's stages (gateway/runtime/trace.py) in the order a turn reaches them.
 STAGES = ("stt_done", "llm_first_segment", "tts_first_audio", "first_delta")
 
 

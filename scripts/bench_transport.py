@@ -30,17 +30,17 @@ SESSIONS, APPENDS, ROUNDS = 20, 500, 3
 SERVER = """
 import asyncio, sys, time
 from gateway.config import load_config
-from gateway.responder import EchoResponder
+from gateway.realtime.responder import EchoResponder
 
 async def main():
     config = load_config(env={})
     config.server.port = 0
     config.webrtc.enabled = False
     try:
-        from gateway.serve import GatewayServer
+        from gateway.server.serve import GatewayServer
         gateway = GatewayServer(config, EchoResponder(pace=0))
     except ImportError:
-        from gateway.server import Gateway
+        from gateway.runtime.gateway import Gateway
         gateway = Gateway(config, EchoResponder(pace=0))
     await gateway.start()
     print(gateway.port, flush=True)

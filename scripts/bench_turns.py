@@ -5,10 +5,11 @@ Usage::
     python scripts/make_turns.py            # once: the turns, in artifacts/turns
     python scripts/bench_turns.py [--turns artifacts/turns] [--server-silence 200,500,1000] [--recheck-ms 0,500]
 
-The detectors are the gateway's own (gateway.vad.TurnDetector, gateway.smart_turn.SemanticTurnDetector
-with the [semantic_vad] settings of config.toml) on the real Silero and Smart Turn models, fed each
-turn's audio window by window. A turn's end is decided at a point of its audio, so the figures are
-the same on any machine; the model's time is measured here and reported beside them.
+The detectors are the gateway's own (gateway.realtime.vad.TurnDetector,
+gateway.realtime.semantic_vad.SemanticTurnDetector with the [semantic_vad] settings of config.toml) on the
+real Silero and Smart Turn models, fed each turn's audio window by window. A turn's end is decided at a
+point of its audio, so the figures are the same on any machine; the model's time is measured here and
+reported beside them.
 
 - premature: turns committed before their true end of speech (a commit inside the utterance: the
   user was cut off), out of the paused / complete turns.
@@ -31,15 +32,10 @@ from pathlib import Path
 import numpy as np
 
 from gateway.config import load_config
-from gateway.smart_turn import (
-    CheckTurn,
-    Eagerness,
-    SemanticTurnDetector,
-    SmartTurnModel,
-    eagerness_levels,
-    features,
-)
-from gateway.vad import SileroModel, SileroVAD, SpeechStopped, TurnDetector
+from gateway.realtime.semantic_vad import CheckTurn, Eagerness, SemanticTurnDetector, eagerness_levels
+from gateway.realtime.vad import SpeechStopped, TurnDetector
+from gateway.runtime.silero import SileroModel, SileroVAD
+from gateway.runtime.smart_turn import SmartTurnModel, features
 
 BYTES_PER_MS = 48
 TOLERANCE_MS = 100  # a commit ending this close to the true end is not a cut-off

@@ -38,8 +38,8 @@ from websockets.asyncio.client import connect
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.config import load_config  # noqa: E402
-from gateway.responder import EchoResponder  # noqa: E402
-from gateway.serve import GatewayServer  # noqa: E402
+from gateway.responders.echo import EchoResponder  # noqa: E402
+from gateway.server.serve import GatewayServer  # noqa: E402
 from tests.conftest import FIXTURES, load_pcm  # noqa: E402
 from tests.test_webrtc import RtcClient, rms  # noqa: E402
 
@@ -61,7 +61,7 @@ def turn_ms(events: list[dict]) -> int:
 
 
 async def wait_idle(gateway: GatewayServer) -> None:
-    while gateway.gateway.sessions or (gateway.gateway.webrtc is not None and gateway.gateway.webrtc.calls):
+    while gateway.gateway.sessions or (gateway.app.state.webrtc is not None and gateway.app.state.webrtc.calls):
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.3)
 
@@ -163,7 +163,7 @@ async def main() -> None:
     config.vad.prefix_padding_ms = args.prefix_padding_ms
     gateway = GatewayServer(config, EchoResponder(pace=1.0))
     await gateway.start()
-    assert gateway.gateway.webrtc is not None, "aiortc is not installed"
+    assert gateway.app.state.webrtc is not None, "aiortc is not installed"
     try:
         # Warm up codecs, VAD and imports once on each path.
         await ws_trial(gateway, speech, end_ms)

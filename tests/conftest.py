@@ -37,8 +37,9 @@ from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter, ValidationError
 
 from gateway.config import Config, load_config
-from gateway.responder import EchoResponder, Responder
-from gateway.serve import GatewayServer
+from gateway.realtime.responder import Responder
+from gateway.responders.echo import EchoResponder
+from gateway.server.serve import GatewayServer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GA_EVENTS = TypeAdapter(RealtimeServerEvent)
@@ -87,7 +88,7 @@ class Served(GatewayServer):
 
     @property
     def webrtc(self) -> Any:
-        return self.gateway.webrtc
+        return self.app.state.webrtc
 
 
 StartGateway = Callable[..., Awaitable[Served]]
@@ -117,9 +118,9 @@ async def gateway(start_gateway: StartGateway) -> Served:
 async def start_pipeline(start_gateway: StartGateway) -> AsyncIterator[Callable[..., Awaitable[Served]]]:
     """Starts gateways whose responder is the pipeline on a fake OpenAI server, with the tone engine as fast
     as it goes: ``await start_pipeline(fake, **config_overrides)``."""
-    from gateway.backends import LlmClient
-    from gateway.pipeline import BridgeSettings, PipelineResponder
-    from gateway.tone_tts import ToneEngine
+    from gateway.responders.pipeline import BridgeSettings, PipelineResponder
+    from gateway.responders.remote import LlmClient
+    from gateway.responders.tone_tts import ToneEngine
 
     responders: list[PipelineResponder] = []
 

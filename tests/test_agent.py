@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.backends import LlmClient
-from gateway.pipeline import BridgeSettings, PipelineResponder
-from gateway.serve import GatewayServer
-from gateway.tone_tts import ToneEngine
+from gateway.responders.pipeline import BridgeSettings, PipelineResponder
+from gateway.responders.remote import LlmClient
+from gateway.responders.tone_tts import ToneEngine
+from gateway.server.serve import GatewayServer
 from tests.conftest import audio_of, connect, load_pcm, make_config, silence
 from tests.fake_openai import FakeOpenAI
 

@@ -7,7 +7,7 @@ import multiprocessing
 import os
 import signal
 
-from gateway.capacity import Capacity, Counts, shared_counts
+from gateway.runtime.capacity import Capacity, Counts, shared_counts
 
 LIMIT = 40
 

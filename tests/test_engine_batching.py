@@ -15,9 +15,9 @@ import torch
 
 from engine import checkpoint
 from engine.prompt import TextTokens, Voice
-from engine.runner import Runner
+from engine.runner import Runner, synthesize
 from engine.sampling import SamplingParams
-from engine.stream import Stream, synthesize
+from engine.stream import Stream
 
 FIXTURE = Path(os.environ.get("QWEN3_TTS_FIXTURE", Path(__file__).parent / "data" / "qwen3_tts_tiny"))
 DEVICE = os.environ.get("QWEN3_TTS_DEVICE", "cpu")

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from engine import checkpoint
 from engine.prompt import PromptError, TextTokens, Voice
+from engine.runner import synthesize
 from engine.sampling import SamplingParams
-from engine.stream import synthesize
 
 COMMITTED = Path(__file__).parent / "data" / "qwen3_tts_tiny"
 FIXTURE = Path(os.environ.get("QWEN3_TTS_FIXTURE", COMMITTED))

@@ -1,4 +1,4 @@
-"""The engine process (engine.process) and its client (gateway.engine_client), on the tiny checkpoint: the
+"""The engine process (engine.process) and its client (gateway.responders.engine_client), on the tiny checkpoint: the
 same audio as the in-process engine, cancel within a step, a vanished client's streams freed, a killed
 engine's streams failed and a restarted one serving, a pipeline turn through a real gateway."""
 
@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.api import TTSChunk, TTSError
+from engine.config import EngineConfig
 from engine.supervisor import EngineStartError, EngineSupervisor
-from engine.worker import QwenTTSEngine
-from gateway.config import EngineConfig
-from gateway.engine_client import EngineClient
-from gateway.responder import BackendError
-from gateway.tts import TTSChunk, TTSError
+from engine.threaded import QwenTTSEngine
+from gateway.realtime.responder import BackendError
+from gateway.responders.engine_client import EngineClient
 from tests.conftest import Served, audio_of, connect, load_pcm, make_config, silence
 from tests.fake_openai import FakeOpenAI
 
@@ -147,7 +147,7 @@ async def test_streams_go_to_the_least_loaded_engine(supervisor: EngineSuperviso
 
 CHILD = """
 import asyncio, sys
-from gateway.engine_client import EngineClient
+from gateway.responders.engine_client import EngineClient
 
 async def main():
     client = EngineClient([sys.argv[1]], float(sys.argv[2]))

@@ -13,11 +13,11 @@ import torch
 from prometheus_client import REGISTRY
 
 from engine import checkpoint
+from engine.api import TTSChunk, TTSError
+from engine.config import EngineConfig
+from engine.runner import synthesize
 from engine.sampling import SamplingParams
-from engine.stream import synthesize
-from engine.worker import QwenTTSEngine
-from gateway.config import EngineConfig
-from gateway.tts import TTSChunk, TTSError
+from engine.threaded import QwenTTSEngine
 
 FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
 REFS = json.loads((FIXTURE / "references.json").read_text())
@@ -212,7 +212,7 @@ def test_from_config(tmp_path: Path) -> None:
 
 def test_gateway_builds_this_engine() -> None:
     from gateway.config import Config
-    from gateway.pipeline import build_tts_engine
+    from gateway.responders.build import build_tts_engine
 
     config = Config()
     config.engine = EngineConfig(checkpoint=str(FIXTURE), device="cpu", max_frames=10)

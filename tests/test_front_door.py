@@ -21,14 +21,14 @@ from openai.types.beta.realtime import SessionCreateResponse, TranscriptionSessi
 from openai.types.realtime import ClientSecretCreateResponse
 from starlette.applications import Starlette
 
-from gateway.auth import Auth, AuthError
-from gateway.certs import make_certificate
 from gateway.config import ConfigError
-from gateway.protocol import Dialect
-from gateway.realtime_ws import realtime_route
-from gateway.responder import EchoResponder
-from gateway.serve import GatewayServer, listen
-from gateway.server import Gateway
+from gateway.realtime.events import Dialect
+from gateway.responders.echo import EchoResponder
+from gateway.runtime.auth import Auth, AuthError
+from gateway.runtime.gateway import Gateway
+from gateway.server.certs import make_certificate
+from gateway.server.serve import GatewayServer, listen
+from gateway.transports.websocket import realtime_route
 from tests.conftest import BETA_EVENTS, GA_EVENTS, Client, make_config
 
 KEY = "sk-test-" + "k" * 24

@@ -24,7 +24,7 @@ from prometheus_client import REGISTRY
 from websockets.client import ClientProtocol
 from websockets.uri import parse_uri
 
-from gateway.responder import EchoResponder
+from gateway.responders.echo import EchoResponder
 from tests.conftest import Served, connect, load_pcm, silence
 
 ROOT = Path(__file__).resolve().parent.parent

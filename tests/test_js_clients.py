@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI
 
-from gateway.certs import make_certificate
+from gateway.server.certs import make_certificate
 from tests.conftest import FIXTURES, load_pcm, silence
 
 JS = Path(__file__).resolve().parent / "js"
@@ -35,7 +35,7 @@ needs_npm = pytest.mark.skipif(
 async def test_openai_npm_client_over_wss_a_turn_and_a_cancel(start_gateway, tmp_path, monkeypatch):
     monkeypatch.setenv("GATEWAY_API_KEYS", KEY)
     ca, cert, key = make_certificate(tmp_path / "tls")
-    from gateway.responder import EchoResponder
+    from gateway.responders.echo import EchoResponder
 
     # At real-time pace, so that the second reply is still running when the client cancels it.
     gateway = await start_gateway(EchoResponder(pace=1.0), server__tls_cert=str(cert), server__tls_key=str(key))

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from engine import checkpoint, kernels
+from engine.runner import synthesize
 from engine.sampling import SamplingParams, choose
-from engine.stream import synthesize
 
 pytestmark = pytest.mark.skipif(kernels.triton is None, reason="Triton is not installed")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

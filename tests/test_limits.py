@@ -9,8 +9,9 @@ import logging
 import orjson
 import pytest
 
-from gateway.responder import AudioOut, EchoResponder, SpeechText
-from gateway.session import MAX_JSON_DEPTH, Session
+from gateway.realtime.responder import AudioOut, SpeechText
+from gateway.realtime.session import MAX_JSON_DEPTH, Session
+from gateway.responders.echo import EchoResponder
 from tests.conftest import StartGateway, connect, load_pcm, make_config, silence, types
 from tests.test_session import SECOND, events_of, send, start_response
 
@@ -190,7 +191,7 @@ async def test_a_failing_handler_costs_one_event_not_the_session(
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(Session, "_on_conversation_item_retrieve", broken)
-    caplog.set_level(logging.DEBUG, logger="gateway.session")
+    caplog.set_level(logging.DEBUG, logger="gateway.realtime.session")
     gateway = await start_gateway()
     async with connect(gateway) as client:
         for event_id in ("e1", "e2"):

@@ -27,9 +27,9 @@ import orjson
 import pytest
 
 from gateway.config import ConfigError, LocalConfig
-from gateway.local_llm import SentenceCut
-from gateway.pipeline import LOCAL_LLM, LOCAL_STT, LOCAL_TTS, build_responder, build_transcriber, installed
-from gateway.responder import BackendError, LlmUsage, Responder, transcript_of
+from gateway.realtime.responder import BackendError, LlmUsage, Responder, transcript_of
+from gateway.responders.build import LOCAL_LLM, LOCAL_STT, LOCAL_TTS, build_responder, build_transcriber, installed
+from gateway.responders.local_llm import SentenceCut
 from tests.conftest import StartGateway, audio_of, connect, load_pcm, make_config, silence, types
 
 pytestmark = pytest.mark.skipif(
@@ -251,9 +251,9 @@ def test_sentence_cut_streams_the_first_sentence_and_holds_later_ones_until_they
 
 
 def test_auto_picks_the_local_models_when_no_llm_is_configured(local_config: Any):
-    from gateway.local_llm import LocalLlm
-    from gateway.local_stt import LocalStt
-    from gateway.piper_tts import PiperEngine
+    from gateway.responders.local_llm import LocalLlm
+    from gateway.responders.local_stt import LocalStt
+    from gateway.responders.piper_tts import PiperEngine
 
     config = make_config(local__stt=True)
     built = build_responder(config)
@@ -282,7 +282,7 @@ async def test_local_stt_long_turns_and_languages():
 
 
 def test_the_prompt_keeps_the_system_prompt_and_drops_the_oldest_turns_past_its_budget(local_config: Any):
-    from gateway.local_llm import LocalLlm
+    from gateway.responders.local_llm import LocalLlm
 
     llm = LocalLlm(LocalConfig(context_tokens=200), "default")
     turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn number {i} of a long chat."}
@@ -298,7 +298,7 @@ def test_the_prompt_keeps_the_system_prompt_and_drops_the_oldest_turns_past_its_
 
 
 def test_a_sessions_next_turn_reuses_its_kv_cache_and_says_the_same(local_config: Any):
-    from gateway.local_llm import LocalLlm
+    from gateway.responders.local_llm import LocalLlm
 
     llm = LocalLlm(local_config.local, "default")
     system = {"role": "system", "content": local_config.local.system_prompt}

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.model_worker import ModelWorker, current_session
+from gateway.responders.model_worker import ModelWorker, current_session
 
 
 def steps(name: str, n: int, log: list[str]) -> Iterator[str]:

@@ -13,13 +13,11 @@ from typing import Any
 
 import pytest
 
-from gateway.backends import LlmClient, SttClient
+from engine.api import TTSError
 from gateway.config import ConfigError, load_config
-from gateway.pipeline import BridgeSettings, PipelineResponder, build_responder
-from gateway.responder import (
+from gateway.realtime.responder import (
     AudioOut,
     BackendError,
-    EchoResponder,
     Message,
     ResponseOutput,
     ResponseRequest,
@@ -28,8 +26,11 @@ from gateway.responder import (
     TraceMark,
     transcript_of,
 )
-from gateway.tone_tts import ToneEngine, ToneStream, tone_pcm
-from gateway.tts import TTSError
+from gateway.responders.build import build_responder
+from gateway.responders.echo import EchoResponder
+from gateway.responders.pipeline import BridgeSettings, PipelineResponder
+from gateway.responders.remote import LlmClient, SttClient
+from gateway.responders.tone_tts import ToneEngine, ToneStream, tone_pcm
 from tests.conftest import StartGateway, audio_of, connect
 from tests.fake_openai import FakeOpenAI, tokenize
 
@@ -133,7 +134,7 @@ def request(*messages: Message, modalities: list[str] | None = None, **kwargs: A
 
 def respond(responder: Transcribing, req: ResponseRequest) -> AsyncIterator[ResponseOutput]:
     """responder.respond as the session runner calls it: the transcription of each user audio item was
-    started when the item was committed (gateway.runner)."""
+    started when the item was committed (gateway.runtime.session_runner)."""
     if responder.stt is not None and responder.reads_transcripts:
         for m in req.messages:
             if m.role == "user" and m.audio and not m.text and m.item_id not in req.transcripts:
@@ -594,7 +595,7 @@ async def test_backend_check(make: Make, fake: FakeOpenAI):
 async def test_gateway_warns_of_a_backend_down_at_start(
     make: Make, fake: FakeOpenAI, start_gateway: StartGateway, caplog: pytest.LogCaptureFixture
 ):
-    caplog.set_level(logging.WARNING, logger="gateway.server")
+    caplog.set_level(logging.WARNING, logger="gateway.runtime.gateway")
     port = free_port()
     await start_gateway(make(f"http://127.0.0.1:{port}/v1"), stt__base_url=fake.base_url)
     for _ in range(100):

@@ -12,7 +12,7 @@ import pytest
 import soxr
 
 from gateway.audio import ulaw_decode, ulaw_encode
-from gateway.responder import EchoResponder
+from gateway.responders.echo import EchoResponder
 from tests.conftest import audio_of, connect, load_pcm, silence, types
 
 TURN_EVENTS_GA = [

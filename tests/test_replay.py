@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway import client
-from gateway.replay import Options, main, replay
+from gateway.clients import cli as client
+from gateway.clients.replay import Options, main, replay
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TWO_TURNS = FIXTURES / "two_turns.wav"

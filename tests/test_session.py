@@ -9,11 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
-from gateway.effects import ClearPlayout, Play, RunVad, StartResponse, StopResponse
-from gateway.responder import AudioOut, BackendError, EchoResponder, SpeechText
-from gateway.runner import SessionRunner
-from gateway.session import Phase, Session
-from gateway.vad import SileroModel, SileroVAD, VadBatcher
+from gateway.realtime.effects import ClearPlayout, Play, RunVad, StartResponse, StopResponse
+from gateway.realtime.responder import AudioOut, BackendError, SpeechText
+from gateway.realtime.session import Phase, Session
+from gateway.responders.echo import EchoResponder
+from gateway.runtime.session_runner import SessionRunner
+from gateway.runtime.silero import SileroModel, SileroVAD, VadBatcher
 from tests.conftest import load_pcm, make_config, silence
 
 SECOND = bytes(48_000)  # one second of pcm16 24 kHz

@@ -15,21 +15,19 @@ import soxr
 from transformers import WhisperFeatureExtractor
 
 from gateway.config import ConfigError
-from gateway.effects import RunSmartTurn
-from gateway.session import Session
-from gateway.smart_turn import (
+from gateway.realtime.effects import RunSmartTurn
+from gateway.realtime.semantic_vad import CheckTurn, Eagerness, SemanticTurnDetector
+from gateway.realtime.session import Session
+from gateway.realtime.vad import SpeechStarted, SpeechStopped, TurnDetector
+from gateway.runtime.smart_turn import (
     MODEL_SHA256,
     N_SAMPLES,
-    CheckTurn,
-    Eagerness,
-    SemanticTurnDetector,
     SmartTurnBatcher,
     SmartTurnModel,
     SmartTurnModelError,
     last_seconds,
     log_mel,
 )
-from gateway.vad import SpeechStarted, SpeechStopped, TurnDetector
 from tests.conftest import FIXTURES, connect, load_pcm, make_config, silence
 
 PAUSED = "paused_turn.wav"  # "I want to fly from Boston to ... Denver on Friday."

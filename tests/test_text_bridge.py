@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from gateway.text_bridge import TextBridge
+from gateway.responders.text_bridge import TextBridge
 
 
 def raw_segments(text: str, starter: int = 24, cap: int = 160, step: int | None = None) -> list[str]:

@@ -2,9 +2,9 @@ import asyncio
 
 import pytest
 
-from gateway.responder import SAMPLE_RATE
-from gateway.tone_tts import ToneEngine, tone_pcm
-from gateway.tts import TTSChunk, TTSError
+from engine.api import TTSChunk, TTSError
+from gateway.audio import SAMPLE_RATE
+from gateway.responders.tone_tts import ToneEngine, tone_pcm
 
 
 async def collect(stream) -> list[TTSChunk]:

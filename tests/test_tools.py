@@ -12,10 +12,10 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.effects import CallMcp, ListMcpTools, StartResponse, StopResponse
-from gateway.responder import ToolCallArguments, ToolCallStart
-from gateway.session import Session
-from gateway.tools import McpTool
+from gateway.realtime.effects import CallMcp, ListMcpTools, StartResponse, StopResponse
+from gateway.realtime.responder import ToolCallArguments, ToolCallStart
+from gateway.realtime.session import Session
+from gateway.realtime.tools import McpTool
 from tests.conftest import audio_of, connect, make_config, types
 from tests.fake_openai import Call, FakeOpenAI, Script, tokenize
 

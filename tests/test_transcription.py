@@ -11,16 +11,16 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
-from gateway.backends import LlmClient
-from gateway.effects import PrepareTranscript, Transcribe
-from gateway.pipeline import PipelineResponder
-from gateway.protocol import Dialect
-from gateway.responder import EchoResponder
-from gateway.runner import SessionRunner
-from gateway.server import Gateway
-from gateway.session import Session
-from gateway.tone_tts import ToneEngine
-from gateway.vad import SileroModel, SileroVAD
+from gateway.realtime.effects import PrepareTranscript, Transcribe
+from gateway.realtime.events import Dialect
+from gateway.realtime.session import Session
+from gateway.responders.echo import EchoResponder
+from gateway.responders.pipeline import PipelineResponder
+from gateway.responders.remote import LlmClient
+from gateway.responders.tone_tts import ToneEngine
+from gateway.runtime.gateway import Gateway
+from gateway.runtime.session_runner import SessionRunner
+from gateway.runtime.silero import SileroModel, SileroVAD
 from tests.conftest import StartGateway, connect, load_pcm, make_config, silence, types
 from tests.fake_openai import FakeOpenAI, tokenize
 

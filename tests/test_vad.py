@@ -1,4 +1,4 @@
-"""gateway.vad: Silero wrapper against the reference, turn detection on real speech, and chunking."""
+"""gateway.runtime.silero: Silero wrapper against the reference, turn detection on real speech, and chunking."""
 
 from __future__ import annotations
 
@@ -13,15 +13,13 @@ import pytest
 import soxr
 
 from gateway.audio import InputDecoder, OutputEncoder
-from gateway.vad import (
+from gateway.realtime.vad import SpeechStarted, SpeechStopped, TurnDetector
+from gateway.runtime.silero import (
     MODEL_SHA256,
     WINDOW,
     ModelChecksumError,
     SileroModel,
     SileroVAD,
-    SpeechStarted,
-    SpeechStopped,
-    TurnDetector,
     VadBatcher,
     process_many,
 )

@@ -28,9 +28,9 @@ from openai.types.realtime import (
 )
 from pydantic import BaseModel
 
-from gateway.effects import StartResponse
-from gateway.protocol import Dialect
-from gateway.session import Session
+from gateway.realtime.effects import StartResponse
+from gateway.realtime.events import Dialect
+from gateway.realtime.session import Session
 from tests.conftest import make_config
 
 SKIPPED = {"tools", "tool_choice", "parallel_tool_calls", "client_secret"}

@@ -27,7 +27,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
     pytest.skip("chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True)
 
-from gateway.pipeline import LOCAL_STT, installed  # noqa: E402 - after the skips
+from gateway.responders.build import LOCAL_STT, installed  # noqa: E402 - after the skips
 from tests.fake_openai import FakeOpenAI  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -290,7 +290,7 @@ async def test_an_api_key_mints_the_session_secret(start_gateway, monkeypatch) -
 
 async def test_the_page_over_webrtc(start_gateway) -> None:
     """The WebRTC transport: the browser's media stack carries the audio, the gateway owns the playout."""
-    from gateway.responder import EchoResponder
+    from gateway.responders.echo import EchoResponder
 
     pytest.importorskip("aiortc")
     # Echo a little faster than real time, as a TTS engine produces: unheard audio is left to cut.

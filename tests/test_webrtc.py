@@ -29,8 +29,9 @@ from gateway.audio import (  # noqa: E402
     Downsampler2x,
     Upsampler2x,
 )
-from gateway.responder import EchoResponder  # noqa: E402
-from gateway.rtc_media import (  # noqa: E402
+from gateway.responders.echo import EchoResponder  # noqa: E402
+from gateway.transports.webrtc.calls import CallRegistry, OutboundAudio  # noqa: E402
+from gateway.transports.webrtc.media import (
     AIORTC_JITTER_PREFETCH,
     Microphone,
     PassThroughBuffer,
@@ -38,7 +39,6 @@ from gateway.rtc_media import (  # noqa: E402
     mono_s16,
     set_jitter_prefetch,
 )
-from gateway.webrtc import CallRegistry, OutboundAudio  # noqa: E402
 from tests.conftest import BETA_EVENTS, FIXTURES, GA_EVENTS, Served, StartGateway, load_pcm  # noqa: E402
 
 

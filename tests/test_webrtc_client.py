@@ -18,10 +18,10 @@ import pytest
 
 pytest.importorskip("aiortc")
 
-from gateway import client  # noqa: E402
-from gateway.connection import signalling_url_for  # noqa: E402
-from gateway.replay import Options, main, replay  # noqa: E402
-from gateway.responder import EchoResponder  # noqa: E402
+from gateway.clients import cli as client  # noqa: E402
+from gateway.clients.connection import signalling_url_for  # noqa: E402
+from gateway.clients.replay import Options, main, replay  # noqa: E402
+from gateway.responders.echo import EchoResponder  # noqa: E402
 from tests.conftest import load_pcm  # noqa: E402
 
 SHORT_SPEECH_MS = (500, 1800)  # one_sentence.wav cut short: its speech from 500 ms, cut at 1800 ms
@@ -178,7 +178,7 @@ async def test_signalling_problems_exit_2(start_gateway, short_wav: Path, tmp_pa
 WITHOUT_AIORTC = """
 import sys
 sys.modules["aiortc"] = None  # as if the webrtc extra were not installed: importing it fails
-from gateway import client, replay  # the WebSocket client and replay import without it
+from gateway.clients import cli as client, replay  # the WebSocket client and replay import without it
 sys.exit(client.main(sys.argv[1:]) * 10 + replay.main(["--transport", "webrtc", "--out", sys.argv[-1] + ".d",
                                                         sys.argv[2]]))
 """

@@ -23,7 +23,7 @@ pytest.importorskip("aiortc")
 import aiohttp  # noqa: E402
 from aiortc import RTCConfiguration, RTCPeerConnection  # noqa: E402
 
-from gateway.webrtc import advertise  # noqa: E402
+from gateway.transports.webrtc.calls import advertise  # noqa: E402
 from tests.conftest import StartGateway  # noqa: E402
 from tests.test_webrtc import RtcClient, session_count  # noqa: E402
 

@@ -65,7 +65,7 @@ class Gateway:
         return {int(slot): int(pid) for slot, pid in re.findall(r"worker (\d+) started \(pid (\d+)\)", self.text())}
 
     async def worker_of(self, session_id: str) -> int:
-        pattern = rf"worker\[(\d+)\] gateway\.server: session {session_id} opened"
+        pattern = rf"worker\[(\d+)\] gateway\.runtime\.gateway: session {session_id} opened"
         return int((await self.wait_for(pattern, timeout=60))[0][1])
 
     async def metric(self, name: str) -> float:
@@ -85,7 +85,8 @@ async def serve(tmp_path: Path, **env: str) -> AsyncIterator[Gateway]:
                                    cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
     gateway = Gateway(process, log)
     try:
-        ready = await gateway.wait_for(r"worker\[\d\] gateway\.serve: gateway \S+ on http://127\.0\.0\.1:(\d+)", 2)
+        ready = await gateway.wait_for(r"worker\[\d\] gateway\.server\.serve: gateway \S+ on http://127\.0\.0\.1:(\d+)",
+                                       2)
         gateway.port = int(ready[0][1])
         yield gateway
     finally:
@@ -133,7 +134,7 @@ async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one
             os.kill(pids[1], signal.SIGKILL)
             held = workers.count(1)
             await gateway.wait_for(rf"worker 1 \(pid \d+\) exited with status -9 .* holding {held} sessions; restart")
-            await gateway.wait_for(r"worker\[1\] gateway\.serve: gateway \S+ on http", 2)
+            await gateway.wait_for(r"worker\[1\] gateway\.server\.serve: gateway \S+ on http", 2)
             assert gateway.worker_pids()[1] != pids[1]
             # The killed worker's live gauge is gone and its slot zeroed: the counts are worker 0's sessions.
             assert await gateway.metric("gateway_active_sessions") == workers.count(0)
@@ -193,8 +194,8 @@ def engine_processes(parent: int) -> list[int]:
 
 def test_the_worker_count_auto_is_one_unless_a_gpu_engine_runs_in_engine_processes(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway import workers
     from gateway.config import ConfigError
+    from gateway.server import workers
     from tests.conftest import make_config
 
     monkeypatch.setattr(workers, "cpu_count", lambda: 16)

@@ -1,0 +1,51 @@
+"""The engine's options: the ``[engine]`` section of the gateway's config.toml, where each is documented.
+
+The engine reads them from this dataclass in a thread of the caller's process (engine.threaded), and from
+its JSON form on an engine process's command line (engine.process, started by engine.supervisor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EngineConfig:
+    checkpoint: str = ""
+    device: str = "auto"
+    dtype: str = "auto"
+    packet_frames: int = 4
+    # Frames in a stream's first packet (0 = packet_frames): 1 starts audio after a single frame.
+    first_packet_frames: int = 1
+    max_frames: int = 1500
+    max_text_chars: int = 2000
+    seed: int = 0
+    greedy: bool = False
+    # Streams the engine runs at once (each holds a preallocated KV-cache slot); more wait for a slot.
+    # 0 = 64 on a GPU, 4 on a CPU.
+    max_streams: int = 0
+    # CUDA graphs of the engine's step, one per batch size up to graph_max_batch (0 = max_streams).
+    cuda_graphs: bool = True
+    graph_max_batch: int = 0
+    # engine.kernels' Triton kernels on a GPU (false: the PyTorch ops, ~2.5x slower per frame).
+    fused_kernels: bool = True
+    # "thread": the engine runs in a worker thread of the gateway's process; "process": in engine processes
+    # (one per device, engine.process) that every gateway process shares over IPC (gateway.responders.engine_client).
+    mode: str = "thread"
+    # process mode: the devices, one engine process each ("cuda:0,cuda:1"; "auto": every GPU, else `device`).
+    devices: str = "auto"
+    # process mode: the folder of the IPC sockets ("" = a private temporary folder).
+    ipc_dir: str = ""
+    # process mode: connect to engine processes started elsewhere, at these endpoints ("" = start them here).
+    endpoints: str = ""
+    heartbeat_ms: float = 500.0
+    start_timeout_s: float = 900.0
+    voices: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, options: dict[str, Any]) -> EngineConfig:
+        """The options as ``dataclasses.asdict`` gave them (an engine process's --config)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in options.items() if k in names})

@@ -1,0 +1,81 @@
+"""The Qwen3-TTS engine in a thread of the caller's process: engine.api's TTSEngine over a loaded checkpoint.
+
+A worker thread owns the model and runs the batching loop (engine.batcher); a stream's packets reach the
+caller's event loop through call_soon_threadsafe. ``QwenTTSEngine.from_config`` is what the gateway calls
+for ``[engine] mode = "thread"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from engine.api import TTSChunk, TTSError
+from engine.batcher import Batcher, Utterance
+from engine.checkpoint import Checkpoint
+from engine.handles import QueuedStream
+from engine.prompt import Voice
+
+
+class QwenTTSStream(Utterance, QueuedStream):
+    """One utterance of the in-process engine; engine.api's TTSStream. Create with
+    QwenTTSEngine.open (on the event loop): packets reach the loop through call_soon_threadsafe."""
+
+    def __init__(self, engine: QwenTTSEngine, voice: Voice, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(engine, voice, self._deliver)
+        self._loop = loop
+
+    def end(self) -> None:
+        try:
+            super().end()
+        except TTSError:
+            self.put(None)  # nothing to say: iteration ends, the loop frees the stream
+            raise
+
+    def cancel(self) -> None:
+        if super().cancel():
+            self.put(None)  # iteration ends now; the loop frees the stream at its next pass
+
+    def _deliver(self, item: TTSChunk | BaseException | None) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.put, item)
+        except RuntimeError:  # the loop is closed: nobody listens any more
+            with self.lock:
+                self.cancelled = True
+
+
+class QwenTTSEngine(Batcher):
+    """engine.api's TTSEngine over a loaded checkpoint, in the caller's process: a worker thread owns the
+    model and runs the batching loop; `from_config` is what the gateway calls."""
+
+    incremental = True
+    model_name = "Qwen3-TTS"
+
+    def __init__(self, ckpt: Checkpoint, **options: Any) -> None:
+        super().__init__(ckpt, **options)
+        self._thread = threading.Thread(target=self._run, name="qwen3-tts-worker", daemon=True)
+        self._thread.start()
+
+    def open(self, voice: str, language: str | None = None) -> QwenTTSStream:
+        """A new stream for `voice` (an OpenAI voice name from [engine.voices], or a checkpoint speaker)."""
+        return self.admit(QwenTTSStream(self, self.resolve(voice, language), asyncio.get_running_loop()))
+
+    async def stats(self) -> list[dict[str, Any]]:
+        """One entry per engine (here: this one): see Batcher.counters."""
+        return [self.counters()]
+
+    def close(self) -> None:
+        with self.cond:
+            self._closed = True
+            self.cond.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(self.has_work)
+                if self._closed:
+                    break
+            self.run_pass()
+        self.fail_all(TTSError("the engine is closed"))

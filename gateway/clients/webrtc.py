@@ -1,0 +1,216 @@
+"""The client's WebRTC transport (aiortc): OpenAI's signalling, events on ``oai-events``, Opus both ways.
+
+The offer goes out non-trickle: aiortc gathers every ICE candidate before setLocalDescription returns,
+so the one POST carries them all. No STUN server is asked: the answerer learns the client's public
+address from its connectivity checks (peer-reflexive), as with OpenAI's own browser clients.
+
+The request is what OpenAI's endpoint takes: ``Authorization: Bearer KEY`` and the SDP offer as
+``application/sdp``, or — when the URL names a model (``.../v1/realtime/calls?model=gpt-realtime``) —
+``multipart/form-data`` with the parts ``sdp`` and ``session`` (``{"type": "realtime", "model": ...}``),
+which a standard API key needs. The beta route (``/v1/realtime?model=...``) takes application/sdp only.
+
+The server plays the reply out on its track at real time. What arrives on the remote track is reply
+audio while the server says it is playing (between ``output_audio_buffer.started`` and ``.stopped`` or
+``.cleared``); the receiver hands each packet over as it arrives (no jitter buffer), so the client's
+marks are when the audio actually reached it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import aiohttp
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from gateway.clients.connection import CliError, ConnectionLost, Endpoint, Incoming, OnSend, ReplyAudio, auth_headers
+from gateway.transports.webrtc.media import InboundAudio, Microphone, audio_frames, set_jitter_prefetch
+
+SIGNALLING_TIMEOUT_S = 15.0  # the POST of the offer, answer included
+CONNECT_TIMEOUT_S = 15.0  # from the answer to an open data channel (ICE, DTLS, SCTP)
+# The microphone starts at session.created; a server that sends none still gets audio after this long.
+SESSION_CREATED_WAIT_S = 5.0
+# Microphone audio handed to the track ahead of its clock: enough that it never runs dry between two
+# sends, little enough that a barge-in's new speech is not queued behind stale audio.
+LEAD_MS = 40
+
+
+async def open_webrtc(endpoint: Endpoint, on_send: OnSend | None = None) -> WebRTCConnection:
+    url = endpoint.address
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise CliError(f"{url}: not an HTTP URL for WebRTC signalling (expected http://HOST:PORT/v1/realtime/calls)")
+    connection = WebRTCConnection(on_send)
+    try:
+        await connection.connect(url, endpoint)
+    except BaseException:
+        await connection.close()
+        raise
+    return connection
+
+
+async def post_offer(url: str, offer: str, endpoint: Endpoint) -> tuple[str, str | None]:
+    """POST the offer; (answer SDP, the call's Location) or CliError saying why not."""
+    headers = auth_headers(endpoint)
+    model = parse_qs(urlsplit(url).query).get("model", [None])[0]
+    body: aiohttp.FormData | str
+    if model and not endpoint.beta:
+        body = aiohttp.FormData(default_to_multipart=True)
+        body.add_field("sdp", offer)
+        body.add_field("session", json.dumps({"type": "realtime", "model": model}))
+    else:
+        body = offer
+        headers["Content-Type"] = "application/sdp"
+    timeout = aiohttp.ClientTimeout(total=SIGNALLING_TIMEOUT_S)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.post(url, data=body, headers=headers) as response,
+        ):
+            text = await response.text()
+            if response.status not in (200, 201):
+                raise CliError(f"{url} refused the offer: HTTP {response.status}{_error_detail(text)}")
+            if not text.lstrip().startswith("v=0"):
+                raise CliError(f"{url} did not answer with an SDP answer ({response.content_type}: {text[:80]!r})")
+            return text, response.headers.get("Location")
+    except aiohttp.InvalidURL:
+        raise CliError(f"{url}: not a valid URL") from None
+    except aiohttp.ClientConnectorError as exc:
+        reason = "connection refused" if isinstance(exc.os_error, ConnectionRefusedError) else exc.strerror
+        raise CliError(f"cannot connect to {url}: {reason} (is the gateway's WebRTC signalling there?)") from None
+    except TimeoutError:
+        raise CliError(f"cannot connect to {url}: no answer within {SIGNALLING_TIMEOUT_S:.0f} s") from None
+    except aiohttp.ClientError as exc:
+        raise CliError(f"cannot connect to {url}: {exc}") from None
+
+
+def _error_detail(body: str) -> str:
+    """': message' from an OpenAI-style JSON error body, else the start of the body."""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = body.strip()[:200]
+    return f": {message}" if message else ""
+
+
+class WebRTCConnection:
+    """One call: a microphone track out, the agent's track in, JSON events on the ``oai-events`` channel."""
+
+    transport = "webrtc"
+    server_playout = True
+
+    def __init__(self, on_send: OnSend | None = None) -> None:
+        self.on_send = on_send
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.mic = Microphone()
+        self.pc.addTrack(self.mic)
+        self.channel = self.pc.createDataChannel("oai-events")
+        self.call_location: str | None = None
+        self._incoming: asyncio.Queue[Incoming | None] = asyncio.Queue()
+        self._open = asyncio.Event()
+        self._ended = asyncio.Event()
+        self._playing: str | None = None  # the response the server is playing out
+        self._item_of: dict[str, str] = {}  # response → its audio item
+        self._listener: asyncio.Task[None] | None = None
+        self.channel.on("open", self._open.set)
+        self.channel.on("message", self._on_message)
+        self.channel.on("close", self._end)
+        self.pc.on("track", self._on_track)
+        self.pc.on("connectionstatechange", self._on_connection_state)
+
+    async def connect(self, url: str, endpoint: Endpoint) -> None:
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        answer, self.call_location = await post_offer(url, self.pc.localDescription.sdp, endpoint)
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+        except Exception as exc:  # aiortc raises ValueError and others on answers it cannot use
+            raise CliError(f"{url}: the SDP answer cannot be used: {exc}") from None
+        opened = asyncio.ensure_future(self._open.wait())
+        ended = asyncio.ensure_future(self._ended.wait())
+        await asyncio.wait([opened, ended], timeout=CONNECT_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+        opened.cancel()
+        ended.cancel()
+        if not self._open.is_set() or self._ended.is_set():
+            raise CliError(f"{url} answered, but the WebRTC connection did not open (ICE or DTLS failed)")
+        asyncio.get_running_loop().call_later(SESSION_CREATED_WAIT_S, self.mic.start)
+
+    async def send(self, event: dict[str, Any]) -> None:
+        if self.channel.readyState != "open":
+            raise ConnectionLost("the data channel is closed")
+        if self.on_send is not None:
+            self.on_send(event)
+        self.channel.send(json.dumps(event))
+
+    async def send_audio(self, pcm: bytes) -> None:
+        # The track is the clock: this waits while it has enough queued.
+        self.mic.say(pcm)
+        try:
+            await self.mic.wait_queued(LEAD_MS)
+        except MediaStreamError:
+            raise ConnectionLost("the call ended") from None
+
+    def sent_at(self, audio_ms: float) -> float | None:
+        return self.mic.sent_at(audio_ms)
+
+    async def __aiter__(self) -> AsyncIterator[Incoming]:
+        while (item := await self._incoming.get()) is not None:
+            yield item
+
+    async def close(self) -> None:
+        self._end()
+        if self._listener is not None:
+            self._listener.cancel()
+        await self.pc.close()
+
+    # --- callbacks ------------------------------------------------------------------------------
+
+    def _on_message(self, message: str | bytes) -> None:
+        try:
+            event = json.loads(message)
+        except ValueError:
+            event = None
+        if not isinstance(event, dict):
+            return  # not an event: nothing to act on
+        kind = event.get("type")
+        response_id = event.get("response_id")
+        if kind == "session.created":
+            self.mic.start()  # the server reads the call's audio from now on: one timeline for both
+        elif kind == "response.output_item.added" and (event.get("item") or {}).get("type") == "message":
+            self._item_of[response_id] = event["item"].get("id")
+        elif kind == "output_audio_buffer.started":
+            self._playing = response_id
+        elif kind == "output_audio_buffer.cleared" or (
+            kind == "output_audio_buffer.stopped" and response_id == self._playing
+        ):
+            self._item_of.pop(self._playing or "", None)
+            self._playing = None
+        self._incoming.put_nowait(event)
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind != "audio":
+            return
+        for transceiver in self.pc.getTransceivers():
+            if transceiver.receiver.track is track:
+                set_jitter_prefetch(transceiver.receiver, 0)  # a recorder: each packet as it arrives
+        self._listener = asyncio.ensure_future(self._listen(track))
+
+    async def _listen(self, track: MediaStreamTrack) -> None:
+        inbound = InboundAudio()
+        async for frame in audio_frames(track):
+            pcm = inbound.convert(frame)  # every frame, silence too: the resampler's state stays continuous
+            if self._playing is not None and len(pcm):
+                self._incoming.put_nowait(ReplyAudio(pcm.tobytes(), self._playing, self._item_of.get(self._playing)))
+
+    def _on_connection_state(self) -> None:
+        if self.pc.connectionState in ("failed", "closed"):
+            self._end()
+
+    def _end(self) -> None:
+        if not self._ended.is_set():
+            self._ended.set()
+            self._incoming.put_nowait(None)
+            self.mic.stop()

@@ -1,0 +1,130 @@
+"""What a session asks its runner to do: the effects it returns beside the server events.
+
+A session (gateway/realtime/session.py) returns a list of server events (dicts, sent as they are) and these
+effects, in order; the runner (gateway/runtime/session_runner.py) carries each out and feeds the results back through
+the session's methods named below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.realtime.responder import ResponseRequest
+from gateway.realtime.tools import McpServer
+
+
+@dataclass
+class RunVad:
+    """Compute VAD probabilities for this pcm16 24 kHz audio and pass them to ``vad_result``, in order.
+
+    Later client events need not wait for the result: turn events carry input-audio times, and a
+    commit or clear tells the detector which audio it took (``TurnDetector.reset``)."""
+
+    pcm: bytes
+
+
+@dataclass
+class RunSmartTurn:
+    """semantic_vad: ask the Smart Turn model whether this turn's audio (pcm16 24 kHz, up to the pause) is
+    finished speaking, and pass P(complete) to ``smart_turn_result`` with ``seq`` (None if the model failed).
+    The session's turn detector waits for the answer before it judges later audio."""
+
+    seq: int
+    pcm: bytes
+
+
+@dataclass
+class StartResponse:
+    request: ResponseRequest
+
+
+@dataclass
+class StopResponse:
+    """Stop the response's producer (close its LLM stream, cancel its TTS, drop its queued audio) and its
+    MCP calls."""
+
+    response_id: str
+
+
+@dataclass
+class Play:
+    """Server-side playout (WebRTC): queue this response audio on the outbound track."""
+
+    response_id: str
+    item_id: str
+    pcm: bytes
+
+
+@dataclass
+class PlayoutEnd:
+    """Server-side playout: this response sends no more audio; once its queue has played, it has stopped."""
+
+    response_id: str
+
+
+@dataclass
+class ClearPlayout:
+    """Server-side playout: drop queued audio at once, then call ``playout_cleared`` with what was heard."""
+
+
+@dataclass
+class Transcribe:
+    """Transcribe this user audio item: pass the text to ``input_transcript_delta`` as it comes, then
+    the whole of it (or why it failed) to ``input_transcribed``."""
+
+    item_id: str
+    pcm: bytes
+    language: str | None = None  # the session's transcription language and prompt, if it set them
+    prompt: str | None = None
+
+
+@dataclass
+class PrepareTranscript:
+    """Transcribe this audio quietly, ahead of its Transcribe (a VAD turn in its closing pause): a later
+    Transcribe of the same bytes takes the result. Each one replaces the previous; ``pcm`` None only
+    drops it (the user spoke again)."""
+
+    pcm: bytes | None
+    language: str | None = None
+    prompt: str | None = None
+
+
+@dataclass
+class ListMcpTools:
+    """List this MCP server's tools and pass them (or why listing failed) to ``mcp_tools_listed``."""
+
+    item_id: str
+    server: McpServer
+
+
+@dataclass
+class CallMcp:
+    """Call this tool on this MCP server and pass its output (or error) to ``mcp_call_finished``."""
+
+    response_id: str
+    item_id: str
+    server: McpServer
+    name: str
+    arguments: str
+
+
+@dataclass
+class Mark:
+    """A latency checkpoint of the current turn (for the trace)."""
+
+    name: str
+    response_id: str | None = None
+
+
+@dataclass
+class Fault:
+    """Handling a client event failed unexpectedly (a bug): the client got a server_error and the session goes
+    on; the runner logs it, in full the first time (``count``: the session's faults so far)."""
+
+    error: BaseException
+    count: int
+
+
+Effect = (dict[str, Any] | RunVad | RunSmartTurn | StartResponse | StopResponse | Play | PlayoutEnd | ClearPlayout
+          | Mark | Transcribe | PrepareTranscript | ListMcpTools | CallMcp | Fault)

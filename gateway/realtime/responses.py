@@ -1,0 +1,454 @@
+"""A session's responses: response.create read, the response's output turned into events, its end.
+
+One response is active at a time. It produces output items in order (gateway/realtime/outputs.py): what its
+responder yields becomes an assistant message (speech or text), function calls the client runs, MCP
+calls the gateway runs and MCP approval requests. A response runs in rounds, one LLM call each
+(StartResponse): when a round made MCP calls and nothing the client must act on, their results go back
+to the LLM in another round of the same response, up to [mcp] max_rounds. ``finish`` closes what is
+still open and sends response.done; anything yielded for a response that is no longer active is
+dropped here, so nothing of a cancelled response follows its response.done.
+
+A truncate does not end the response (the client cancels if it wants to): what the response yields
+after it still goes out as deltas, but the item keeps only what was heard up to the truncation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.audio import OutputEncoder
+from gateway.realtime.conversation import BYTES_PER_MS, Conversation, EventMaker, Item, snapshot
+from gateway.realtime.effects import CallMcp, Effect, Mark, Play, PlayoutEnd, StartResponse, StopResponse
+from gateway.realtime.events import Dialect, ProtocolError, new_id
+from gateway.realtime.items import parse_item
+from gateway.realtime.listings import McpListings
+from gateway.realtime.outputs import (
+    Context,
+    FunctionCallOut,
+    McpApprovalOut,
+    McpCallOut,
+    McpError,
+    MessageOut,
+    Output,
+    Round,
+    Usage,
+)
+from gateway.realtime.responder import (
+    AudioOut,
+    LlmUsage,
+    ResponseOutput,
+    ResponseRequest,
+    SpeechText,
+    TextOut,
+    ToolCallArguments,
+    ToolCallStart,
+    TraceMark,
+)
+from gateway.realtime.settings import SessionSettings, check_voice, format_wire, parse_temperature, response_format
+from gateway.realtime.tools import (
+    LlmTools,
+    McpPolicy,
+    McpRoute,
+    McpServer,
+    Tool,
+    llm_tools,
+    parse_tool_choice,
+    parse_tools,
+)
+from gateway.realtime.values import field_of, non_empty, parse_metadata, parse_prompt, parse_reasoning
+
+CANCELLED = McpError("tool_execution_error", "The response was cancelled before the call finished.")
+
+
+@dataclass
+class Response:
+    id: str
+    modalities: list[str]
+    voice: str
+    output_format: str
+    in_conversation: bool
+    max_output_tokens: int | str
+    metadata: dict[str, Any] | None
+    instructions: str
+    temperature: float
+    tools: list[Tool]
+    tool_choice: str | dict[str, Any]
+    context: list[Item] | None  # response.input: the items it sees instead of the conversation
+    ctx: Context
+    outputs: list[Output] = field(default_factory=list)
+    message: MessageOut | None = None  # the message being produced
+    round: Round = field(default_factory=Round)
+    rounds: int = 0  # LLM calls made
+    llm: LlmTools = field(default_factory=LlmTools)  # the tools of the current round
+    responding: bool = False  # a responder runs (between StartResponse and response_finished)
+    llm_due: bool = True  # another LLM call is wanted once MCP calls and listings are done
+    listings: set[str] = field(default_factory=set)  # mcp_list_tools items it waits for
+    next_message_id: str = field(default_factory=lambda: new_id("item"))
+    usage: Usage = field(default_factory=Usage)
+    audio_ms: float = 0.0
+
+    @property
+    def audio(self) -> bool:
+        return "audio" in self.modalities
+
+    def running_calls(self) -> list[McpCallOut]:
+        return [o for o in self.outputs if isinstance(o, McpCallOut) and o.running]
+
+    def producing(self, item: Item) -> bool:
+        """Whether ``item`` is one of this response's output items that is not finished yet."""
+        return any(o.item is item and not o.closed for o in self.outputs)
+
+    def holds(self, item: Item) -> bool:
+        return any(o.item is item for o in self.outputs)
+
+
+class Responses:
+    def __init__(self, event: EventMaker, conversation: Conversation, listings: McpListings, dialect: Dialect,
+                 server_playout: bool, policy: McpPolicy, max_rounds: int,
+                 on_finish: Callable[[Response], None]) -> None:
+        """``max_rounds``: LLM calls per response; ``on_finish``: told of each response that ends."""
+        self._event = event
+        self._conversation = conversation
+        self._listings = listings
+        self._dialect = dialect
+        self._server_playout = server_playout
+        self._policy = policy
+        self._max_rounds = max_rounds
+        self._on_finish = on_finish
+        self.active: Response | None = None
+        self.voice_locked = False  # audio has gone out: the session's voice is fixed
+
+    def start(self, params: dict[str, Any], settings: SessionSettings, voices: frozenset[str] | None) -> list[Effect]:
+        """A new response from response.create's ``response`` (or {} for a turn's automatic one)."""
+        if self.active is not None:
+            raise ProtocolError(
+                "conversation_already_has_active_response",
+                f"Conversation already has an active response in progress: {self.active.id}. "
+                "Wait until the response is finished before creating a new one.",
+            )
+        s = settings
+        if self._dialect is Dialect.GA:
+            mods = field_of(params, "output_modalities", list, "response.output_modalities")
+            audio = field_of(params, "audio", dict, "response.audio") or {}
+            out = field_of(audio, "output", dict, "response.audio.output") or {}
+            voice_param = "response.audio.output.voice"
+            max_tokens = params.get("max_output_tokens")
+            max_param = "response.max_output_tokens"
+        else:
+            mods = field_of(params, "modalities", list, "response.modalities")
+            out = params
+            voice_param = "response.voice"
+            max_tokens = params.get("max_response_output_tokens")
+            max_param = "response.max_response_output_tokens"
+        voice = field_of(out, "voice", (str, dict) if self._dialect is Dialect.GA else str, voice_param)
+        if isinstance(voice, dict):
+            voice = non_empty(voice, "id", f"{voice_param}.id", required=True)
+        if voice is not None:
+            non_empty({"v": voice}, "v", voice_param)
+            check_voice(voice, voices, voice_param)
+        mods_param = "response.output_modalities" if self._dialect is Dialect.GA else "response.modalities"
+        if mods is not None:
+            for i, m in enumerate(mods):
+                if m not in ("text", "audio"):
+                    raise ProtocolError("invalid_value", f"Invalid modality {m!r}.", f"{mods_param}[{i}]")
+            if not mods:
+                raise ProtocolError("invalid_value", f"'{mods_param}' must not be empty.", mods_param)
+        modalities = (["audio"] if "audio" in mods else ["text"]) if mods else s.modalities
+        if max_tokens is not None and max_tokens != "inf" and (
+            not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= 4096
+        ):
+            raise ProtocolError("invalid_value", "max output tokens must be 1..4096 or \"inf\".", max_param)
+        conversation = field_of(params, "conversation", str, "response.conversation")
+        if conversation not in (None, "auto", "none"):
+            raise ProtocolError("invalid_value", "'response.conversation' must be 'auto' or 'none'.",
+                                "response.conversation")
+        instructions = field_of(params, "instructions", str, "response.instructions")
+        metadata = parse_metadata(params, "metadata", "response.metadata")
+        if self._dialect is Dialect.GA:
+            # Checked, not acted on: no stored prompts; the LLM backend's settings decide its reasoning.
+            parse_prompt(params, "prompt", "response.prompt")
+            parse_reasoning(params, "reasoning", "response.reasoning")
+            temperature = s.temperature
+        else:
+            own = parse_temperature(params, "response.temperature")
+            temperature = s.temperature if own is None else own
+        output_format = response_format(params, self._dialect) or s.output_format
+        tools = s.tools
+        if params.get("tools") is not None:
+            tools = parse_tools(params["tools"], "response.tools", self._dialect, self._policy)
+        tool_choice = s.tool_choice
+        if params.get("tool_choice") is not None:
+            tool_choice = parse_tool_choice(params["tool_choice"], tools, "response.tool_choice", self._dialect)
+        elif tools is not s.tools and isinstance(tool_choice, dict):
+            tool_choice = "auto"  # the session's named tool is not among this response's tools
+        # An out-of-band context replaces the conversation for this response ("input": items or references).
+        context = self._input(params["input"]) if params.get("input") is not None else None
+
+        rid = new_id("resp")
+        in_conversation = conversation != "none"
+        resp = Response(
+            id=rid,
+            modalities=modalities,
+            voice=voice or s.voice,
+            output_format=output_format,
+            in_conversation=in_conversation,
+            max_output_tokens=max_tokens if max_tokens is not None else s.max_output_tokens,
+            metadata=metadata,
+            instructions=instructions if instructions is not None else s.instructions,
+            temperature=temperature,
+            tools=tools,
+            tool_choice=tool_choice,
+            context=context,
+            ctx=Context(rid, self._event, self._conversation, in_conversation),
+        )
+        self.active = resp
+        effects: list[Effect] = [
+            Mark("response_created", resp.id),
+            self._event("response.created", response=self._wire(resp, "in_progress")),
+            self._event("rate_limits.updated", rate_limits=[]),
+        ]
+        effects += self._listings.refresh(tools)
+        resp.listings = self._listings.pending(tools)
+        effects += self._run_approved(resp)
+        return effects + self._advance(resp)
+
+    # --- what the responder yields ------------------------------------------------------------------
+
+    def output(self, response_id: str, out: ResponseOutput) -> list[Effect]:
+        """Something the responder of ``response_id`` produced; dropped if that response has ended."""
+        resp = self.active
+        if resp is None or resp.id != response_id:
+            return []
+        if isinstance(out, TraceMark):
+            return [Mark(out.name, response_id)]
+        if isinstance(out, LlmUsage):
+            resp.usage.add(out.input_tokens, out.output_tokens, out.cached_tokens)
+            return []
+        if isinstance(out, ToolCallStart):
+            return self._call_started(resp, out)
+        if isinstance(out, ToolCallArguments):
+            call = resp.round.calls.get(out.index)
+            return call.arguments(out.delta) if call is not None and not call.closed else []
+        if isinstance(out, AudioOut):
+            if not resp.audio or not out.pcm:
+                return []
+            effects: list[Effect] = [] if resp.audio_ms else [Mark("first_delta", response_id)]
+            effects += self._message(resp)
+            message = resp.message
+            assert message is not None
+            self.voice_locked = True
+            if not message.item.truncated:
+                self._conversation.add_audio(message.item, out.pcm)
+                effects += self._conversation.make_room(keep=message.item)
+            resp.audio_ms += len(out.pcm) / BYTES_PER_MS
+            if self._server_playout:
+                return effects + [Play(resp.id, message.id, out.pcm)]
+            return effects + message.audio_delta(out.pcm)
+        if isinstance(out, SpeechText | TextOut) and out.text:
+            effects = self._message(resp)
+            assert resp.message is not None
+            return effects + resp.message.text(out.text)
+        return []
+
+    def _message(self, resp: Response) -> list[Effect]:
+        """Open a message item for speech or text if none is open."""
+        if resp.message is not None:
+            return []
+        resp.message = MessageOut(resp.ctx, len(resp.outputs), resp.next_message_id, resp.audio,
+                                  OutputEncoder(resp.output_format))
+        resp.next_message_id = new_id("item")
+        resp.outputs.append(resp.message)
+        return resp.message.open()
+
+    def _close_message(self, resp: Response, completed: bool) -> list[Effect]:
+        message, resp.message = resp.message, None
+        if message is None:
+            return []
+        # The encoder's resampler holds back its last few ms: they belong to a completed message only.
+        return message.close(completed, flush=completed and not self._server_playout)
+
+    def _call_started(self, resp: Response, out: ToolCallStart) -> list[Effect]:
+        effects = self._close_message(resp, completed=True)  # speech before a call ("let me check") is done
+        route = resp.llm.mcp.get(out.name)
+        index = len(resp.outputs)
+        call: FunctionCallOut | McpCallOut | McpApprovalOut
+        if route is None:
+            call = FunctionCallOut(resp.ctx, index, out.call_id, out.name)
+        elif route.server.needs_approval(route.tool):
+            call = McpApprovalOut(resp.ctx, index, route)
+        else:
+            call = McpCallOut(resp.ctx, index, route)
+        resp.round.calls[out.index] = call
+        resp.outputs.append(call)
+        return effects + call.open()
+
+    def sync_transcript(self) -> None:
+        """The open message's transcript so far into its item (it is set whole at the end): a truncate
+        cuts it at the words heard."""
+        resp = self.active
+        if resp is not None and resp.message is not None:
+            resp.message.sync_transcript()
+
+    # --- rounds ---------------------------------------------------------------------------------------
+
+    def round_finished(self, response_id: str) -> list[Effect]:
+        """The responder of ``response_id`` ended normally: close its round's items, run its MCP calls, then
+        either another LLM call (it ran MCP calls and needs nothing from the client) or the end."""
+        resp = self.active
+        if resp is None or resp.id != response_id:
+            return []
+        resp.responding = False
+        effects = self._close_message(resp, completed=True)
+        for call in resp.round.calls.values():
+            if isinstance(call, McpCallOut):
+                effects += self._run(resp, call, streamed=True)
+            else:
+                effects += call.close(completed=True)
+        resp.llm_due = resp.round.ran_mcp and not resp.round.needs_client
+        return effects + self._advance(resp)
+
+    def mcp_call_finished(self, response_id: str, item_id: str, output: str | None,
+                          error: McpError | None) -> list[Effect]:
+        resp = self.active
+        if resp is None or resp.id != response_id:
+            return []
+        call = next((o for o in resp.running_calls() if o.id == item_id), None)
+        if call is None:
+            return []
+        return call.finish(output, error) + self._advance(resp)
+
+    def listed(self, item_id: str) -> list[Effect]:
+        """An MCP server's listing ended: the response waiting for it may go on."""
+        resp = self.active
+        if resp is None or item_id not in resp.listings:
+            return []
+        resp.listings.discard(item_id)
+        return self._advance(resp)
+
+    def _advance(self, resp: Response) -> list[Effect]:
+        """Start the next LLM call, or finish, once nothing the response waits for is left."""
+        if resp.listings or resp.responding or resp.running_calls():
+            return []
+        if not resp.llm_due or resp.rounds >= self._max_rounds:
+            return self.finish("completed")
+        resp.responding = True
+        resp.llm_due = False
+        resp.rounds += 1
+        resp.round = Round()
+        resp.llm = llm_tools(resp.tools, resp.tool_choice, self._listings.listed())
+        items = resp.context if resp.context is not None else self._conversation.items()
+        if resp.rounds == 1:
+            # Audio in the context, at OpenAI's rates: user audio 1 token per 100 ms, assistant 1 per 50 ms.
+            resp.usage.audio_in = round(sum(
+                len(i.audio) / BYTES_PER_MS / (100 if i.data.get("role") == "user" else 50) for i in items))
+        if not resp.in_conversation:  # its own items so far are in no conversation: add them
+            items = items + [o.item for o in resp.outputs if o.closed]
+        request = ResponseRequest(
+            response_id=resp.id,
+            item_id=resp.next_message_id,
+            instructions=resp.instructions,
+            messages=self._conversation.messages(items),
+            voice=resp.voice,
+            modalities=resp.modalities,
+            max_output_tokens=resp.max_output_tokens if isinstance(resp.max_output_tokens, int) else None,
+            temperature=resp.temperature,
+            tools=resp.llm.tools,
+            tool_choice=resp.llm.tool_choice,
+        )
+        return [StartResponse(request)]
+
+    def _run(self, resp: Response, call: McpCallOut, streamed: bool) -> list[Effect]:
+        data = call.item.data
+        return [*call.start(streamed),
+                CallMcp(resp.id, call.id, call.route.server, call.route.tool.name, data["arguments"])]
+
+    def _run_approved(self, resp: Response) -> list[Effect]:
+        """The MCP calls the client approved since the last response: they run first in this one."""
+        items = self._conversation.items()
+        approved = {i.data["approval_request_id"] for i in items
+                    if i.data["type"] == "mcp_approval_response" and i.data["approve"]}
+        done = {i.data.get("approval_request_id") for i in items if i.data["type"] == "mcp_call"}
+        servers = {t.server_label: t for t in resp.tools if isinstance(t, McpServer)}
+        listed = self._listings.listed()
+        effects: list[Effect] = []
+        for item in items:
+            data = item.data
+            if data["type"] != "mcp_approval_request" or item.id not in approved or item.id in done:
+                continue
+            server = servers.get(data["server_label"])
+            tool = next((t for t in listed.get(data["server_label"], []) if t.name == data["name"]), None)
+            if server is None or tool is None:
+                continue  # the server or the tool has gone from the session's tools since the request
+            call = McpCallOut(resp.ctx, len(resp.outputs), McpRoute(server, tool), data["arguments"], item.id)
+            resp.outputs.append(call)
+            effects += call.open() + self._run(resp, call, streamed=False)
+        return effects
+
+    # --- the end --------------------------------------------------------------------------------------
+
+    def finish(self, status: str, reason: str | None = None, error: dict[str, Any] | None = None) -> list[Effect]:
+        """End the active response with ``status`` (completed, cancelled, failed): its closing events."""
+        resp = self.active
+        assert resp is not None
+        self.active = None
+        effects: list[Effect] = []
+        if status != "completed":
+            effects.append(StopResponse(resp.id))
+        if self._server_playout and resp.audio_ms:
+            effects.append(PlayoutEnd(resp.id))
+        effects += self._close_message(resp, completed=status == "completed")
+        for call in resp.outputs:
+            if call.closed:
+                continue
+            if isinstance(call, McpCallOut):
+                effects += call.finish(None, CANCELLED)
+            elif isinstance(call, FunctionCallOut):
+                effects += call.close(completed=False)
+            # an approval request not yet sent is dropped: the client never saw it
+        details: dict[str, Any] | None = None
+        if status != "completed":
+            details = {"type": status, "reason": reason, "error": error}
+        effects.append(self._event("response.done", response=self._wire(resp, status, details)))
+        effects.append(Mark("response_done", resp.id))
+        self._on_finish(resp)
+        return effects
+
+    def _input(self, value: Any) -> list[Item]:
+        """response.input: the items a response sees instead of the conversation."""
+        entries = field_of({"input": value}, "input", list, "response.input")
+        context = []
+        for i, entry in enumerate(entries):
+            param = f"response.input[{i}]"
+            body = field_of({"e": entry}, "e", dict, param, required=True)
+            if body.get("type") == "item_reference":
+                ref = field_of(body, "id", str, f"{param}.id", required=True)
+                item = self._conversation.get(ref)
+                if item is None:
+                    raise ProtocolError("item_not_found", f"Item with id '{ref}' not found.", f"{param}.id")
+                context.append(item)
+            else:
+                data = parse_item(body, param)
+                for j, part in enumerate(data.get("content", [])):
+                    if part.pop("audio", None):
+                        raise ProtocolError("unsupported_content", "Audio in response.input is not supported; "
+                                            "create the item first and reference it.", f"{param}.content[{j}]")
+                context.append(Item(data))
+        return context
+
+    def _wire(self, resp: Response, status: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+        done = status != "in_progress"
+        return {
+            "id": resp.id,
+            "object": "realtime.response",
+            "status": status,
+            "status_details": details,
+            "output": [snapshot(o.item.data) for o in resp.outputs if o.closed] if done else [],
+            "conversation_id": self._conversation.id if resp.in_conversation else None,
+            "output_modalities": resp.modalities,
+            "max_output_tokens": resp.max_output_tokens,
+            "metadata": resp.metadata,
+            "audio": {"output": {"format": format_wire(resp.output_format), "voice": resp.voice}},
+            "usage": resp.usage.wire(resp.audio_ms) if done else None,
+        }

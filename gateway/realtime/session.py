@@ -1,0 +1,549 @@
+"""One Realtime session as a sans-I/O state machine: events in, events and effects out.
+
+No sockets, tasks or clocks live here. The runner (gateway/runtime/session_runner.py) feeds it client events,
+VAD probabilities and responder outputs, sends the server events it returns and carries out its
+effects (gateway/realtime/effects.py: run VAD on appended audio, start or stop a response, ...). Everything
+that changes the session happens in these calls, in the one event loop, so barge-in is a
+synchronous state change: the cancelled response's response.done is produced in the same call as
+the speech_started that caused it, and anything the responder yields afterwards is dropped.
+
+This module is the duplex controller: it decides what follows from what (speech ends → commit →
+respond; speech starts → cancel). The parts it drives, beside it in gateway/realtime/, each hold one
+concern: the input audio and its turn detector (turns.py), the conversation's items (conversation.py),
+the active response and its output items (responses.py, outputs.py), the tools (tools.py), the MCP
+servers' listings (listings.py) and input transcription (transcription.py).
+
+A session is of one of two types: "realtime" (a conversation that responds) or "transcription"
+(turns are detected and transcribed, no response is ever created). The transport may open it as
+either (?intent=transcription); its configuration may set it, also before session.created (a
+configuration handed over by the transport is applied as a client event before ``open``).
+
+Every handler validates its whole input before it changes anything, so a refused event (an
+``error`` back to the client) leaves the session exactly as it was. An unexpected exception in a
+handler becomes a server_error event, and the session goes on.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import replace
+from enum import Enum
+from typing import Any
+
+import orjson
+
+from gateway.config import Config
+from gateway.realtime.conversation import BYTES_PER_MS, Conversation, Item, item_from_client
+from gateway.realtime.effects import ClearPlayout, Effect, Fault, Mark, RunSmartTurn, RunVad
+from gateway.realtime.events import (
+    BETA_TRANSCRIPTION_SESSION_EVENTS,
+    CLIENT_EVENTS,
+    Dialect,
+    ProtocolError,
+    error_event,
+    new_id,
+    to_wire,
+)
+from gateway.realtime.listings import McpListings
+from gateway.realtime.outputs import McpError
+from gateway.realtime.responder import BackendError, ResponseOutput
+from gateway.realtime.responses import Response, Responses
+from gateway.realtime.semantic_vad import CheckTurn
+from gateway.realtime.settings import SessionSettings, TurnDetection, parse_session, session_wire
+from gateway.realtime.tools import McpPolicy, McpTool, parse_tool_choice, parse_tools
+from gateway.realtime.transcription import InputTranscription
+from gateway.realtime.turns import InputAudio
+from gateway.realtime.vad import SpeechStarted, SpeechStopped, TurnEvent
+from gateway.realtime.values import field_of
+
+MIN_COMMIT_MS = 100
+# Client JSON nested deeper is refused: echoed back (session.tools, response.metadata, ...) it could
+# not be written (orjson writes at most 254 levels), and no Realtime event needs a tenth of it.
+MAX_JSON_DEPTH = 32
+
+
+class Phase(Enum):
+    """The duplex controller's state."""
+
+    LISTENING = "listening"  # no response; waiting for the user
+    THINKING = "thinking"  # a response runs, no audio out yet
+    SPEAKING = "speaking"  # response audio is going out
+    INTERRUPTED = "interrupted"  # the user barged in; their turn is still open
+
+
+class Session:
+    def __init__(self, config: Config, dialect: Dialect = Dialect.GA, server_playout: bool = False,
+                 model: str | None = None, session_type: str = "realtime") -> None:
+        """``server_playout``: the server plays the audio out itself (WebRTC), so it sends no audio deltas,
+        knows what was heard, and truncates the assistant item itself on barge-in. ``model``: the model the
+        client asked for (the ?model= query), reported back; the gateway's own models answer.
+        ``session_type``: "realtime", or "transcription" (the ?intent=transcription of the connection)."""
+        self.config = config
+        self.dialect = dialect
+        self.server_playout = server_playout
+        vad = config.vad
+        # What turn detection starts from, at the start and when a session.update switches it back on.
+        self._vad_defaults = TurnDetection(
+            threshold=vad.threshold,
+            prefix_padding_ms=vad.prefix_padding_ms,
+            silence_duration_ms=vad.silence_duration_ms,
+            create_response=vad.create_response,
+            interrupt_response=vad.interrupt_response,
+            idle_timeout_ms=vad.idle_timeout_ms or None,
+        )
+        self.settings = SessionSettings(
+            id=new_id("sess"),
+            model=model or config.session.model,
+            instructions=config.session.instructions,
+            voice=config.session.voice,
+            turn_detection=replace(self._vad_defaults) if vad.enabled else None,
+            temperature=config.llm.temperature,
+            type=session_type,
+        )
+        self.input = InputAudio(config, self.settings.input_format)
+        self.conversation = Conversation(self._event, config.session)
+        self.conversation.reserved_text_bytes = self._settings_size(self.settings)
+        self.mcp_policy = McpPolicy(config.mcp.enabled, config.mcp.allowed_hosts, config.mcp.max_servers)
+        self.listings = McpListings(self._event, self.conversation)
+        self.responses = Responses(self._event, self.conversation, self.listings, dialect, server_playout,
+                                   self.mcp_policy, config.mcp.max_rounds, self._response_ended)
+        # The runner says whether it can transcribe and whether its responder reads transcripts.
+        self.transcription = InputTranscription(self._event, self.conversation, config)
+        self._interrupted = False  # the user barged in and is still speaking
+        # Set by the runner from its speech engine: the voices it has (None: any name will do).
+        self.voices: frozenset[str] | None = None
+        self._failures = 0  # unexpected exceptions in handlers (Fault)
+
+    @property
+    def phase(self) -> Phase:
+        resp = self.responses.active
+        if resp is not None:
+            return Phase.SPEAKING if resp.audio_ms else Phase.THINKING
+        return Phase.INTERRUPTED if self._interrupted else Phase.LISTENING
+
+    # --- client events --------------------------------------------------------------------------
+
+    @property
+    def responds(self) -> bool:
+        """A realtime session creates responses; a transcription session never does."""
+        return self.settings.type == "realtime"
+
+    def open(self) -> list[Effect]:
+        """The events a new connection starts with."""
+        events: list[Effect] = [self._session_event("session.created")]
+        if self.dialect is Dialect.BETA and self.responds:
+            events.append({
+                "type": "conversation.created",
+                "event_id": new_id("event"),
+                "conversation": {"id": self.conversation.id, "object": "realtime.conversation"},
+            })
+        return events
+
+    def handle(self, text: str | bytes) -> list[Effect]:
+        """One client message (a JSON text frame)."""
+        event_id = None
+        try:
+            try:
+                event = orjson.loads(text)
+            except orjson.JSONDecodeError as exc:
+                raise ProtocolError("invalid_json", f"The message is not valid JSON: {exc}.") from None
+            if not isinstance(event, dict):
+                raise ProtocolError("invalid_json", "A client event must be a JSON object.")
+            if _too_deep(event):
+                raise ProtocolError("invalid_json", f"The message is nested deeper than {MAX_JSON_DEPTH} levels.")
+            raw_id = event.get("event_id")
+            event_id = raw_id if isinstance(raw_id, str) else None
+            field_of(event, "event_id", str, "event_id")
+            kind = field_of(event, "type", str, "type", required=True)
+            if kind not in CLIENT_EVENTS:
+                raise ProtocolError("invalid_event_type", f"Unknown event type: '{kind}'.", "type")
+            handler = getattr(self, "_on_" + kind.replace(".", "_"))
+            return handler(event)
+        except ProtocolError as exc:
+            return [self._wire(error_event(exc.code, exc.message, exc.param, event_id))]
+        except Exception as exc:  # a bug must cost the client this event, never the session
+            self._failures += 1
+            message = f"The server failed to handle this event ({type(exc).__name__}); the session goes on."
+            return [Fault(exc, self._failures),
+                    self._wire(error_event("server_error", message, None, event_id, "server_error"))]
+
+    def _on_session_update(self, event: dict[str, Any]) -> list[Effect]:
+        return self._update(event, transcription_update=False)
+
+    def _on_transcription_session_update(self, event: dict[str, Any]) -> list[Effect]:
+        return self._update(event, transcription_update=True)
+
+    def _update(self, event: dict[str, Any], transcription_update: bool) -> list[Effect]:
+        new = parse_session(event.get("session"), self.settings, self.dialect, self.responses.voice_locked,
+                            self._vad_defaults, self.voices, transcription_update)
+        body = event["session"]
+        if body.get("tools") is not None:
+            new.tools = parse_tools(body["tools"], "session.tools", self.dialect, self.mcp_policy)
+        if body.get("tool_choice") is not None or (new.tools is not self.settings.tools
+                                                   and isinstance(new.tool_choice, dict)):
+            # A named tool must be among the tools, also when only the tools change.
+            choice = body.get("tool_choice") or new.tool_choice
+            new.tool_choice = parse_tool_choice(choice, new.tools, "session.tool_choice", self.dialect)
+        if new.type != self.settings.type and self.responses.active is not None:
+            raise ProtocolError(
+                "conversation_already_has_active_response",
+                f"Cannot make this a {new.type} session while response {self.responses.active.id} is active; "
+                "cancel it first.", "session.type",
+            )
+        self.conversation.reserve_text(self._settings_size(new), "session")
+        tail: list[Effect] = []
+        if new.input_format != self.settings.input_format:
+            # The old decoder holds back a few ms of resampled audio: keep them before switching.
+            tail = self.input_audio(self.input.set_format(new.input_format))
+        td, old = new.turn_detection, self.settings.turn_detection
+        if self.input.speech is not None and (td is None or old is None or td.type != old.type):
+            self._end_speech()  # the speech in progress was found by the other detector: not a turn
+        self.input.tune(td)
+        self.settings = new
+        return [self._session_event("session.updated"), *tail, *self.listings.refresh(new.tools)]
+
+    def _on_input_audio_buffer_append(self, event: dict[str, Any]) -> list[Effect]:
+        audio = field_of(event, "audio", str, "audio", required=True)
+        limit = self.config.session.max_append_bytes
+        if len(audio) // 4 * 3 > limit:
+            raise ProtocolError(
+                "audio_too_large", f"An append may carry at most {limit} bytes of audio ([session] max_append_bytes).",
+                "audio",
+            )
+        try:
+            raw = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise ProtocolError("invalid_base64", "'audio' is not valid base64.", "audio") from None
+        return self.input_audio(self.input.decoder.decode(raw))
+
+    def input_audio(self, pcm: bytes) -> list[Effect]:
+        """Input audio, pcm16 24 kHz: from an append, or from a media track."""
+        dropped = self.input.add(pcm, self.settings.turn_detection)
+        effects: list[Effect] = [RunVad(pcm)] if pcm else []
+        if dropped is not None:
+            start, end = dropped
+            limit = self.config.session.max_buffer_seconds
+            effects.append(self._wire(error_event(
+                "input_audio_buffer_overflow",
+                f"The input audio buffer holds at most {limit:g} s ([session] max_buffer_seconds): "
+                f"{end - start:.0f} ms of uncommitted audio were dropped from its start (input audio "
+                f"{start:.0f}-{end:.0f} ms). Commit or clear the buffer sooner.",
+            )))
+        return effects
+
+    def _on_input_audio_buffer_commit(self, event: dict[str, Any]) -> list[Effect]:
+        buffered = self.input.buffered_ms
+        if buffered < MIN_COMMIT_MS:
+            raise ProtocolError(
+                "input_audio_buffer_commit_empty",
+                f"Error committing input audio buffer: buffer too small. Expected at least {MIN_COMMIT_MS}ms "
+                f"of audio, but buffer only has {buffered:.2f}ms of audio.",
+            )
+        item_id = self.input.speech[0] if self.input.speech else new_id("item")
+        self._end_speech()
+        # A G.711 decoder holds back a few ms of resampled audio: they belong to this commit (and go
+        # through VAD like all input, which keeps its clock on the input's).
+        tail = self.input_audio(self.input.decoder.flush())
+        return self._commit(item_id, self.input.start_ms, self.input.received_ms) + tail
+
+    def _on_input_audio_buffer_clear(self, event: dict[str, Any]) -> list[Effect]:
+        self.input.clear()
+        self._interrupted = False
+        return [self._event("input_audio_buffer.cleared")]
+
+    def _on_conversation_item_create(self, event: dict[str, Any]) -> list[Effect]:
+        item = item_from_client(event.get("item"), self.settings.input_format, self.config.session.max_append_bytes)
+        if item.data["type"] == "mcp_approval_response":
+            self._check_approval(item.data)
+        # "" places it at the end, as no previous_item_id does (peers' conformance tests send it so).
+        previous = field_of(event, "previous_item_id", str, "previous_item_id") or None
+        if previous is not None and previous != "root" and previous not in self.conversation:
+            raise ProtocolError("item_not_found", f"Item with id '{previous}' not found.", "previous_item_id")
+        if item.id in self.conversation:
+            # OpenAI's code: LiveKit takes it as "already there" when it re-creates items.
+            raise ProtocolError("item_create_duplicate_item_id",
+                                f"Error adding item: an item with id '{item.id}' already exists.", "item.id")
+        self.conversation.check_room(item)
+        effects = self.conversation.insert(item, self.conversation.index_after(previous))
+        if item.data.get("role") == "user" and item.audio and not any(
+            p.get("transcript") for p in item.data["content"] if p["type"] == "input_audio"
+        ):
+            effects += self.transcription.start(item, self.settings)
+        return effects
+
+    def _on_conversation_item_retrieve(self, event: dict[str, Any]) -> list[Effect]:
+        return self.conversation.retrieved(self.conversation.find(event, "retrieve"))
+
+    def _on_conversation_item_delete(self, event: dict[str, Any]) -> list[Effect]:
+        item = self.conversation.find(event, "delete")
+        active = self.responses.active
+        if active is not None and active.producing(item):
+            raise ProtocolError(
+                "item_in_progress", "The item is being produced by the active response; cancel it first.",
+                "item_id",
+            )
+        return self.conversation.delete(item.id)
+
+    def _on_conversation_item_truncate(self, event: dict[str, Any]) -> list[Effect]:
+        item = self.conversation.find(event, "truncate")
+        content_index = field_of(event, "content_index", int, "content_index", required=True)
+        end_ms = field_of(event, "audio_end_ms", int, "audio_end_ms", required=True)
+        content = item.data.get("content") or []
+        if (
+            item.data.get("role") != "assistant"
+            or not 0 <= content_index < len(content)
+            or content[content_index]["type"] != "output_audio"
+        ):
+            raise ProtocolError(
+                "unsupported_content_type", "Only model output audio messages can be truncated.", "item_id"
+            )
+        # The active response may still add audio to this item: count what it has sent so far.
+        held_ms = len(item.audio) / BYTES_PER_MS
+        if end_ms < 0:
+            raise ProtocolError("invalid_value", "audio_end_ms must not be negative.", "audio_end_ms")
+        if end_ms > held_ms + 0.5:
+            raise ProtocolError(
+                "invalid_value", f"Audio content of {held_ms:.0f}ms is already shorter than {end_ms}ms.",
+                "audio_end_ms",
+            )
+        # Only truncates: a response still producing this item goes on (the SDKs send response.cancel
+        # next, and expect it to find the response active); see gateway/realtime/responses.py for its audio.
+        if self.responses.active is not None and self.responses.active.holds(item):
+            self.responses.sync_transcript()
+        return self.conversation.truncate(item, content_index, end_ms)
+
+    def _on_response_create(self, event: dict[str, Any]) -> list[Effect]:
+        if not self.responds:
+            raise ProtocolError(
+                "unsupported_event",
+                "This is a transcription session: it transcribes input audio and never creates responses.",
+                "type",
+            )
+        params = field_of(event, "response", dict, "response") or {}
+        return self.responses.start(params, self.settings, self.voices)
+
+    def _on_response_cancel(self, event: dict[str, Any]) -> list[Effect]:
+        response_id = field_of(event, "response_id", str, "response_id")
+        active = self.responses.active
+        if active is None:
+            raise ProtocolError(  # the response_id is at fault only when the client named one
+                "response_cancel_not_active", "Cancellation failed: no active response found.",
+                "response_id" if response_id is not None else None,
+            )
+        if response_id is not None and response_id != active.id:
+            raise ProtocolError(
+                "response_cancel_not_active", f"Cancellation failed: response '{response_id}' is not active.",
+                "response_id",
+            )
+        return self._finish_response("cancelled", reason="client_cancelled")
+
+    def _on_output_audio_buffer_clear(self, event: dict[str, Any]) -> list[Effect]:
+        if not self.server_playout:
+            raise ProtocolError(
+                "unsupported_event",
+                "output_audio_buffer.clear applies to WebRTC connections; over WebSocket the client owns playback.",
+                "type",
+            )
+        effects: list[Effect] = [ClearPlayout()]
+        if self.responses.active is not None:
+            effects += self._finish_response("cancelled", reason="client_cancelled")
+        return effects
+
+    # --- server-side playout (WebRTC) -----------------------------------------------------------
+
+    def playout_cleared(self, item_id: str, heard_ms: float) -> list[Effect]:
+        """The playout dropped its queue; ``heard_ms`` of ``item_id`` had been played."""
+        item = self.conversation.get(item_id)
+        effects: list[Effect] = [
+            self._event("output_audio_buffer.cleared", response_id=(item.response_id if item else None) or "")
+        ]
+        if item is not None:
+            # Also when everything made so far was heard: the transcript may run ahead of the audio.
+            effects += self.conversation.truncate(item, 0, min(int(heard_ms), int(len(item.audio) / BYTES_PER_MS)))
+        return effects
+
+    def playout_event(self, kind: str, response_id: str) -> list[Effect]:
+        """output_audio_buffer.started / .stopped, as the playout reaches them."""
+        return [self._event(kind, response_id=response_id)]
+
+    # --- turns ------------------------------------------------------------------------------------
+
+    def vad_result(self, probabilities: Any) -> list[Effect]:
+        """Speech probabilities for the audio of earlier RunVad effects, in order."""
+        events = self.input.feed(probabilities)
+        td = self.settings.turn_detection
+        if td is None:
+            return []
+        effects = self._turn_events(events, td) + self.transcription.early(self.settings, self.input)
+        idle = self.input.speech is None and self.responses.active is None
+        if td.type == "server_vad" and td.idle_timeout_ms and idle:  # semantic_vad has no idle timeout
+            heard_ms = self.input.heard_ms
+            if heard_ms - self.input.idle_since_ms >= td.idle_timeout_ms:
+                effects += self._idle_timeout(heard_ms)
+        return effects
+
+    def smart_turn_result(self, seq: int, probability: float | None) -> list[Effect]:
+        """The Smart Turn model's P(complete) for RunSmartTurn ``seq`` (None: the model failed)."""
+        td = self.settings.turn_detection
+        events = self.input.verdict(seq, probability)
+        return self._turn_events(events, td) if td is not None else []
+
+    def _turn_events(self, events: list[TurnEvent | CheckTurn], td: TurnDetection) -> list[Effect]:
+        effects: list[Effect] = []
+        for ev in events:
+            if isinstance(ev, SpeechStarted):
+                effects += self._speech_started(ev.audio_start_ms, td)
+            elif isinstance(ev, SpeechStopped) and self.input.speech is not None:
+                effects += self._speech_stopped(ev.audio_end_ms, td)
+            elif isinstance(ev, CheckTurn):
+                effects.append(RunSmartTurn(ev.seq, self.input.check_audio(ev)))
+        return effects
+
+    def _end_speech(self) -> None:
+        self.input.end_speech()
+        self._interrupted = False
+
+    def _speech_started(self, start_ms: float, td: TurnDetection) -> list[Effect]:
+        # The detector's start already includes prefix_padding_ms; audio before the buffer is gone.
+        start = max(self.input.start_ms, start_ms)
+        item_id = new_id("item")
+        self.input.speech = (item_id, start)
+        effects: list[Effect] = [
+            self._event("input_audio_buffer.speech_started", audio_start_ms=round(start), item_id=item_id)
+        ]
+        if self.server_playout and td.interrupt_response:
+            # The reply may still be playing after its response.done: stop it where the user cut in.
+            effects.append(ClearPlayout())
+        if self.responses.active is not None and td.interrupt_response:
+            effects += self._finish_response("cancelled", reason="turn_detected")
+            self._interrupted = True
+        return effects
+
+    def _speech_stopped(self, end_ms: float, td: TurnDetection) -> list[Effect]:
+        assert self.input.speech is not None
+        item_id, start = self.input.speech
+        self.input.speech = None
+        self.input.idle_since_ms = end_ms
+        self._interrupted = False
+        effects: list[Effect] = [
+            Mark("speech_stopped"),
+            self._event("input_audio_buffer.speech_stopped", audio_end_ms=round(end_ms), item_id=item_id),
+        ]
+        effects += self._commit(item_id, start, end_ms)
+        if td.create_response and self.responds and self.responses.active is None:
+            effects += self.responses.start({}, self.settings, self.voices)
+        return effects
+
+    def _idle_timeout(self, end: float) -> list[Effect]:
+        item_id = new_id("item")
+        start = max(self.input.idle_since_ms, self.input.start_ms)
+        self.input.idle_since_ms = end
+        effects: list[Effect] = [self._event(
+            "input_audio_buffer.timeout_triggered", audio_start_ms=round(start), audio_end_ms=round(end),
+            item_id=item_id,
+        )]
+        effects += self._commit(item_id, start, end)
+        return effects + (self.responses.start({}, self.settings, self.voices) if self.responds else [])
+
+    def _commit(self, item_id: str, start_ms: float, end_ms: float) -> list[Effect]:
+        item = Item({
+            "id": item_id, "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
+            "content": [{"type": "input_audio", "transcript": None}],
+        }, bytearray(self.input.take(start_ms, end_ms)))
+        effects: list[Effect] = [
+            Mark("committed"),
+            self._event("input_audio_buffer.committed", item_id=item_id, previous_item_id=self.conversation.last_id),
+        ]
+        effects += self.conversation.insert(item) + self.conversation.make_room(keep=item)
+        return effects + self.transcription.start(item, self.settings)
+
+    def input_transcript_delta(self, item_id: str, text: str) -> list[Effect]:
+        """More of the transcription of user audio item ``item_id`` (see Transcribe)."""
+        return self.transcription.delta(item_id, text)
+
+    def input_transcribed(self, item_id: str, text: str | None, error: str | None = None) -> list[Effect]:
+        """The transcription of user audio item ``item_id``: its whole text, or why it failed."""
+        if text is None:
+            return self.transcription.failed(item_id, error or "transcription failed")
+        return self.transcription.completed(item_id, text)
+
+    # --- responses --------------------------------------------------------------------------------
+
+    def response_output(self, response_id: str, out: ResponseOutput) -> list[Effect]:
+        """Something the responder of ``response_id`` produced; dropped if that response has ended."""
+        return self.responses.output(response_id, out)
+
+    def response_finished(self, response_id: str, error: BaseException | None = None) -> list[Effect]:
+        """The responder of ``response_id`` ended, normally (the response may go on: see Responses) or with
+        ``error``."""
+        active = self.responses.active
+        if active is None or active.id != response_id:
+            return []
+        if error is None:
+            return self.responses.round_finished(response_id)
+        if isinstance(error, BackendError):
+            code, message = f"{error.backend}_backend_error", str(error)
+        else:
+            code, message = "server_error", f"The response failed: {type(error).__name__}: {error}"
+        return [self._wire(error_event(code, message, error_type="server_error"))] + self._finish_response(
+            "failed", error={"type": "server_error", "code": code, "message": message}
+        )
+
+    def _finish_response(
+        self, status: str, reason: str | None = None, error: dict[str, Any] | None = None
+    ) -> list[Effect]:
+        return self.responses.finish(status, reason, error)
+
+    def _response_ended(self, resp: Response) -> None:
+        self.input.idle_since_ms = self.input.received_ms + resp.audio_ms  # idle counts from the end of playback
+
+    # --- tools --------------------------------------------------------------------------------------
+
+    def _check_approval(self, data: dict[str, Any]) -> None:
+        if self.dialect is Dialect.BETA:
+            raise ProtocolError("invalid_value", "mcp_approval_response items are part of the GA interface.",
+                                "item.type")
+        request = self.conversation.get(data["approval_request_id"])
+        if request is None or request.data["type"] != "mcp_approval_request":
+            raise ProtocolError("item_not_found", f"No mcp_approval_request item with id "
+                                f"'{data['approval_request_id']}'.", "item.approval_request_id")
+
+    def mcp_tools_listed(self, item_id: str, tools: list[McpTool] | None, error: str | None = None) -> list[Effect]:
+        """The tools an MCP server listed for the mcp_list_tools item ``item_id`` (see ListMcpTools), or why
+        listing failed."""
+        return self.listings.finished(item_id, tools, error) + self.responses.listed(item_id)
+
+    def mcp_call_finished(self, response_id: str, item_id: str, output: str | None,
+                          error: McpError | None = None) -> list[Effect]:
+        """An MCP call's output or error (see CallMcp); dropped if its response has ended."""
+        return self.responses.mcp_call_finished(response_id, item_id, output, error)
+
+    # --- event building ---------------------------------------------------------------------------
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return self._wire({"type": kind, "event_id": new_id("event"), **fields})
+
+    def _wire(self, event: dict[str, Any]) -> dict[str, Any]:
+        # Events a dialect lacks become {} and are skipped by the runner.
+        return to_wire(event, self.dialect) or {}
+
+    def _session_event(self, kind: str) -> dict[str, Any]:
+        if self.dialect is Dialect.BETA and not self.responds:
+            kind = BETA_TRANSCRIPTION_SESSION_EVENTS[kind]
+        return {"type": kind, "event_id": new_id("event"), "session": session_wire(self.settings, self.dialect)}
+
+    def _settings_size(self, settings: SessionSettings) -> int:
+        """What the session's configuration takes of its text budget: its JSON as a realtime session
+        reports it (a transcription session keeps the realtime settings it had, too)."""
+        return len(orjson.dumps(session_wire(replace(settings, type="realtime"), self.dialect)))
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether JSON ``value`` nests objects and arrays deeper than MAX_JSON_DEPTH."""
+    level: list[Any] = [value]
+    for _ in range(MAX_JSON_DEPTH):
+        level = [v for c in level for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, dict | list)]
+        if not level:
+            return False
+    return True

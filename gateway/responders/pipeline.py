@@ -1,0 +1,262 @@
+"""The agent pipeline: STT -> LLM -> TTS, streamed, with the LLM and the speech overlapping.
+
+The LLM's deltas go through the text bridge into the TTS stream as they arrive (or straight in
+for an incremental engine) while the audio already made is yielded, so speech starts after the
+first segment rather than after the whole reply. Two tasks do this, one reading the LLM, one
+reading the TTS stream; both report through one queue that ``respond`` drains, so the latency
+marks come out when they happen. Closing ``respond`` (barge-in, response.cancel) cancels both
+tasks, which closes the LLM's HTTP stream and cancels the TTS stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from engine.api import TTSEngine, TTSStream
+from gateway.realtime.responder import (
+    AudioOut,
+    BackendError,
+    LlmUsage,
+    ResponseOutput,
+    ResponseRequest,
+    SpeechText,
+    TextOut,
+    ToolCallArguments,
+    ToolCallStart,
+    TraceMark,
+)
+from gateway.responders.remote import chat_messages
+from gateway.responders.text_bridge import TextBridge
+
+
+class ChatModel(Protocol):
+    """A streamed chat LLM: a remote one (gateway.responders.remote.LlmClient) or in process
+    (gateway.responders.local_llm)."""
+
+    def stream_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_output_tokens: int | None = None,
+        temperature: float | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage]:
+        """The reply: text deltas, tool calls, and last the token counts; closing the iterator stops it."""
+
+    async def check(self) -> str | None:
+        """What is wrong with the backend, or None (checked at start-up)."""
+
+    async def aclose(self) -> None: ...
+
+
+
+@dataclass
+class BridgeSettings:
+    """How LLM text is cut into segments for a non-incremental engine (see gateway.responders.text_bridge)."""
+
+    starter_chars: int = 24
+    max_segment_chars: int = 160
+
+
+_Outputs = asyncio.Queue[ResponseOutput | asyncio.Task[None]]
+LlmOutput = str | ToolCallStart | ToolCallArguments | LlmUsage
+
+
+def _tts_error(exc: Exception) -> BackendError:
+    return exc if isinstance(exc, BackendError) else BackendError("tts", f"{type(exc).__name__}: {exc}"[:200])
+
+
+class PipelineResponder:
+    """The LLM (remote or local) and the TTS engine; user audio is read as the transcripts the runner
+    starts when each item is committed (the gateway's one transcriber: see build_transcriber)."""
+
+    def __init__(
+        self,
+        llm: ChatModel,
+        tts_engine: TTSEngine,
+        bridge: BridgeSettings | None = None,
+        *,
+        audio_in: bool = False,
+        language: str | None = None,
+    ) -> None:
+        """``audio_in``: user audio goes to the LLM as input_audio, no STT; ``language``: the TTS's."""
+        self.llm = llm
+        self.tts_engine = tts_engine
+        self.bridge = bridge or BridgeSettings()
+        self.audio_in = audio_in
+        self.language = language
+        self.reads_transcripts = not audio_in
+
+    async def check(self) -> list[str]:
+        """What is wrong with the LLM backend, checked at start-up (see backends.LlmClient.check)."""
+        problem = await self.llm.check()
+        return [] if problem is None else [problem]
+
+    async def aclose(self) -> None:
+        """Close the LLM client's connection pool and the TTS engine's connections (at server shutdown)."""
+        await self.llm.aclose()
+        close = getattr(self.tts_engine, "aclose", None)
+        if close is not None:
+            await close()  # engine processes: their sockets, and the processes when this gateway started them
+
+    @property
+    def voices(self) -> frozenset[str] | None:
+        return self.tts_engine.voices
+
+    async def respond(self, request: ResponseRequest) -> AsyncIterator[ResponseOutput]:
+        messages = list(request.messages)
+        if not self.audio_in:
+            # The turn being answered: the last user item, when it is audio.
+            turn = next((i for i in reversed(range(len(messages))) if messages[i].role == "user"), None)
+            for i, item in enumerate(messages):
+                if item.role != "user" or not item.audio or item.text:
+                    continue
+                # Still transcribing (a turn that was cut short keeps its place in the conversation), or
+                # failed: an earlier turn is then left out, this turn fails the response.
+                transcript = request.transcripts.get(item.item_id)
+                try:
+                    if transcript is None:
+                        raise BackendError("stt", "the turn was not transcribed: no STT ([stt] base_url is empty "
+                                           "and the local STT is off or not installed)")
+                    # shield: closing this response must not cancel the item's transcription.
+                    text = await asyncio.shield(transcript)
+                except BackendError:
+                    if i == turn:
+                        raise
+                    continue
+                messages[i] = dataclasses.replace(item, text=text)
+                if i == turn:
+                    yield TraceMark("stt_done")
+                    if not text:
+                        return  # nothing was said (noise, a cough): there is nothing to answer
+
+        chat = self.llm.stream_chat(
+            chat_messages(request.instructions, messages, self.audio_in),
+            max_output_tokens=request.max_output_tokens,
+            temperature=request.temperature,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+        )
+        if "audio" not in request.modalities:
+            first = True
+            async with aclosing(chat):
+                async for delta in chat:
+                    if first:
+                        yield TraceMark("llm_first_token")
+                        first = False
+                    yield TextOut(delta) if isinstance(delta, str) else delta
+            return
+        async with aclosing(self._speak(chat, request.voice)) as outputs:
+            async for out in outputs:
+                yield out
+
+    async def _speak(self, chat: AsyncIterator[LlmOutput], voice: str) -> AsyncIterator[ResponseOutput]:
+        try:
+            stream = self.tts_engine.open(voice, self.language)
+        except Exception as exc:
+            raise _tts_error(exc) from exc
+        outputs: _Outputs = asyncio.Queue()
+        # Segments as the LLM wrote them, whitespace before them included, in the order fed: the
+        # engine gets them stripped, the transcript needs them whole.
+        written: deque[str] = deque()
+        # Tool calls the LLM made after speaking: they follow the speech's audio (see _read_llm).
+        held: list[ResponseOutput] = []
+        reader = asyncio.create_task(self._read_llm(chat, stream, outputs, written, held))
+        player = asyncio.create_task(self._play(stream, outputs, written))
+        reader.add_done_callback(outputs.put_nowait)
+        player.add_done_callback(outputs.put_nowait)
+        finished = False
+        try:
+            while True:
+                out = await outputs.get()
+                if isinstance(out, asyncio.Task):
+                    if (exc := out.exception()) is not None:
+                        raise exc
+                    if out is player:  # all audio is out; the reader ended the stream or the engine stopped
+                        finished = True
+                        break
+                    continue
+                yield out
+            for out in held:
+                yield out
+        finally:
+            if not finished:
+                stream.cancel()
+            reader.cancel()
+            player.cancel()
+            await asyncio.gather(reader, player, return_exceptions=True)
+
+    async def _read_llm(
+        self, chat: AsyncIterator[LlmOutput], stream: TTSStream, outputs: _Outputs, written: deque[str],
+        held: list[ResponseOutput],
+    ) -> None:
+        """Feeds the reply's text to the TTS stream. Its tool calls go out at once while the LLM has said
+        nothing, so that a call is not held up by speech; after words ("let me check"), they are ``held``
+        until that speech has played, so that each output item ends before the next begins."""
+        bridge = None if self.tts_engine.incremental else TextBridge(**dataclasses.asdict(self.bridge))
+        spoken = False
+        said = False
+
+        def feed(texts: Iterable[str]) -> None:
+            nonlocal spoken
+            for text in texts:
+                try:
+                    if bridge is None:
+                        stream.feed(text)
+                    else:
+                        written.append(text)
+                        stream.feed(text.strip())
+                except Exception as exc:
+                    raise _tts_error(exc) from exc
+                if not spoken and text.strip():
+                    outputs.put_nowait(TraceMark("llm_first_segment"))  # the TTS has text to speak
+                spoken = spoken or bool(text.strip())
+
+        first = True
+        async with aclosing(chat):
+            async for delta in chat:
+                if first:
+                    outputs.put_nowait(TraceMark("llm_first_token"))
+                    first = False
+                if not isinstance(delta, str):
+                    if said:
+                        held.append(delta)
+                    else:
+                        outputs.put_nowait(delta)
+                    continue
+                said = said or bool(delta.strip())
+                feed([delta] if bridge is None else bridge.feed(delta))
+        if bridge is not None:
+            feed(bridge.end())
+        if not spoken:
+            # An empty reply: engines refuse an utterance without text, and there is nothing to play.
+            stream.cancel()
+            return
+        try:
+            stream.end()
+        except Exception as exc:
+            raise _tts_error(exc) from exc
+
+    async def _play(self, stream: TTSStream, outputs: _Outputs, written: deque[str]) -> None:
+        first = True
+        try:
+            async for chunk in stream:
+                if chunk.text:
+                    if written and written[0].strip() == chunk.text:
+                        outputs.put_nowait(SpeechText(written.popleft()))
+                    else:  # an incremental engine's own account of the text
+                        outputs.put_nowait(SpeechText(chunk.text))
+                if chunk.pcm:
+                    if first:
+                        outputs.put_nowait(TraceMark("tts_first_audio"))
+                        first = False
+                    outputs.put_nowait(AudioOut(chunk.pcm))
+        except Exception as exc:  # an engine failure of any kind fails the response as a tts error
+            raise _tts_error(exc) from exc

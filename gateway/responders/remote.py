@@ -1,0 +1,315 @@
+"""STT and LLM clients of the pipeline: any OpenAI-compatible server, through the ``openai`` package.
+
+A voice turn cannot wait for retries, so the clients never retry (max_retries=0): every failure
+becomes a ``BackendError`` at once, naming the backend and a short cause, and the response fails.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import anyio
+import openai
+import orjson
+from openai import AsyncOpenAI
+
+from gateway.audio import wav_bytes
+from gateway.config import LlmConfig, SttConfig, api_key
+from gateway.realtime.events import new_id
+from gateway.realtime.responder import BackendError, LlmUsage, Message, ToolCallArguments, ToolCallStart
+
+# The openai package refuses an empty API key; local servers (vLLM, llama.cpp) ignore this one.
+NO_API_KEY = "none"
+
+
+def _client(base_url: str, api_key_env: str, timeout_s: float) -> AsyncOpenAI:
+    return AsyncOpenAI(
+        base_url=base_url,
+        api_key=api_key(api_key_env) or NO_API_KEY,
+        timeout=timeout_s,
+        max_retries=0,
+        # The SDK's aiohttp transport (the openai[aiohttp] extra): its C HTTP parser costs the event
+        # loop about half the CPU of the default pure-Python stack per request and per streamed chunk.
+        http_client=openai.DefaultAioHttpClient(),
+    )
+
+
+async def _check(backend: str, client: AsyncOpenAI, timeout_s: float) -> str | None:
+    """GET {base_url}/models: None when the server answers (any HTTP status), else the cause.
+
+    Run once at start-up, it also pays the HTTP stack's first-request costs (imports, the pool)
+    there instead of in the first user's turn, and names a backend that is down before anyone talks.
+    """
+    timeout_s = min(timeout_s, 5.0)
+    # The SDK drains each finished stream under anyio, whose asyncio backend is imported on first
+    # use (20-70 ms): load it now.
+    await anyio.sleep(0)
+    try:
+        await client.models.list(timeout=timeout_s)
+    except openai.APIStatusError:
+        return None  # it answered: some transcription servers serve no model list
+    except Exception as exc:
+        return f"{backend} backend at {client.base_url} is not reachable: {describe(exc, timeout_s)}"
+    return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    chain = [exc]
+    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
+        chain.append(nxt)
+    return chain
+
+
+def describe(exc: Exception, timeout_s: float) -> str:
+    """A short, clear cause for a failed request.
+
+    Connection failures are told by the exceptions they chain, not by the SDK's class: its aiohttp
+    transport reports a refused or dropped connection as a timeout.
+    """
+    if isinstance(exc, openai.APIStatusError):
+        detail = exc.message.removeprefix(f"Error code: {exc.status_code}").removeprefix(" - ")
+        return f"HTTP {exc.status_code}" + (f": {detail}"[:200] if detail else "")
+    if isinstance(exc, openai.APIConnectionError):  # timeouts included
+        url = exc.request.url
+        where = url.host + (f":{url.port}" if url.port else "")
+        chain = _chain(exc)
+        if any(isinstance(e, ConnectionRefusedError) for e in chain):
+            return f"connection refused by {where}"
+        if any(isinstance(e, TimeoutError) for e in chain):
+            return f"timed out after {timeout_s:g} s"
+        return f"connection to {where} failed: {chain[-1]}"[:200]
+    if isinstance(exc, openai.APIError):
+        return exc.message[:200]
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+def chat_messages(instructions: str, messages: Sequence[Message], audio_in: bool = False) -> list[dict[str, Any]]:
+    """The chat prompt: the session instructions, then the conversation so far.
+
+    Items without text are left out (an assistant turn interrupted before anything was heard, a
+    user turn whose transcription failed), except user audio in audio-in mode, which goes to the
+    model as an ``input_audio`` part. An assistant message's tool calls follow its text, each call's
+    result in a ``tool`` message right after it, as chat completions require.
+    """
+    prompt: list[dict[str, Any]] = []
+    if instructions:
+        prompt.append({"role": "system", "content": instructions})
+    for m in messages:
+        if m.tool_calls:
+            calls = [{"id": c.call_id, "type": "function",
+                      "function": {"name": c.name, "arguments": c.arguments or "{}"}} for c in m.tool_calls]
+            prompt.append({"role": "assistant", "content": m.text or None, "tool_calls": calls})
+            prompt += [{"role": "tool", "tool_call_id": c.call_id, "content": c.output} for c in m.tool_calls]
+        elif m.text:
+            prompt.append({"role": m.role, "content": m.text})
+        elif audio_in and m.role == "user" and m.audio:
+            data = base64.b64encode(wav_bytes(m.audio)).decode("ascii")
+            part = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+            prompt.append({"role": "user", "content": [part]})
+    return prompt
+
+
+class SttClient:
+    """Transcription through POST {base_url}/audio/transcriptions.
+
+    With ``stream`` the request asks for a stream (OpenAI's ``stream=true``) and the text comes as the
+    server sends it: OpenAI's ``transcript.text.delta`` / ``.done`` events, or vLLM's
+    ``transcription.chunk`` ones; a server that ignores the flag and answers whole is read whole.
+    """
+
+    def __init__(
+        self, base_url: str, model: str, api_key_env: str = "", language: str = "", timeout_s: float = 10.0,
+        stream: bool = False,
+    ) -> None:
+        self.model = model
+        self.language = language
+        self.timeout_s = timeout_s
+        self.stream = stream
+        self._client = _client(base_url, api_key_env, timeout_s)
+        # The SDK imports a resource's modules (~20 ms) and builds its response model (~5 ms) on first
+        # use: pay that at start-up, not in a turn.
+        self._transcriptions = self._client.audio.transcriptions
+        openai.types.audio.Transcription.model_rebuild()
+
+    @classmethod
+    def from_config(cls, config: SttConfig) -> SttClient:
+        return cls(config.base_url, config.model, config.api_key_env, config.language, config.timeout_s,
+                   config.stream)
+
+    async def transcribe(
+        self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None
+    ) -> AsyncIterator[str]:
+        """Pieces of the transcript as the server gives them (see gateway.realtime.responder.Transcriber)."""
+        file = ("audio.wav", wav_bytes(pcm16_24k), "audio/wav")
+        language = language or self.language or None
+        if not self.stream:
+            try:
+                result = await self._transcriptions.create(
+                    file=file, model=self.model, language=language or openai.omit, prompt=prompt or openai.omit
+                )
+            except Exception as exc:  # whatever broke, the turn fails as an STT failure
+                raise BackendError("stt", describe(exc, self.timeout_s)) from exc
+            yield result.text
+            return
+        fields = {"model": self.model, "stream": True, "language": language, "prompt": prompt or None}
+        try:
+            stream = await self._client.post(
+                "/audio/transcriptions",
+                body={k: v for k, v in fields.items() if v is not None},
+                files=[("file", file)],
+                options={"headers": {"Content-Type": "multipart/form-data"}},
+                cast_to=object, stream=True, stream_cls=openai.AsyncStream[object],
+            )
+        except Exception as exc:
+            raise BackendError("stt", describe(exc, self.timeout_s)) from exc
+        try:
+            if not stream.response.headers.get("content-type", "").startswith("text/event-stream"):
+                yield _whole_text(await stream.response.aread())
+                return
+            sent = ""
+            async for event in stream:
+                piece = _stream_piece(event, sent)
+                if piece:
+                    sent += piece
+                    yield piece
+        except Exception as exc:
+            raise BackendError("stt", f"stream broken: {describe(exc, self.timeout_s)}") from exc
+        finally:
+            await stream.close()
+
+    async def check(self) -> str | None:
+        return await _check("stt", self._client, self.timeout_s)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+def _stream_piece(event: object, sent: str) -> str:
+    """The new text in one streamed transcription event, given the text ``sent`` so far."""
+    if not isinstance(event, dict):
+        raise ValueError(f"not a transcription event: {str(event)[:80]}")
+    kind = event.get("type")
+    if kind == "transcript.text.delta":
+        return event.get("delta") or ""
+    if kind == "transcript.text.done":
+        text = event.get("text") or ""
+        return text[len(sent):] if text.startswith(sent) else ""
+    choices = event.get("choices")  # vLLM: chat-completion-like chunks
+    return ((choices[0].get("delta") or {}).get("content") or "") if choices else ""
+
+
+def _whole_text(body: bytes) -> str:
+    """The text of a whole (not streamed) answer: OpenAI's JSON {"text": ...}, or plain text."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode(errors="replace")
+    if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+        raise ValueError(f"not a transcription: {body[:80]!r}")
+    return data["text"]
+
+
+class LlmClient:
+    """Streamed chat completions through POST {base_url}/chat/completions."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "",
+        temperature: float = 0.7,
+        max_output_tokens: int = 512,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.model = model
+        self.temperature = temperature
+        self.max_output_tokens = max_output_tokens
+        self.timeout_s = timeout_s
+        self._client = _client(base_url, api_key_env, timeout_s)
+
+    @classmethod
+    def from_config(cls, config: LlmConfig) -> LlmClient:
+        return cls(
+            config.base_url,
+            config.model,
+            config.api_key_env,
+            config.temperature,
+            config.max_output_tokens,
+            config.timeout_s,
+        )
+
+    async def stream_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_output_tokens: int | None = None,
+        temperature: float | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage]:
+        """The reply as it streams in: text deltas, tool calls (as vLLM and OpenAI stream them: a call's id
+        and name first, then pieces of its arguments), and last the token counts if the server sends them.
+
+        Closing the iterator (aclose, or cancelling the task iterating it) closes the HTTP stream,
+        so the server stops generating.
+        """
+        limit = self.max_output_tokens
+        if max_output_tokens is not None:
+            limit = min(limit, max_output_tokens)
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_completion_tokens": limit,
+            "temperature": self.temperature if temperature is None else temperature,
+        }
+        if tools:
+            body["tools"] = tools
+            body["tool_choice"] = tool_choice or "auto"
+        try:
+            # client.post, the SDK's documented call for any endpoint: chat.completions.create would
+            # run its per-field request transform over the whole conversation and build a pydantic
+            # model per chunk, 4 ms of the event loop per turn (half the cost of the stream).
+            stream = await self._client.post(
+                "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=openai.AsyncStream[object]
+            )
+        except Exception as exc:
+            raise BackendError("llm", describe(exc, self.timeout_s)) from exc
+        calls: set[int] = set()
+        usage: dict[str, Any] | None = None
+        try:
+            async for chunk in stream:
+                if not isinstance(chunk, dict):
+                    raise ValueError(f"not a chat.completion.chunk: {str(chunk)[:80]}")
+                # Usage comes in a last chunk without choices (some servers repeat it in every chunk).
+                usage = chunk.get("usage") or usage
+                # Some servers send a null delta.
+                choices = chunk.get("choices")
+                delta = (choices[0].get("delta") if choices else None) or {}
+                if content := delta.get("content"):
+                    yield content
+                for call in delta.get("tool_calls") or ():
+                    index = call.get("index", 0)
+                    function = call.get("function") or {}
+                    if index not in calls:
+                        calls.add(index)
+                        yield ToolCallStart(index, call.get("id") or new_id("call"), function.get("name") or "")
+                    if arguments := function.get("arguments"):
+                        yield ToolCallArguments(index, arguments)
+        except Exception as exc:  # a dropped connection, a stall, an error event, a malformed chunk
+            raise BackendError("llm", f"stream broken: {describe(exc, self.timeout_s)}") from exc
+        finally:
+            await stream.close()
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            yield LlmUsage(usage["prompt_tokens"], usage.get("completion_tokens") or 0,
+                           cached if isinstance(cached, int) else None)
+
+    async def check(self) -> str | None:
+        return await _check("llm", self._client, self.timeout_s)
+
+    async def aclose(self) -> None:
+        await self._client.close()

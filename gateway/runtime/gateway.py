@@ -1,0 +1,325 @@
+"""The gateway's shared state: its sessions, the VAD models, the responder, the trace, auth and capacity.
+
+One ``Gateway`` serves one event loop. The transports (gateway/transports/) open sessions through it, so
+every transport starts, runs, drains and ends a session the same way; it knows no transport itself. A
+transport that holds connections beside its sessions (WebRTC calls still connecting) hands the gateway
+its ``HeldConnections``, which a drain and a stop then reach. The models are the configured ones
+(gateway/responders/build.py chooses them), loaded by ``start``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from typing import IO, Any, NamedTuple, Protocol
+
+import orjson
+from prometheus_client import Counter
+
+from gateway.config import Config, ConfigError
+from gateway.realtime.effects import Fault
+from gateway.realtime.events import Dialect, error_event
+from gateway.realtime.responder import Responder, Transcriber
+from gateway.realtime.semantic_vad import eagerness_levels
+from gateway.realtime.session import Session
+from gateway.responders.build import build_responder, build_transcriber
+from gateway.runtime import mcp_client
+from gateway.runtime.auth import Auth, ClientSecret
+from gateway.runtime.capacity import Capacity
+from gateway.runtime.session_runner import Playout, Send, SessionRunner, log_fault
+from gateway.runtime.silero import SileroModel, SileroVAD, VadBatcher
+from gateway.runtime.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError
+from gateway.runtime.trace import ACTIVE_SESSIONS, TurnTrace
+
+log = logging.getLogger(__name__)
+
+# How long the sessions ended at a drain's end get to finish closing (a close handshake, a hang-up).
+DRAIN_CLOSE_S = 5.0
+
+DISCONNECTS = Counter("gateway_client_disconnects_total",
+                      "Sessions whose client went away, by what the session was doing", ["during"])
+
+
+# Ends a session from the server's side (a WebSocket closes with 1001, a WebRTC call hangs up).
+End = Callable[[], Awaitable[None]]
+
+
+class SessionRefused(Exception):
+    """A session cannot start as asked (a bad configuration); the message says why."""
+
+
+class Refusal(NamedTuple):
+    """Why no new session starts now: an HTTP 503 with this error code, message and Retry-After."""
+
+    code: str
+    message: str
+    retry_after_s: int = 1
+
+
+STARTING = Refusal("server_starting", "The gateway is starting.", 5)
+FULL = Refusal("session_limit_reached", "This gateway holds as many sessions as it may ([server] max_sessions); "
+               "try again later or another one.")
+DRAINING = Refusal("server_shutting_down", "This gateway is shutting down; start the session on another one.")
+
+
+class HeldConnections(Protocol):
+    """Connections a transport holds beside its sessions (WebRTC calls not yet connected)."""
+
+    async def close_pending(self) -> None:
+        """Hang up those that hold no conversation yet (a drain begins)."""
+
+    async def stop(self) -> None:
+        """Close them all (the gateway stops)."""
+
+
+def drain_notice(seconds: float) -> dict[str, Any]:
+    """The one event a draining session gets ``seconds`` before the gateway closes it (the page shows it)."""
+    return error_event("server_shutting_down", f"This server is shutting down: the session closes in "
+                       f"{round(seconds)} s. Start a new session to continue.", error_type="server_error")
+
+
+class Gateway:
+    def __init__(self, config: Config, responder: Responder | None = None, auth: Auth | None = None,
+                 capacity: Capacity | None = None) -> None:
+        """``responder``: None builds the configured one; the transcriber is always the configured one.
+        ``capacity``: this process's share of the gateway's sessions (default: its own, of max_sessions)."""
+        self.config = config
+        self.responder = responder
+        self.transcriber: Transcriber | None = None
+        self.auth = auth if auth is not None else Auth.from_env(os.environ)
+        self.capacity = capacity if capacity is not None else Capacity(config.server.max_sessions)
+        self.sessions: set[SessionRunner] = set()
+        self._ends: dict[SessionRunner, End] = {}
+        self._emptied = asyncio.Event()  # set whenever the last session of this process ends
+        self._hurry = asyncio.Event()  # a second signal: the drain closes what is left at once
+        self.ready = False
+        self._vad_model: SileroModel | None = None
+        self._vad_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
+        self._vad_batcher = VadBatcher(
+            self._vad_executor, config.vad.inline_windows, config.vad.batch_interval_ms
+        )
+        # Smart Turn (semantic_vad) has a thread of its own: its calls take tens of milliseconds, and the
+        # sessions' VAD batches must not queue behind them.
+        self._smart_turn_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smart-turn")
+        self._smart_turn: SmartTurnBatcher | None = None
+        self._trace_sink: IO[str] | None = None
+        self._held: list[HeldConnections] = []
+        self._backend_check: asyncio.Task[None] | None = None
+        self._started = False
+
+    async def start(self) -> None:
+        """Load the models and open what the sessions share, in worker threads (the local models' first
+        start takes ~30 s; /healthz says "starting" meanwhile); a second call does nothing."""
+        if self._started:
+            return
+        self._started = True
+        eagerness_levels(self.config.semantic_vad)  # a bad [semantic_vad] option fails here, not in a session
+        loop = asyncio.get_running_loop()
+        loads = [loop.run_in_executor(None, build_transcriber, self.config), loop.run_in_executor(None, SileroModel)]
+        if self.responder is None:
+            loads.append(loop.run_in_executor(None, build_responder, self.config))
+        self.transcriber, self._vad_model, *built = await asyncio.gather(*loads)
+        if built:
+            self.responder = built[0]
+        if self.config.mcp.enabled:
+            await loop.run_in_executor(None, mcp_client.preload)
+        semantic = self.config.semantic_vad
+        try:
+            model = await loop.run_in_executor(None, SmartTurnModel, semantic.model_path or None,
+                                               semantic.model_sha256 or None)
+        except SmartTurnModelError as exc:
+            raise ConfigError(str(exc)) from None
+        self._smart_turn = SmartTurnBatcher(model, self._smart_turn_executor, semantic.max_batch)
+        if self.config.trace.jsonl_path:
+            self._trace_sink = open(self.config.trace.jsonl_path, "a", buffering=1)  # noqa: SIM115
+        # Everything loaded so far (openai, pydantic, onnxruntime, torch) lives as long as the process:
+        # keep it out of the collector, so full collections stay short and the loop keeps its pace.
+        gc.freeze()
+        self.ready = True
+        self._backend_check = asyncio.create_task(self._warn_of_backends())
+
+    async def _warn_of_backends(self) -> None:
+        """Name a backend that is down now, not at the first user's turn (which it would fail)."""
+        problems = []
+        if check := getattr(self.responder, "check", None):
+            problems += await check()
+        if (check := getattr(self.transcriber, "check", None)) and (problem := await check()):
+            problems.append(problem)
+        for problem in problems:
+            log.warning("%s; turns will fail until it answers", problem)
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = self.ready = False
+        if self._backend_check is not None:
+            self._backend_check.cancel()
+        for held in self._held:
+            await held.stop()
+        self._vad_executor.shutdown(wait=False, cancel_futures=True)
+        self._smart_turn_executor.shutdown(wait=False, cancel_futures=True)
+        for part in (self.responder, self.transcriber):
+            close = getattr(part, "aclose", None)
+            if close is not None:
+                await close()  # the backends' HTTP connection pools
+        gc.unfreeze()  # what start-up kept out of the collector may go now
+        if self._trace_sink is not None:
+            self._trace_sink.close()
+
+    @asynccontextmanager
+    async def lifespan(self, app: Any = None) -> AsyncIterator[None]:
+        """Start and stop with an ASGI app (Starlette's and FastAPI's ``lifespan=``)."""
+        await self.start()
+        try:
+            yield
+        finally:
+            await self.stop()
+
+    def hold(self, connections: HeldConnections) -> None:
+        """A transport's connections beside its sessions, for a drain and a stop to reach."""
+        self._held.append(connections)
+
+    # --- sessions, for every transport ------------------------------------------------------------
+
+    def unavailable(self) -> Refusal | None:
+        """Why no session can start now (HTTP 503), or None; takes no slot (see ``admit``)."""
+        if not self.ready:
+            return STARTING
+        if self.capacity.draining:
+            return DRAINING
+        if self.capacity.free <= 0:
+            return FULL
+        return None
+
+    def admit(self) -> Refusal | None:
+        """Take a session slot, or say why not; a slot taken is given back by ``close_session`` once the
+        session is ``opened``, else by ``capacity.release()``."""
+        if (refusal := self.unavailable()) is not None:
+            return refusal
+        return None if self.capacity.admit() else self.unavailable() or FULL
+
+    def engine_streams_free(self) -> int | None:
+        """Streams the TTS engine can still take (its rows less those held), or None when it has no such cap
+        (the tone and piper engines, the echo responder)."""
+        engine = getattr(self.responder, "tts_engine", None)
+        return getattr(engine, "free_streams", None)
+
+    def not_ready(self) -> str | None:
+        """Why a balancer should send no new session here now (``/readyz``): starting, draining, full, or
+        no engine streams (new ones would wait for a row), or None."""
+        if (refusal := self.unavailable()) is not None:
+            return {STARTING: "starting", DRAINING: "draining"}.get(refusal, "full")
+        if self.engine_streams_free() == 0:
+            return "no engine streams"
+        return None
+
+    def new_session(self, dialect: Dialect, *, model: str | None = None, server_playout: bool = False,
+                    session_type: str = "realtime", secret: ClientSecret | None = None) -> Session:
+        """A session for a new connection (``session_type`` "transcription": ?intent=transcription); one
+        opened with a client secret is of the secret's type and starts from its configuration.
+        SessionRefused if that configuration is refused."""
+        if secret is not None:
+            session_type = secret.kind
+        session = Session(self.config, dialect, server_playout=server_playout, model=model,
+                          session_type=session_type)
+        if secret is not None:
+            if secret.dialect is not dialect:
+                shape = "beta (connect with the 'OpenAI-Beta: realtime=v1' header or the 'openai-beta.realtime-v1' " \
+                        "subprotocol)" if secret.dialect is Dialect.BETA else "GA (connect without OpenAI-Beta)"
+                raise SessionRefused(f"This client secret was minted for the {shape} protocol.")
+            configure(session, secret.session, secret.kind)
+        return session
+
+    def new_runner(self, session: Session, send: Send, playout: Playout | None = None) -> SessionRunner:
+        """A runner for ``session`` on this gateway's responder, VAD model and trace (any transport)."""
+        assert self._vad_model is not None and self.responder is not None
+        return SessionRunner(
+            session,
+            self.responder,
+            SileroVAD(self._vad_model),
+            send,
+            vad_batcher=self._vad_batcher,
+            trace=TurnTrace(session.settings.id, self._trace_sink),
+            playout=playout,
+            transcriber=self.transcriber,
+            smart_turn=self._smart_turn,
+        )
+
+    def opened(self, runner: SessionRunner, how: str, end: End) -> None:
+        """A session admitted (its slot taken) is running; ``end`` closes it from the server's side."""
+        self.sessions.add(runner)
+        self._ends[runner] = end
+        self._emptied.clear()
+        ACTIVE_SESSIONS.set(len(self.sessions))
+        log.info("session %s opened (%s shape, %s)", runner.session.settings.id, runner.session.dialect.value, how)
+
+    async def close_session(self, runner: SessionRunner, client_gone: bool) -> None:
+        """End a session's tasks and forget it; ``client_gone``: the client's side ended it."""
+        if client_gone and runner in self.sessions:
+            DISCONNECTS.labels("response" if runner.responding else "idle").inc()
+        await runner.close()
+        if runner in self.sessions:
+            self.sessions.discard(runner)
+            del self._ends[runner]
+            self.capacity.release()
+            ACTIVE_SESSIONS.set(len(self.sessions))
+            log.info("session %s closed", runner.session.settings.id)
+            if not self.sessions:
+                self._emptied.set()
+
+    # --- draining --------------------------------------------------------------------------------
+
+    async def drain(self, seconds: float, notice_seconds: float) -> None:
+        """Stop taking sessions; let this process's sessions run for up to ``seconds``, send each the notice
+        ``notice_seconds`` before that end, then end what is left (1001). Returns once none is left; after
+        ``hurry()`` it ends them at once."""
+        self.capacity.draining = True
+        log.info("draining: %d session(s) here may run for up to %g s", len(self.sessions), seconds)
+        for held in self._held:
+            await held.close_pending()  # not connected yet: no conversation to keep
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        if not await self._wait_sessions(end - notice_seconds) and not self._hurry.is_set():
+            left = max(0.0, end - loop.time())
+            await asyncio.gather(*(runner.send_event(drain_notice(left)) for runner in list(self.sessions)))
+            await self._wait_sessions(end)
+        if self.sessions:
+            log.info("drain: ending the %d session(s) left", len(self.sessions))
+            await asyncio.gather(*(end_session() for end_session in list(self._ends.values())),
+                                 return_exceptions=True)
+            await self._wait_sessions(loop.time() + DRAIN_CLOSE_S, hurried_too=False)
+        log.info("drained: %d session(s) left", len(self.sessions))
+
+    def hurry(self) -> None:
+        """A draining gateway ends its sessions now (the second SIGTERM or SIGINT)."""
+        self._hurry.set()
+
+    async def _wait_sessions(self, until: float, hurried_too: bool = True) -> bool:
+        """Wait until no session is left (True), ``until`` (loop time) or ``hurry()``."""
+        if not self.sessions:
+            return True
+        waits = [asyncio.ensure_future(self._emptied.wait())]
+        if hurried_too:
+            waits.append(asyncio.ensure_future(self._hurry.wait()))
+        timeout = max(0.0, until - asyncio.get_running_loop().time())
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+        return not self.sessions
+
+def configure(session: Session, config: dict[str, Any], kind: str = "realtime") -> None:
+    """Apply a session configuration before session.created, as the client's first event would be
+    (a client secret's, a WebRTC offer's ``session`` part); SessionRefused with the session's reason."""
+    event = "session.update"
+    if kind == "transcription" and session.dialect is Dialect.BETA:
+        event = "transcription_session.update"
+    for effect in session.handle(orjson.dumps({"type": event, "session": config})):
+        if isinstance(effect, Fault):
+            log_fault(session.settings.id, effect)
+        elif isinstance(effect, dict) and effect.get("type") == "error":
+            raise SessionRefused(str(effect["error"]["message"]))

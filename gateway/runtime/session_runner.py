@@ -1,0 +1,330 @@
+"""Runs one Session in the event loop: carries out its effects and feeds it what comes back.
+
+The runner knows nothing of the transport: it takes client messages and a ``send`` coroutine for
+server messages, so the WebSocket server and the WebRTC data channel share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from contextlib import aclosing
+from typing import Any, Protocol
+
+import orjson
+
+from gateway.realtime.effects import (
+    CallMcp,
+    ClearPlayout,
+    Effect,
+    Fault,
+    ListMcpTools,
+    Mark,
+    Play,
+    PlayoutEnd,
+    PrepareTranscript,
+    RunSmartTurn,
+    RunVad,
+    StartResponse,
+    StopResponse,
+    Transcribe,
+)
+from gateway.realtime.responder import BackendError, Responder, ResponseRequest, Transcriber
+from gateway.realtime.session import Session
+from gateway.responders.model_worker import current_session
+from gateway.runtime.mcp_client import McpClient, McpFailure
+from gateway.runtime.silero import SileroVAD, VadBatcher
+from gateway.runtime.smart_turn import SmartTurnBatcher
+from gateway.runtime.trace import TurnTrace
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[str], Awaitable[None]]
+
+# Input audio waiting for the VAD beyond this (5 s of pcm16 24 kHz) makes the next client message
+# wait: back-pressure on a client that streams far faster than the VAD runs.
+MAX_VAD_BACKLOG_BYTES = 5 * 48_000
+
+
+def log_fault(session_id: str, fault: Fault) -> None:
+    """A session's bug, in full the first time (a client that repeats the event would fill the log)."""
+    if fault.count == 1:
+        log.error("session %s: handling a client event failed", session_id, exc_info=fault.error)
+    else:
+        log.debug("session %s: handling a client event failed again (%d)", session_id, fault.count,
+                  exc_info=fault.error)
+
+
+class Playout(Protocol):
+    """Server-side playout of response audio (the WebRTC outbound track)."""
+
+    def play(self, response_id: str, item_id: str, pcm: bytes) -> None: ...
+
+    def finished(self, response_id: str) -> None:
+        """No more audio of this response is coming."""
+
+    def clear(self) -> tuple[str, float] | None:
+        """Drop everything queued; return (item id, ms of it played) if an item was playing."""
+
+
+class SessionRunner:
+    def __init__(
+        self,
+        session: Session,
+        responder: Responder,
+        vad: SileroVAD,
+        send: Send,
+        vad_batcher: VadBatcher | None = None,
+        trace: TurnTrace | None = None,
+        playout: Playout | None = None,
+        transcriber: Transcriber | None = None,
+        smart_turn: SmartTurnBatcher | None = None,
+    ) -> None:
+        """``smart_turn``: the Smart Turn model for semantic_vad; without it every check is answered "no
+        verdict", so a semantic_vad turn ends after its eagerness's longest wait."""
+        self.session = session
+        self.responder = responder
+        self.transcriber = transcriber
+        self.vad = vad
+        self._send = send
+        self._vad_batcher = vad_batcher
+        self.trace = trace or TurnTrace(session.settings.id)
+        self.playout = playout
+        self._task: asyncio.Task[None] | None = None
+        # Transcriptions by user item id: they outlive the responses that wait for them.
+        self._transcripts: dict[str, asyncio.Task[str]] = {}
+        # The early transcription of the turn in its closing pause: (what it transcribes, its pieces).
+        self._prepared: tuple[PrepareTranscript, asyncio.Task[list[str]]] | None = None
+        # Audio for the VAD, run by one task at a time: appends are not held up by the VAD's latency,
+        # and audio that arrives during a VAD call goes into the next one (a session catches up).
+        self._vad_backlog = bytearray()
+        self._vad_task: asyncio.Task[None] | None = None
+        # MCP listings (None) and calls (their response's id: cancelled with it) in flight.
+        self.mcp = McpClient(session.config.mcp)
+        self._mcp_tasks: dict[asyncio.Task[None], str | None] = {}
+        self._smart_turn = smart_turn
+        self._checks: set[asyncio.Task[None]] = set()  # Smart Turn calls under way
+        self._closed = False
+        # The context of this session's tasks: shared local models queue their work by session.
+        self._context = contextvars.copy_context()
+        self._context.run(current_session.set, session.settings.id)
+        session.transcription.available = transcriber is not None
+        session.transcription.always = responder.reads_transcripts
+        session.voices = responder.voices
+
+    async def start(self) -> None:
+        await self._apply(self.session.open())
+
+    async def receive(self, message: str | bytes) -> None:
+        """One client message; returns once its effects are carried out, except the VAD's."""
+        await self._apply(self.session.handle(message))
+        if len(self._vad_backlog) > MAX_VAD_BACKLOG_BYTES and self._vad_task is not None:
+            await asyncio.wait([self._vad_task])
+
+    async def send_event(self, event: dict[str, Any]) -> None:
+        """A server event from outside the session (a draining gateway's notice), in order with its others."""
+        await self._apply([event])
+
+    async def feed_audio(self, pcm: bytes) -> None:
+        """Input audio from a media track (pcm16 24 kHz), the same path as input_audio_buffer.append."""
+        await self._apply(self.session.input_audio(pcm))
+
+    async def playout_started(self, response_id: str) -> None:
+        await self._apply(self.session.playout_event("output_audio_buffer.started", response_id))
+
+    async def playout_stopped(self, response_id: str) -> None:
+        await self._apply(self.session.playout_event("output_audio_buffer.stopped", response_id))
+
+    @property
+    def responding(self) -> bool:
+        """A response is running (its task has not finished)."""
+        return self._task is not None and not self._task.done()
+
+    async def close(self) -> None:
+        self._closed = True
+        self._drop_prepared()
+        tasks = [t for t in (self._task, self._vad_task, *self._transcripts.values(), *self._mcp_tasks, *self._checks)
+                 if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _apply(self, effects: Iterable[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, dict):
+                if effect and not self._closed:
+                    self.trace.sent(effect)
+                    await self._send(orjson.dumps(effect).decode())
+            elif isinstance(effect, RunVad):
+                self._vad_backlog += effect.pcm
+                if self._vad_task is None:
+                    if self._vad_batcher is None or self.vad.windows_pending(len(self._vad_backlog)) == 0:
+                        # No model call to wait for (the audio completes no window): buffer it now.
+                        await self._apply(self.session.vad_result(self.vad.process(self._take_vad_backlog())))
+                    else:
+                        self._vad_task = asyncio.create_task(self._run_vad())
+            elif isinstance(effect, RunSmartTurn):
+                task = asyncio.create_task(self._check_turn(effect))
+                self._checks.add(task)
+                task.add_done_callback(self._checks.discard)
+            elif isinstance(effect, StartResponse):
+                request = effect.request
+                request.transcripts = {m.item_id: self._transcripts[m.item_id] for m in request.messages
+                                       if m.role == "user" and not m.text and m.item_id in self._transcripts}
+                self._task = asyncio.create_task(self._respond(request), context=self._context)
+            elif isinstance(effect, StopResponse):
+                self.trace.cancelled(effect.response_id)
+                # A response that failed stops itself: its own task is the one sending its last events.
+                if self._task is not None and self._task is not asyncio.current_task():
+                    self._task.cancel()
+                for task, response_id in list(self._mcp_tasks.items()):
+                    if response_id == effect.response_id:
+                        task.cancel()
+            elif isinstance(effect, ListMcpTools):
+                self._start_mcp(self._list_mcp_tools(effect), None)
+            elif isinstance(effect, CallMcp):
+                self._start_mcp(self._call_mcp(effect), effect.response_id)
+            elif isinstance(effect, PrepareTranscript):
+                self._drop_prepared()
+                if effect.pcm is not None and self.transcriber is not None:
+                    task = asyncio.create_task(self._pieces(effect), context=self._context)
+                    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # Transcribe reports it
+                    self._prepared = effect, task
+            elif isinstance(effect, Transcribe):
+                # The early result is taken now: a PrepareTranscript later in this batch drops what is left.
+                early = self._take_prepared(effect)
+                task = asyncio.create_task(self._transcribe(effect, early), context=self._context)
+                # A failure is reported to the client at once; a response may await it or not.
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+                self._transcripts[effect.item_id] = task
+            elif isinstance(effect, Play):
+                if self.playout is not None:
+                    self.playout.play(effect.response_id, effect.item_id, effect.pcm)
+            elif isinstance(effect, PlayoutEnd):
+                if self.playout is not None:
+                    self.playout.finished(effect.response_id)
+            elif isinstance(effect, ClearPlayout):
+                heard = self.playout.clear() if self.playout is not None else None
+                if heard is not None:
+                    await self._apply(self.session.playout_cleared(*heard))
+            elif isinstance(effect, Mark):
+                self.trace.mark(effect.name, effect.response_id)
+            elif isinstance(effect, Fault):
+                log_fault(self.session.settings.id, effect)
+
+    def _start_mcp(self, work: Coroutine[Any, Any, None], response_id: str | None) -> None:
+        task = asyncio.create_task(work)
+        self._mcp_tasks[task] = response_id
+        task.add_done_callback(self._mcp_tasks.pop)
+
+    async def _list_mcp_tools(self, effect: ListMcpTools) -> None:
+        try:
+            tools = await self.mcp.list_tools(effect.server)
+        except McpFailure as exc:
+            log.warning("MCP server %s: %s", effect.server.server_label, exc)
+            await self._apply(self.session.mcp_tools_listed(effect.item_id, None, str(exc)))
+            return
+        await self._apply(self.session.mcp_tools_listed(effect.item_id, tools))
+
+    async def _call_mcp(self, effect: CallMcp) -> None:
+        try:
+            output = await self.mcp.call(effect.server, effect.name, effect.arguments)
+        except McpFailure as exc:
+            await self._apply(self.session.mcp_call_finished(effect.response_id, effect.item_id, None, exc.error))
+            return
+        await self._apply(self.session.mcp_call_finished(effect.response_id, effect.item_id, output))
+
+    def _take_vad_backlog(self) -> bytes:
+        pcm = bytes(self._vad_backlog)
+        self._vad_backlog.clear()
+        return pcm
+
+    async def _run_vad(self) -> None:
+        """Sessions' windows are batched into shared model calls (see VadBatcher)."""
+        assert self._vad_batcher is not None
+        try:
+            while self._vad_backlog and not self._closed:
+                probabilities = await self._vad_batcher.process(self.vad, self._take_vad_backlog())
+                await self._apply(self.session.vad_result(probabilities))
+        except Exception:  # a broken VAD must not take the session with it
+            log.exception("VAD failed; %d bytes of input audio not analysed", len(self._vad_backlog))
+            self._vad_backlog.clear()
+        finally:
+            self._vad_task = None
+
+    async def _check_turn(self, effect: RunSmartTurn) -> None:
+        probability = None
+        if self._smart_turn is not None:
+            try:
+                probability = await self._smart_turn.predict(effect.pcm)
+            except Exception:  # a broken model must not take the session with it: the longest wait decides
+                log.exception("Smart Turn failed; the turn ends after its eagerness's longest wait")
+        if not self._closed:
+            await self._apply(self.session.smart_turn_result(effect.seq, probability))
+
+    def _drop_prepared(self) -> None:
+        if self._prepared is not None:
+            self._prepared[1].cancel()
+            self._prepared = None
+
+    async def _pieces(self, effect: PrepareTranscript) -> list[str]:
+        assert self.transcriber is not None and effect.pcm is not None
+        async with aclosing(self.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)) as pieces:
+            return [piece async for piece in pieces]
+
+    def _take_prepared(self, effect: Transcribe) -> AsyncIterator[str] | None:
+        """The early transcription's pieces if it transcribed exactly this item's audio."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is None:
+            return None
+        early, task = prepared
+        if (early.pcm, early.language, early.prompt) != (effect.pcm, effect.language, effect.prompt):
+            task.cancel()
+            return None
+
+        async def pieces() -> AsyncIterator[str]:
+            for piece in await task:
+                yield piece
+        return pieces()
+
+    async def _transcribe(self, effect: Transcribe, early: AsyncIterator[str] | None = None) -> str:
+        """Streams the item's transcript to the client as it comes (``early``: the pieces its early
+        transcription found); returns it whole (responses await it)."""
+        assert self.transcriber is not None
+        text = ""
+        pieces = early or self.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)
+        try:
+            async with aclosing(pieces):
+                async for piece in pieces:
+                    piece = piece if text else piece.lstrip()  # a transcript starts at its first word
+                    if piece:
+                        text += piece
+                        await self._apply(self.session.input_transcript_delta(effect.item_id, piece))
+        except Exception as exc:  # any transcriber's failure is an STT failure, for the responses awaiting it
+            error = exc if isinstance(exc, BackendError) else BackendError("stt", f"{type(exc).__name__}: {exc}")
+            log.warning("transcription of %s failed: %s", effect.item_id, error)
+            await self._apply(self.session.input_transcribed(effect.item_id, None, str(error)))
+            if error is exc:
+                raise
+            raise error from exc
+        text = text.strip()
+        await self._apply(self.session.input_transcribed(effect.item_id, text))
+        return text
+
+    async def _respond(self, request: ResponseRequest) -> None:
+        rid = request.response_id
+        error: BaseException | None = None
+        stream = self.responder.respond(request)
+        try:
+            async for out in stream:
+                await self._apply(self.session.response_output(rid, out))
+        except Exception as exc:  # a responder failure ends this response, never the session
+            log.warning("response %s failed: %s", rid, exc)
+            error = exc
+        finally:
+            # Also on cancellation (barge-in, response.cancel): closes the responder's HTTP streams
+            # and TTS stream; the session has already sent this response's response.done.
+            await stream.aclose()
+        await self._apply(self.session.response_finished(rid, error))

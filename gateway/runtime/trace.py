@@ -1,0 +1,133 @@
+"""Per-turn latency trace: timestamps of each stage, as JSON lines and Prometheus histograms.
+
+A turn runs from the user's end of speech (speech_stopped, or the commit or response.create that
+started the response) to its response.done. Stages are measured from that start, on the event
+loop's clock, when the session or the responder reaches them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections import deque
+from typing import IO, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+STAGES = (
+    "committed", "stt_done", "llm_first_token", "llm_first_segment", "tts_first_audio", "first_delta",
+    "response_done",
+)
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.35, 0.5, 0.75, 1, 2.5, 5, 10)
+
+TURN_STAGE = Histogram(
+    "gateway_turn_stage_seconds", "Time from the end of the user's turn to each stage of the response",
+    ["stage"], buckets=_BUCKETS,
+)
+CANCEL_TO_DONE = Histogram(
+    "gateway_cancel_to_done_seconds", "Barge-in or response.cancel to the cancelled response's response.done",
+    buckets=_BUCKETS,
+)
+CANCEL_TO_LAST_DELTA = Histogram(
+    "gateway_cancel_to_last_delta_seconds", "Cancel to the last audio delta sent for that response",
+    buckets=_BUCKETS,
+)
+RESPONSES = Counter("gateway_responses_total", "Responses by final status", ["status"])
+# livesum: under `serve --workers N` (prometheus_client's multiprocess mode) the sum over the live workers.
+ACTIVE_SESSIONS = Gauge("gateway_active_sessions", "Open Realtime sessions", multiprocess_mode="livesum")
+# Capacity, set at each scrape from gateway.runtime.capacity (every worker process's sessions): what a balancer or
+# an autoscaler acts on.
+SESSIONS = Gauge("gateway_sessions", "Sessions the gateway holds (every worker process)",
+                 multiprocess_mode="mostrecent")
+SESSION_SLOTS_FREE = Gauge("gateway_session_slots_free", "Sessions the gateway may still take ([server] max_sessions)",
+                           multiprocess_mode="mostrecent")
+DRAINING = Gauge("gateway_draining", "1 while the gateway drains (takes no new session)", multiprocess_mode="max")
+# Only with an engine that has a stream cap (qwen3): a registry of its own, left out of /metrics otherwise.
+ENGINE_REGISTRY = CollectorRegistry(auto_describe=True)
+ENGINE_STREAMS_FREE = Gauge("gateway_engine_streams_free", "TTS engine streams free: the engines' rows less the "
+                            "streams they hold or queue", registry=ENGINE_REGISTRY, multiprocess_mode="mostrecent")
+
+
+def metrics_text(engine_streams: bool) -> bytes:
+    """/metrics: this process's metrics, or under `serve --workers N` (prometheus_client's multiprocess mode:
+    its files in PROMETHEUS_MULTIPROC_DIR) every worker's, added up; gateway_engine_streams_free only when
+    `engine_streams` (an engine with a stream cap)."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return generate_latest() + (generate_latest(ENGINE_REGISTRY) if engine_streams else b"")
+    registry = CollectorRegistry()
+    registry.register(_AllWorkers(engine_streams))
+    return generate_latest(registry)
+
+
+class _AllWorkers(Collector):
+    """Every worker's metrics files, added up (the engine's stream gauge has a file even when unused)."""
+
+    def __init__(self, engine_streams: bool) -> None:
+        self.files = MultiProcessCollector(None)
+        self.engine_streams = engine_streams
+
+    def collect(self) -> Any:
+        return [m for m in self.files.collect() if self.engine_streams or m.name != "gateway_engine_streams_free"]
+
+
+_DELTAS = ("response.output_audio.delta", "response.audio.delta")
+
+
+class TurnTrace:
+    def __init__(self, session_id: str, sink: IO[str] | None = None) -> None:
+        self.session_id = session_id
+        self.sink = sink
+        self._start: float | None = None
+        self._times: dict[str, float] = {}
+        self._cancel: float | None = None
+        self._last_delta: float | None = None
+        self._status = "completed"
+        self.records: deque[dict[str, Any]] = deque(maxlen=100)  # served at /v1/realtime/sessions/{id}/turns
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def mark(self, name: str, response_id: str | None = None) -> None:
+        now = self._now()
+        if name == "speech_stopped" or (self._start is None and name in ("committed", "response_created")):
+            self._start, self._times = now, {}
+        if name == "response_done":
+            self._finish(now, response_id)
+        elif self._start is not None:
+            self._times.setdefault(name, now)
+
+    def cancelled(self, response_id: str) -> None:
+        self._cancel = self._now()
+
+    def sent(self, event: dict[str, Any]) -> None:
+        if event["type"] in _DELTAS:
+            self._last_delta = self._now()
+        elif event["type"] == "response.done":
+            self._status = event["response"]["status"]
+
+    def _finish(self, now: float, response_id: str | None) -> None:
+        record: dict[str, Any] = {"session_id": self.session_id, "response_id": response_id}
+        if self._start is not None:
+            self._times["response_done"] = now
+            for stage in STAGES:
+                if stage in self._times:
+                    seconds = self._times[stage] - self._start
+                    record[stage + "_ms"] = round(seconds * 1000, 3)
+                    TURN_STAGE.labels(stage).observe(seconds)
+        if self._cancel is not None:
+            record["cancel_to_done_ms"] = round((now - self._cancel) * 1000, 3)
+            CANCEL_TO_DONE.observe(now - self._cancel)
+            after = max(0.0, (self._last_delta or 0.0) - self._cancel)
+            record["cancel_to_last_delta_ms"] = round(after * 1000, 3)
+            CANCEL_TO_LAST_DELTA.observe(after)
+        record["status"] = self._status
+        RESPONSES.labels(self._status).inc()
+        self.records.append(record)
+        if self.sink is not None:
+            self.sink.write(json.dumps(record) + "\n")
+        self._start, self._times, self._cancel, self._last_delta = None, {}, None, None
+        self._status = "completed"

@@ -1,0 +1,232 @@
+"""Serving the app: uvicorn on one listening socket, with TLS when configured and the WebSocket limits.
+
+uvicorn parses HTTP (h11: bounded request heads, 400 for malformed ones; gateway/server/protocols/http.py adds a
+deadline for them), the websockets library's
+sans-I/O protocol speaks WebSocket (gateway/server/protocols/websocket.py adds the send deadline and the inbound
+bound). The socket is bound here, before the server starts, so that a busy port is a clear error, and
+so that the worker processes of `serve --workers N` (gateway.server.workers) accept on one socket their parent
+bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import ssl
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+
+import uvicorn
+
+from gateway import __version__
+from gateway.config import Config, ConfigError
+from gateway.realtime.responder import Responder
+from gateway.runtime.auth import Auth
+from gateway.runtime.capacity import Capacity
+from gateway.runtime.gateway import Gateway
+from gateway.server.protocols import http as http_protocol
+from gateway.server.protocols import websocket as ws_protocol
+from gateway.transports.app import create_app
+from gateway.transports.guard import is_loopback
+
+log = logging.getLogger(__name__)
+
+# Request heads (request line and headers) longer than this are refused with 400 (h11's own bound).
+MAX_REQUEST_HEAD_BYTES = 16 * 1024
+# HTTP requests and handshakes in flight beyond the sessions themselves; past that, new ones get 503.
+CONNECTION_HEADROOM = 256
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def check_exposure(config: Config, auth: Auth, insecure_no_auth: bool) -> None:
+    """Nothing unauthenticated on a non-loopback address, unless the operator says so out loud."""
+    host = config.server.host
+    if is_loopback(host) or auth.required:
+        return
+    if not insecure_no_auth:
+        raise ConfigError(
+            f"refusing to serve {host or 'every address'} without authentication: set GATEWAY_API_KEYS "
+            "(comma-separated keys), or pass --insecure-no-auth to let anyone who can reach it use it"
+        )
+    log.warning("serving %s with NO authentication (--insecure-no-auth): anyone who can reach it can use it, "
+                "and the paid backends behind it", host)
+
+
+def check_drain(config: Config) -> None:
+    server = config.server
+    for name in ("drain_seconds", "drain_notice_seconds"):
+        if getattr(server, name) < 0:
+            raise ConfigError(f"option server.{name} must be >= 0, got {getattr(server, name)}")
+
+
+def check_tls(config: Config) -> bool:
+    """Whether TLS is on; a ConfigError naming the option when its files cannot be used."""
+    cert, key = config.server.tls_cert, config.server.tls_key
+    if not cert and not key:
+        return False
+    if not cert or not key:
+        raise ConfigError("set both [server] tls_cert and tls_key (GATEWAY_SERVER_TLS_CERT, GATEWAY_SERVER_TLS_KEY)")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"[server] tls_cert / tls_key cannot be used ({cert}, {key}): {exc}") from None
+    return True
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket. Made with proto IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that
+    say so, and without it Nagle's algorithm holds each event sent right after another for the client's
+    delayed ACK (10-40 ms)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} ([server] port, or --port): {exc.strerror or exc}") from None
+    return sock
+
+
+def uvicorn_config(app: object, config: Config) -> uvicorn.Config:
+    server = config.server
+    return uvicorn.Config(
+        app,
+        http=http_protocol.protocol_class(server.request_head_timeout_s),
+        ws=ws_protocol.protocol_class(server.send_timeout_s, server.inbound_free_bytes, server.inbound_budget_bytes,
+                          server.max_message_bytes),
+        ws_max_size=server.max_message_bytes,
+        ws_per_message_deflate=False,
+        h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
+        limit_concurrency=server.max_sessions + CONNECTION_HEADROOM,
+        lifespan="on",
+        server_header=False,
+        access_log=False,
+        log_config=None,
+        ssl_certfile=server.tls_cert or None,
+        ssl_keyfile=server.tls_key or None,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handlers: the process that runs it decides what a signal means."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class GatewayServer:
+    """One process serving the gateway on [server] host and port; or, as one of `serve --workers N`
+    (gateway.server.workers), on the socket `sock` its parent bound (and checked the configuration for), with its
+    parent's `auth` (one signing key for client secrets) and counting its sessions in `capacity`, its slot
+    of the counts the workers share."""
+
+    def __init__(self, config: Config, responder: Responder | None = None, insecure_no_auth: bool = False, *,
+                 sock: socket.socket | None = None, auth: Auth | None = None,
+                 capacity: Capacity | None = None) -> None:
+        self.config = config
+        self.gateway = Gateway(config, responder, auth, capacity)
+        self.app = create_app(config, gateway=self.gateway)
+        self.insecure_no_auth = insecure_no_auth
+        self._inherited = sock is not None
+        self._socket: socket.socket | None = sock
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        server = self.config.server
+        if self._inherited:
+            tls = bool(server.tls_cert)
+        else:
+            check_exposure(self.config, self.gateway.auth, self.insecure_no_auth)
+            check_drain(self.config)
+            tls = check_tls(self.config)
+            self._socket = listen(server.host, server.port)
+        # The models load while the server already answers (/healthz "starting", sessions 503), not in the
+        # app's lifespan, which then finds the gateway started: a failure is an error naming its cause, not
+        # a traceback from inside uvicorn.
+        loading = asyncio.create_task(self.gateway.start())
+        if self._inherited:
+            # One of several workers accepts connections only once it can serve them: until then (a worker
+            # started again), the others take them all.
+            await loading
+        await asyncio.sleep(0)  # the gateway is marked started before uvicorn runs the lifespan
+        self._server = _Server(uvicorn_config(self.app, self.config))
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
+        while not self._server.started and not self._task.done():
+            await asyncio.sleep(0.01)
+        if self._task.done():
+            loading.cancel()
+            with contextlib.suppress(SystemExit):  # uvicorn exits when its startup fails
+                self._task.result()
+            raise ConfigError("the HTTP server did not start (see the log above)")
+        if not loading.done():
+            log.info("loading models; /healthz says starting until they are ready")
+        try:
+            await loading
+        except BaseException:
+            await self.stop()
+            raise
+        scheme = "https" if tls else "http"
+        log.info("gateway %s on %s://%s:%d (WebSocket %s://%s:%d/v1/realtime; responder: %s; auth: %s)",
+                 __version__, scheme, server.host, self.port, "wss" if tls else "ws", server.host, self.port,
+                 type(self.gateway.responder).__name__,
+                 f"{len(self.gateway.auth.api_keys)} API key(s)" if self.gateway.auth.required else "off")
+
+    @property
+    def port(self) -> int:
+        assert self._socket is not None
+        return self._socket.getsockname()[1]
+
+    async def drain(self) -> None:
+        """Stop taking sessions and let those running end within [server] drain_seconds (Gateway.drain;
+        ``gateway.hurry()`` ends them now). Call ``stop`` after it."""
+        server = self.config.server
+        await self.gateway.drain(server.drain_seconds, server.drain_notice_seconds)
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(SystemExit):
+                await self._task
+        await self.gateway.stop()
+        if self._socket is not None:
+            self._socket.close()
+
+
+async def run_server(server: GatewayServer,
+                     serving: Callable[[GatewayServer], Awaitable[None]] | None = None) -> int:
+    """Start `server` and serve until SIGINT or SIGTERM (running `serving` meanwhile), then drain and stop;
+    2 (the reason on stderr) when it cannot start. One process does this, and so does each worker of
+    `serve --workers N`."""
+    try:
+        await server.start()
+    except ConfigError as exc:
+        await server.stop()
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # SIGTERM (a platform stopping the gateway) drains: no new session, the running ones may go on for
+    # [server] drain_seconds. SIGINT (Ctrl-C), or a second signal, ends every session now (1001).
+    signalled = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if signalled.is_set() or sig == signal.SIGINT:
+            server.gateway.hurry()
+        signalled.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    task = asyncio.create_task(serving(server)) if serving is not None else None
+    await signalled.wait()
+    await server.drain()
+    if task is not None:
+        task.cancel()
+    await server.stop()
+    return 0

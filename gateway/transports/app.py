@@ -1,0 +1,181 @@
+"""The gateway as one ASGI app: every route on one port.
+
+  WS     /v1/realtime                       a Realtime session (gateway/transports/websocket.py)
+  POST   /v1/realtime/calls, /v1/realtime   WebRTC signalling (gateway/transports/webrtc/signalling.py)
+  POST   /v1/realtime/client_secrets, /v1/realtime/sessions, /v1/realtime/transcription_sessions
+                                            ephemeral client secrets (gateway/transports/client_secrets.py)
+  GET    /v1/realtime/sessions/{id}/turns   a live session's latency trace
+  GET    /healthz, /readyz, /metrics        liveness, readiness (neither needs a key), Prometheus metrics
+  GET    /...                               the browser page (public: it holds no secret)
+
+``create_app(config)`` is the app factory: a worker process builds its app from the config alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mimetypes
+import time
+from typing import Any
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+
+from gateway import __version__
+from gateway.config import REPO_ROOT, Config
+from gateway.realtime.responder import Responder
+from gateway.responders.echo import EchoResponder
+from gateway.responders.pipeline import PipelineResponder
+from gateway.responders.remote import LlmClient
+from gateway.runtime.gateway import Gateway
+from gateway.runtime.trace import DRAINING, ENGINE_STREAMS_FREE, SESSION_SLOTS_FREE, SESSIONS, metrics_text
+from gateway.transports.client_secrets import client_secret_routes
+from gateway.transports.guard import FrontDoor, Hosts, Origins
+from gateway.transports.rest import HttpError, authorize, error_response, http_error_response
+from gateway.transports.webrtc.signalling import Signalling, signalling_routes
+from gateway.transports.websocket import RealtimeEndpoint
+
+MAX_STATIC_PATH_CHARS = 255
+
+
+class Pages:
+    """The page and /healthz, /readyz, /metrics and a session's turns."""
+
+    def __init__(self, gateway: Gateway, webrtc: bool) -> None:
+        self.gateway = gateway
+        self.webrtc = webrtc
+        self.web_dir = (REPO_ROOT / gateway.config.server.web_dir).resolve()
+        self.started_at = time.time()
+
+    async def healthz(self, request: Request) -> Response:
+        gateway = self.gateway
+        body = {"status": "ok" if gateway.ready else "starting", "version": __version__,
+                "active_sessions": len(gateway.sessions), "uptime_s": round(time.time() - self.started_at, 1),
+                "webrtc": self.webrtc, "auth_required": gateway.auth.required,
+                "responder": describe_responder(gateway)}
+        return Response(orjson.dumps(body), 200 if gateway.ready else 503, media_type="application/json",
+                        headers={"Cache-Control": "no-cache"})
+
+    async def readyz(self, request: Request) -> Response:
+        """Readiness for a balancer: 200 while a new session would be taken, else 503 saying why."""
+        gateway, capacity = self.gateway, self.gateway.capacity
+        why = gateway.not_ready()
+        body = {"status": "ready" if why is None else "not_ready", "reason": why, "sessions": capacity.sessions,
+                "session_slots_free": capacity.free, "engine_streams_free": gateway.engine_streams_free(),
+                "draining": capacity.draining}
+        return Response(orjson.dumps(body), 200 if why is None else 503, media_type="application/json",
+                        headers={"Cache-Control": "no-cache"})
+
+    async def metrics(self, request: Request) -> Response:
+        authorize(request, self.gateway)
+        capacity = self.gateway.capacity
+        SESSIONS.set(capacity.sessions)
+        SESSION_SLOTS_FREE.set(capacity.free)
+        DRAINING.set(int(capacity.draining))
+        if (streams := self.gateway.engine_streams_free()) is not None:
+            ENGINE_STREAMS_FREE.set(streams)
+        # A thread: under `serve --workers N` this reads and adds up every worker's metrics files.
+        return Response(await asyncio.to_thread(metrics_text, streams is not None), media_type=CONTENT_TYPE_LATEST)
+
+    async def turns(self, request: Request) -> Response:
+        """A live session's latency trace: its last turns, stage by stage (the page's latency panel)."""
+        authorize(request, self.gateway, secrets_allowed=True)
+        session_id = request.path_params["session_id"]
+        runner = next((r for r in self.gateway.sessions if r.session.settings.id == session_id), None)
+        if runner is None:
+            raise HttpError(404, "No such session.", "session_not_found")
+        body = {"session_id": session_id, "turns": list(runner.trace.records)}
+        return Response(orjson.dumps(body), media_type="application/json", headers={"Cache-Control": "no-cache"})
+
+    async def upgrade_required(self, request: Request) -> Response:
+        raise HttpError(426, "This is the Realtime WebSocket endpoint: connect with a WebSocket.", "upgrade_required")
+
+    async def static(self, request: Request) -> Response:
+        relative = request.path_params.get("name") or "index.html"
+        if len(relative) > MAX_STATIC_PATH_CHARS:
+            raise HttpError(404, "Not found.", "not_found")
+        file = (self.web_dir / relative).resolve()
+        if file.is_dir():
+            file = file / "index.html"
+        if not file.is_relative_to(self.web_dir) or not file.is_file():
+            raise HttpError(404, "Not found.", "not_found")
+        content_type = "text/javascript" if file.suffix == ".js" else mimetypes.guess_type(file.name)[0]
+        return FileResponse(file, media_type=content_type or "application/octet-stream",
+                            headers={"Cache-Control": "no-cache"})
+
+
+def _model_name(part: object) -> str | None:
+    """A model's name as its part declares it (``model_name``; a remote client's ``model``)."""
+    name = getattr(part, "model_name", None) or getattr(part, "model", None)
+    return name if isinstance(name, str) else None
+
+
+def describe_responder(gateway: Gateway) -> dict[str, Any] | None:
+    """What answers, for the page's banner: the kind and model names only (/healthz is public: no backend
+    URL, no key). ``kind``: "local" (the in-process demo models), "pipeline" (a remote LLM), "echo", or
+    the responder's class name for one given in code; None while the gateway is starting."""
+    responder = gateway.responder
+    if responder is None:
+        return None
+    models = {"stt": _model_name(gateway.transcriber)}
+    if isinstance(responder, EchoResponder):
+        kind = "echo"
+    elif isinstance(responder, PipelineResponder):
+        kind = "pipeline" if isinstance(responder.llm, LlmClient) else "local"
+        models |= {"llm": _model_name(responder.llm), "tts": _model_name(responder.tts_engine)}
+    else:
+        kind = type(responder).__name__
+    return {"kind": kind, "models": {role: name for role, name in models.items() if name}}
+
+
+def routes(gateway: Gateway, signalling: Signalling) -> list[BaseRoute]:
+    pages = Pages(gateway, webrtc=signalling.calls is not None)
+    realtime = RealtimeEndpoint(gateway)
+    table: list[BaseRoute] = []
+    for path in ("/v1/realtime", "/realtime"):
+        table += [WebSocketRoute(path, realtime), Route(path, pages.upgrade_required, methods=["GET"])]
+    table += client_secret_routes(gateway)
+    table += signalling_routes(signalling)  # answers 404 while WebRTC is off
+    table += [
+        Route("/healthz", pages.healthz),
+        Route("/readyz", pages.readyz),
+        Route("/metrics", pages.metrics),
+        Route("/v1/realtime/sessions/{session_id}/turns", pages.turns),
+        # The page's folder is served flat: a path of one segment, so that the API's paths never reach it
+        # (a wrong method on them is a 405, not a missing file).
+        Route("/", pages.static),
+        Route("/{name}", pages.static),
+    ]
+    return table
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HttpError)
+    return http_error_response(exc)
+
+
+async def _starlette_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (404, 405) in the same shape as ours."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return error_response(exc.status_code, str(exc.detail), code)
+
+
+def create_app(config: Config, responder: Responder | None = None, gateway: Gateway | None = None) -> Starlette:
+    """The app factory: the whole gateway as an ASGI app, its models loaded by the app's lifespan."""
+    gateway = gateway if gateway is not None else Gateway(config, responder)
+    server = config.server
+    front_door = Middleware(FrontDoor, origins=Origins(server.allowed_origins),
+                            hosts=Hosts(server.allowed_hosts, server.host))
+    signalling = Signalling(gateway)
+    app = Starlette(routes=routes(gateway, signalling), middleware=[front_door], lifespan=gateway.lifespan,
+                    exception_handlers={HttpError: _http_error, HTTPException: _starlette_error})
+    app.state.gateway = gateway
+    app.state.webrtc = signalling.calls  # the WebRTC calls (None: off)
+    return app

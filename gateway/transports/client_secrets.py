@@ -1,0 +1,149 @@
+"""Minting ephemeral client secrets, in the shapes of the ``openai`` SDK's types.
+
+  POST /v1/realtime/client_secrets           GA: {expires_after, session} → {value, expires_at, session}
+  POST /v1/realtime/sessions                 beta: session fields → the session + client_secret
+  POST /v1/realtime/transcription_sessions   beta: transcription fields → the session + client_secret
+
+Each needs a real API key (a secret cannot mint secrets). A realtime configuration is checked by a
+throw-away session before it is signed, and the answer shows the session it will open. Transcription
+configurations are carried as given: the session that applies them is the session module's work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.realtime.events import Dialect, new_id
+from gateway.realtime.session import Session
+from gateway.runtime.auth import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, SecretTooLarge
+from gateway.runtime.gateway import Gateway, SessionRefused, configure
+from gateway.transports.rest import HttpError, authorize, read_json_object
+
+MAX_REQUEST_BYTES = 64 * 1024
+
+
+def _ttl(expires_after: Any, param: str) -> int:
+    if expires_after is None:
+        return DEFAULT_TTL_S
+    if not isinstance(expires_after, dict):
+        raise HttpError(400, f"'{param}' must be an object.", "invalid_type", param)
+    if expires_after.get("anchor", "created_at") != "created_at":
+        raise HttpError(400, "Only the anchor 'created_at' is supported.", "invalid_value", param + ".anchor")
+    seconds = expires_after.get("seconds", DEFAULT_TTL_S)
+    if not isinstance(seconds, int) or isinstance(seconds, bool) or not MIN_TTL_S <= seconds <= MAX_TTL_S:
+        raise HttpError(400, f"'seconds' must be an integer from {MIN_TTL_S} to {MAX_TTL_S}.", "invalid_value",
+                        param + ".seconds")
+    return seconds
+
+
+def _object(value: Any, param: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise HttpError(400, f"'{param}' must be an object.", "invalid_type", param)
+    return value
+
+
+class ClientSecrets:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def _mint(self, session: dict[str, Any], dialect: Dialect, kind: str, ttl: int) -> tuple[str, int]:
+        try:
+            return self.gateway.auth.mint(session, dialect, kind, ttl)
+        except SecretTooLarge as exc:
+            raise HttpError(400, str(exc), "session_too_large", "session") from None
+
+    def _realtime_session(self, config: dict[str, Any], dialect: Dialect) -> dict[str, Any]:
+        """The session a realtime configuration opens, as session.created will show it."""
+        session = Session(self.gateway.config, dialect)
+        try:
+            configure(session, config)
+        except SessionRefused as exc:
+            raise HttpError(400, str(exc), "invalid_session", "session") from None
+        created = session.open()[0]
+        assert isinstance(created, dict)
+        return created["session"]
+
+    async def create_ga(self, request: Request) -> Response:
+        authorize(request, self.gateway)
+        body = await read_json_object(request, MAX_REQUEST_BYTES)
+        ttl = _ttl(body.get("expires_after"), "expires_after")
+        config = _object(body.get("session"), "session")
+        kind = config.get("type", "realtime")
+        if kind == "realtime":
+            shown = self._realtime_session(config, Dialect.GA)
+        elif kind == "transcription":
+            shown = _transcription_ga(config)
+        else:
+            raise HttpError(400, "'session.type' must be 'realtime' or 'transcription'.", "invalid_value",
+                            "session.type")
+        value, expires_at = self._mint(config, Dialect.GA, kind, ttl)
+        return JSONResponse({"value": value, "expires_at": expires_at, "session": {**shown, "expires_at": expires_at}})
+
+    async def create_beta_session(self, request: Request) -> Response:
+        authorize(request, self.gateway)
+        body = await read_json_object(request, MAX_REQUEST_BYTES)
+        ttl = _ttl(_object(body.get("client_secret"), "client_secret").get("expires_after"),
+                   "client_secret.expires_after")
+        config = {k: v for k, v in body.items() if k != "client_secret"}
+        shown = self._realtime_session(config, Dialect.BETA)
+        value, expires_at = self._mint(config, Dialect.BETA, "realtime", ttl)
+        return JSONResponse({**shown, "expires_at": expires_at,
+                             "client_secret": {"value": value, "expires_at": expires_at}})
+
+    async def create_beta_transcription(self, request: Request) -> Response:
+        authorize(request, self.gateway)
+        body = await read_json_object(request, MAX_REQUEST_BYTES)
+        # The SDK's beta transcription type names it expires_at, its realtime one expires_after.
+        secret = _object(body.get("client_secret"), "client_secret")
+        ttl = _ttl(secret.get("expires_at", secret.get("expires_after")), "client_secret.expires_at")
+        config = {k: v for k, v in body.items() if k != "client_secret"}
+        shown = _transcription_beta(config, self.gateway)
+        value, expires_at = self._mint(config, Dialect.BETA, "transcription", ttl)
+        return JSONResponse({**shown, "client_secret": {"value": value, "expires_at": expires_at}})
+
+
+def _transcription_ga(config: dict[str, Any]) -> dict[str, Any]:
+    audio = _object(config.get("audio"), "session.audio")
+    audio_input = _object(audio.get("input"), "session.audio.input")
+    return {
+        "id": new_id("sess"),
+        "object": "realtime.transcription_session",
+        "type": "transcription",
+        "audio": {"input": {
+            "format": audio_input.get("format", {"type": "audio/pcm", "rate": 24000}),
+            "transcription": audio_input.get("transcription"),
+            "noise_reduction": audio_input.get("noise_reduction"),
+            "turn_detection": audio_input.get("turn_detection", {"type": "server_vad"}),
+        }},
+        "include": config.get("include"),
+    }
+
+
+def _transcription_beta(config: dict[str, Any], gateway: Gateway) -> dict[str, Any]:
+    vad = gateway.config.vad
+    return {
+        "id": new_id("sess"),
+        "object": "realtime.transcription_session",
+        "input_audio_format": config.get("input_audio_format", "pcm16"),
+        "input_audio_transcription": _object(config.get("input_audio_transcription"), "input_audio_transcription")
+        or None,
+        "modalities": config.get("modalities", ["text"]),
+        "turn_detection": config.get("turn_detection", {
+            "type": "server_vad", "threshold": vad.threshold, "prefix_padding_ms": vad.prefix_padding_ms,
+            "silence_duration_ms": vad.silence_duration_ms}),
+    }
+
+
+def client_secret_routes(gateway: Gateway) -> list[Route]:
+    secrets = ClientSecrets(gateway)
+    return [
+        Route("/v1/realtime/client_secrets", secrets.create_ga, methods=["POST"]),
+        Route("/v1/realtime/sessions", secrets.create_beta_session, methods=["POST"]),
+        Route("/v1/realtime/transcription_sessions", secrets.create_beta_transcription, methods=["POST"]),
+    ]

@@ -1,0 +1,77 @@
+"""What the HTTP routes share: OpenAI-shaped errors, bounded request bodies, the credential check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from gateway.runtime.auth import AuthError, Credential, bearer, error_body
+from gateway.runtime.gateway import Gateway
+
+
+class HttpError(Exception):
+    """A refusal the app answers with ``status`` and an OpenAI-shaped error body."""
+
+    def __init__(self, status: int, message: str, code: str | None, param: str | None = None,
+                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.param, self.kind = status, code, param, kind
+        self.headers = headers
+
+
+def error_response(status: int, message: str, code: str | None, kind: str = "invalid_request_error",
+                   param: str | None = None, headers: dict[str, str] | None = None) -> Response:
+    return Response(error_body(message, code, kind, param), status, headers, media_type="application/json")
+
+
+def http_error_response(exc: HttpError) -> Response:
+    return error_response(exc.status, str(exc), exc.code, exc.kind, exc.param, exc.headers)
+
+
+def authorize(request: Request, gateway: Gateway, secrets_allowed: bool = False) -> Credential:
+    """The request's credential (``Authorization: Bearer``); 401 if it is refused."""
+    try:
+        return gateway.auth.check(bearer(request.headers.get("authorization")), secrets_allowed)
+    except AuthError as exc:
+        raise HttpError(401, str(exc), "invalid_api_key") from None
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refused with 413 past ``limit`` bytes (before reading it, when Content-Length says so)."""
+    try:
+        declared = int(request.headers.get("content-length", "0"))
+    except ValueError:
+        raise HttpError(400, "The Content-Length header is not a number.", "invalid_request") from None
+    if declared > limit:
+        raise HttpError(413, f"The body is too large (at most {limit} bytes).", "body_too_large")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HttpError(413, f"The body is too large (at most {limit} bytes).", "body_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise HttpError(400, "The client went away while sending the body.", "client_disconnected") from None
+    body = b"".join(chunks)
+    request._body = body  # noqa: SLF001 - Starlette's own cache: request.form() reads the body from here
+    return body
+
+
+async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
+    body = await read_body(request, limit)
+    return json_object(body, "The body", "invalid_json") if body.strip() else {}
+
+
+def json_object(text: bytes | str, what: str, not_object_code: str) -> dict[str, Any]:
+    """A JSON object a client sent (``what`` names it in the 400 error), or HttpError."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise HttpError(400, f"{what} is not valid JSON: {exc}.", "invalid_json") from None
+    if not isinstance(value, dict):
+        raise HttpError(400, f"{what} must be a JSON object.", not_object_code)
+    return value

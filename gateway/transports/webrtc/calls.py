@@ -1,0 +1,469 @@
+"""The WebRTC transport's media and calls: Opus audio tracks, events on the ``oai-events`` channel.
+
+The signalling (POST an SDP offer, get the answer) is HTTP on the gateway's own port
+(gateway/transports/webrtc/signalling.py). Each call is one Session with ``server_playout``: the microphone track
+feeds the same session logic and VAD as the WebSocket path, the data channel carries the same JSON
+events, and the agent's audio goes out on a paced outbound track that knows how much of each item it
+has played, so barge-in truncates at the point the listener actually reached.
+
+A call is pending from its answer until its peer connection is up: pending calls are limited by
+``[webrtc] max_pending_calls`` and dropped after ``connect_timeout_s``, apart from ``[server]
+max_sessions``, which counts a call only once it is connected.
+
+Behind a balancer the answer names this node: ``[webrtc] advertised_host`` replaces the address of its
+host candidates (aiortc binds the interfaces' own addresses, private ones in a pod or behind 1:1 NAT), and
+``ice_servers`` adds a TURN relay's candidates for clients that cannot reach the node over UDP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+import re
+import secrets
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+
+from gateway.audio import Upsampler2x
+from gateway.config import ConfigError
+from gateway.realtime.session import Session
+from gateway.runtime.gateway import Refusal
+from gateway.transports.webrtc.media import (
+    AIORTC_JITTER_PREFETCH,
+    FRAME_SAMPLES,
+    RTC_RATE,
+    InboundAudio,
+    PacedTrack,
+    audio_frames,
+    set_jitter_prefetch,
+)
+
+if TYPE_CHECKING:
+    from gateway.runtime.gateway import Gateway
+
+log = logging.getLogger(__name__)
+
+# Audio a response queues before its playout starts (or resumes after running dry): one frame, so
+# a producer at real-time pace whose chunks land just after a frame went out does not run dry at
+# the next one; a first chunk of 20 ms or more still starts at once.
+CUSHION_SAMPLES = FRAME_SAMPLES
+
+Notify = Callable[[str, str], Awaitable[None]]
+
+
+class WebRTCOptions(Protocol):
+    """The ``[webrtc]`` config section (gateway.config.WebRtcConfig)."""
+
+    max_pending_calls: int
+    connect_timeout_s: float
+    ice_servers: str
+    turn_username: str
+    turn_credential_env: str
+    jitter_prefetch: int
+    advertised_host: str
+
+
+# --- outbound audio: the server-side playout buffer ---------------------------------------------
+
+
+@dataclass
+class _Chunk:
+    response_id: str
+    item_id: str
+    samples: np.ndarray  # int16, 48 kHz mono
+
+
+class OutboundAudio(PacedTrack):
+    """The agent's voice: response audio queued by the session, sent in real-time 20 ms frames.
+
+    It is the session's playout buffer (gateway.runtime.session_runner.Playout): it upsamples 24 → 48 kHz, sends
+    silence when nothing is queued, counts how much of the current item has gone out (what the
+    listener heard) and reports output_audio_buffer.started / .stopped through ``notify``.
+    """
+
+    def __init__(self, notify: Notify) -> None:
+        super().__init__()
+        self._notify = notify
+        self._upsampler = Upsampler2x()
+        self._queue: deque[_Chunk] = deque()
+        self._queued = 0  # samples in self._queue
+        self._filling = True  # holding audio back until the cushion is queued
+        self._feeding: tuple[str, str] | None = None  # (response, item) the upsampler is working on
+        self._playing: str | None = None  # response between its started and stopped events
+        self._item: str | None = None  # item of the audio last sent
+        self._item_samples = 0  # samples of self._item sent so far
+        self._done: set[str] = set()  # responses whose response.done has been sent
+        self.underruns = 0  # times a playing response ran dry: its audio came too late
+
+    # Playout interface, called by the runner ---------------------------------------------------
+
+    def play(self, response_id: str, item_id: str, pcm: bytes) -> None:
+        if self._feeding != (response_id, item_id):
+            self._flush_upsampler()
+            self._feeding = (response_id, item_id)
+        self._enqueue(response_id, item_id, self._upsampler.process(np.frombuffer(pcm, dtype="<i2")))
+
+    def clear(self) -> tuple[str, float] | None:
+        """Drop all queued audio; (item id, ms of it sent) for the item playing or about to play."""
+        item = self._item if self._playing is not None else None
+        heard = self._item_samples if item is not None else 0
+        if item is None and self._queue:
+            item = self._queue[0].item_id
+        self._queue.clear()
+        self._queued = 0
+        self._filling = True
+        self._upsampler.reset()
+        self._feeding = None
+        # Cleared, not stopped: the session answers with output_audio_buffer.cleared instead.
+        self._playing = None
+        self._item = None
+        self._item_samples = 0
+        self._done.clear()
+        return (item, heard * 1000 / RTC_RATE) if item is not None else None
+
+    def finished(self, response_id: str) -> None:
+        """The response's response.done went out: once its queued audio has played, it has stopped."""
+        if self._feeding is not None and self._feeding[0] == response_id:
+            self._flush_upsampler()
+            self._feeding = None
+        if self._playing == response_id or any(c.response_id == response_id for c in self._queue):
+            self._done.add(response_id)
+
+    # MediaStreamTrack -----------------------------------------------------------------------------
+
+    async def next_frame(self) -> np.ndarray:
+        samples = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        events: list[tuple[str, str]] = []
+        if self._filling and self._queue and (
+            self._queued >= CUSHION_SAMPLES or self._queue[0].response_id in self._done
+        ):
+            self._filling = False
+        if not self._filling:
+            filled = self._fill(samples, events)
+            if filled < FRAME_SAMPLES and self._playing is not None and self._playing not in self._done:
+                self.underruns += 1
+                self._filling = True
+        if self._playing in self._done and not self._queue:
+            events.append(("output_audio_buffer.stopped", self._playing))
+            self._done.discard(self._playing)
+            self._playing = None
+            self._filling = True
+        for kind, response_id in events:
+            await self._notify(kind, response_id)
+        return samples
+
+    def _fill(self, samples: np.ndarray, events: list[tuple[str, str]]) -> int:
+        """Move queued audio into ``samples``; returns how many were filled."""
+        filled = 0
+        while filled < len(samples) and self._queue:
+            chunk = self._queue[0]
+            n = min(len(samples) - filled, len(chunk.samples))
+            samples[filled : filled + n] = chunk.samples[:n]
+            filled += n
+            self._queued -= n
+            if n == len(chunk.samples):
+                self._queue.popleft()
+            else:
+                chunk.samples = chunk.samples[n:]
+            if chunk.response_id != self._playing:
+                if self._playing is not None:
+                    events.append(("output_audio_buffer.stopped", self._playing))
+                    self._done.discard(self._playing)
+                self._playing = chunk.response_id
+                events.append(("output_audio_buffer.started", chunk.response_id))
+            if chunk.item_id != self._item:
+                self._item, self._item_samples = chunk.item_id, 0
+            self._item_samples += n
+        return filled
+
+    def _enqueue(self, response_id: str, item_id: str, samples: np.ndarray) -> None:
+        if len(samples):
+            self._queue.append(_Chunk(response_id, item_id, samples))
+            self._queued += len(samples)
+
+    def _flush_upsampler(self) -> None:
+        if self._feeding is not None:
+            self._enqueue(*self._feeding, self._upsampler.flush())
+
+
+# --- one call -------------------------------------------------------------------------------------
+
+
+class Call:
+    """One peer connection and its session; ``close`` frees both, whichever side ends the call."""
+
+    def __init__(self, registry: CallRegistry, session: Session) -> None:
+        self.id = "rtc_" + secrets.token_hex(12)
+        self.registry = registry
+        self.pc = RTCPeerConnection(registry.rtc_configuration)
+        self.session = session
+        self.playout = OutboundAudio(self._on_playout)
+        self.runner = registry.gateway.new_runner(session, self._send, self.playout)
+        self.connected = False  # the peer connection came up: the call counts as a session
+        self._channel: RTCDataChannel | None = None
+        self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
+        self._inbox_bytes = 0
+        self._started = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def answer(self, offer_sdp: str) -> str:
+        pc = self.pc
+        pc.on("datachannel", self._on_datachannel)
+        pc.on("track", self._on_track)
+        pc.on("connectionstatechange", self._on_connection_state)
+        await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
+        if "m=audio" in offer_sdp:
+            pc.addTrack(self.playout)
+        else:
+            # A text-only client (a data channel and no audio): replies in text, nothing to play.
+            self.runner.playout = None
+            self.session.settings.modalities = ["text"]
+        # Non-trickle: setLocalDescription returns once ICE gathering is complete, so the
+        # answer carries every candidate.
+        await pc.setLocalDescription(await pc.createAnswer())
+        if "m=application" not in offer_sdp:
+            self._spawn(self._run_events())  # no data channel offered: audio only, events dropped
+        self._spawn(self._watchdog())
+        return pc.localDescription.sdp
+
+    async def close(self, client_gone: bool = False) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.registry.calls.pop(self.id, None)
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.registry.gateway.close_session(self.runner, client_gone)
+        self.playout.stop()
+        await self.pc.close()
+        log.info("call %s closed (%d playout underruns)", self.id, self.playout.underruns)
+
+    def close_soon(self, client_gone: bool = True) -> None:
+        """Close from an aiortc callback without cancelling the task the callback runs in."""
+        if not self._closed:
+            self.registry.spawn(self.close(client_gone))
+
+    # --- callbacks and tasks ------------------------------------------------------------------------
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        # A dead input or event task would leave the call up but deaf (and the track's queue
+        # growing): end the call instead.
+        if not task.cancelled() and task.exception() is not None:
+            log.error("call %s failed", self.id, exc_info=task.exception())
+            self.close_soon(client_gone=False)
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        # The first channel carries the events; OpenAI's clients name it "oai-events", others may not.
+        if self._channel is not None:
+            return
+        self._channel = channel
+        channel.on("message", self._on_message)
+        channel.on("close", self.close_soon)
+        self._spawn(self._run_events())
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind != "audio":
+            return
+        prefetch = self.registry.options.jitter_prefetch
+        if prefetch != AIORTC_JITTER_PREFETCH:
+            for transceiver in self.pc.getTransceivers():
+                if transceiver.receiver.track is track:
+                    set_jitter_prefetch(transceiver.receiver, prefetch)
+        self._spawn(self._run_input(track))
+
+    def _on_message(self, message: str | bytes) -> None:
+        # A data channel has no back-pressure: a client whose events pile up unhandled past the
+        # per-connection allowance is cut off rather than allowed to fill the server's memory.
+        self._inbox_bytes += len(message)
+        if self._inbox_bytes > self.registry.gateway.config.server.inbound_free_bytes:
+            log.info("call %s: %d bytes of events waiting to be handled, closing", self.id, self._inbox_bytes)
+            self.close_soon(client_gone=False)
+            return
+        self._inbox.put_nowait(message)
+
+    def _on_connection_state(self) -> None:
+        if self.pc.connectionState == "connected" and not self.connected:
+            self.registry.connected(self)
+        elif self.pc.connectionState in ("failed", "closed"):
+            self.close_soon()
+
+    async def _watchdog(self) -> None:
+        timeout = self.registry.options.connect_timeout_s
+        await asyncio.sleep(timeout)
+        if not self.connected:
+            log.info("call %s: no connection after %g s ([webrtc] connect_timeout_s), closing", self.id, timeout)
+            self.close_soon(client_gone=False)
+
+    async def _run_events(self) -> None:
+        # session.created goes out first, then client events in the order they arrived.
+        await self.runner.start()
+        self._started.set()
+        while True:
+            message = await self._inbox.get()
+            self._inbox_bytes -= len(message)
+            await self.runner.receive(message)
+
+    async def _run_input(self, track: MediaStreamTrack) -> None:
+        inbound = InboundAudio()
+        async for frame in audio_frames(track):
+            if not self._started.is_set():
+                continue  # the session reads its audio from session.created on
+            pcm = inbound.convert(frame)
+            if len(pcm):
+                await self.runner.feed_audio(pcm.tobytes())
+
+    async def _on_playout(self, kind: str, response_id: str) -> None:
+        if kind == "output_audio_buffer.started":
+            await self.runner.playout_started(response_id)
+        else:
+            await self.runner.playout_stopped(response_id)
+
+    async def _send(self, text: str) -> None:
+        channel = self._channel
+        if channel is not None and channel.readyState == "open":
+            channel.send(text)
+
+
+# --- the calls -------------------------------------------------------------------------------------
+
+
+# a=candidate:<foundation> <component> <transport> <priority> <address> <port> typ host ...
+_HOST_CANDIDATE = re.compile(r"^(a=candidate:\S+ \d+ \S+ \d+ )(\S+)( \d+ typ host(?: .*)?)$")
+_CONNECTION = re.compile(r"^c=IN IP([46]) (\S+)$")
+
+
+def _ip_version(host: str) -> int | None:
+    try:
+        return ipaddress.ip_address(host).version
+    except ValueError:
+        return None  # an mDNS name
+
+
+def advertise(sdp: str, address: str) -> str:
+    """``sdp`` with ``address`` in place of its host candidates' own (and in the c= lines that named one),
+    for those of the same IP version; ports, and reflexive and relay candidates, stay as they are."""
+    version = ipaddress.ip_address(address).version
+    lines = sdp.split("\r\n")
+    replaced = set()
+    for i, line in enumerate(lines):
+        match = _HOST_CANDIDATE.match(line)
+        if match and _ip_version(match[2]) == version:
+            replaced.add(match[2])
+            lines[i] = match[1] + address + match[3]
+    for i, line in enumerate(lines):
+        match = _CONNECTION.match(line)
+        if match and match[2] in replaced:
+            lines[i] = f"c=IN IP{match[1]} {address}"
+    return "\r\n".join(lines)
+
+
+async def resolve_advertised(host: str) -> str | None:
+    """The address ``[webrtc] advertised_host`` names (IPv4 first), None when unset. A name is resolved at
+    each call, so a DNS change needs no restart."""
+    if not host:
+        return None
+    if _ip_version(host) is not None:
+        return host
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    except OSError as exc:
+        raise ConfigError(f"[webrtc] advertised_host {host!r} does not resolve: {exc}") from None
+    addresses = [str(info[4][0]) for info in infos]
+    return next((a for a in addresses if _ip_version(a) == 4), addresses[0])
+
+
+def ice_configuration(options: WebRTCOptions) -> RTCConfiguration:
+    """No ICE server unless configured: aiortc's default (Google STUN) is unreachable offline, and host
+    candidates are enough on loopback and a LAN."""
+    urls = [u.strip() for u in options.ice_servers.split(",") if u.strip()]
+    credential = os.environ.get(options.turn_credential_env, "") if options.turn_credential_env else ""
+    servers = [
+        RTCIceServer(urls=url, username=options.turn_username or None, credential=credential or None)
+        if url.startswith(("turn:", "turns:"))
+        else RTCIceServer(urls=url)
+        for url in urls
+    ]
+    return RTCConfiguration(iceServers=servers)
+
+
+class CallRegistry:
+    """The gateway's calls, pending and connected."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.options: WebRTCOptions = gateway.config.webrtc
+        self.rtc_configuration = ice_configuration(self.options)
+        self.calls: dict[str, Call] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def pending(self) -> int:
+        return sum(not call.connected for call in self.calls.values())
+
+    def unavailable(self) -> Refusal | None:
+        """Why no call can start now (HTTP 503), or None."""
+        if (refusal := self.gateway.unavailable()) is not None:
+            return refusal
+        if self.pending >= self.options.max_pending_calls:
+            return Refusal("too_many_pending_calls", "Too many calls waiting to connect ([webrtc] max_pending_calls).")
+        return None
+
+    async def answer(self, session: Session, offer_sdp: str) -> tuple[Call, str]:
+        """A new call for ``session`` and the SDP answer to ``offer_sdp``, naming the advertised address;
+        aiortc's error if it cannot use the offer, ConfigError if that address cannot be found."""
+        call = Call(self, session)
+        self.calls[call.id] = call
+        try:
+            address = await resolve_advertised(self.options.advertised_host)
+            answer = await call.answer(offer_sdp)
+            return call, advertise(answer, address) if address is not None else answer
+        except BaseException:
+            await call.close()
+            raise
+
+    def connected(self, call: Call) -> None:
+        """The call's peer connection is up: from now on it is a session, counted in max_sessions."""
+        call.connected = True
+        if (refusal := self.gateway.admit()) is not None:
+            log.info("call %s connected but refused (%s), closing", call.id, refusal.message)
+            call.close_soon(client_gone=False)
+            return
+        self.gateway.opened(call.runner, f"WebRTC call {call.id}", call.close)
+
+    async def close_pending(self) -> None:
+        """Hang up the calls not connected yet (a draining gateway's: they hold no conversation)."""
+        await asyncio.gather(*(call.close() for call in list(self.calls.values()) if not call.connected))
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(call.close() for call in list(self.calls.values())))
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+    def spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
