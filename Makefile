@@ -34,7 +34,9 @@ serve: setup
 
 test: setup $(JS)/node_modules/.package-lock.json
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q $(ARGS)
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports

@@ -86,7 +86,7 @@ engine() {
   checkpoint 1.7b "$Q17" 24
   checkpoint 0.6b "$Q06" 2
   QWEN3_TTS_FIXTURE=$Q17 QWEN3_TTS_DEVICE=$DEVICE step 150 parity-1.7b \
-    python3 -m pytest -q --noconftest -p no:cacheprovider tests/test_engine_parity.py
+    python3 -m pytest -q --noconftest -p no:cacheprovider tests/engine/test_parity.py
   for size in 1.7b 0.6b; do  # 1.7B first: bench/RESULTS.md has 0.6B figures already
     dir=$Q06; [ $size = 1.7b ] && dir=$Q17
     step 170 "bench-engine-$size" python3 scripts/bench_engine.py --checkpoint "$dir" --impl ours \

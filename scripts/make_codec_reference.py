@@ -1,6 +1,6 @@
 """Write tests/data/codec_tiny/: a tiny Qwen3-TTS 12 Hz codec decoder decoded by the OFFICIAL code.
 
-The reference for tests/test_codec.py: config.json (speech_tokenizer layout), model.safetensors (the
+The reference for tests/engine/test_codec.py: config.json (speech_tokenizer layout), model.safetensors (the
 ``decoder.*`` keys, as in speech_tokenizer/model.safetensors), reference.safetensors (codes [2, 16, T]
 and the official waveform [2, T * 1920]). Real upsampling rates (1920 samples per frame), tiny widths,
 a sliding window shorter than the utterance, grouped KV heads.

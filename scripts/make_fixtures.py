@@ -31,7 +31,7 @@ NOISE_RMS_DBFS = -50.0  # "low noise": 30 dB below the speech, like a quiet room
 SENTENCE_1 = "The quick brown fox jumps over the lazy dog."
 SENTENCE_2 = "Could you tell me what the weather will be like tomorrow?"
 SENTENCE_3 = "Yes, and please book a table for two at seven."
-# Questions for the local models (tests/test_local.py): words that whisper tiny.en hears back from espeak-ng.
+# Questions for the local models (tests/responders/test_local.py): words that whisper tiny.en hears back from espeak-ng.
 QUESTIONS = {
     "question_spider.wav": "How many legs does a spider have?",
     "question_sky.wav": "Why is the sky blue?",

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-# Without a GPU, engine.kernels' Triton kernels run in Triton's interpreter (tests/test_kernels.py); this
+# Without a GPU, engine.kernels' Triton kernels run in Triton's interpreter (tests/engine/test_kernels.py); this
 # must be set before Triton is first imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -25,7 +25,6 @@ import base64
 import wave
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -40,8 +39,8 @@ from gateway.config import Config, load_config
 from gateway.realtime.responder import Responder
 from gateway.responders.echo import EchoResponder
 from gateway.server.serve import GatewayServer
+from tests.paths import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures"
 GA_EVENTS = TypeAdapter(RealtimeServerEvent)
 BETA_EVENTS = TypeAdapter(BetaServerEvent)
 

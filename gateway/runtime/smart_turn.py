@@ -86,7 +86,7 @@ def log_mel(audio: Float32Array) -> Float32Array:
     """Whisper log-mel features of exactly 8 s of 16 kHz audio, [80, 800] float32.
 
     What Smart Turn was trained on: ``WhisperFeatureExtractor(chunk_length=8)(audio, do_normalize=True)``
-    on the already padded audio (checked against transformers in tests/test_smart_turn.py): the
+    on the already padded audio (checked against transformers in tests/runtime/test_smart_turn.py): the
     waveform normalised to zero mean and unit variance, a centred 400-point STFT every 160 samples,
     power through the mel bank, log10, floored 8 below the maximum, scaled by (x + 4) / 4.
     """

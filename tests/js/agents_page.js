@@ -1,4 +1,4 @@
-// Test page entry for @openai/agents-realtime in Chromium (bundled by esbuild in tests/test_browser_clients.py
+// Test page entry for @openai/agents-realtime in Chromium (bundled by esbuild in tests/interop/test_js_clients.py
 // and served by the gateway itself): one turn over the SDK's WebRTC or WebSocket transport.
 import { RealtimeAgent, RealtimeSession } from "@openai/agents-realtime";
 

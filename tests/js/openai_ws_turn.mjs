@@ -1,7 +1,7 @@
 // The unmodified `openai` npm client (OpenAIRealtimeWS) against the gateway over wss://, trusting the
 // gateway's own CA through NODE_EXTRA_CA_CERTS: one turn answered in full, then one cancelled.
 // Usage: node openai_ws_turn.mjs https://localhost:PORT/v1 speech.pcm   (pcm16 24 kHz mono)
-// Prints one JSON line: what happened, for tests/test_node.py to check.
+// Prints one JSON line: what happened, for tests/interop/test_js_clients.py to check.
 import fs from "node:fs";
 import OpenAI from "openai";
 import { OpenAIRealtimeWS } from "openai/realtime/ws";

@@ -17,7 +17,7 @@ client that never reads holds that much and no more. What it lacks, and this sub
   2 x inbound_budget_bytes + 3 x connections x (inbound_free_bytes + one socket read of 256 KiB).
 
 It leans on uvicorn's protocol internals (its queue, read_paused, writable) and on the websockets
-parser's (its buffer, its generator): pyproject.toml pins both, and tests/test_hostile.py exercises
+parser's (its buffer, its generator): pyproject.toml pins both, and tests/transports/test_hostile.py exercises
 both limits.
 """
 

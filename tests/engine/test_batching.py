@@ -18,8 +18,9 @@ from engine.prompt import TextTokens, Voice
 from engine.runner import Runner, synthesize
 from engine.sampling import SamplingParams
 from engine.stream import Stream
+from tests.paths import TINY_CHECKPOINT
 
-FIXTURE = Path(os.environ.get("QWEN3_TTS_FIXTURE", Path(__file__).parent / "data" / "qwen3_tts_tiny"))
+FIXTURE = Path(os.environ.get("QWEN3_TTS_FIXTURE", TINY_CHECKPOINT))
 DEVICE = os.environ.get("QWEN3_TTS_DEVICE", "cpu")
 REFS = json.loads((FIXTURE / "references.json").read_text())
 BY_NAME = {p["name"]: p for p in REFS["prompts"]}

@@ -8,7 +8,6 @@ drawn afresh per case; outputs are poisoned first, so a lane a kernel fails to w
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,10 +15,11 @@ import torch
 from engine import checkpoint, kernels
 from engine.runner import synthesize
 from engine.sampling import SamplingParams, choose
+from tests.paths import TINY_CHECKPOINT
 
 pytestmark = pytest.mark.skipif(kernels.triton is None, reason="Triton is not installed")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+FIXTURE = TINY_CHECKPOINT
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,7 @@
 (scripts/make_parity_fixture.py): identical greedy codes, the same waveform.
 
 The same tests run against a fixture made elsewhere, e.g. the real 0.6B size on a GPU:
-QWEN3_TTS_FIXTURE=/tmp/q06 QWEN3_TTS_DEVICE=cuda pytest tests/test_engine_parity.py
+QWEN3_TTS_FIXTURE=/tmp/q06 QWEN3_TTS_DEVICE=cuda pytest tests/engine/test_parity.py
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from engine import checkpoint
 from engine.prompt import PromptError, TextTokens, Voice
 from engine.runner import synthesize
 from engine.sampling import SamplingParams
+from tests.paths import TINY_CHECKPOINT
 
-COMMITTED = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+COMMITTED = TINY_CHECKPOINT
 FIXTURE = Path(os.environ.get("QWEN3_TTS_FIXTURE", COMMITTED))
 DEVICE = os.environ.get("QWEN3_TTS_DEVICE", "cpu")
 

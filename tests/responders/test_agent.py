@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -15,10 +14,10 @@ from gateway.responders.tone_tts import ToneEngine
 from gateway.server.serve import GatewayServer
 from tests.conftest import audio_of, connect, load_pcm, make_config, silence
 from tests.fake_openai import FakeOpenAI
+from tests.paths import TINY_CHECKPOINT
 
 REPLY = "Sure thing. Tomorrow looks sunny and warm, with a light breeze from the west all afternoon."
 TRANSCRIPT = "What will the weather be tomorrow?"
-TINY_CHECKPOINT = Path(__file__).parent / "data" / "qwen3_tts_tiny"
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from gateway.realtime.responder import AudioOut, SpeechText
 from gateway.realtime.session import MAX_JSON_DEPTH, Session
 from gateway.responders.echo import EchoResponder
 from tests.conftest import StartGateway, connect, load_pcm, make_config, silence, types
-from tests.test_session import SECOND, events_of, send, start_response
+from tests.realtime.test_session import SECOND, events_of, send, start_response
 
 
 def audio_item(seconds: float, item_id: str | None = None) -> dict:

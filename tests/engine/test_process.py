@@ -25,8 +25,9 @@ from gateway.realtime.responder import BackendError
 from gateway.responders.engine_client import EngineClient
 from tests.conftest import Served, audio_of, connect, load_pcm, make_config, silence
 from tests.fake_openai import FakeOpenAI
+from tests.paths import TINY_CHECKPOINT
 
-FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+FIXTURE = TINY_CHECKPOINT
 CONFIG = EngineConfig(checkpoint=str(FIXTURE), device="cpu", mode="process", devices="cpu", max_frames=200,
                       heartbeat_ms=250, voices={"alloy": "vivian"})
 SHORT = "Hello world, this is a test."  # 9 frames with seed 0

@@ -1,5 +1,5 @@
 """Capacity and draining on one gateway: refusal before the upgrade, /readyz, the capacity metrics, and a
-drain's notice, 1001 close and early end. (tests/test_balancer.py does the same through nginx, by SIGTERM.)"""
+drain's notice, 1001 close and early end. (tests/server/test_balancer.py does the same through nginx, by SIGTERM.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import websockets
 
 from tests.conftest import Served, connect, load_pcm, silence, types
-from tests.test_front_door import http
+from tests.transports.test_front_door import http
 
 
 def url(gateway: Served, path: str) -> str:
@@ -119,7 +119,7 @@ async def test_hurry_ends_every_session_at_once_with_1001(start_gateway):
 
 async def test_a_draining_webrtc_call_is_told_on_its_data_channel_then_hung_up(start_gateway):
     pytest.importorskip("aiortc")
-    from tests.test_webrtc import RtcClient, session_count  # noqa: PLC0415 - aiortc is an optional extra
+    from tests.transports.test_webrtc import RtcClient, session_count  # noqa: PLC0415 - aiortc is an optional extra
 
     gateway = await start_gateway(webrtc__enabled=True, server__drain_seconds=1.5, server__drain_notice_seconds=1.0)
     client = RtcClient(f"http://127.0.0.1:{gateway.port}")

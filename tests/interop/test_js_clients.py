@@ -19,8 +19,8 @@ from openai import AsyncOpenAI
 
 from gateway.server.certs import make_certificate
 from tests.conftest import FIXTURES, load_pcm, silence
+from tests.paths import JS
 
-JS = Path(__file__).resolve().parent / "js"
 NODE = shutil.which("node")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 KEY = "sk-js-clients-" + "x" * 20

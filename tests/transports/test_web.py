@@ -29,8 +29,8 @@ if CHROMIUM is None:
 
 from gateway.responders.build import LOCAL_STT, installed  # noqa: E402 - after the skips
 from tests.fake_openai import FakeOpenAI  # noqa: E402
+from tests.paths import ROOT  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 SPEECH = ROOT / "tests" / "fixtures" / "one_sentence.wav"
 ARTIFACTS = ROOT / "artifacts"
 WAIT_MS = 20_000  # upper bound per step; the whole test takes a few seconds

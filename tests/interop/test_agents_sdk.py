@@ -10,7 +10,6 @@ import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner
 
 from tests.fake_openai import Call, FakeOpenAI, Script
+from tests.paths import JS
 
 calls: list[str] = []
 
@@ -104,7 +104,7 @@ async def test_a_handoff_moves_the_session_to_the_other_agent(gateway, fake: Fak
     assert after.messages[-1]["role"] == "tool" and "Weather agent" in after.messages[-1]["content"]
 
 
-JS_DIR = Path(__file__).parent / "js"
+JS_DIR = JS
 
 
 @pytest.mark.parametrize("scenario", ["tool", "handoff"])

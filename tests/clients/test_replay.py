@@ -15,8 +15,8 @@ import pytest
 
 from gateway.clients import cli as client
 from gateway.clients.replay import Options, main, replay
+from tests.paths import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures"
 TWO_TURNS = FIXTURES / "two_turns.wav"
 ONE_SENTENCE = FIXTURES / "one_sentence.wav"
 SPEED = 20.0  # the echo replies at once (pace 0), so only the simulated clock sets the pace

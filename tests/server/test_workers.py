@@ -24,9 +24,9 @@ import pytest
 
 from tests.conftest import Client, audio_of, connect, load_pcm, silence
 from tests.fake_openai import FakeOpenAI
+from tests.paths import ROOT, TINY_CHECKPOINT
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+FIXTURE = TINY_CHECKPOINT
 START_TIMEOUT_S = 180  # two workers loading their models on a shared CPU
 
 

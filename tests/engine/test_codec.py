@@ -10,15 +10,14 @@ References (written through the official code, see the scripts' docstrings):
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from engine.codec import CodecDecoder
+from tests.paths import DATA
 
-DATA = Path(__file__).parent / "data"
 CODEC_TINY = DATA / "codec_tiny"
 PARITY_TINY = DATA / "qwen3_tts_tiny"
 

@@ -18,8 +18,9 @@ from engine.config import EngineConfig
 from engine.runner import synthesize
 from engine.sampling import SamplingParams
 from engine.threaded import QwenTTSEngine
+from tests.paths import TINY_CHECKPOINT
 
-FIXTURE = Path(__file__).parent / "data" / "qwen3_tts_tiny"
+FIXTURE = TINY_CHECKPOINT
 REFS = json.loads((FIXTURE / "references.json").read_text())
 TEXT = REFS["prompts"][0]["text"]  # vivian, english: 21 frames, then the frame cap of the references
 BYTES_PER_FRAME = 1920 * 2
