@@ -222,7 +222,7 @@ class Playback:
 # --- One session --------------------------------------------------------------------------------
 
 
-class Session:
+class ReplaySession:
     def __init__(self, wav: Path, out_dir: Path, options: Options) -> None:
         self.wav = wav
         self.out_dir = out_dir
@@ -509,7 +509,7 @@ def _cell(value: float | int | str | None) -> str:
     return "-" if value is None else f"{value:.0f}" if isinstance(value, float) else str(value)
 
 
-def print_table(sessions: list[Session], out: TextIO = sys.stdout) -> None:
+def print_table(sessions: list[ReplaySession], out: TextIO = sys.stdout) -> None:
     header = ("session", "turn", "outcome", "status", "end→audio", "stop→audio", "stop→done", "barge→done", "reply",
               "heard")
     rows = [header]
@@ -540,7 +540,7 @@ def print_table(sessions: list[Session], out: TextIO = sys.stdout) -> None:
         print(f"{s.out_dir.name}: output.wav sha256 {s.sha256}", file=out)
 
 
-async def replay(wavs: list[Path], options: Options) -> list[Session]:
+async def replay(wavs: list[Path], options: Options) -> list[ReplaySession]:
     """Run one session per WAV file concurrently; write each one's files and DIR/summary.json."""
     check_transport(options.transport)
     if options.transport == "webrtc" and options.speed != 1:
@@ -555,7 +555,7 @@ async def replay(wavs: list[Path], options: Options) -> list[Session]:
     for wav, _ in loaded:
         names[wav.stem] = names.get(wav.stem, 0) + 1
         name = wav.stem if names[wav.stem] == 1 else f"{wav.stem}-{names[wav.stem]}"
-        sessions.append(Session(wav, options.out / name, options))
+        sessions.append(ReplaySession(wav, options.out / name, options))
     results = await asyncio.gather(
         *(session.run(samples) for session, (_, samples) in zip(sessions, loaded, strict=True)),
         return_exceptions=True,

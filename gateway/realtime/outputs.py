@@ -20,7 +20,7 @@ from gateway.realtime.tools import McpRoute
 
 
 @dataclass
-class Context:
+class OutputScope:
     """What every output item of one response needs."""
 
     response_id: str
@@ -32,10 +32,10 @@ class Context:
 class Output:
     """One output item; ``index`` is its output_index."""
 
-    def __init__(self, ctx: Context, index: int, data: dict[str, Any]) -> None:
-        self.ctx = ctx
+    def __init__(self, scope: OutputScope, index: int, data: dict[str, Any]) -> None:
+        self.scope = scope
         self.index = index
-        self.item = Item(data, response_id=ctx.response_id)
+        self.item = Item(data, response_id=scope.response_id)
         self.closed = False
 
     @property
@@ -43,23 +43,23 @@ class Output:
         return self.item.id
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        return self.ctx.event(kind, response_id=self.ctx.response_id, item_id=self.id, output_index=self.index,
+        return self.scope.event(kind, response_id=self.scope.response_id, item_id=self.id, output_index=self.index,
                               **fields)
 
     def _added(self, item: dict[str, Any]) -> list[Effect]:
-        effects: list[Effect] = [self.ctx.event("response.output_item.added", response_id=self.ctx.response_id,
+        effects: list[Effect] = [self.scope.event("response.output_item.added", response_id=self.scope.response_id,
                                                 output_index=self.index, item=item)]
-        if self.ctx.in_conversation:
-            conversation = self.ctx.conversation
+        if self.scope.in_conversation:
+            conversation = self.scope.conversation
             effects += conversation.insert(self.item, done=False) + conversation.make_room(keep=self.item)
         return effects
 
     def _done(self) -> list[Effect]:
         self.closed = True
-        effects: list[Effect] = [self.ctx.event("response.output_item.done", response_id=self.ctx.response_id,
+        effects: list[Effect] = [self.scope.event("response.output_item.done", response_id=self.scope.response_id,
                                                 output_index=self.index, item=snapshot(self.item.data))]
-        if self.ctx.in_conversation:
-            conversation = self.ctx.conversation
+        if self.scope.in_conversation:
+            conversation = self.scope.conversation
             effects += conversation.done(self.item) + conversation.make_room(keep=self.item)
         return effects
 
@@ -67,9 +67,9 @@ class Output:
 class MessageOut(Output):
     """The assistant's speech (audio and its transcript) or text."""
 
-    def __init__(self, ctx: Context, index: int, item_id: str, audio: bool, encoder: OutputEncoder) -> None:
+    def __init__(self, scope: OutputScope, index: int, item_id: str, audio: bool, encoder: OutputEncoder) -> None:
         part = {"type": "output_audio", "transcript": ""} if audio else {"type": "output_text", "text": ""}
-        super().__init__(ctx, index, {"id": item_id, "object": "realtime.item", "type": "message",
+        super().__init__(scope, index, {"id": item_id, "object": "realtime.item", "type": "message",
                                       "role": "assistant", "status": "in_progress", "content": [part]})
         self.audio = audio
         self.encoder = encoder
@@ -99,7 +99,7 @@ class MessageOut(Output):
         data["status"] = "completed" if completed else "incomplete"
         if not self.item.truncated:  # a truncated item keeps what was heard
             data["content"][0]["transcript" if self.audio else "text"] = text
-        self.ctx.conversation.recount(self.item)
+        self.scope.conversation.recount(self.item)
         effects: list[Effect] = []
         tail = self.encoder.flush() if flush else b""
         if tail:
@@ -128,8 +128,8 @@ class MessageOut(Output):
 class FunctionCallOut(Output):
     """A call of a function tool: the client runs it and answers with a function_call_output item."""
 
-    def __init__(self, ctx: Context, index: int, call_id: str, name: str) -> None:
-        super().__init__(ctx, index, {"id": new_id("item"), "object": "realtime.item", "type": "function_call",
+    def __init__(self, scope: OutputScope, index: int, call_id: str, name: str) -> None:
+        super().__init__(scope, index, {"id": new_id("item"), "object": "realtime.item", "type": "function_call",
                                       "status": "in_progress", "call_id": call_id, "name": name, "arguments": ""})
 
     def open(self) -> list[Effect]:
@@ -166,9 +166,9 @@ class McpCallOut(Output):
     """A call of an MCP server's tool, run by the gateway: its arguments stream in, then it runs (the
     runner's CallMcp), and its output or error closes it."""
 
-    def __init__(self, ctx: Context, index: int, route: McpRoute, arguments: str = "",
+    def __init__(self, scope: OutputScope, index: int, route: McpRoute, arguments: str = "",
                  approval_request_id: str | None = None) -> None:
-        super().__init__(ctx, index, {"id": new_id("mcp"), "type": "mcp_call",
+        super().__init__(scope, index, {"id": new_id("mcp"), "type": "mcp_call",
                                       "server_label": route.server.server_label, "name": route.tool.name,
                                       "arguments": arguments, "approval_request_id": approval_request_id,
                                       "output": None, "error": None})
@@ -189,22 +189,22 @@ class McpCallOut(Output):
         effects: list[Effect] = []
         if streamed:
             effects.append(self._event("response.mcp_call_arguments.done", arguments=self.item.data["arguments"]))
-        return effects + [self.ctx.event("response.mcp_call.in_progress", item_id=self.id, output_index=self.index)]
+        return effects + [self.scope.event("response.mcp_call.in_progress", item_id=self.id, output_index=self.index)]
 
     def finish(self, output: str | None, error: McpError | None) -> list[Effect]:
         self.running = False
         self.item.data["output"] = output
         self.item.data["error"] = error.wire() if error is not None else None
         kind = "response.mcp_call.failed" if error is not None else "response.mcp_call.completed"
-        return [self.ctx.event(kind, item_id=self.id, output_index=self.index), *self._done()]
+        return [self.scope.event(kind, item_id=self.id, output_index=self.index), *self._done()]
 
 
 class McpApprovalOut(Output):
     """A call of an MCP tool that needs the client's approval: an mcp_approval_request item, sent whole once
     the LLM has given all its arguments; the call runs in the next response if the client approves."""
 
-    def __init__(self, ctx: Context, index: int, route: McpRoute) -> None:
-        super().__init__(ctx, index, {"id": new_id("mcpr"), "type": "mcp_approval_request",
+    def __init__(self, scope: OutputScope, index: int, route: McpRoute) -> None:
+        super().__init__(scope, index, {"id": new_id("mcpr"), "type": "mcp_approval_request",
                                       "server_label": route.server.server_label, "name": route.tool.name,
                                       "arguments": ""})
 

@@ -25,13 +25,13 @@ from gateway.realtime.events import Dialect, ProtocolError, new_id
 from gateway.realtime.items import parse_item
 from gateway.realtime.listings import McpListings
 from gateway.realtime.outputs import (
-    Context,
     FunctionCallOut,
     McpApprovalOut,
     McpCallOut,
     McpError,
     MessageOut,
     Output,
+    OutputScope,
     Round,
     Usage,
 )
@@ -75,8 +75,8 @@ class Response:
     temperature: float
     tools: list[Tool]
     tool_choice: str | dict[str, Any]
-    context: list[Item] | None  # response.input: the items it sees instead of the conversation
-    ctx: Context
+    input_items: list[Item] | None  # response.input: the items it sees instead of the conversation
+    scope: OutputScope
     outputs: list[Output] = field(default_factory=list)
     message: MessageOut | None = None  # the message being produced
     round: Round = field(default_factory=Round)
@@ -184,7 +184,7 @@ class Responses:
         elif tools is not s.tools and isinstance(tool_choice, dict):
             tool_choice = "auto"  # the session's named tool is not among this response's tools
         # An out-of-band context replaces the conversation for this response ("input": items or references).
-        context = self._input(params["input"]) if params.get("input") is not None else None
+        input_items = self._input(params["input"]) if params.get("input") is not None else None
 
         rid = new_id("resp")
         in_conversation = conversation != "none"
@@ -200,8 +200,8 @@ class Responses:
             temperature=temperature,
             tools=tools,
             tool_choice=tool_choice,
-            context=context,
-            ctx=Context(rid, self._event, self._conversation, in_conversation),
+            input_items=input_items,
+            scope=OutputScope(rid, self._event, self._conversation, in_conversation),
         )
         self.active = resp
         effects: list[Effect] = [
@@ -256,7 +256,7 @@ class Responses:
         """Open a message item for speech or text if none is open."""
         if resp.message is not None:
             return []
-        resp.message = MessageOut(resp.ctx, len(resp.outputs), resp.next_message_id, resp.audio,
+        resp.message = MessageOut(resp.scope, len(resp.outputs), resp.next_message_id, resp.audio,
                                   OutputEncoder(resp.output_format))
         resp.next_message_id = new_id("item")
         resp.outputs.append(resp.message)
@@ -275,11 +275,11 @@ class Responses:
         index = len(resp.outputs)
         call: FunctionCallOut | McpCallOut | McpApprovalOut
         if route is None:
-            call = FunctionCallOut(resp.ctx, index, out.call_id, out.name)
+            call = FunctionCallOut(resp.scope, index, out.call_id, out.name)
         elif route.server.needs_approval(route.tool):
-            call = McpApprovalOut(resp.ctx, index, route)
+            call = McpApprovalOut(resp.scope, index, route)
         else:
-            call = McpCallOut(resp.ctx, index, route)
+            call = McpCallOut(resp.scope, index, route)
         resp.round.calls[out.index] = call
         resp.outputs.append(call)
         return effects + call.open()
@@ -338,7 +338,7 @@ class Responses:
         resp.rounds += 1
         resp.round = Round()
         resp.llm = llm_tools(resp.tools, resp.tool_choice, self._listings.listed())
-        items = resp.context if resp.context is not None else self._conversation.items()
+        items = resp.input_items if resp.input_items is not None else self._conversation.items()
         if resp.rounds == 1:
             # Audio in the context, at OpenAI's rates: user audio 1 token per 100 ms, assistant 1 per 50 ms.
             resp.usage.audio_in = round(sum(
@@ -381,7 +381,7 @@ class Responses:
             tool = next((t for t in listed.get(data["server_label"], []) if t.name == data["name"]), None)
             if server is None or tool is None:
                 continue  # the server or the tool has gone from the session's tools since the request
-            call = McpCallOut(resp.ctx, len(resp.outputs), McpRoute(server, tool), data["arguments"], item.id)
+            call = McpCallOut(resp.scope, len(resp.outputs), McpRoute(server, tool), data["arguments"], item.id)
             resp.outputs.append(call)
             effects += call.open() + self._run(resp, call, streamed=False)
         return effects

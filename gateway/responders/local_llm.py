@@ -3,7 +3,7 @@
 transformers reads the GGUF by dequantizing every tensor (about 30 s here); the first start does that
 once and writes the result to a safetensors cache, which later starts load in about a second.
 
-Generation is a loop of single forward steps in the model's worker thread (gateway.responders.model_worker), so
+Generation is a loop of single forward steps in the model's thread (gateway.responders.model_thread), so
 the generations of several sessions advance token by token, side by side, and a closed stream stops
 at the next token. A reply is short: a token cap, and cut at a sentence end (see ``SentenceCut``).
 
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.config import ConfigError, LocalConfig
 from gateway.realtime.responder import BackendError, LlmUsage
-from gateway.responders.model_worker import ModelWorker, current_session
+from gateway.responders.model_thread import ModelThread, current_session
 
 if TYPE_CHECKING:
     import torch
@@ -130,7 +130,7 @@ class _Model:
     tokenizer: Any
     model: Any
     stop_ids: set[int]
-    worker: ModelWorker
+    thread: ModelThread
     # The KV caches of the sessions that spoke last, most recent last (see LocalConfig.cached_sessions).
     kept: OrderedDict[Hashable, _Kept] = field(default_factory=OrderedDict)
     lock: threading.Lock = field(default_factory=threading.Lock)  # kept: a closed generation stores from the loop
@@ -156,13 +156,13 @@ def _load(cache_dir: str, threads: int) -> _Model:
     stop_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_start|>")}
     with torch.inference_mode():
         model(torch.tensor([tokenizer.encode("Hello there.")]))  # warm-up: the first forward pays allocations
-    loaded = _Model(tokenizer, model, stop_ids, ModelWorker("local-llm"))
+    loaded = _Model(tokenizer, model, stop_ids, ModelThread("local-llm"))
     log.info("local LLM (SmolLM2-135M-Instruct) loaded from %s in %.1f s", cached, time.monotonic() - started)
     return loaded
 
 
 class LocalLlm:
-    """A ``ChatModel`` (gateway.realtime.responder) on the shared local SmolLM2; model work in its worker thread."""
+    """A ``ChatModel`` (gateway.realtime.responder) on the shared local SmolLM2; model work in its model thread."""
 
     model_name = "SmolLM2-135M-Instruct"
 
@@ -198,7 +198,7 @@ class LocalLlm:
         temperature = self.temperature if temperature is None else temperature
         try:
             steps = self._generate(current_session.get(), messages, limit, temperature)
-            async with aclosing(self._model.worker.stream(steps)) as deltas:
+            async with aclosing(self._model.thread.stream(steps)) as deltas:
                 async for delta in deltas:
                     if delta:
                         yield delta
@@ -233,7 +233,7 @@ class LocalLlm:
     def _generate(
         self, session: Hashable | None, messages: list[dict[str, Any]], max_tokens: int, temperature: float
     ) -> Iterator[str | LlmUsage]:
-        """One step per token (its text, "" while held back), then the token counts; runs in the worker thread."""
+        """One step per token (its text, "" while held back), then the token counts; runs in the model thread."""
         import torch  # noqa: PLC0415
         from transformers import DynamicCache  # noqa: PLC0415
 

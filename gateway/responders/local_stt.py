@@ -19,7 +19,7 @@ import soxr
 
 from gateway.audio import SAMPLE_RATE, bytes_to_int16, int16_to_float32
 from gateway.realtime.responder import BackendError
-from gateway.responders.model_worker import ModelWorker
+from gateway.responders.model_thread import ModelThread
 
 if TYPE_CHECKING:
     from faster_whisper import WhisperModel
@@ -50,7 +50,7 @@ class LocalStt:
             str(get_model_path()), device="cpu", compute_type="int8", cpu_threads=threads, local_files_only=True
         )
         self.tokenizer = Tokenizer(self.model.hf_tokenizer, False, task="transcribe", language="en")
-        self.worker = ModelWorker("local-stt")
+        self.thread = ModelThread("local-stt")
         self._transcribe(np.zeros(WHISPER_RATE, np.float32), None)  # warm-up: the first call pays allocations
         log.info("local STT (whisper tiny.en) ready in %.1f s", time.monotonic() - started)
 
@@ -67,7 +67,7 @@ class LocalStt:
         if language and language.split("-")[0].lower() != "en":
             raise BackendError("stt", f"the local STT (whisper tiny.en) transcribes English only, not {language!r}")
         try:
-            text = await self.worker.call(self._transcribe_pcm, pcm16_24k, prompt)
+            text = await self.thread.call(self._transcribe_pcm, pcm16_24k, prompt)
         except Exception as exc:
             raise BackendError("stt", f"{type(exc).__name__}: {exc}"[:200]) from exc
         yield text

@@ -2,7 +2,7 @@
 
 Piper speaks a whole segment at once (about a tenth of its duration here), at 22.05 kHz; each
 segment is resampled to 24 kHz with the gateway's streaming resampler and sent on in short chunks.
-Synthesis runs in the model's worker thread, one segment per step, sessions taking turns.
+Synthesis runs in the model's thread, one segment per step, sessions taking turns.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from engine.api import TTSChunk, TTSError
 from gateway.audio import SAMPLE_RATE, StreamResampler, float32_to_int16
-from gateway.responders.model_worker import ModelWorker
+from gateway.responders.model_thread import ModelThread
 from gateway.responders.tts import SegmentStream
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ class PiperStream(SegmentStream):
 
     async def __aiter__(self) -> AsyncIterator[TTSChunk]:
         while (text := await self.next_segment()) is not None:
-            pcm = await self._engine.worker.call(self._engine.synthesize, text)
+            pcm = await self._engine.thread.call(self._engine.synthesize, text)
             for offset in range(0, len(pcm), CHUNK_BYTES):
                 if self.cancelled:
                     return
@@ -63,7 +63,7 @@ class PiperEngine:
         self.voice = PiperVoice(session=session, config=config)
         # Piper scales each sentence to full scale by default: the level would jump between segments.
         self.synthesis = SynthesisConfig(normalize_audio=False)
-        self.worker = ModelWorker("local-tts")
+        self.thread = ModelThread("local-tts")
         self.synthesize("Hello.")  # warm-up: the first call loads espeak-ng's data and pays allocations
         log.info("local TTS (piper, voice joe) ready in %.1f s", time.monotonic() - started)
 
@@ -79,7 +79,7 @@ class PiperEngine:
         return PiperStream(self)
 
     def synthesize(self, text: str) -> bytes:
-        """pcm16 24 kHz of ``text`` (runs in the worker thread)."""
+        """pcm16 24 kHz of ``text`` (runs in the model thread)."""
         resampler = StreamResampler(self.voice.config.sample_rate, SAMPLE_RATE, dtype="float32")
         pieces = [resampler.process(chunk.audio_float_array) for chunk in self.voice.synthesize(text, self.synthesis)]
         pieces.append(resampler.flush())

@@ -33,7 +33,7 @@ from gateway.realtime.effects import (
 )
 from gateway.realtime.responder import BackendError, Responder, ResponseRequest, Transcriber
 from gateway.realtime.session import Session
-from gateway.responders.model_worker import current_session
+from gateway.responders.model_thread import current_session
 from gateway.runtime.mcp_client import McpClient, McpFailure
 from gateway.runtime.silero import SileroVAD, VadBatcher
 from gateway.runtime.smart_turn import SmartTurnBatcher

@@ -132,7 +132,7 @@ async def test_latency_trace_records_every_stage(fake: FakeOpenAI, start_gateway
 
 
 async def test_a_turn_spoken_by_the_in_process_engine(fake: FakeOpenAI):
-    """The configured checkpoint (the tiny parity fixture) is the pipeline's TTS, in its worker thread."""
+    """The configured checkpoint (the tiny parity fixture) is the pipeline's TTS, in its model thread."""
     fake.reply = "Hello there."
     config = make_config(
         responder__kind="pipeline", llm__base_url=fake.base_url, stt__base_url=fake.base_url,

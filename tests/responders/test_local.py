@@ -199,7 +199,7 @@ async def test_a_turn_cancelled_while_queued_behind_another_sessions_leaves_the_
 ):
     """b's turn waits behind a's long prompt (one forward step of a few hundred tokens); b cancels it: the
     response ends at once, its work leaves the LLM's queue, a's answer goes on, and b's next turn works."""
-    worker = local_responder.llm._model.worker  # type: ignore[attr-defined]
+    thread = local_responder.llm._model.thread  # type: ignore[attr-defined]
     gateway = await start_gateway(local_responder, local__stt=True)
     long_question = "Here is a long story about a cat. " * 40 + "What is the story about?"
     async with connect(gateway) as a, connect(gateway) as b:
@@ -213,12 +213,12 @@ async def test_a_turn_cancelled_while_queued_behind_another_sessions_leaves_the_
                       "item": {"type": "message", "role": "user", "content": [{"type": "input_text",
                                                                                 "text": "Say hello."}]}})
         await b.send({"type": "response.create"})
-        while b_session not in worker.queued_sessions():
+        while b_session not in thread.queued_sessions():
             await asyncio.sleep(0.001)
         await b.send({"type": "response.cancel"})
         done = (await b.until("response.done", timeout=5))[-1]["response"]
         assert done["status"] == "cancelled"
-        assert b_session not in worker.queued_sessions()
+        assert b_session not in thread.queued_sessions()
         answer = (await a.until("response.done", timeout=90))[-1]["response"]
         assert answer["status"] == "completed"
         await b.send({"type": "response.create", "response": {"max_output_tokens": 16}})

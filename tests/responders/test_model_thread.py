@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.responders.model_worker import ModelWorker, current_session
+from gateway.responders.model_thread import ModelThread, current_session
 
 
 def steps(name: str, n: int, log: list[str]) -> Iterator[str]:
@@ -22,11 +22,11 @@ async def as_session(session: str, coro):
     return await coro
 
 
-async def drain(worker: ModelWorker, it: Iterator[str]) -> list[str]:
+async def drain(worker: ModelThread, it: Iterator[str]) -> list[str]:
     return [value async for value in worker.stream(it)]
 
 
-async def hold(worker: ModelWorker) -> tuple[asyncio.Task[bool], threading.Event]:
+async def hold(worker: ModelThread) -> tuple[asyncio.Task[bool], threading.Event]:
     """A job of session "x" that keeps the thread until the returned event is set."""
     started, release = threading.Event(), threading.Event()
 
@@ -40,7 +40,7 @@ async def hold(worker: ModelWorker) -> tuple[asyncio.Task[bool], threading.Event
 
 
 async def test_sessions_take_turns_step_by_step_not_job_by_job():
-    worker = ModelWorker("test")
+    worker = ModelThread("test")
     log: list[str] = []
     # The thread is held while the jobs queue, so the order below is the queue's.
     blocker, release = await hold(worker)
@@ -57,7 +57,7 @@ async def test_sessions_take_turns_step_by_step_not_job_by_job():
 
 
 async def test_a_cancelled_queued_job_leaves_the_queue_at_once_and_never_runs():
-    worker = ModelWorker("test")
+    worker = ModelThread("test")
     ran: list[str] = []
     blocker, release = await hold(worker)
     queued = asyncio.create_task(as_session("b", worker.call(ran.append, "b")))
@@ -74,7 +74,7 @@ async def test_a_cancelled_queued_job_leaves_the_queue_at_once_and_never_runs():
 
 
 async def test_closing_a_stream_stops_its_generator_at_the_next_step():
-    worker = ModelWorker("test")
+    worker = ModelThread("test")
     closed = threading.Event()
 
     def endless() -> Iterator[int]:
@@ -94,7 +94,7 @@ async def test_closing_a_stream_stops_its_generator_at_the_next_step():
 
 
 async def test_an_error_in_a_step_reaches_the_caller_and_the_thread_goes_on():
-    worker = ModelWorker("test")
+    worker = ModelThread("test")
     with pytest.raises(ZeroDivisionError):
         await worker.call(lambda: 1 / 0)
     assert await worker.call(lambda: 42) == 42

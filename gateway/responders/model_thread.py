@@ -44,7 +44,7 @@ def _once(fn: Callable[..., T], args: tuple[Any, ...]) -> Iterator[T]:
     yield fn(*args)
 
 
-class ModelWorker:
+class ModelThread:
     def __init__(self, name: str) -> None:
         self.name = name
         # Sessions with queued jobs, in round-robin order; each session's jobs in its own order.
