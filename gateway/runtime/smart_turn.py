@@ -16,7 +16,6 @@ file is found through the wheel's metadata, without importing pipecat, and check
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import importlib.metadata
 import threading
@@ -31,6 +30,7 @@ import soxr
 from gateway.audio import SAMPLE_RATE, Float32Array, bytes_to_int16, int16_to_float32
 from gateway.config import SemanticVadConfig
 from gateway.realtime.semantic_vad import SECONDS
+from gateway.runtime.batcher import MicroBatcher
 
 MODEL_DIST = "pipecat-ai"
 MODEL_VERSION = "1.14.0"
@@ -183,47 +183,16 @@ class SmartTurnModel:
 
 
 class SmartTurnBatcher:
-    """Runs many sessions' Smart Turn requests in shared batched model calls, from one asyncio event loop.
-
-    Requests that arrive while a batch runs form the next batch (up to ``max_batch`` turns), so batches
-    grow under load by themselves; every batch runs in ``executor``, never on the loop (per turn ~10 ms of
-    features and ~80-100 ms of model on a 2-core VM, batched or not: scripts/bench_turns.py).
+    """Many sessions' Smart Turn requests in shared batched model calls (gateway.runtime.batcher), from one
+    event loop: up to ``max_batch`` turns a call, always in ``executor``, never on the loop (per turn ~10 ms
+    of features and ~80-100 ms of model on a 2-core VM, batched or not: scripts/bench_turns.py).
     """
 
     def __init__(self, model: SmartTurnModel, executor: Executor, max_batch: int = 1) -> None:
         self.model = model
-        self._executor = executor
-        self._max_batch = max(1, max_batch)
-        self._queue: list[tuple[bytes, asyncio.Future[float]]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._batcher: MicroBatcher[bytes, float] = MicroBatcher(
+            lambda turns: [float(p) for p in model.predict(turns)], executor, max_batch=max(1, max_batch))
 
     async def predict(self, pcm24k: bytes) -> float:
         """P(turn complete) for this turn's audio, batched with whatever other sessions are asking for."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[float] = loop.create_future()
-        self._queue.append((pcm24k, future))
-        if self._task is None:
-            # A task, not a direct call: requests made in this loop iteration join the first batch.
-            self._task = loop.create_task(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._queue:
-                batch = [r for r in self._queue[: self._max_batch] if not r[1].done()]  # skip cancelled ones
-                del self._queue[: self._max_batch]
-                if not batch:
-                    continue
-                try:
-                    probs = await loop.run_in_executor(self._executor, self.model.predict, [pcm for pcm, _ in batch])
-                except Exception as exc:  # handed to every caller in the batch, never lost
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                for (_, future), p in zip(batch, probs, strict=True):
-                    if not future.done():  # the caller may have been cancelled (session closed)
-                        future.set_result(float(p))
-        finally:
-            self._task = None
+        return await self._batcher.submit(pcm24k)
