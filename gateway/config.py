@@ -273,6 +273,58 @@ def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] 
     return config
 
 
+def check(config: Config) -> None:
+    """Every option's value and how options go together, a ConfigError naming the first that is wrong. What a
+    value needs of the machine (a file, a port, an installed extra, a model) is checked where it is used."""
+    server, local, semantic, engine = config.server, config.local, config.semantic_vad, config.engine
+    for name in ("drain_seconds", "drain_notice_seconds", "workers"):
+        _at_least(f"server.{name}", getattr(server, name), 0)
+    for name in ("max_output_tokens", "context_tokens", "starter_chars", "stt_threads", "llm_threads", "tts_threads"):
+        _at_least(f"local.{name}", getattr(local, name), 1)
+    _at_least("local.cached_sessions", local.cached_sessions, 0)
+    _one_of("responder.kind", config.responder.kind, ("auto", "echo", "pipeline", "local"))
+    _one_of("tts.engine", config.tts.engine, ("auto", "tone", "piper", "qwen3"))
+    _one_of("engine.mode", engine.mode, ("thread", "process"))
+    for name in ("heartbeat_ms", "start_timeout_s"):
+        if getattr(engine, name) <= 0:
+            raise ConfigError(f"option engine.{name}: must be > 0, got {getattr(engine, name)}")
+    if config.responder.kind == "pipeline" and not config.llm.base_url:
+        raise ConfigError('option responder.kind = "pipeline" needs [llm] base_url')
+    if config.responder.kind == "local" and config.stt.audio_in:
+        raise ConfigError('option stt.audio_in needs an LLM that hears audio; responder.kind = "local" reads text')
+    # [tts] engine "auto" is qwen3 when the engine is configured (gateway.responders.build.tts_kind).
+    configured = bool(engine.checkpoint or engine.endpoints)
+    qwen3 = config.tts.engine == "qwen3" or (config.tts.engine == "auto" and configured)
+    if qwen3 and not engine.checkpoint and not (engine.mode == "process" and engine.endpoints):
+        raise ConfigError('option tts.engine = "qwen3" needs [engine] checkpoint')
+    if server.workers > 1 and engine.mode != "process" and qwen3:
+        raise ConfigError('several workers ([server] workers, --workers) with the Qwen3-TTS engine need [engine] '
+                          'mode = "process": in mode "thread" each worker would load its own copy of the model')
+    if not 64 <= semantic.pause_ms <= 2000:
+        raise ConfigError(f"option semantic_vad.pause_ms: must be between 64 and 2000, got {semantic.pause_ms}")
+    if semantic.recheck_ms and semantic.recheck_ms < 100:
+        raise ConfigError(f"option semantic_vad.recheck_ms: must be 0 (off) or at least 100, got {semantic.recheck_ms}")
+    if not 1 <= semantic.max_batch <= 64:
+        raise ConfigError(f"option semantic_vad.max_batch: must be between 1 and 64, got {semantic.max_batch}")
+    for level in ("low", "medium", "high"):
+        threshold, wait = getattr(semantic, f"{level}_threshold"), getattr(semantic, f"{level}_max_wait_ms")
+        if not 0.0 <= threshold <= 1.0:
+            raise ConfigError(f"option semantic_vad.{level}_threshold: must be between 0 and 1, got {threshold}")
+        if not semantic.pause_ms <= wait <= 60_000:
+            raise ConfigError(f"option semantic_vad.{level}_max_wait_ms: must be between pause_ms "
+                              f"({semantic.pause_ms}) and 60000, got {wait}")
+
+
+def _at_least(name: str, value: float, least: float) -> None:
+    if value < least:
+        raise ConfigError(f"option {name}: must be at least {least}, got {value}")
+
+
+def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"option {name}: expected {', '.join(choices[:-1])} or {choices[-1]}, got {value!r}")
+
+
 def api_key(env_name: str) -> str:
     """The API key named by a config option; local servers often need none, so empty is allowed."""
     return os.environ.get(env_name, "") if env_name else ""

@@ -9,9 +9,11 @@ from __future__ import annotations
 import importlib.util
 
 from engine.api import TTSEngine
-from gateway.config import Config, ConfigError, LocalConfig
+from engine.supervisor import EngineStartError
+from gateway.config import Config, ConfigError
 from gateway.realtime.responder import Responder, Transcriber
 from gateway.responders.echo import EchoResponder
+from gateway.responders.engine_client import EngineClient
 from gateway.responders.pipeline import BridgeSettings, ChatModel, PipelineResponder
 from gateway.responders.remote import LlmClient, SttClient
 from gateway.responders.tone_tts import ToneEngine
@@ -27,26 +29,15 @@ def installed(modules: tuple[str, ...]) -> bool:
     return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
-def _local(config: Config) -> LocalConfig:
-    """[local], its numbers checked."""
-    local = config.local
-    for name in ("max_output_tokens", "context_tokens", "starter_chars", "stt_threads", "llm_threads", "tts_threads"):
-        if getattr(local, name) < 1:
-            raise ConfigError(f"option local.{name}: must be at least 1, got {getattr(local, name)}")
-    if local.cached_sessions < 0:
-        raise ConfigError(f"option local.cached_sessions: must be at least 0, got {local.cached_sessions}")
-    return local
-
-
 def build_transcriber(config: Config) -> Transcriber | None:
     """The gateway's one STT, used for every responder: [stt] base_url's server when set, else the local
     whisper when installed and [local] stt is on, else none."""
     if config.stt.base_url:
         return SttClient.from_config(config.stt)
     if config.local.stt and installed(LOCAL_STT):
-        from gateway.responders.local_stt import LocalStt  # noqa: PLC0415 - an optional extra
+        from gateway.responders.local_stt import LocalStt  # an optional extra
 
-        return LocalStt.shared(_local(config).stt_threads)
+        return LocalStt.shared(config.local.stt_threads)
     return None
 
 
@@ -61,29 +52,20 @@ def tts_kind(config: Config) -> str:
 
 
 def build_tts_engine(config: Config) -> TTSEngine:
-    """[tts] engine: "tone", "piper", "qwen3" (needs [engine] checkpoint, or endpoints of running engine
-    processes) or "auto"; a qwen3 engine runs as [engine] mode says: in a thread here, or in engine processes."""
+    """[tts] engine: "tone", "piper", "qwen3" (an [engine] checkpoint, or endpoints of running engine
+    processes) or "auto"; a qwen3 engine runs as [engine] mode says: in a thread here, or in engine processes.
+    The options are checked already (gateway.config.check)."""
     kind = tts_kind(config)
     if kind == "tone":
         return ToneEngine()
     if kind == "piper":
         if not installed(LOCAL_TTS):
             raise ConfigError(f'option tts.engine = "piper" needs {LOCAL_EXTRA}')
-        from gateway.responders.piper_tts import PiperEngine  # noqa: PLC0415 - an optional extra
+        from gateway.responders.piper_tts import PiperEngine  # an optional extra
 
-        return PiperEngine.shared(_local(config).tts_threads)
-    if kind != "qwen3":
-        raise ConfigError(f"option tts.engine: expected auto, tone, piper or qwen3, got {kind!r}")
-    mode = config.engine.mode
-    if mode not in ("thread", "process"):
-        raise ConfigError(f"option engine.mode: expected thread or process, got {mode!r}")
-    if not config.engine.checkpoint and not (mode == "process" and config.engine.endpoints):
-        raise ConfigError('option tts.engine = "qwen3" needs [engine] checkpoint')
+        return PiperEngine.shared(config.local.tts_threads)
     engine: TTSEngine
-    if mode == "process":
-        from engine.supervisor import EngineStartError
-        from gateway.responders.engine_client import EngineClient
-
+    if config.engine.mode == "process":
         try:
             engine = EngineClient.from_config(config.engine)
         except EngineStartError as exc:
@@ -99,26 +81,22 @@ def build_responder(config: Config) -> Responder:
     """[responder] kind: "echo", "pipeline", "local", or "auto": pipeline when [llm] base_url is set,
     else local when the local models are installed, else echo."""
     kind = config.responder.kind
-    if kind not in ("auto", "echo", "pipeline", "local"):
-        raise ConfigError(f"option responder.kind: expected auto, echo, pipeline or local, got {kind!r}")
     if kind == "auto":
         kind = "pipeline" if config.llm.base_url else "local" if installed(LOCAL_LLM + LOCAL_TTS) else "echo"
     if kind == "echo":
         return EchoResponder(pace=config.responder.echo_pace, chunk_ms=config.responder.echo_chunk_ms)
     llm: ChatModel
     if kind == "pipeline":
-        if not config.llm.base_url:
-            raise ConfigError('option responder.kind = "pipeline" needs [llm] base_url')
         llm = LlmClient.from_config(config.llm)
     else:
         if not installed(LOCAL_LLM):
             raise ConfigError(f'option responder.kind = "local" needs {LOCAL_EXTRA}')
         if config.stt.audio_in:
             raise ConfigError('option stt.audio_in needs an LLM that hears audio; responder.kind = "local" reads text')
-        from gateway.responders.local_llm import LocalLlm  # noqa: PLC0415 - an optional extra
+        from gateway.responders.local_llm import LocalLlm  # an optional extra
 
         # The session's default temperature is the [llm] one: the local model starts from it too.
-        llm = LocalLlm(_local(config), config.session.instructions, config.llm.temperature)
+        llm = LocalLlm(config.local, config.session.instructions, config.llm.temperature)
     starter = config.tts.starter_chars if kind == "pipeline" else config.local.starter_chars
     return PipelineResponder(
         llm,

@@ -21,11 +21,10 @@ from typing import IO, Any, NamedTuple, Protocol
 import orjson
 from prometheus_client import Counter
 
-from gateway.config import Config, ConfigError
+from gateway.config import Config, ConfigError, check
 from gateway.realtime.effects import Fault
 from gateway.realtime.events import Dialect, error_event
 from gateway.realtime.responder import Responder, Transcriber
-from gateway.realtime.semantic_vad import eagerness_levels
 from gateway.realtime.session import Session
 from gateway.responders.build import build_responder, build_transcriber
 from gateway.runtime import mcp_client
@@ -118,7 +117,7 @@ class Gateway:
         if self._started:
             return
         self._started = True
-        eagerness_levels(self.config.semantic_vad)  # a bad [semantic_vad] option fails here, not in a session
+        check(self.config)  # a bad option fails here, not in a session
         loop = asyncio.get_running_loop()
         loads = [loop.run_in_executor(None, build_transcriber, self.config), loop.run_in_executor(None, SileroModel)]
         if self.responder is None:

@@ -55,13 +55,6 @@ def check_exposure(config: Config, auth: Auth, insecure_no_auth: bool) -> None:
                 "and the paid backends behind it", host)
 
 
-def check_drain(config: Config) -> None:
-    server = config.server
-    for name in ("drain_seconds", "drain_notice_seconds"):
-        if getattr(server, name) < 0:
-            raise ConfigError(f"option server.{name} must be >= 0, got {getattr(server, name)}")
-
-
 def check_tls(config: Config) -> bool:
     """Whether TLS is on; a ConfigError naming the option when its files cannot be used."""
     cert, key = config.server.tls_cert, config.server.tls_key
@@ -145,7 +138,6 @@ class GatewayServer:
             tls = bool(server.tls_cert)
         else:
             check_exposure(self.config, self.gateway.auth, self.insecure_no_auth)
-            check_drain(self.config)
             tls = check_tls(self.config)
             self._socket = listen(server.host, server.port)
         # The models load while the server already answers (/healthz "starting", sessions 503), not in the

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 # PROMETHEUS_MULTIPROC_DIR, which prometheus_client reads once, when first imported. So the server itself
 # (gateway.server.serve, whose metrics do) is imported in the functions that use it.
 from engine.supervisor import EngineStartError, EngineSupervisor, resolve_devices
-from gateway.config import Config, ConfigError
+from gateway.config import Config, ConfigError, check
 from gateway.logs import configure_logging
 from gateway.responders.build import tts_kind
 from gateway.runtime.auth import Auth
@@ -70,14 +70,11 @@ def cpu_count() -> int:
 
 def worker_count(config: Config) -> int:
     """[server] workers, 0 (auto) resolved: with a Qwen3-TTS engine in engine processes on a GPU, one per
-    CPU core less two per engine process (its step loop and its CUDA launches); otherwise 1."""
+    CPU core less two per engine process (its step loop and its CUDA launches); otherwise 1. The options
+    are checked first (gateway.config.check)."""
+    check(config)
     workers, engine = config.server.workers, config.engine
-    if workers < 0:
-        raise ConfigError(f"option server.workers: expected 0 (auto) or more, got {workers}")
     qwen3 = tts_kind(config) == "qwen3"
-    if workers > 1 and qwen3 and engine.mode != "process":
-        raise ConfigError('several workers ([server] workers, --workers) with the Qwen3-TTS engine need [engine] '
-                          'mode = "process": in mode "thread" each worker would load its own copy of the model')
     if workers or not qwen3 or engine.mode != "process":
         return workers or 1
     if engine.endpoints:
@@ -129,7 +126,7 @@ class Workers:
 
     def run(self) -> int:
         """Serve until a signal stops every worker; 2 when the gateway cannot start (the reason on stderr)."""
-        from gateway.server.serve import check_drain, check_exposure, check_tls, listen  # metrics: see the imports
+        from gateway.server.serve import check_exposure, check_tls, listen  # metrics: see the imports
 
         server = self.config.server
         supervisor: EngineSupervisor | None = None
@@ -137,7 +134,7 @@ class Workers:
             # One signing key: a client secret minted by one worker opens a session on any.
             self._auth = Auth.from_env(os.environ)
             check_exposure(self.config, self._auth, self.insecure_no_auth)
-            check_drain(self.config)
+            check(self.config)
             check_tls(self.config)
             self._socket = listen(server.host, server.port)
             supervisor = self._start_engines()

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.config import ConfigError, LocalConfig
+from gateway.config import ConfigError, LocalConfig, check
 from gateway.realtime.responder import BackendError, LlmUsage, Responder, transcript_of
 from gateway.responders.build import LOCAL_LLM, LOCAL_STT, LOCAL_TTS, build_responder, build_transcriber, installed
 from gateway.responders.local_llm import SentenceCut
@@ -268,7 +268,7 @@ def test_auto_picks_the_local_models_when_no_llm_is_configured(local_config: Any
     config.stt.audio_in = False
     config.local.context_tokens = 0
     with pytest.raises(ConfigError, match="local.context_tokens: must be at least 1"):
-        build_responder(config)
+        check(config)
 
 
 async def test_local_stt_long_turns_and_languages():
