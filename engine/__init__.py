@@ -1,12 +1,13 @@
-"""The Qwen3-TTS 12Hz engine, plain PyTorch with a few fused Triton kernels on a GPU.
+"""The Qwen3-TTS 12Hz engine, plain PyTorch with a few fused Triton kernels on a GPU. It imports nothing of
+the gateway: api.py is its interface (chunks, errors, the stream protocol), config.py its options.
 
 layers.py (Qwen3 blocks, static KV cache) -> talker.py (talker, code predictor, the batched prefill and
 frame step) -> prompt.py (CustomVoice prompts, text tokens) -> stream.py (one utterance's text and packets)
 -> runner.py (continuous batching over all running streams, CUDA graphs per batch size, engine metrics) ->
-worker.py (the batching loop, Batcher; QwenTTSEngine runs it in a thread of the gateway's process).
+batcher.py (the batching loop) -> threaded.py (QwenTTSEngine: the loop in a thread of the caller's process).
 process.py runs the same loop as an engine process that owns one device and serves every gateway process
-over ZeroMQ (protocol.py: the messages; supervisor.py: one engine process per device, restarted on death;
-the client is gateway/responders/engine_client.py).
+over ZeroMQ (ipc.py: the messages; handles.py: a stream's text input and output queue on either side;
+supervisor.py: one engine process per device, restarted on death).
 kernels.py holds the fused GPU kernels beside the PyTorch code they replace; checkpoint.py loads a Hugging
 Face checkpoint strictly; codec.py decodes codes to audio.
 """

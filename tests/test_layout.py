@@ -49,3 +49,28 @@ def test_every_deferred_import_of_our_own_says_why() -> None:
             if "#" not in lines[lineno - 1] and not lines[above].strip().startswith("#"):
                 unexplained.append(f"{path}:{lineno}: {statement}")
     assert not unexplained, "imports inside functions need a comment saying why:\n" + "\n".join(unexplained)
+
+
+def test_the_old_import_paths_still_work_with_a_deprecation_warning() -> None:
+    code = """
+import warnings
+warnings.simplefilter("error", DeprecationWarning)
+from gateway.transports.websocket import realtime_route
+from gateway.runtime.gateway import Gateway
+import gateway.server
+try:
+    gateway.server.Gateway
+except DeprecationWarning as w:
+    print("server:", w)
+try:
+    import gateway.realtime_ws
+except DeprecationWarning as w:
+    print("realtime_ws:", w)
+warnings.simplefilter("ignore", DeprecationWarning)
+import gateway.realtime_ws
+assert gateway.realtime_ws.realtime_route is realtime_route and gateway.server.Gateway is Gateway
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "server: gateway.server.Gateway moved to gateway.runtime.gateway.Gateway" in done.stdout
+    assert "realtime_ws: gateway.realtime_ws moved to gateway.transports.websocket" in done.stdout
