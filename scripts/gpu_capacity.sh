@@ -13,6 +13,9 @@
 #                                            #   one-port server (.before/ holds `git archive 6d27b35` of the
 #                                            #   websockets-server tree: carry it with .whl)
 #   scripts/gpu_capacity.sh frontdoor        # issue 14's echo benchmark alone, before and after
+#   scripts/gpu_capacity.sh layout           # the echo benchmark before the layered layout and after, twice each,
+#                                            #   alternated, on the host's quiet CPUs (.before/ holds
+#                                            #   `git archive 50669cf`: carry it with .whl)
 #   scripts/gpu_capacity.sh dry              # here: call B's gateway runs on the CPU, small (the tiny checkpoint
 #                                            #   of tests/data, 2 workers, 2 and 4 sessions)
 #   ORACLE_SITE=DIR scripts/gpu_capacity.sh check
@@ -138,6 +141,17 @@ frontdoor() {
     --clients 1 --cycles 1 --port 18767
 }
 
+# The layered layout's benchmark: CPU per session-minute and loop lag with the echo responder, before and after.
+layout() {
+  setup
+  for run in 1 2; do
+    step 150 "echo-before-$run" python3 .before/scripts/bench_gateway.py --responder echo --sessions 10,50,100 \
+      --spread 2 --clients 1 --cycles 1 --port 18766
+    step 150 "echo-after-$run" python3 scripts/bench_gateway.py --responder echo --sessions 10,50,100 --spread 2 \
+      --clients 1 --cycles 1 --port 18767
+  done
+}
+
 wheels() {
   local platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64"
@@ -150,7 +164,7 @@ wheels() {
 
 case "${1:-}" in
   wheels) wheels ;;
-  engine|gateway|more|frontdoor)
+  engine|gateway|more|frontdoor|layout)
     # The gateway call: 12 workers and 4 load-generator processes share the 16 cores with the engine
     # process; one cycle per session (two turns) keeps a level near 35 s.
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 FRAMES=125 STREAMS=1,64,256 ENGINE_DEVICES=auto MAX_STREAMS=512
