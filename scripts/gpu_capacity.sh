@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Whole-product capacity on one GPU host (issue 16), in two device calls of at most 9 minutes each.
 #
-#   scripts/gpu_capacity.sh wheels           # here, once: the wheels the GPU host lacks, into .whl/ (+ .whl/oracle/)
+#   scripts/gpu_capacity.sh wheels           # here, once: the wheels the GPU host lacks, into .whl/ and .whl-oracle/
 #   scripts/gpu_capacity.sh engine           # call A: random real-size 0.6B and 1.7B checkpoints, the 1.7B float32
 #                                            #   parity against the official code, bench_engine.py at 1/64/256 streams
 #   scripts/gpu_capacity.sh gateway          # call B: an engine process + `serve --workers 12` + 4 load-generator
@@ -24,8 +24,9 @@
 #
 # The GPU host (device tool: nvidia-h100-x1 or nvidia-h200) has python3 3.12 with torch, triton, numpy,
 # onnxruntime, prometheus-client, aiohttp and uvloop, and no internet: the wheels travel in .whl/ (name it in
-# the call's `carry`). The gateway's go to /tmp/site, the official qwen-tts oracle's (transformers 4.57.3)
-# to /tmp/site-oracle, which only the fixture script sees. Results are written under $OUT.
+# the call's `carry`). The gateway's go to /tmp/site, the official qwen-tts oracle's (transformers 4.57.3; in
+# .whl-oracle/, carried only by the calls that make checkpoints: a call carries 64 MiB at most) to
+# /tmp/site-oracle, which only the fixture script sees. Results are written under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -67,8 +68,10 @@ setup() {
   if [ -z "${CPU_CHECK:-}" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       .whl/*.whl || exit 1
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-oracle \
-      .whl/oracle/*.whl || exit 1
+    if [ -d .whl-oracle ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site-oracle .whl-oracle/*.whl || exit 1
+    fi
     { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; \
       nproc; free -g; git log -1 --format='%H %s' 2>/dev/null; } >>"$OUT/run.log" 2>&1
   fi
@@ -156,10 +159,10 @@ wheels() {
   local platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64"
   local args="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp $platforms"
-  mkdir -p .whl/oracle
+  mkdir -p .whl .whl-oracle
   # shellcheck disable=SC2086
-  python3 -m pip download -q $args -d .whl $GATEWAY_WHEELS && python3 -m pip download -q $args -d .whl/oracle $ORACLE_WHEELS
-  du -sh .whl .whl/oracle
+  python3 -m pip download -q $args -d .whl $GATEWAY_WHEELS && python3 -m pip download -q $args -d .whl-oracle $ORACLE_WHEELS
+  du -sh .whl .whl-oracle
 }
 
 case "${1:-}" in
