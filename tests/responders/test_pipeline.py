@@ -26,6 +26,7 @@ from gateway.realtime.responder import (
     TraceMark,
     transcript_of,
 )
+from gateway.responders import build
 from gateway.responders.build import build_responder
 from gateway.responders.echo import EchoResponder
 from gateway.responders.pipeline import BridgeSettings, PipelineResponder
@@ -481,7 +482,7 @@ async def test_incremental_engine_gets_raw_deltas(make: Make, fake: FakeOpenAI):
     assert engine.fed == tokenize(REPLY)
 
 
-def test_build_responder():
+def test_build_responder(monkeypatch: pytest.MonkeyPatch):
     config = load_config(env={})
     config.tts.engine = "tone"
     config.llm.base_url = "http://127.0.0.1:1/v1"
@@ -496,14 +497,11 @@ def test_build_responder():
     config.responder.kind = "echo"
     assert isinstance(build_responder(config), EchoResponder)
 
+    # What the options cannot do together is gateway.config.check's (tests/test_config.py), before any build.
     config.responder.kind = "pipeline"
-    config.llm.base_url = ""
-    with pytest.raises(ConfigError, match="llm"):
-        build_responder(config)
-
-    config.llm.base_url = "http://127.0.0.1:1/v1"
-    config.tts.engine = "qwen3"
-    with pytest.raises(ConfigError, match="checkpoint"):
+    config.tts.engine = "piper"
+    monkeypatch.setattr(build, "installed", lambda modules: False)
+    with pytest.raises(ConfigError, match=r'tts.engine = "piper" needs the local models'):
         build_responder(config)
 
 
