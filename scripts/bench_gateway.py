@@ -57,6 +57,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import wave
 from collections.abc import Callable
@@ -65,6 +66,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import cpu_stages
 import numpy as np
 import orjson
 import websockets
@@ -400,6 +402,30 @@ def run_level(pool: concurrent.futures.Executor, clients: int, url: str, n: int,
     return result, start, time.time()
 
 
+class Profiler:
+    """py-spy on one gateway process for `seconds` of a level, from a third of the way into its arrivals."""
+
+    def __init__(self, stats_dir: Path, seconds: float, spread: float) -> None:
+        self._raw: str | None = None
+        self._thread: threading.Thread | None = None
+        if seconds > 0:
+            delay = CONNECT_LEAD_S + 1.0 + spread / 3
+            self._thread = threading.Thread(target=self._run, args=(stats_dir, seconds, delay), daemon=True)
+            self._thread.start()
+
+    def _run(self, stats_dir: Path, seconds: float, delay: float) -> None:
+        time.sleep(delay)
+        probes = sorted(stats_dir.glob("gateway-*.jsonl"))  # a gateway process each (a worker each)
+        if probes:
+            self._raw = cpu_stages.record(int(probes[0].stem.split("-")[1]), seconds)
+
+    def shares(self) -> dict[str, float]:
+        if self._thread is None:
+            return {}
+        self._thread.join()
+        return cpu_stages.shares(self._raw) if self._raw else {}
+
+
 # --- the report ---------------------------------------------------------------------------------------
 
 
@@ -518,6 +544,15 @@ def print_report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
             each = ", ".join(str(v) for v in r["sessions_held"].values())
             print(f"| {r['sessions']} | {r['arrivals']} | {sp['sessions_max']} / {f(sp['sessions_mean'])} ({each}) "
                   f"| {f(r['loop_lag_p99_max_ms'])} / {f(sp['lag_p99_mean_ms'])} |")
+    if args.profile:
+        print(f"\nCPU s per session-minute by stage (py-spy, {args.profile:g} s of one gateway process per level; "
+              "scripts/cpu_stages.py)")
+        print("| sessions | arrivals | " + " | ".join(cpu_stages.STAGES) + " |")
+        print("| --- | --- | " + " | ".join("---" for _ in cpu_stages.STAGES) + " |")
+        for r in rows:
+            by = r.get("cpu_by_stage") or {}
+            print(f"| {r['sessions']} | {r['arrivals']} | "
+                  + " | ".join(f(by.get(stage, float("nan")), 3) for stage in cpu_stages.STAGES) + " |")
     if args.responder == "pipeline":
         print("\nwhere a turn's time goes (gateway trace, each stage from the one before it, P50 / P95 ms)")
         print(" | ".join(("sessions", "arrivals", *rows[0]["stages"])) if rows else "")
@@ -552,6 +587,8 @@ def main() -> int:
                         "1 = one process, as `serve` runs by default on a CPU)")
     parser.add_argument("--aligned-sessions", default="", help="comma-separated session counts at which the "
                         "aligned arrivals run (default: every --sessions level)")
+    parser.add_argument("--profile", type=float, default=0.0, help="seconds of py-spy samples of one gateway "
+                        "process in each level (scripts/cpu_stages.py): CPU per session-minute by stage (0 = off)")
     parser.add_argument("--port", type=int, default=18765)
     parser.add_argument("--json", type=Path, help="write every level's figures here")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -595,11 +632,14 @@ def main() -> int:
             for label in labels:
                 if label == "aligned" and n not in aligned_at:
                     continue
+                profiler = Profiler(stats_dir, args.profile, args.spread or len(scenario(args.responder)) / 48000)
                 result, start, end = run_level(pool, args.clients, url, n, args, label == "aligned")
                 time.sleep(1.5)  # the probes' last records
                 result.traces = [json.loads(line) for line in trace_path.read_text().splitlines()]
                 trace_path.write_text("")  # the gateway appends to it: what follows belongs to the next run
                 rows.append(summarise(n, label, result, gateway_records(stats_dir, start, end), start, end))
+                rows[-1]["cpu_by_stage"] = {stage: share * rows[-1]["cpu_s_per_session_min"]
+                                            for stage, share in profiler.shares().items()}
                 # As it goes, so that a run cut short (a device call's time limit) keeps the levels it measured.
                 r = rows[-1]
                 print(f"{n} sessions, {label}: loop lag P99 max {r['loop_lag_p99_max_ms']:.1f} ms, stop -> first "
