@@ -42,6 +42,7 @@ class ServerConfig:
     drain_seconds: float = 600.0
     drain_notice_seconds: float = 30.0
     workers: int = 0
+    worker_balance: str = "connections"
 
 
 @dataclass
@@ -282,6 +283,7 @@ def check(config: Config) -> None:
     for name in ("max_output_tokens", "context_tokens", "starter_chars", "stt_threads", "llm_threads", "tts_threads"):
         _at_least(f"local.{name}", getattr(local, name), 1)
     _at_least("local.cached_sessions", local.cached_sessions, 0)
+    _one_of("server.worker_balance", server.worker_balance, ("connections", "accept"))
     _one_of("responder.kind", config.responder.kind, ("auto", "echo", "pipeline", "local"))
     _one_of("tts.engine", config.tts.engine, ("auto", "tone", "piper", "qwen3"))
     _one_of("engine.mode", engine.mode, ("thread", "process"))

@@ -57,6 +57,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import wave
 from collections.abc import Callable
@@ -65,6 +66,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import cpu_stages
 import numpy as np
 import orjson
 import websockets
@@ -106,9 +108,9 @@ async def lag_probe(record: Callable[[float], None]) -> None:
 # --- the gateway process ---------------------------------------------------------------------------
 
 
-async def probe(path: Path, engine: Any) -> None:
-    """Once a second, append this process's loop lags, CPU time and (when `engine` has stats()) the TTS
-    engine's counters to `path`, as one JSON line; until cancelled."""
+async def probe(path: Path, engine: Any, sessions: Callable[[], int]) -> None:
+    """Once a second, append this process's loop lags, CPU time, sessions and (when `engine` has stats()) the
+    TTS engine's counters to `path`, as one JSON line; until cancelled."""
     lags: list[float] = []
     task = asyncio.create_task(lag_probe(lambda lag: lags.append(round(lag * 1000, 3))))
     stats = getattr(engine, "stats", None)
@@ -116,7 +118,8 @@ async def probe(path: Path, engine: Any) -> None:
         with path.open("a", buffering=1) as out:
             while True:
                 await asyncio.sleep(1.0)
-                record = {"t": time.time(), "pid": os.getpid(), "lags_ms": lags, "cpu_s": time.process_time()}
+                record = {"t": time.time(), "pid": os.getpid(), "lags_ms": lags, "cpu_s": time.process_time(),
+                          "sessions": sessions()}
                 lags = []
                 if stats is not None:
                     record["engine"] = await stats()
@@ -166,7 +169,7 @@ async def probe_worker(server: Any) -> None:
     the stats folder (the trace file's)."""
     print("ready", flush=True)
     await probe(Path(server.config.trace.jsonl_path).parent / f"gateway-{os.getpid()}.jsonl",
-                getattr(server.gateway.responder, "tts_engine", None))
+                getattr(server.gateway.responder, "tts_engine", None), lambda: len(server.gateway.sessions))
 
 
 def serve_workers(args: argparse.Namespace) -> int:
@@ -175,6 +178,7 @@ def serve_workers(args: argparse.Namespace) -> int:
 
     config, tone = gateway_config(args)
     config.server.workers = args.workers
+    config.server.worker_balance = args.worker_balance
     hooks = Hooks(responder=tone_responder if tone else None, serving=probe_worker)
     return Workers(config, worker_count(config), hooks=hooks).run()
 
@@ -188,7 +192,8 @@ async def serve(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     task = asyncio.create_task(probe(Path(args.stats_dir) / f"gateway-{os.getpid()}.jsonl",
-                                     getattr(gateway.gateway.responder, "tts_engine", None)))
+                                     getattr(gateway.gateway.responder, "tts_engine", None),
+                                     lambda: len(gateway.gateway.sessions)))
     print("ready", flush=True)
     await stop.wait()
     task.cancel()
@@ -202,7 +207,7 @@ def start_gateway(args: argparse.Namespace, stats_dir: Path, fake_url: str) -> s
            "--responder", args.responder, "--fake-url", fake_url, "--tts", args.tts,
            "--checkpoint", args.checkpoint, "--engine-mode", args.engine_mode, "--engine-devices", args.engine_devices,
            "--max-streams", str(args.max_streams), "--engine-max-frames", str(args.engine_max_frames),
-           "--workers", str(args.workers)]
+           "--workers", str(args.workers), "--worker-balance", args.worker_balance]
     server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": pythonpath})
     for _ in range(args.workers):  # each worker says "ready" once it serves
@@ -397,6 +402,30 @@ def run_level(pool: concurrent.futures.Executor, clients: int, url: str, n: int,
     return result, start, time.time()
 
 
+class Profiler:
+    """py-spy on one gateway process for `seconds` of a level, from a third of the way into its arrivals."""
+
+    def __init__(self, stats_dir: Path, seconds: float, spread: float) -> None:
+        self._raw: str | None = None
+        self._thread: threading.Thread | None = None
+        if seconds > 0:
+            delay = CONNECT_LEAD_S + 1.0 + spread / 3
+            self._thread = threading.Thread(target=self._run, args=(stats_dir, seconds, delay), daemon=True)
+            self._thread.start()
+
+    def _run(self, stats_dir: Path, seconds: float, delay: float) -> None:
+        time.sleep(delay)
+        probes = sorted(stats_dir.glob("gateway-*.jsonl"))  # a gateway process each (a worker each)
+        if probes:
+            self._raw = cpu_stages.record(int(probes[0].stem.split("-")[1]), seconds)
+
+    def shares(self) -> dict[str, float]:
+        if self._thread is None:
+            return {}
+        self._thread.join()
+        return cpu_stages.shares(self._raw) if self._raw else {}
+
+
 # --- the report ---------------------------------------------------------------------------------------
 
 
@@ -444,12 +473,18 @@ def engine_rates(records: dict[int, list[dict]]) -> dict[str, float]:
 def summarise(n: int, label: str, result: Result, records: dict[int, list[dict]], start: float,
               end: float) -> dict[str, Any]:
     lag_p99 = {pid: pct([lag for r in rows for lag in r["lags_ms"]], 99) for pid, rows in records.items()}
+    # Each gateway process's most sessions at once in the level, and the spread: the worst against the mean.
+    held = {pid: max((r.get("sessions", 0) for r in rows), default=0) for pid, rows in records.items()}
     cpu = [(r[0]["cpu_s"], r[-1]["cpu_s"]) for r in records.values() if len(r) > 1]
     cpu_per = sum(b - a for a, b in cpu) / (n * (end - start) / 60) if cpu else float("nan")
     statuses = {s: list(result.responses.values()).count(s) for s in set(result.responses.values())}
     return {
         "sessions": n, "arrivals": label, "loop_lag_p99_ms": lag_p99,
         "loop_lag_p99_max_ms": max(lag_p99.values(), default=float("nan")),
+        "sessions_held": held,
+        "spread": {"sessions_max": max(held.values(), default=0),
+                   "sessions_mean": float(np.mean(list(held.values()))) if held else float("nan"),
+                   "lag_p99_mean_ms": float(np.mean(list(lag_p99.values()))) if lag_p99 else float("nan")},
         "loop_lag_p50_ms": pct([lag for rows in records.values() for r in rows for lag in r["lags_ms"]], 50),
         "cpu_s_per_session_min": cpu_per,
         "first_delta_p50_ms": pct(result.first_delta_ms, 50), "first_delta_p95_ms": pct(result.first_delta_ms, 95),
@@ -499,6 +534,25 @@ def print_report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
               f"{r['late_starts']} |")
         for err in r["errors"]:
             print("   ", err)
+    if args.workers > 1:
+        print(f"\nworkers' spread ([server] worker_balance = {args.worker_balance}): sessions held at most per "
+              "worker, worst / mean, and loop lag P99, worst / mean")
+        print("| sessions | arrivals | sessions held: worst / mean (each) | loop lag P99 ms: worst / mean |")
+        print("| --- | --- | --- | --- |")
+        for r in rows:
+            sp = r["spread"]
+            each = ", ".join(str(v) for v in r["sessions_held"].values())
+            print(f"| {r['sessions']} | {r['arrivals']} | {sp['sessions_max']} / {f(sp['sessions_mean'])} ({each}) "
+                  f"| {f(r['loop_lag_p99_max_ms'])} / {f(sp['lag_p99_mean_ms'])} |")
+    if args.profile:
+        print(f"\nCPU s per session-minute by stage (py-spy, {args.profile:g} s of one gateway process per level; "
+              "scripts/cpu_stages.py)")
+        print("| sessions | arrivals | " + " | ".join(cpu_stages.STAGES) + " |")
+        print("| --- | --- | " + " | ".join("---" for _ in cpu_stages.STAGES) + " |")
+        for r in rows:
+            by = r.get("cpu_by_stage") or {}
+            print(f"| {r['sessions']} | {r['arrivals']} | "
+                  + " | ".join(f(by.get(stage, float("nan")), 3) for stage in cpu_stages.STAGES) + " |")
     if args.responder == "pipeline":
         print("\nwhere a turn's time goes (gateway trace, each stage from the one before it, P50 / P95 ms)")
         print(" | ".join(("sessions", "arrivals", *rows[0]["stages"])) if rows else "")
@@ -527,10 +581,14 @@ def main() -> int:
     parser.add_argument("--max-streams", type=int, default=0, help="[engine] max_streams (0 = its default)")
     parser.add_argument("--engine-max-frames", type=int, default=250, help="[engine] max_frames: random weights "
                         "never say EOS, so this ends a reply nobody cut (250 = 20 s)")
+    parser.add_argument("--worker-balance", choices=["connections", "accept"], default="connections",
+                        help="--workers: how the workers share connections ([server] worker_balance)")
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (`serve --workers N`; "
                         "1 = one process, as `serve` runs by default on a CPU)")
     parser.add_argument("--aligned-sessions", default="", help="comma-separated session counts at which the "
                         "aligned arrivals run (default: every --sessions level)")
+    parser.add_argument("--profile", type=float, default=0.0, help="seconds of py-spy samples of one gateway "
+                        "process in each level (scripts/cpu_stages.py): CPU per session-minute by stage (0 = off)")
     parser.add_argument("--port", type=int, default=18765)
     parser.add_argument("--json", type=Path, help="write every level's figures here")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -574,11 +632,14 @@ def main() -> int:
             for label in labels:
                 if label == "aligned" and n not in aligned_at:
                     continue
+                profiler = Profiler(stats_dir, args.profile, args.spread or len(scenario(args.responder)) / 48000)
                 result, start, end = run_level(pool, args.clients, url, n, args, label == "aligned")
                 time.sleep(1.5)  # the probes' last records
                 result.traces = [json.loads(line) for line in trace_path.read_text().splitlines()]
                 trace_path.write_text("")  # the gateway appends to it: what follows belongs to the next run
                 rows.append(summarise(n, label, result, gateway_records(stats_dir, start, end), start, end))
+                rows[-1]["cpu_by_stage"] = {stage: share * rows[-1]["cpu_s_per_session_min"]
+                                            for stage, share in profiler.shares().items()}
                 # As it goes, so that a run cut short (a device call's time limit) keeps the levels it measured.
                 r = rows[-1]
                 print(f"{n} sessions, {label}: loop lag P99 max {r['loop_lag_p99_max_ms']:.1f} ms, stop -> first "

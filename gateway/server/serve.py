@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import socket
 import ssl
 import sys
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import uvicorn
 
@@ -27,6 +29,7 @@ from gateway.realtime.responder import Responder
 from gateway.runtime.auth import Auth
 from gateway.runtime.capacity import Capacity
 from gateway.runtime.gateway import Gateway
+from gateway.server.handoff import Handoff, adopt
 from gateway.server.protocols import http as http_protocol
 from gateway.server.protocols import websocket as ws_protocol
 from gateway.transports.app import create_app
@@ -107,28 +110,56 @@ def uvicorn_config(app: object, config: Config) -> uvicorn.Config:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server without its signal handlers: the process that runs it decides what a signal means."""
+    """uvicorn's server without its signal handlers: the process that runs it decides what a signal means; it
+    also serves connections accepted elsewhere (`adopt`)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._adopting: set[asyncio.Task[Any]] = set()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
 
+    def adopt(self, sock: socket.socket) -> None:
+        """Serve `sock`, a connection the parent of `serve --workers N` accepted, as if accepted here."""
+        config = self.config
+        protocol = functools.partial(config.http_protocol_class, config=config, server_state=self.server_state,
+                                     app_state=self.lifespan.state)
+        sock.setblocking(False)
+        task = asyncio.get_running_loop().create_task(
+            asyncio.get_running_loop().connect_accepted_socket(protocol, sock, ssl=config.ssl))
+        self._adopting.add(task)
+        task.add_done_callback(self._adopted)
+
+    def open_connections(self) -> int:
+        """Connections open here, those being adopted included."""
+        return len(self.server_state.connections) + len(self._adopting)
+
+    def _adopted(self, task: asyncio.Task[Any]) -> None:
+        self._adopting.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.debug("a handed-over connection failed before it was served: %s", exc)  # a TLS handshake, say
+
 
 class GatewayServer:
     """One process serving the gateway on [server] host and port; or, as one of `serve --workers N`
-    (gateway.server.workers), on the socket `sock` its parent bound (and checked the configuration for), with its
+    (gateway.server.workers), on the connections its parent hands it over `handoff` (gateway.server.handoff)
+    or on the socket `sock` its parent bound (either way the parent checked the configuration), with its
     parent's `auth` (one signing key for client secrets) and counting its sessions in `capacity`, its slot
     of the counts the workers share."""
 
     def __init__(self, config: Config, responder: Responder | None = None, insecure_no_auth: bool = False, *,
-                 sock: socket.socket | None = None, auth: Auth | None = None,
+                 sock: socket.socket | None = None, handoff: Handoff | None = None, auth: Auth | None = None,
                  capacity: Capacity | None = None) -> None:
         self.config = config
         self.gateway = Gateway(config, responder, auth, capacity)
         self.app = create_app(config, gateway=self.gateway)
         self.insecure_no_auth = insecure_no_auth
-        self._inherited = sock is not None
+        self._inherited = sock is not None or handoff is not None
         self._socket: socket.socket | None = sock
+        self._handoff = handoff
+        self._adopting: asyncio.Task[None] | None = None
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -150,7 +181,7 @@ class GatewayServer:
             await loading
         await asyncio.sleep(0)  # the gateway is marked started before uvicorn runs the lifespan
         self._server = _Server(uvicorn_config(self.app, self.config))
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket] if self._socket else []))
         while not self._server.started and not self._task.done():
             await asyncio.sleep(0.01)
         if self._task.done():
@@ -165,6 +196,9 @@ class GatewayServer:
         except BaseException:
             await self.stop()
             raise
+        if self._handoff is not None:
+            uv = self._server
+            self._adopting = asyncio.create_task(adopt(self._handoff, uv.adopt, uv.open_connections))
         scheme = "https" if tls else "http"
         log.info("gateway %s on %s://%s:%d (WebSocket %s://%s:%d/v1/realtime; responder: %s; auth: %s)",
                  __version__, scheme, server.host, self.port, "wss" if tls else "ws", server.host, self.port,
@@ -173,8 +207,8 @@ class GatewayServer:
 
     @property
     def port(self) -> int:
-        assert self._socket is not None
-        return self._socket.getsockname()[1]
+        """The port it serves (a worker that is handed its connections serves its parent's: the config's)."""
+        return self._socket.getsockname()[1] if self._socket is not None else self.config.server.port
 
     async def drain(self) -> None:
         """Stop taking sessions and let those running end within [server] drain_seconds (Gateway.drain;
@@ -183,6 +217,8 @@ class GatewayServer:
         await self.gateway.drain(server.drain_seconds, server.drain_notice_seconds)
 
     async def stop(self) -> None:
+        if self._adopting is not None:
+            self._adopting.cancel()
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             with contextlib.suppress(SystemExit):
@@ -190,6 +226,8 @@ class GatewayServer:
         await self.gateway.stop()
         if self._socket is not None:
             self._socket.close()
+        if self._handoff is not None:
+            self._handoff.end.close()
 
 
 async def run_server(server: GatewayServer,

@@ -2,11 +2,13 @@
 its session count and its metrics.
 
 One Python process is one event loop, and the loop (VAD, the protocol, base64, the backends' HTTP) is
-what limits a gateway in front of a GPU engine (issue 16). So the parent here checks the configuration
-(the same errors as one process), binds the listening socket, starts the engine processes once
-(engine.supervisor, [engine] mode = "process") and then N spawned workers, each a GatewayServer on its
-copy of the socket: the kernel gives each new connection to whichever worker accepts first, so a busy
-worker takes fewer. The workers' Capacity objects share one array (gateway.runtime.capacity), so
+what limits a gateway in front of a GPU engine. So the parent here checks the configuration (the same
+errors as one process), binds the listening socket, starts the engine processes once (engine.supervisor,
+[engine] mode = "process") and then N spawned workers, each a GatewayServer. The parent accepts every
+connection and hands it to the worker with the fewest open connections (gateway.server.handoff; [server]
+worker_balance = "connections"), or each worker accepts on its copy of the socket and the kernel gives a
+connection to whichever accepts first ("accept"). The workers' Capacity objects share one array
+(gateway.runtime.capacity), so
 [server] max_sessions holds for the gateway; their metrics go to one private folder in prometheus_client's
 multiprocess mode, so /metrics from any worker shows the whole gateway.
 
@@ -46,6 +48,7 @@ from gateway.logs import configure_logging
 from gateway.responders.build import tts_kind
 from gateway.runtime.auth import Auth
 from gateway.runtime.capacity import Capacity, Counts, shared_counts
+from gateway.server.handoff import Dispatcher, Handoff, Loads, handoff_pair
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -123,6 +126,8 @@ class Workers:
         self._counts: Counts | None = None
         self._metrics_dir = ""
         self._auth: Auth | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._loads: Loads | None = None
 
     def run(self) -> int:
         """Serve until a signal stops every worker; 2 when the gateway cannot start (the reason on stderr)."""
@@ -137,8 +142,13 @@ class Workers:
             check(self.config)
             check_tls(self.config)
             self._socket = listen(server.host, server.port)
+            server.port = self._socket.getsockname()[1]  # the workers log it (port 0: the one picked)
             supervisor = self._start_engines()
             self._counts = shared_counts(self.count)
+            if server.worker_balance == "connections":
+                self._loads = Loads.shared(self.count)
+                self._dispatcher = Dispatcher(self._socket, self._loads)
+                self._dispatcher.start()
             self._metrics_dir = tempfile.mkdtemp(prefix="voice-gateway-metrics-")  # 0700: this user's only
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
@@ -150,6 +160,8 @@ class Workers:
             print(f"error: {exc}", file=sys.stderr)
             return CONFIG_ERROR
         finally:
+            if self._dispatcher is not None:
+                self._dispatcher.stop()
             self._stop_workers()
             if supervisor is not None:
                 supervisor.stop()
@@ -176,13 +188,21 @@ class Workers:
 
     def _start(self, worker: _Worker) -> None:
         worker.ready = self._context.Event()
+        listener, handoff, theirs = self._socket, None, None
+        if self._dispatcher is not None and self._loads is not None:  # the parent accepts and hands them over
+            listener = None
+            ours, theirs = handoff_pair()
+            handoff = Handoff(theirs, self._loads, worker.slot)
+            self._dispatcher.started(worker.slot, ours, worker.ready)
         worker.process = self._context.Process(
             target=_worker_main, name=f"gateway-worker-{worker.slot}",
-            args=(worker.slot, self.config, self._auth, self._socket, self._counts, worker.ready,
+            args=(worker.slot, self.config, self._auth, listener, handoff, self._counts, worker.ready,
                   self._metrics_dir, self.hooks, self.log_level),
         )
         worker.started = time.monotonic()
         worker.process.start()
+        if theirs is not None:
+            theirs.close()  # the worker holds its copy
         log.info("worker %d started (pid %d)", worker.slot, worker.process.pid)
 
     def _watch(self) -> int:
@@ -210,6 +230,8 @@ class Workers:
         assert process is not None and self._counts is not None and worker.ready is not None
         process.join()
         worker.process = None
+        if self._dispatcher is not None:
+            self._dispatcher.gone(worker.slot)
         held, self._counts[worker.slot] = self._counts[worker.slot], 0  # its only writer is gone
         multiprocess.mark_process_dead(process.pid, self._metrics_dir)
         if self._signals:
@@ -250,9 +272,10 @@ class Workers:
                     worker.process.join()
 
 
-def _worker_main(slot: int, config: Config, auth: Auth, sock: socket.socket, counts: Counts,
-                 ready: Event, metrics_dir: str, hooks: Hooks, log_level: str) -> None:
-    """One worker process: a GatewayServer on the parent's socket, until SIGTERM or SIGINT."""
+def _worker_main(slot: int, config: Config, auth: Auth, sock: socket.socket | None, handoff: Handoff | None,
+                 counts: Counts, ready: Event, metrics_dir: str, hooks: Hooks, log_level: str) -> None:
+    """One worker process: a GatewayServer on the connections its parent hands it (or on the parent's listening
+    socket, [server] worker_balance = "accept"), until SIGTERM or SIGINT."""
     # Its own process group: a terminal's Ctrl-C reaches the parent only, which passes it on once.
     os.setpgrp()
     # Before anything imports prometheus_client: its metrics then live in files every worker reads.
@@ -275,7 +298,7 @@ def _worker_main(slot: int, config: Config, auth: Auth, sock: socket.socket, cou
 
     async def serve() -> int:
         responder = hooks.responder(config) if hooks.responder is not None else None
-        server = GatewayServer(config, responder, sock=sock, auth=auth,
+        server = GatewayServer(config, responder, sock=sock, handoff=handoff, auth=auth,
                                capacity=Capacity(config.server.max_sessions, counts, slot))
         return await run_server(server, serving)
 

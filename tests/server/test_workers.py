@@ -118,7 +118,8 @@ async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one
     async with serve(tmp_path, GATEWAY_RESPONDER_KIND="echo") as gateway:
         async with sessions(gateway, 12) as first:
             workers = [worker for _, worker in first]
-            assert set(workers) == {0, 1}, f"the kernel gave every connection to one worker: {workers}"
+            # The parent hands each connection to the worker with fewer sessions: six each.
+            assert workers.count(0) == workers.count(1) == 6, workers
             # One worker's /metrics counts both workers' sessions: the live gauges added up, and the shared count.
             assert await gateway.metric("gateway_active_sessions") == 12
             assert await gateway.metric("gateway_sessions") == 12
@@ -139,9 +140,10 @@ async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one
             # The killed worker's live gauge is gone and its slot zeroed: the counts are worker 0's sessions.
             assert await gateway.metric("gateway_active_sessions") == workers.count(0)
             assert await gateway.metric("gateway_sessions") == workers.count(0)
-            # New sessions work, on both workers again, and the count adds up.
+            # New sessions work, on both workers again (the restarted one, empty, takes more), and the count adds up.
             async with sessions(gateway, 12) as second:
-                assert {worker for _, worker in second} == {0, 1}
+                placed = [w for _, w in second]
+                assert abs(workers.count(0) + placed.count(0) - placed.count(1)) <= 1, placed
                 assert await gateway.metric("gateway_active_sessions") == workers.count(0) + 12
                 assert await gateway.metric("gateway_sessions") == workers.count(0) + 12
 
