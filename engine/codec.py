@@ -22,11 +22,18 @@ Streaming: every layer is causal and no layer looks ahead (the causal transposed
 right overlap, so output block t depends on input frames <= t only). ``decode_step`` therefore emits
 exactly n * 1920 final samples for n new frames, with no flush and no algorithmic latency beyond the
 frame itself. Left context is carried incrementally in a preallocated ``CodecState``: the input tail
-of each causal conv, the un-emitted overlap of each causal transposed conv, and a (window - 1)-frame
-KV cache per transformer layer. A fresh state holds zeros, which is exactly the official zero
-padding, so streaming reproduces ``decode`` up to float rounding. Rows are independent streams with
+of each causal conv, the last input frame of each causal transposed conv (its spill into the next
+frame's samples is computed again from it), and a ring of keys and values per transformer layer (the
+window plus a step's frames, written in place). A fresh state holds zeros, which is exactly the official
+zero padding, so streaming reproduces ``decode`` up to float rounding. Rows are independent streams with
 their own positions: ``CodecState.reset_`` restarts rows, ``copy_rows_`` moves streams between rows,
 ``narrow`` gives a view of consecutive rows (a smaller batch bucket sharing the same memory).
+
+Layout and kernels: after the quantizer the signal is channels-last, [B, T, C] (the transformer's layout,
+and what the convs' kernels read best). On a GPU each dense conv and transposed conv is one
+engine.kernels kernel that reads its left context straight from the state, and applies its bias, the
+residual add and the SnakeBeta that follows it as it writes its output; on a CPU (and with the kernels off)
+the same layers run their PyTorch reference.
 
 Codes must lie in [0, codebook_size): the official ``decode`` maps its -1 padding to 0 before this.
 Outputs are float32 whatever the model dtype; SnakeBeta, RMSNorm and the codebook lookup compute in
@@ -51,6 +58,9 @@ from engine.layers import RMSNorm
 
 # Conv caches are keyed by the module that owns them; the transformer KV cache is separate.
 ConvCaches = dict[nn.Module, Tensor]
+# Frames a streaming step attends to at once: the transformer's KV rings hold the window and these (a longer
+# decode_step runs in several passes).
+STEP_FRAMES = 8
 
 
 @dataclass(frozen=True)
@@ -320,22 +330,22 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=bias)
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, kv_cache: tuple[Tensor, Tensor] | None
+        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, kv: tuple[Tensor, Tensor, Tensor] | None
     ) -> Tensor:
         """x [B, T, hidden]; rope cos/signed sin broadcast to [B, 1, T, head_dim]; mask (bool, True = attend)
-        [.., T, S] where S = T, or window - 1 + T with ``kv_cache`` = (k, v) [B, n_kv, window - 1, D]."""
+        [.., T, S] where S = T, or the ring's slots with ``kv`` = (k, v) rings [B, n_kv, slots, D] and the slots
+        [B, T] the new frames take there (written in place; attention reads the whole ring under the mask)."""
         b, t, _ = x.shape
         h, g, d = self.n_heads, self.n_kv, self.head_dim
         q = self.q_proj(x).view(b, t, h, d).transpose(1, 2)
         k = self.k_proj(x).view(b, t, g, d).transpose(1, 2)
         v = self.v_proj(x).view(b, t, g, d).transpose(1, 2)
         q, k = kernels.rotate(q, *rope), kernels.rotate(k, *rope)
-        if kv_cache is not None:
-            k_cache, v_cache = kv_cache
-            ctx = k_cache.shape[2]
-            k, v = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
-            k_cache.copy_(k[:, :, k.shape[2] - ctx :])
-            v_cache.copy_(v[:, :, v.shape[2] - ctx :])
+        if kv is not None:
+            k_ring, v_ring, slots = kv
+            index = slots[:, None, :, None].expand(b, g, t, d)
+            k = k_ring.scatter_(2, index, k)
+            v = v_ring.scatter_(2, index, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=g != h)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -362,9 +372,9 @@ class TransformerLayer(nn.Module):
         self.mlp_layer_scale = LayerScale(cfg.hidden_size)
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, kv_cache: tuple[Tensor, Tensor] | None
+        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, kv: tuple[Tensor, Tensor, Tensor] | None
     ) -> Tensor:
-        x = self.self_attn_layer_scale.add_to(x, self.self_attn(self.input_layernorm(x), rope, mask, kv_cache))
+        x = self.self_attn_layer_scale.add_to(x, self.self_attn(self.input_layernorm(x), rope, mask, kv))
         return self.mlp_layer_scale.add_to(x, self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -381,7 +391,7 @@ class SlidingWindowTransformer(nn.Module):
 
     def forward(self, x: Tensor, state: CodecState | None = None) -> Tensor:
         """x [B, T, latent] -> [B, T, latent]. With ``state``, frames start at ``state.pos`` and the KV
-        cache supplies the earlier window; the caller advances ``state.pos``."""
+        rings supply the earlier window (T <= ring slots - (window - 1)); the caller advances ``state.pos``."""
         cfg, t = self.cfg, x.shape[1]
         x = self.input_proj(x)
         window = cfg.sliding_window
@@ -390,18 +400,22 @@ class SlidingWindowTransformer(nn.Module):
             k_pos = q_pos
             cos, sin = rope_cos_sin(q_pos, cfg.attn_head_dim, cfg.rope_theta, x.dtype)
         else:
-            # Per-row positions, so streams that started at different times can share a batch.
+            # Per-row positions, so streams that started at different times can share a batch. Position p
+            # sits in slot p % ring; after this step's writes, slot s holds the latest position congruent to
+            # s up to the last new frame (negative: never written, a stream's first frames).
+            ring = state.keys.shape[3]
             q_pos = state.pos[:, None] + torch.arange(t, device=x.device)  # [B, T]
-            k_pos = state.pos[:, None] + torch.arange(-(window - 1), t, device=x.device)  # [B, W-1+T]
+            last = q_pos[:, -1:]
+            k_pos = last - (last - torch.arange(ring, device=x.device)) % ring  # [B, ring]
             cos, sin = rope_cos_sin(q_pos[:, None], cfg.attn_head_dim, cfg.rope_theta, x.dtype)
         d = q_pos[..., :, None] - k_pos[..., None, :]
-        # Cache slots before the stream start have negative positions and hold no frame.
+        # Slots before the stream start have negative positions and hold no frame.
         mask = (d >= 0) & (d < window) & (k_pos[..., None, :] >= 0)
         if state is not None:
             mask = mask[:, None]  # [B, 1, T, S] broadcasts over heads
         for i, layer in enumerate(self.layers):
-            kv_cache = None if state is None else (state.keys[i], state.values[i])
-            x = layer(x, (cos, sin), mask, kv_cache)
+            kv = None if state is None else (state.keys[i], state.values[i], q_pos % ring)
+            x = layer(x, (cos, sin), mask, kv)
         return self.output_proj(self.norm(x))
 
 
@@ -505,7 +519,7 @@ class CodecState:
     convs: per stateful conv, [B, context, C]: the last inputs of a causal conv (after its activation), the
     last input frame of a transposed conv; views of one `memory` [B, sum of context * C], so that moving rows
     is one copy for all of them.
-    keys/values: [layers, B, n_kv_heads, window - 1, head_dim], oldest frame first.
+    keys/values: [layers, B, n_kv_heads, window - 1 + STEP_FRAMES, head_dim], rings: frame p in slot p % slots.
     pos: [B] int64, frames decoded so far per stream (RoPE position of the next frame).
     """
 
@@ -620,7 +634,7 @@ class CodecDecoder(nn.Module):
             cfg.num_hidden_layers,
             batch_size,
             cfg.num_key_value_heads,
-            cfg.sliding_window - 1,
+            cfg.sliding_window - 1 + STEP_FRAMES,
             cfg.attn_head_dim,
         )
         return CodecState(
@@ -641,6 +655,8 @@ class CodecDecoder(nn.Module):
         self._check_codes(codes)
         if codes.shape[0] != state.batch_size:
             raise ValueError(f"codes batch {codes.shape[0]} != state batch {state.batch_size}")
-        wav = self.decoder(codes, state)
-        state.pos += codes.shape[2]
-        return wav
+        wavs = []
+        for part in codes.split(STEP_FRAMES, dim=2):  # what the KV rings hold beyond the window
+            wavs.append(self.decoder(part, state))
+            state.pos += part.shape[2]
+        return wavs[0] if len(wavs) == 1 else torch.cat(wavs, dim=-1)
