@@ -597,11 +597,13 @@ if triton is not None:
             shift = j * DILATION - CONTEXT
             src = t + shift
             cmask = c0 + ci < CIN
-            a = tl.load(x_tile + (shift * stride_xt + c0), mask=(tmask & (src >= 0))[:, None] & cmask[None, :],
-                        other=0.0)
-            if HAS_CACHE:  # row src + CONTEXT of the cache
-                a += tl.load(cache_tile + (j * DILATION * CIN + c0), mask=(tmask & (src < 0))[:, None] & cmask[None, :],
-                             other=0.0)
+            if HAS_CACHE:  # rows before x come from the cache (its row src + CONTEXT): one load either way
+                a = tl.load(tl.where((src >= 0)[:, None], x_tile + (shift * stride_xt + c0),
+                                     cache_tile + (j * DILATION * CIN + c0)),
+                            mask=tmask[:, None] & cmask[None, :], other=0.0)
+            else:
+                a = tl.load(x_tile + (shift * stride_xt + c0), mask=(tmask & (src >= 0))[:, None] & cmask[None, :],
+                            other=0.0)
             w = tl.load(w_tile + (j * CIN + c0) * N, mask=cmask[:, None] & nmask[None, :], other=0.0)
             if F32_DOT:  # Triton's interpreter multiplies bf16 dot operands as raw bits; bf16 products are exact
                 acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
