@@ -8,7 +8,8 @@ norms, RoPE, the KV-cache write and the attention itself), the output projection
 fused behind, the gate/up projection with its RMSNorm, and the down projection with SiLU*up in front and
 the residual behind. The projections are matrix-vector kernels at batch 1 (cuBLAS' GEMMs take ~6 us for
 1-3 us of weights there); larger batches keep cuBLAS with the norms and SiLU fused into one kernel each.
-The codec decoder's SnakeBeta and the samplers' top-k draw are one kernel each too.
+The samplers' top-k draw is one kernel too, and so is each of the codec decoder's convolutions, with its
+streaming context, bias, residual add and the SnakeBeta after it (the codec section below).
 
 Every op has a PyTorch reference, the exact code the model ran before these kernels: it runs on the CPU,
 for shapes a kernel does not take, when `set_enabled(False)`, and it is the tests' oracle. The kernels
