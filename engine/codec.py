@@ -58,8 +58,8 @@ from engine.layers import RMSNorm
 
 # Conv caches are keyed by the module that owns them; the transformer KV cache is separate.
 ConvCaches = dict[nn.Module, Tensor]
-# Frames a streaming step attends to at once: the transformer's KV rings hold the window and these (a longer
-# decode_step runs in several passes).
+# Frames a streaming step attends to at once, at least: the transformer's KV rings hold the window and these,
+# rounded up to 16 slots (the attention kernels' mask alignment); a longer decode_step runs in several passes.
 STEP_FRAMES = 8
 
 
@@ -519,7 +519,8 @@ class CodecState:
     convs: per stateful conv, [B, context, C]: the last inputs of a causal conv (after its activation), the
     last input frame of a transposed conv; views of one `memory` [B, sum of context * C], so that moving rows
     is one copy for all of them.
-    keys/values: [layers, B, n_kv_heads, window - 1 + STEP_FRAMES, head_dim], rings: frame p in slot p % slots.
+    keys/values: [layers, B, n_kv_heads, slots, head_dim], rings of window - 1 + STEP_FRAMES slots or a few
+    more (a multiple of 16): frame p in slot p % slots.
     pos: [B] int64, frames decoded so far per stream (RoPE position of the next frame).
     """
 
@@ -634,7 +635,7 @@ class CodecDecoder(nn.Module):
             cfg.num_hidden_layers,
             batch_size,
             cfg.num_key_value_heads,
-            cfg.sliding_window - 1 + STEP_FRAMES,
+            -(-(cfg.sliding_window - 1 + STEP_FRAMES) // 16) * 16,
             cfg.attn_head_dim,
         )
         return CodecState(
@@ -656,7 +657,7 @@ class CodecDecoder(nn.Module):
         if codes.shape[0] != state.batch_size:
             raise ValueError(f"codes batch {codes.shape[0]} != state batch {state.batch_size}")
         wavs = []
-        for part in codes.split(STEP_FRAMES, dim=2):  # what the KV rings hold beyond the window
+        for part in codes.split(state.keys.shape[3] - (self.cfg.sliding_window - 1), dim=2):  # the rings' spare slots
             wavs.append(self.decoder(part, state))
             state.pos += part.shape[2]
         return wavs[0] if len(wavs) == 1 else torch.cat(wavs, dim=-1)

@@ -220,7 +220,7 @@ def test_published_config_builds_the_published_geometry() -> None:
     assert shapes["decoder.decoder.4.block.4.conv1.conv.weight"] == (96, 96, 7)
     assert shapes["decoder.decoder.6.conv.weight"] == (1, 96, 7)
     state = model.new_state(3)
-    assert state.keys.shape == (8, 3, 16, 71 + 8, 64)  # the window and a step's frames
+    assert state.keys.shape == (8, 3, 16, 80, 64)  # the window (72 - 1), a step's frames (8), 16-aligned
 
 
 @pytest.fixture
