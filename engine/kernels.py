@@ -555,7 +555,7 @@ if triton is not None:
         # (BLOCK_T, BLOCK_N, BLOCK_CI, warps, stages): tensor-core tiles for the wide layers, a 16-column
         # tile for the waveform conv (one output channel).
         shapes = ((128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 32, 4, 4), (128, 128, 32, 4, 4),
-                  (256, 16, 64, 4, 3), (128, 16, 32, 4, 4))
+                  (256, 128, 32, 8, 3), (256, 16, 64, 4, 3), (128, 16, 32, 4, 4))
         return [triton.Config({"BLOCK_T": bt, "BLOCK_N": bn, "BLOCK_CI": bc}, num_warps=w, num_stages=s)
                 for bt, bn, bc, w, s in shapes]
 
