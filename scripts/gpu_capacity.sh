@@ -164,7 +164,7 @@ codec() {
   else
     log "no .before-codec/ (scripts/gpu_capacity.sh prepare-codec, then carry it): no before run"
   fi
-  checkpoint 0.6b "$Q06" 2
+  checkpoint 0.6b "$Q06" 2 200
   step 200 engine python3 scripts/bench_engine.py --checkpoint "$Q06" --impl ours --device "$DEVICE" \
     --frames "$FRAMES" --streams "$STREAMS_06" --eager-streams "" --runs 1 --time-budget 100 \
     --json "$OUT/bench-engine-0.6b.json"
