@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Self, TypeVar
 
+import torch
 from prometheus_client import Gauge, Histogram
 
 from engine import checkpoint, kernels
@@ -29,7 +30,7 @@ from engine.checkpoint import Checkpoint, CheckpointError
 from engine.config import EngineConfig
 from engine.handles import TextInput
 from engine.prompt import PromptError, TextTokens, Voice
-from engine.runner import Runner
+from engine.runner import Runner, state_bytes
 from engine.sampling import SamplingParams
 from engine.stream import Packet, Stream
 
@@ -102,6 +103,14 @@ class Batcher:
                 raise CheckpointError(f"[engine.voices] {voice} = {speaker!r}: the checkpoint has no such speaker "
                                       f"(it has {', '.join(sorted(ckpt.config.speakers))})")
         weight = ckpt.codec.decoder.pre_conv.conv.weight
+        if weight.is_cuda:
+            need = state_bytes(ckpt, max_streams, max_frames + PROMPT_POSITIONS)
+            free = torch.cuda.mem_get_info(weight.device)[0]
+            if need > free:
+                raise CheckpointError(
+                    f"[engine] max_streams = {max_streams} streams of up to max_frames = {max_frames} frames need "
+                    f"{need / 2**30:.1f} GiB of preallocated caches and {weight.device} has {free / 2**30:.1f} GiB "
+                    "free: lower max_streams or max_frames")
         problem = kernels.self_test(weight.device, weight.dtype) if kernels.available(weight) else None
         if problem:
             log.warning("fused kernels off (the engine runs its PyTorch code, slower): %s", problem)

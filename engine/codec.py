@@ -22,11 +22,18 @@ Streaming: every layer is causal and no layer looks ahead (the causal transposed
 right overlap, so output block t depends on input frames <= t only). ``decode_step`` therefore emits
 exactly n * 1920 final samples for n new frames, with no flush and no algorithmic latency beyond the
 frame itself. Left context is carried incrementally in a preallocated ``CodecState``: the input tail
-of each causal conv, the un-emitted overlap of each causal transposed conv, and a (window - 1)-frame
-KV cache per transformer layer. A fresh state holds zeros, which is exactly the official zero
-padding, so streaming reproduces ``decode`` up to float rounding. Rows are independent streams with
+of each causal conv, the last input frame of each causal transposed conv (its spill into the next
+frame's samples is computed again from it), and a ring of keys and values per transformer layer (the
+window plus a step's frames, written in place). A fresh state holds zeros, which is exactly the official
+zero padding, so streaming reproduces ``decode`` up to float rounding. Rows are independent streams with
 their own positions: ``CodecState.reset_`` restarts rows, ``copy_rows_`` moves streams between rows,
 ``narrow`` gives a view of consecutive rows (a smaller batch bucket sharing the same memory).
+
+Layout and kernels: after the quantizer the signal is channels-last, [B, T, C] (the transformer's layout,
+and what the convs' kernels read best). On a GPU each dense conv and transposed conv is one
+engine.kernels kernel that reads its left context straight from the state, and applies its bias, the
+residual add and the SnakeBeta that follows it as it writes its output; on a CPU (and with the kernels off)
+the same layers run their PyTorch reference.
 
 Codes must lie in [0, codebook_size): the official ``decode`` maps its -1 padding to 0 before this.
 Outputs are float32 whatever the model dtype; SnakeBeta, RMSNorm and the codebook lookup compute in
@@ -51,6 +58,9 @@ from engine.layers import RMSNorm
 
 # Conv caches are keyed by the module that owns them; the transformer KV cache is separate.
 ConvCaches = dict[nn.Module, Tensor]
+# Frames a streaming step attends to at once, at least: the transformer's KV rings hold the window and these,
+# rounded up to 16 slots (the attention kernels' mask alignment); a longer decode_step runs in several passes.
+STEP_FRAMES = 8
 
 
 @dataclass(frozen=True)
@@ -86,75 +96,114 @@ class CodecConfig:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Causal convolutions (the only layers with conv state)
+# Causal convolutions (the only layers with conv state). The decoder's signal is channels-last, [B, T, C].
 
 
-class CausalConv1d(nn.Module):
-    """Stride-1 conv padded on the left only (official ``CausalConvNet``).
+class Packed(nn.Module):
+    """A module that keeps a tensor derived from its weights (the layout a kernel reads, a dequantized table),
+    made on first use and again after its weights are loaded or moved."""
 
-    Streaming keeps the last ``context`` input samples; zeros at the start match the official padding.
-    On a GPU (with engine.kernels on) three shapes leave cuDNN, which runs them on slow fallbacks (~3 ms
-    each for 64 streams' packets): ``as_gemm`` convs (wide, at the frame rate: a few samples per stream and
-    a thousand channels) run as one GEMM over the unfolded input, depthwise convs as a multiply-sum over
-    it, and the last conv (to one channel, the waveform) as engine.kernels.conv1d_to_one.
+    def __init__(self) -> None:
+        super().__init__()
+        self._packed: Tensor | None = None
+        self.register_load_state_dict_post_hook(lambda module, keys: setattr(module, "_packed", None))
+
+    def _apply(self, fn, recurse=True):  # .to(), .cuda(), .bfloat16(): the derived tensor follows the weights
+        self._packed = None
+        return super()._apply(fn, recurse)
+
+    def pack(self) -> Tensor:
+        raise NotImplementedError
+
+    @property
+    def packed(self) -> Tensor:
+        if self._packed is None:
+            self._packed = self.pack()
+        return self._packed
+
+
+class SnakeBeta(nn.Module):
+    """x + sin^2(x * e^alpha) / e^beta, per channel (log-scale parameters), in float32.
+
+    Every SnakeBeta of the decoder feeds exactly one conv, so the conv before it applies it as it writes its
+    output (engine.kernels.causal_conv's `act`): each layer hands over its output and the activated output.
     """
 
-    def __init__(self, cin: int, cout: int, kernel_size: int, dilation: int = 1, groups: int = 1,
-                 as_gemm: bool = False):
+    def __init__(self, dim: int):
         super().__init__()
-        self.conv = nn.Conv1d(cin, cout, kernel_size, dilation=dilation, groups=groups)
-        self.context = (kernel_size - 1) * dilation
-        self.as_gemm = as_gemm and groups == 1
+        self.alpha = nn.Parameter(torch.zeros(dim))
+        self.beta = nn.Parameter(torch.zeros(dim))
 
-    def new_cache(self, batch: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
-        if self.context == 0:
-            return None
-        return torch.zeros(batch, self.conv.in_channels, self.context, dtype=dtype, device=device)
+    @property
+    def params(self) -> tuple[Tensor, Tensor]:
+        return self.alpha, self.beta
+
+
+class CausalConv1d(Packed):
+    """Stride-1 conv padded on the left only (official ``CausalConvNet``), x [B, T, C].
+
+    Streaming keeps the last ``context`` inputs; zeros at the start match the official padding. Returns
+    (y, act(y)) for y = [residual +] conv(x): y only when ``keep``, act(y) only with an ``act``. On a GPU this
+    is one engine.kernels.causal_conv kernel (left context read from the cache, bias, residual and activation
+    applied in registers), else the PyTorch reference.
+    """
+
+    def __init__(self, cin: int, cout: int, kernel_size: int, dilation: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(cin, cout, kernel_size, dilation=dilation)
+        self.context = (kernel_size - 1) * dilation
+
+    @property
+    def cache_shape(self) -> tuple[int, int] | None:
+        return (self.context, self.conv.in_channels) if self.context else None
+
+    def pack(self) -> Tensor:
+        return kernels.pack_conv(self.conv.weight)
+
+    def forward(self, x: Tensor, caches: ConvCaches | None = None, *, residual: Tensor | None = None,
+                act: SnakeBeta | None = None, keep: bool = True) -> kernels.ConvOut:
+        cache = None if caches is None else caches.get(self)
+        conv, snake = self.conv, None if act is None else act.params
+        if kernels.available(x):
+            return kernels.causal_conv(x, self.packed, conv.bias, conv.kernel_size[0], conv.dilation[0], cache,
+                                       residual, snake, keep)
+        return kernels.causal_conv_reference(x, conv.weight, conv.bias, conv.dilation[0], cache, residual, snake, keep)
+
+
+class DepthwiseCausalConv1d(nn.Module):
+    """The ConvNeXt blocks' causal depthwise conv (groups = channels), x [B, T, C] at the frame rate.
+
+    cuDNN runs grouped convs on a slow fallback, so on a GPU it is a multiply-sum over the unfolded input.
+    """
+
+    def __init__(self, dim: int, kernel_size: int):
+        super().__init__()
+        self.conv = nn.Conv1d(dim, dim, kernel_size, groups=dim)
+        self.context = kernel_size - 1
+
+    @property
+    def cache_shape(self) -> tuple[int, int]:
+        return self.context, self.conv.in_channels
 
     def forward(self, x: Tensor, caches: ConvCaches | None = None) -> Tensor:
         cache = None if caches is None else caches.get(self)
         if cache is None:
-            x = F.pad(x, (self.context, 0))
+            x = F.pad(x, (0, 0, self.context, 0))
         else:
-            x = torch.cat([cache, x], dim=-1)
-            cache.copy_(x[..., x.shape[-1] - self.context :])
-        if self.conv.out_channels == 1 and self.conv.dilation[0] == 1:  # the waveform
-            return kernels.conv1d_to_one(x, self.conv.weight, self.conv.bias)
+            x = torch.cat([cache, x], dim=1)
+            cache.copy_(x[:, x.shape[1] - self.context :])
         if kernels.available(x):
-            if self.as_gemm:
-                return self._gemm(x)
-            if self.conv.groups == self.conv.in_channels == self.conv.out_channels:
-                return self._depthwise(x)
-        return self.conv(x)
-
-    def _columns(self, x: Tensor) -> Tensor:
-        """[B, C, T, K]: the K inputs of each output sample, a view of x."""
-        return x.unfold(2, self.context + 1, 1)[..., :: self.conv.dilation[0]]
-
-    def _gemm(self, x: Tensor) -> Tensor:
-        weight = self.conv.weight
-        cout, cin, k = weight.shape
-        cols = self._columns(x)
-        b, _, t, _ = cols.shape
-        cols = cols.permute(0, 2, 1, 3).reshape(b * t, cin * k)
-        out = torch.addmm(self.conv.bias, cols, weight.reshape(cout, cin * k).t())
-        return out.view(b, t, cout).transpose(1, 2).contiguous()
-
-    def _depthwise(self, x: Tensor) -> Tensor:
-        weight = self.conv.weight[:, 0, None, :]  # [C, 1, K]
-        return (self._columns(x) * weight).sum(-1) + self.conv.bias[:, None]
+            return (x.unfold(1, self.context + 1, 1) * self.conv.weight[:, 0]).sum(-1) + self.conv.bias
+        return self.conv(x.transpose(1, 2)).transpose(1, 2)
 
 
-class CausalConvTranspose1d(nn.Module):
+class CausalConvTranspose1d(Packed):
     """Transposed conv with its last ``kernel - stride`` outputs cut (official ``CausalTransConvNet``).
 
     Frame t's ``kernel`` taps land on samples t*stride + j: the first ``stride`` taps form its own
     output block, the other ``overlap`` taps spill into block t+1. So block t mixes frames t and t-1
-    only and nothing looks ahead; the cut samples are the last frame's spill, which streaming carries
-    into the next step instead of dropping.
-
-    Computed as one GEMM plus that overlap-add rather than ``conv_transpose1d``, whose CPU kernel
-    falls back to a slow im2col path for the few frames of a streaming step.
+    only and nothing looks ahead; the cut samples are the last frame's spill, which streaming computes again
+    in the next step from the last input frame it keeps. Returns (y, act(y)) as CausalConv1d does.
     """
 
     def __init__(self, cin: int, cout: int, kernel_size: int, stride: int):
@@ -164,26 +213,19 @@ class CausalConvTranspose1d(nn.Module):
         self.conv = nn.ConvTranspose1d(cin, cout, kernel_size, stride=stride)
         self.overlap = kernel_size - stride
 
-    def new_cache(self, batch: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
-        if self.overlap == 0:
-            return None
-        return torch.zeros(batch, self.conv.out_channels, self.overlap, dtype=dtype, device=device)
+    @property
+    def cache_shape(self) -> tuple[int, int] | None:
+        return (1, self.conv.in_channels) if self.overlap else None
 
-    def forward(self, x: Tensor, caches: ConvCaches | None = None) -> Tensor:
-        b, _, frames = x.shape
-        cin, cout, kernel = self.conv.weight.shape
-        stride, overlap = self.conv.stride[0], self.overlap
-        taps = (x.transpose(1, 2) @ self.conv.weight.reshape(cin, cout * kernel)).view(b, frames, cout, kernel)
-        blocks = taps
-        if overlap:
-            spill = taps[..., stride:]  # [B, frames, cout, overlap]
-            carry = None if caches is None else caches.get(self)
-            before = torch.zeros_like(spill[:, :1]) if carry is None else carry[:, None]
-            spilled_in = torch.cat([before, spill[:, :-1]], dim=1)
-            blocks = torch.cat([taps[..., :overlap] + spilled_in, taps[..., overlap:stride]], dim=-1)
-            if carry is not None:
-                carry.copy_(spill[:, -1])
-        return blocks.permute(0, 2, 1, 3).reshape(b, cout, frames * stride) + self.conv.bias[:, None]
+    def pack(self) -> Tensor:
+        return kernels.pack_conv_transpose(self.conv.weight, self.conv.stride[0])
+
+    def forward(self, x: Tensor, caches: ConvCaches | None = None, act: SnakeBeta | None = None) -> kernels.ConvOut:
+        cache = None if caches is None else caches.get(self)
+        conv, snake = self.conv, None if act is None else act.params
+        if kernels.available(x):
+            return kernels.causal_conv_transpose(x, self.packed, conv.bias, conv.stride[0], cache, snake)
+        return kernels.causal_conv_transpose_reference(x, conv.weight, conv.bias, conv.stride[0], cache, snake)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -213,7 +255,7 @@ class VectorQuantization(nn.Module):
         self._codebook = EuclideanCodebook(dim, size)
 
 
-class ResidualVectorQuantizer(nn.Module):
+class ResidualVectorQuantizer(Packed):
     """A group of residual codebooks: summed entries, then a 1x1 conv out of codebook space.
 
     The codebooks' entries are dequantized once into one table (a frame's codes then take one lookup, not
@@ -227,20 +269,16 @@ class ResidualVectorQuantizer(nn.Module):
         self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
         self.vq = nn.ModuleDict({"layers": nn.ModuleList(VectorQuantization(dim, size) for _ in range(n_q))})
         self.size = size
-        self._table: Tensor | None = None
-        self.register_load_state_dict_post_hook(lambda module, keys: setattr(module, "_table", None))
 
-    def _apply(self, fn, recurse=True):  # .to(), .cuda(), .bfloat16(): the table follows the weights
-        self._table = None
-        return super()._apply(fn, recurse)
+    def pack(self) -> Tensor:
+        return torch.cat([layer._codebook.entries() for layer in self.vq["layers"]])
 
     def forward(self, codes: Tensor) -> Tensor:
-        """codes [B, n_q, T] -> float32 [B, io_dim, T]."""
-        if self._table is None:
-            self._table = torch.cat([layer._codebook.entries() for layer in self.vq["layers"]])
-        offsets = torch.arange(0, self._table.shape[0], self.size, device=codes.device)
-        summed = F.embedding(codes.transpose(1, 2) + offsets, self._table).sum(2)
-        return F.conv1d(summed.transpose(1, 2), self.output_proj.weight.float())
+        """codes [B, n_q, T] -> float32 [B, T, io_dim]."""
+        table = self.packed
+        offsets = torch.arange(0, table.shape[0], self.size, device=codes.device)
+        summed = F.embedding(codes.transpose(1, 2) + offsets, table).sum(2)
+        return F.linear(summed, self.output_proj.weight[..., 0].float())  # the 1x1 conv, channels-last
 
 
 class SplitResidualVectorQuantizer(nn.Module):
@@ -292,22 +330,22 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=bias)
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, kv_cache: tuple[Tensor, Tensor] | None
+        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, kv: tuple[Tensor, Tensor, Tensor] | None
     ) -> Tensor:
         """x [B, T, hidden]; rope cos/signed sin broadcast to [B, 1, T, head_dim]; mask (bool, True = attend)
-        [.., T, S] where S = T, or window - 1 + T with ``kv_cache`` = (k, v) [B, n_kv, window - 1, D]."""
+        [.., T, S] where S = T, or the ring's slots with ``kv`` = (k, v) rings [B, n_kv, slots, D] and the slots
+        [B, T] the new frames take there (written in place; attention reads the whole ring under the mask)."""
         b, t, _ = x.shape
         h, g, d = self.n_heads, self.n_kv, self.head_dim
         q = self.q_proj(x).view(b, t, h, d).transpose(1, 2)
         k = self.k_proj(x).view(b, t, g, d).transpose(1, 2)
         v = self.v_proj(x).view(b, t, g, d).transpose(1, 2)
         q, k = kernels.rotate(q, *rope), kernels.rotate(k, *rope)
-        if kv_cache is not None:
-            k_cache, v_cache = kv_cache
-            ctx = k_cache.shape[2]
-            k, v = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
-            k_cache.copy_(k[:, :, k.shape[2] - ctx :])
-            v_cache.copy_(v[:, :, v.shape[2] - ctx :])
+        if kv is not None:
+            k_ring, v_ring, slots = kv
+            index = slots[:, None, :, None].expand(b, g, t, d)
+            k = k_ring.scatter_(2, index, k)
+            v = v_ring.scatter_(2, index, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=g != h)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -334,9 +372,9 @@ class TransformerLayer(nn.Module):
         self.mlp_layer_scale = LayerScale(cfg.hidden_size)
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, kv_cache: tuple[Tensor, Tensor] | None
+        self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor, kv: tuple[Tensor, Tensor, Tensor] | None
     ) -> Tensor:
-        x = self.self_attn_layer_scale.add_to(x, self.self_attn(self.input_layernorm(x), rope, mask, kv_cache))
+        x = self.self_attn_layer_scale.add_to(x, self.self_attn(self.input_layernorm(x), rope, mask, kv))
         return self.mlp_layer_scale.add_to(x, self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -353,7 +391,7 @@ class SlidingWindowTransformer(nn.Module):
 
     def forward(self, x: Tensor, state: CodecState | None = None) -> Tensor:
         """x [B, T, latent] -> [B, T, latent]. With ``state``, frames start at ``state.pos`` and the KV
-        cache supplies the earlier window; the caller advances ``state.pos``."""
+        rings supply the earlier window (T <= ring slots - (window - 1)); the caller advances ``state.pos``."""
         cfg, t = self.cfg, x.shape[1]
         x = self.input_proj(x)
         window = cfg.sliding_window
@@ -362,18 +400,22 @@ class SlidingWindowTransformer(nn.Module):
             k_pos = q_pos
             cos, sin = rope_cos_sin(q_pos, cfg.attn_head_dim, cfg.rope_theta, x.dtype)
         else:
-            # Per-row positions, so streams that started at different times can share a batch.
+            # Per-row positions, so streams that started at different times can share a batch. Position p
+            # sits in slot p % ring; after this step's writes, slot s holds the latest position congruent to
+            # s up to the last new frame (negative: never written, a stream's first frames).
+            ring = state.keys.shape[3]
             q_pos = state.pos[:, None] + torch.arange(t, device=x.device)  # [B, T]
-            k_pos = state.pos[:, None] + torch.arange(-(window - 1), t, device=x.device)  # [B, W-1+T]
+            last = q_pos[:, -1:]
+            k_pos = last - (last - torch.arange(ring, device=x.device)) % ring  # [B, ring]
             cos, sin = rope_cos_sin(q_pos[:, None], cfg.attn_head_dim, cfg.rope_theta, x.dtype)
         d = q_pos[..., :, None] - k_pos[..., None, :]
-        # Cache slots before the stream start have negative positions and hold no frame.
+        # Slots before the stream start have negative positions and hold no frame.
         mask = (d >= 0) & (d < window) & (k_pos[..., None, :] >= 0)
         if state is not None:
             mask = mask[:, None]  # [B, 1, T, S] broadcasts over heads
         for i, layer in enumerate(self.layers):
-            kv_cache = None if state is None else (state.keys[i], state.values[i])
-            x = layer(x, (cos, sin), mask, kv_cache)
+            kv = None if state is None else (state.keys[i], state.values[i], q_pos % ring)
+            x = layer(x, (cos, sin), mask, kv)
         return self.output_proj(self.norm(x))
 
 
@@ -384,31 +426,15 @@ class SlidingWindowTransformer(nn.Module):
 class ConvNeXtBlock(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
-        self.dwconv = CausalConv1d(dim, dim, 7, groups=dim)
+        self.dwconv = DepthwiseCausalConv1d(dim, 7)
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.pwconv1 = nn.Linear(dim, 4 * dim)
         self.pwconv2 = nn.Linear(4 * dim, dim)
         self.gamma = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor, caches: ConvCaches | None) -> Tensor:
-        h = self.dwconv(x, caches).transpose(1, 2)
-        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
-        return x + (self.gamma * h).transpose(1, 2)
-
-
-class SnakeBeta(nn.Module):
-    """x + sin^2(x * e^alpha) / e^beta, per channel (log-scale parameters).
-
-    Evaluated in float32 (one fused kernel on a GPU: engine.kernels.snake_beta).
-    """
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.alpha = nn.Parameter(torch.zeros(dim))
-        self.beta = nn.Parameter(torch.zeros(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return kernels.snake_beta(x, self.alpha, self.beta)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(self.dwconv(x, caches)))))
+        return torch.addcmul(x, self.gamma, h)
 
 
 class ResidualUnit(nn.Module):
@@ -419,8 +445,11 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv1d(dim, dim, 1)
 
-    def forward(self, x: Tensor, caches: ConvCaches | None) -> Tensor:
-        return x + self.conv2(self.act2(self.conv1(self.act1(x), caches)), caches)
+    def forward(self, x: Tensor, x_act: Tensor, caches: ConvCaches | None, act: SnakeBeta,
+                keep: bool = True) -> kernels.ConvOut:
+        """y = x + conv2(act2(conv1(act1(x)))), given x and act1(x): (y, act(y)), y only when ``keep``."""
+        _, h = self.conv1(x_act, caches, act=self.act2, keep=False)
+        return self.conv2(h, caches, residual=x, act=act, keep=keep)
 
 
 class DecoderBlock(nn.Module):
@@ -433,11 +462,14 @@ class DecoderBlock(nn.Module):
             + [ResidualUnit(cout, d) for d in (1, 3, 9)]
         )
 
-    def forward(self, x: Tensor, caches: ConvCaches | None) -> Tensor:
-        x = self.block[1](self.block[0](x), caches)
-        for unit in self.block[2:]:
-            x = unit(x, caches)
-        return x
+    def forward(self, x_act: Tensor, caches: ConvCaches | None, act: SnakeBeta) -> Tensor:
+        """The block's input after its SnakeBeta (block[0], applied by the layer before) -> act(output)."""
+        units = self.block[2:]
+        x, x_act = self.block[1](x_act, caches, act=units[0].act1)
+        for i, unit in enumerate(units):
+            last = i == len(units) - 1
+            x, x_act = unit(x, x_act, caches, act if last else units[i + 1].act1, keep=not last)
+        return x_act
 
 
 class Code2Wav(nn.Module):
@@ -446,7 +478,7 @@ class Code2Wav(nn.Module):
     def __init__(self, cfg: CodecConfig):
         super().__init__()
         self.quantizer = SplitResidualVectorQuantizer(cfg)
-        self.pre_conv = CausalConv1d(cfg.codebook_dim, cfg.latent_dim, 3, as_gemm=True)
+        self.pre_conv = CausalConv1d(cfg.codebook_dim, cfg.latent_dim, 3)
         self.pre_transformer = SlidingWindowTransformer(cfg)
         self.upsample = nn.ModuleList(
             nn.ModuleList([CausalConvTranspose1d(cfg.latent_dim, cfg.latent_dim, r, r), ConvNeXtBlock(cfg.latent_dim)])
@@ -454,7 +486,7 @@ class Code2Wav(nn.Module):
         )
         dims = [cfg.decoder_dim // 2**i for i in range(len(cfg.upsample_rates) + 1)]
         self.decoder = nn.ModuleList(
-            [CausalConv1d(cfg.latent_dim, cfg.decoder_dim, 7, as_gemm=True)]
+            [CausalConv1d(cfg.latent_dim, cfg.decoder_dim, 7)]
             + [DecoderBlock(dims[i], dims[i + 1], r) for i, r in enumerate(cfg.upsample_rates)]
             + [SnakeBeta(dims[-1]), CausalConv1d(dims[-1], 1, 7)]
         )
@@ -463,15 +495,17 @@ class Code2Wav(nn.Module):
         """codes [B, num_quantizers, T] -> float32 waveform [B, T * samples_per_frame]."""
         caches = None if state is None else state.convs
         dtype = self.pre_conv.conv.weight.dtype
-        x = self.pre_conv(self.quantizer(codes).to(dtype), caches)
-        x = self.pre_transformer(x.transpose(1, 2), state).transpose(1, 2)
+        x, _ = self.pre_conv(self.quantizer(codes).to(dtype), caches)
+        x = self.pre_transformer(x, state)
         for trans_conv, convnext in self.upsample:
-            x = convnext(trans_conv(x, caches), caches)
-        x = self.decoder[0](x, caches)
-        for block in self.decoder[1:-2]:
-            x = block(x, caches)
-        x = self.decoder[-1](self.decoder[-2](x), caches)
-        return x.squeeze(1).clamp(-1.0, 1.0).float()
+            x = convnext(trans_conv(x, caches)[0], caches)
+        first, *blocks, act, last = self.decoder
+        # Each SnakeBeta is applied by the conv before it: the decoder blocks start with one.
+        _, x = first(x, caches, act=blocks[0].block[0], keep=False)
+        for block, after in zip(blocks, [b.block[0] for b in blocks[1:]] + [act], strict=True):
+            x = block(x, caches, after)
+        wav, _ = last(x, caches)
+        return wav.squeeze(-1).clamp(-1.0, 1.0).float()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -482,12 +516,16 @@ class Code2Wav(nn.Module):
 class CodecState:
     """Left context of B independent streams; all tensors preallocated, updated in place.
 
-    convs: per stateful conv, [B, C, context] input tail (causal conv) or overlap (transposed conv).
-    keys/values: [layers, B, n_kv_heads, window - 1, head_dim], oldest frame first.
+    convs: per stateful conv, [B, context, C]: the last inputs of a causal conv (after its activation), the
+    last input frame of a transposed conv; views of one `memory` [B, sum of context * C], so that moving rows
+    is one copy for all of them.
+    keys/values: [layers, B, n_kv_heads, slots, head_dim], rings of window - 1 + STEP_FRAMES slots or a few
+    more (a multiple of 16): frame p in slot p % slots.
     pos: [B] int64, frames decoded so far per stream (RoPE position of the next frame).
     """
 
     convs: ConvCaches
+    memory: Tensor
     keys: Tensor
     values: Tensor
     pos: Tensor
@@ -501,6 +539,7 @@ class CodecState:
         these rows here (e.g. a CUDA graph captured for a smaller batch bucket over the first rows)."""
         return CodecState(
             convs={m: c.narrow(0, start, length) for m, c in self.convs.items()},
+            memory=self.memory.narrow(0, start, length),
             keys=self.keys.narrow(1, start, length),
             values=self.values.narrow(1, start, length),
             pos=self.pos.narrow(0, start, length),
@@ -508,8 +547,7 @@ class CodecState:
 
     def copy_rows_(self, dst: Tensor, src: Tensor) -> None:
         """Move streams between rows in place (rows ``src`` -> rows ``dst``), e.g. to compact a batch."""
-        for cache in self.convs.values():
-            cache[dst] = cache[src]
+        self.memory[dst] = self.memory[src]
         self.keys[:, dst] = self.keys[:, src]
         self.values[:, dst] = self.values[:, src]
         self.pos[dst] = self.pos[src]
@@ -517,16 +555,14 @@ class CodecState:
     def load_rows_(self, src: CodecState, rows: Tensor) -> None:
         """This state's rows become rows ``rows`` of ``src`` (a gather, e.g. the streams whose packet is
         due into a batch); ``store_rows_`` writes them back after the step."""
-        for module, cache in self.convs.items():
-            cache.copy_(src.convs[module].index_select(0, rows))
+        self.memory.copy_(src.memory.index_select(0, rows))
         self.keys.copy_(src.keys.index_select(1, rows))
         self.values.copy_(src.values.index_select(1, rows))
         self.pos.copy_(src.pos.index_select(0, rows))
 
     def store_rows_(self, dst: CodecState, rows: Tensor) -> None:
         """Rows ``rows`` of ``dst`` become this state's rows (the inverse of ``load_rows_``)."""
-        for module, cache in self.convs.items():
-            dst.convs[module].index_copy_(0, rows, cache)
+        dst.memory.index_copy_(0, rows, self.memory)
         dst.keys.index_copy_(1, rows, self.keys)
         dst.values.index_copy_(1, rows, self.values)
         dst.pos.index_copy_(0, rows, self.pos)
@@ -535,8 +571,7 @@ class CodecState:
         """Start new streams in ``rows`` (bool mask or indices; all rows if None), in place."""
         if rows is None:
             rows = torch.ones(self.batch_size, dtype=torch.bool, device=self.pos.device)
-        for cache in self.convs.values():
-            cache[rows] = 0
+        self.memory[rows] = 0
         self.keys[:, rows] = 0
         self.values[:, rows] = 0
         self.pos[rows] = 0
@@ -586,22 +621,26 @@ class CodecDecoder(nn.Module):
         """Zeroed streaming state for ``batch_size`` streams, on the module's device and dtype."""
         weight = self.decoder.pre_conv.conv.weight
         dtype, device = weight.dtype, weight.device
+        shapes = {module: module.cache_shape for module in self.modules()
+                  if isinstance(module, CausalConv1d | DepthwiseCausalConv1d | CausalConvTranspose1d)
+                  and module.cache_shape is not None}
+        memory = torch.zeros(batch_size, sum(r * c for r, c in shapes.values()), dtype=dtype, device=device)
         convs: ConvCaches = {}
-        for module in self.modules():
-            if isinstance(module, CausalConv1d | CausalConvTranspose1d):
-                cache = module.new_cache(batch_size, dtype, device)
-                if cache is not None:
-                    convs[module] = cache
+        start = 0
+        for module, (rows, channels) in shapes.items():
+            convs[module] = memory[:, start : start + rows * channels].view(batch_size, rows, channels)
+            start += rows * channels
         cfg = self.cfg
         kv_shape = (
             cfg.num_hidden_layers,
             batch_size,
             cfg.num_key_value_heads,
-            cfg.sliding_window - 1,
+            -(-(cfg.sliding_window - 1 + STEP_FRAMES) // 16) * 16,
             cfg.attn_head_dim,
         )
         return CodecState(
             convs=convs,
+            memory=memory,
             keys=torch.zeros(kv_shape, dtype=dtype, device=device),
             values=torch.zeros(kv_shape, dtype=dtype, device=device),
             pos=torch.zeros(batch_size, dtype=torch.int64, device=device),
@@ -617,6 +656,8 @@ class CodecDecoder(nn.Module):
         self._check_codes(codes)
         if codes.shape[0] != state.batch_size:
             raise ValueError(f"codes batch {codes.shape[0]} != state batch {state.batch_size}")
-        wav = self.decoder(codes, state)
-        state.pos += codes.shape[2]
-        return wav
+        wavs = []
+        for part in codes.split(state.keys.shape[3] - (self.cfg.sliding_window - 1), dim=2):  # the rings' spare slots
+            wavs.append(self.decoder(part, state))
+            state.pos += part.shape[2]
+        return wavs[0] if len(wavs) == 1 else torch.cat(wavs, dim=-1)

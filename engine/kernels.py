@@ -8,7 +8,8 @@ norms, RoPE, the KV-cache write and the attention itself), the output projection
 fused behind, the gate/up projection with its RMSNorm, and the down projection with SiLU*up in front and
 the residual behind. The projections are matrix-vector kernels at batch 1 (cuBLAS' GEMMs take ~6 us for
 1-3 us of weights there); larger batches keep cuBLAS with the norms and SiLU fused into one kernel each.
-The codec decoder's SnakeBeta and the samplers' top-k draw are one kernel each too.
+The samplers' top-k draw is one kernel too, and so is each of the codec decoder's convolutions, with its
+streaming context, bias, residual add and the SnakeBeta after it (the codec section below).
 
 Every op has a PyTorch reference, the exact code the model ran before these kernels: it runs on the CPU,
 for shapes a kernel does not take, when `set_enabled(False)`, and it is the tests' oracle. The kernels
@@ -62,7 +63,8 @@ def self_test(device: torch.device, dtype: torch.dtype) -> str | None:
     angles = torch.outer(torch.arange(32, device=device).float(), torch.rand(32, device=device))
     rope = (torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype))
     qkv, qn, kn, pos = randn(2, 1, 8 * 64), randn(64), randn(64), torch.tensor([3, 9], device=device)
-    waveform = randn(2, 8, 300), randn(1, 8, 7), randn(1)
+    conv_x, conv_w, conv_b, snake = randn(2, 40, 16), randn(24, 16, 7) / 8, randn(24), (randn(24), randn(24))
+    up_x, up_w = randn(2, 5, 16), randn(16, 24, 6) / 8
     checks = {
         "linear": (lambda: linear(x, w, norm=norm), lambda: linear_reference(x, w, norm=norm)),
         "decode_attention": (
@@ -70,9 +72,12 @@ def self_test(device: torch.device, dtype: torch.dtype) -> str | None:
                                      cache[0].clone(), cache[1].clone(), 0, pos, 4),
             lambda: decode_attention_reference(qkv, torch.cat([qn.expand(4, -1), kn.expand(2, -1)]), 1e-6, rope,
                                                cache[0].clone(), cache[1].clone(), 0, pos, 4)),
-        "snake_beta": (lambda: snake_beta(waveform[0], qn[:8], kn[:8]),
-                       lambda: snake_beta_reference(waveform[0], qn[:8], kn[:8])),
-        "conv1d_to_one": (lambda: conv1d_to_one(*waveform), lambda: F.conv1d(*waveform)),
+        "causal_conv": (
+            lambda: causal_conv(conv_x, pack_conv(conv_w), conv_b, 7, 3, None, act=snake, keep=False)[1],
+            lambda: causal_conv_reference(conv_x, conv_w, conv_b, 3, None, act=snake, keep=False)[1]),
+        "causal_conv_transpose": (
+            lambda: causal_conv_transpose(up_x, pack_conv_transpose(up_w, 3), conv_b, 3, None)[0],
+            lambda: causal_conv_transpose_reference(up_x, up_w, conv_b, 3, None)[0]),
     }
     for name, (fused, reference) in checks.items():
         try:
@@ -249,39 +254,142 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     return out
 
 
-# --- Codec and sampling --------------------------------------------------------------------------------
+# --- Codec convolutions --------------------------------------------------------------------------------
+#
+# The codec decoder's signal is channels-last, [B, T, C]. Each of its dense convolutions (the causal convs
+# and the causal transposed convs) is one `_conv_kernel`: an implicit GEMM that reads its left context
+# from the streaming cache instead of a concatenation, adds the bias and the residual, and applies the
+# SnakeBeta that follows it (every SnakeBeta of the decoder feeds exactly one conv, so the layer before it
+# hands over both its output and the activated output). cuDNN ran these shapes on slow paths (a non-tensor-
+# core kernel for the dilated convs), with a copy per concatenation and a pass per activation and add.
 
 
 def snake_beta_reference(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    # float32 whatever x's dtype: in bf16 the sine of a large argument is meaningless, and 1/e^beta amplifies it.
+    """x + sin^2(x * e^alpha) / e^beta per channel, x [..., C]. Float32 whatever x's dtype: in bf16 the sine
+    of a large argument is meaningless, and 1/e^beta amplifies it."""
     xf = x.float()
-    inv_beta = 1.0 / (beta.float().exp()[:, None] + 1e-9)
-    return (xf + inv_beta * torch.sin(xf * alpha.float().exp()[:, None]).pow(2)).to(x.dtype)
+    inv_beta = 1.0 / (beta.float().exp() + 1e-9)
+    return (xf + inv_beta * torch.sin(xf * alpha.float().exp()).pow(2)).to(x.dtype)
 
 
-def snake_beta(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """x + sin^2(x * e^alpha) / e^beta per channel, x [B, C, T]: one pass in float32 registers."""
-    if not available(x) or not x.is_contiguous():
-        return snake_beta_reference(x, alpha, beta)
-    out = torch.empty_like(x)
-    n, block = x.numel(), 1024
-    _snake_beta_kernel[(triton.cdiv(n, block),)](x, alpha, beta, out, n, x.shape[1], x.shape[2], BLOCK=block)
-    return out
+def shift_cache(cache: torch.Tensor, x: torch.Tensor) -> None:
+    """cache [B, context, C] <- the last `context` steps of [cache | x] along time (x [B, T, C]): the left
+    context of the next call."""
+    context, t = cache.shape[1], x.shape[1]
+    if t >= context:
+        cache.copy_(x[:, t - context:])
+    else:
+        cache.copy_(torch.cat([cache[:, t:], x], dim=1))
 
 
-def conv1d_to_one(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """F.conv1d(x, weight, bias) for one output channel (the codec's last layer, C -> waveform): x [B, C, L],
-    weight [1, C, K] -> [B, 1, L - K + 1]. cuDNN runs this shape on a slow fallback (~3 ms for 64 streams'
-    packets); here each output sample is one dot product over C x K inputs that stay in cache."""
-    b, c, length = x.shape
-    k = weight.shape[-1]
-    if not available(x) or not x.is_contiguous():
-        return F.conv1d(x, weight, bias)
-    out = torch.empty(b, 1, length - k + 1, dtype=x.dtype, device=x.device)
-    block = 256
-    _conv1d_to_one_kernel[(b, triton.cdiv(length - k + 1, block))](x, weight.contiguous(), bias, out, c, length,
-                                                                   K=k, BLOCK=block)
-    return out
+ConvOut = tuple[torch.Tensor | None, torch.Tensor | None]
+
+
+def causal_conv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dilation: int,
+                          cache: torch.Tensor | None, residual: torch.Tensor | None = None,
+                          act: tuple[torch.Tensor, torch.Tensor] | None = None, keep: bool = True) -> ConvOut:
+    """(y, snake(y)) for y = [residual +] conv1d(x, weight, bias, dilation) over x [B, T, C] padded on the left
+    by `cache` (updated in place) or zeros; y is None unless `keep`, snake(y) None without `act` (alpha, beta)."""
+    context = (weight.shape[-1] - 1) * dilation
+    if cache is None:
+        x = F.pad(x, (0, 0, context, 0))
+    elif context:
+        x = torch.cat([cache, x], dim=1)
+        cache.copy_(x[:, x.shape[1] - context:])
+    y = F.conv1d(x.transpose(1, 2), weight, bias, dilation=dilation).transpose(1, 2)
+    if residual is not None:
+        y = residual + y
+    return y if keep else None, None if act is None else snake_beta_reference(y, *act)
+
+
+def causal_conv(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor, taps: int, dilation: int,
+                cache: torch.Tensor | None, residual: torch.Tensor | None = None,
+                act: tuple[torch.Tensor, torch.Tensor] | None = None, keep: bool = True) -> ConvOut:
+    """causal_conv_reference in one kernel, for the weight as `pack_conv` lays it out (a GPU tensor)."""
+    return _conv(x, packed, bias, taps, dilation, (taps - 1) * dilation, 1, cache, residual, act, keep)
+
+
+def pack_conv(weight: torch.Tensor) -> torch.Tensor:
+    """A Conv1d weight [cout, cin, k] as `_conv_kernel` reads it: [k * cin, cout], row j * cin + ci for tap j."""
+    cout, cin, k = weight.shape
+    return weight.permute(2, 1, 0).reshape(k * cin, cout).contiguous()
+
+
+def causal_conv_transpose_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, stride: int,
+                                    cache: torch.Tensor | None,
+                                    act: tuple[torch.Tensor, torch.Tensor] | None = None) -> ConvOut:
+    """(y, snake(y)) for y = conv_transpose1d(x, weight, bias, stride) with its last kernel - stride samples
+    cut, x [B, frames, cin] -> [B, frames * stride, cout]: one GEMM for every frame's taps, then each output
+    block adds the previous frame's spill (`cache` [B, 1, cin] holds the previous call's last input frame).
+    Not conv_transpose1d, whose CPU kernel falls back to a slow im2col path for a streaming step's few frames."""
+    b, frames, cin = x.shape
+    _, cout, k = weight.shape
+    overlap = k - stride
+    if overlap:
+        x = torch.cat([torch.zeros_like(x[:, :1]) if cache is None else cache, x], dim=1)
+        if cache is not None:
+            cache.copy_(x[:, -1:])
+    taps = (x @ weight.reshape(cin, cout * k)).view(b, -1, cout, k)
+    blocks = taps[:, -frames:, :, :stride]  # each frame's own output block
+    if overlap:  # plus the spill of the frame before
+        blocks = torch.cat([blocks[..., :overlap] + taps[:, :-1, :, stride:], blocks[..., overlap:]], dim=-1)
+    y = blocks.transpose(2, 3).reshape(b, frames * stride, cout) + bias
+    return y, None if act is None else snake_beta_reference(y, *act)
+
+
+def causal_conv_transpose(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor, stride: int,
+                          cache: torch.Tensor | None,
+                          act: tuple[torch.Tensor, torch.Tensor] | None = None) -> ConvOut:
+    """causal_conv_transpose_reference in one kernel, for the weight as `pack_conv_transpose` lays it out: a
+    conv over frames (taps: the previous frame and this one) whose `stride` output phases interleave in time."""
+    taps = packed.shape[0] // x.shape[2]
+    return _conv(x, packed, bias, taps, 1, taps - 1, stride, cache, None, act, True)
+
+
+def pack_conv_transpose(weight: torch.Tensor, stride: int) -> torch.Tensor:
+    """A ConvTranspose1d weight [cin, cout, k] (stride <= k <= 2 stride) as `_conv_kernel` reads it:
+    [taps * cin, stride * cout], row j * cin + ci for the frame taps - 1 - j before the output block, column
+    p * cout + co for output phase p: frame t - 1 contributes kernel positions stride + p, frame t position p."""
+    cin, cout, k = weight.shape
+    taps = -(-k // stride)
+    padded = F.pad(weight, (0, taps * stride - k)).view(cin, cout, taps, stride)
+    return padded.flip(2).permute(2, 0, 3, 1).reshape(taps * cin, stride * cout).contiguous()
+
+
+def _conv(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor, taps: int, dilation: int, context: int,
+          phases: int, cache: torch.Tensor | None, residual: torch.Tensor | None,
+          act: tuple[torch.Tensor, torch.Tensor] | None, keep: bool) -> ConvOut:
+    b, t, cin = x.shape
+    n = packed.shape[1]
+    assert packed.shape[0] == taps * cin, (packed.shape, x.shape)
+    x = x if x.stride(2) == 1 else x.contiguous()
+    assert cache is None or (cache.shape[1:] == (context, cin) and cache.stride(2) == 1
+                             and cache.stride(1) == cin), "cache: [B, context, C], rows contiguous"
+    shape = (b, t * phases, n // phases)
+    out = torch.empty(shape, dtype=x.dtype, device=x.device) if keep else None
+    activated = torch.empty(shape, dtype=x.dtype, device=x.device) if act is not None else None
+    some = out if out is not None else activated
+    residual = residual.contiguous() if residual is not None else None
+    alpha, beta = act if act is not None else (bias, bias)
+    args = (x, cache if cache is not None else x, packed, bias, residual if residual is not None else some,
+            out if keep else some, activated if act is not None else some, alpha, beta, cin, n, t, context, dilation,
+            phases, x.stride(0), x.stride(1), cache.stride(0) if cache is not None else 0,
+            int(b * t * n >= 1 << 23))
+    meta = dict(TAPS=taps, HAS_CACHE=cache is not None, HAS_RESIDUAL=residual is not None, KEEP=keep,
+                ACT=act is not None, PRECISION=_precision(x.dtype), F32_DOT=INTERPRET)
+    if INTERPRET:  # no autotuning there; few, large programs
+        block_t, block_n, block_ci = (max(16, min(cap, triton.next_power_of_2(v))) for v, cap in
+                                      ((t, 4096), (n, 64), (cin, 32)))
+        _conv_kernel.fn[(triton.cdiv(t, block_t), triton.cdiv(n, block_n), b)](
+            *args, **meta, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_CI=block_ci)
+    else:
+        _conv_kernel[lambda c: (triton.cdiv(t, c["BLOCK_T"]), triton.cdiv(n, c["BLOCK_N"]), b)](*args, **meta)
+    if cache is not None:
+        shift_cache(cache, x)
+    return out, activated
+
+
+# --- Sampling ------------------------------------------------------------------------------------------
 
 
 def can_sample(logits: torch.Tensor) -> bool:
@@ -443,30 +551,79 @@ if triton is not None:
         out = acc / l_i[:, None]
         tl.store(out_ptr + b * stride_ob + rt[:, None] * stride_ot + head + d[None, :], out.to(dt), mask=rmask)
 
-    @triton.jit
-    def _snake_beta_kernel(x_ptr, alpha_ptr, beta_ptr, out_ptr, n, C, T, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        c = (offs // T) % C
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        alpha = tl.exp(tl.load(alpha_ptr + c, mask=mask, other=0.0).to(tl.float32))
-        inv_beta = 1.0 / (tl.exp(tl.load(beta_ptr + c, mask=mask, other=0.0).to(tl.float32)) + 1e-9)
-        s = tl.sin(x * alpha)
-        tl.store(out_ptr + offs, (x + inv_beta * (s * s)).to(out_ptr.dtype.element_ty), mask=mask)
+    def _conv_configs() -> list:
+        # (BLOCK_T, BLOCK_N, BLOCK_CI, warps, stages): tensor-core tiles for the wide layers, a 16-column
+        # tile for the waveform conv (one output channel).
+        shapes = ((128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 32, 4, 4), (128, 128, 32, 4, 4),
+                  (256, 128, 32, 8, 3), (256, 16, 64, 4, 3), (128, 16, 32, 4, 4))
+        return [triton.Config({"BLOCK_T": bt, "BLOCK_N": bn, "BLOCK_CI": bc}, num_warps=w, num_stages=s)
+                for bt, bn, bc, w, s in shapes]
 
-    @triton.jit
-    def _conv1d_to_one_kernel(x_ptr, w_ptr, b_ptr, out_ptr, C, L, K: tl.constexpr, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        n = L - K + 1
-        acc = tl.zeros([BLOCK], tl.float32)
-        for c in range(0, C):
-            x_c = x_ptr + (row * C + c) * L
-            for k in tl.static_range(K):
-                w = tl.load(w_ptr + c * K + k).to(tl.float32)
-                acc += w * tl.load(x_c + t + k, mask=t < n, other=0.0).to(tl.float32)
-        acc += tl.load(b_ptr).to(tl.float32)
-        tl.store(out_ptr + row * n + t, acc.to(out_ptr.dtype.element_ty), mask=t < n)
+    def _conv_prune(configs: list, named_args: dict, **kwargs) -> list:
+        narrow = named_args["N"] <= 16
+        kept = [c for c in configs if (c.kwargs["BLOCK_N"] == 16) == narrow
+                and c.kwargs["BLOCK_CI"] <= max(16, triton.next_power_of_2(named_args["CIN"]))]
+        return kept or configs[:1]
+
+    @triton.autotune(configs=_conv_configs(), prune_configs_by={"early_config_prune": _conv_prune},
+                     key=["CIN", "N", "TAPS", "HAS_CACHE", "HAS_RESIDUAL", "KEEP", "ACT", "MANY"])
+    @triton.jit(do_not_specialize=["T", "CONTEXT", "DILATION", "PHASES", "MANY"])
+    def _conv_kernel(x_ptr, cache_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, act_ptr, alpha_ptr, beta_ptr,
+                     CIN, N, T, CONTEXT, DILATION, PHASES, stride_xb, stride_xt, stride_cb, MANY,
+                     TAPS: tl.constexpr, HAS_CACHE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, KEEP: tl.constexpr,
+                     ACT: tl.constexpr, PRECISION: tl.constexpr, F32_DOT: tl.constexpr,
+                     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_CI: tl.constexpr):
+        """A causal conv over channels-last x [B, T, CIN] as an implicit GEMM (MANY: only the autotuning key,
+        whether the grid is large). Output row t, column n: bias + sum over taps j and input channels ci of
+        W[j * CIN + ci, n] * in[t + j * DILATION - CONTEXT, ci], where `in` is x preceded by the CONTEXT rows
+        of the cache (or zeros). Column n is output channel n % COUT of output step t * PHASES + n // COUT
+        (PHASES > 1: a transposed conv's interleaved phases), so out [B, T * PHASES, COUT] is [B, T, N].
+        Then + residual (stored when KEEP), and SnakeBeta(alpha, beta) of that (stored when ACT)."""
+        b = tl.program_id(2).to(tl.int64)
+        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        ci = tl.arange(0, BLOCK_CI)
+        dt = x_ptr.dtype.element_ty
+        tmask = t < T
+        nmask = n < N
+        # Tiles of pointers at tap offset 0 and channel chunk 0; each step of the loop adds a scalar.
+        x_tile = x_ptr + b * stride_xb + t[:, None] * stride_xt + ci[None, :]
+        cache_tile = cache_ptr + b * stride_cb + t[:, None] * CIN + ci[None, :]
+        w_tile = w_ptr + ci[:, None] * N + n[None, :]
+        chunks = tl.cdiv(CIN, BLOCK_CI)
+        acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
+        for i in range(0, TAPS * chunks):  # one loop over (tap, channel chunk), so it pipelines as a whole
+            j = i // chunks
+            c0 = (i - j * chunks) * BLOCK_CI
+            shift = j * DILATION - CONTEXT
+            src = t + shift
+            cmask = c0 + ci < CIN
+            if HAS_CACHE:  # rows before x come from the cache (its row src + CONTEXT): one load either way
+                a = tl.load(tl.where((src >= 0)[:, None], x_tile + (shift * stride_xt + c0),
+                                     cache_tile + (j * DILATION * CIN + c0)),
+                            mask=tmask[:, None] & cmask[None, :], other=0.0)
+            else:
+                a = tl.load(x_tile + (shift * stride_xt + c0), mask=(tmask & (src >= 0))[:, None] & cmask[None, :],
+                            other=0.0)
+            w = tl.load(w_tile + (j * CIN + c0) * N, mask=cmask[:, None] & nmask[None, :], other=0.0)
+            if F32_DOT:  # Triton's interpreter multiplies bf16 dot operands as raw bits; bf16 products are exact
+                acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        channel = n % (N // PHASES)
+        y = (acc + tl.load(bias_ptr + channel, mask=nmask, other=0.0).to(tl.float32)[None, :]).to(dt)
+        offs = b * T * N + t[:, None] * N + n[None, :]
+        mask = tmask[:, None] & nmask[None, :]
+        if HAS_RESIDUAL:  # rounded as the reference rounds: the conv's output, then the sum
+            y = (y.to(tl.float32) + tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(dt)
+        if KEEP:
+            tl.store(out_ptr + offs, y, mask=mask)
+        if ACT:
+            alpha = tl.exp(tl.load(alpha_ptr + channel, mask=nmask, other=0.0).to(tl.float32))
+            inv_beta = 1.0 / (tl.exp(tl.load(beta_ptr + channel, mask=nmask, other=0.0).to(tl.float32)) + 1e-9)
+            yf = y.to(tl.float32)
+            s = tl.sin(yf * alpha[None, :])
+            tl.store(act_ptr + offs, (yf + inv_beta[None, :] * (s * s)).to(dt), mask=mask)
 
     @triton.jit
     def _sample_kernel(logits_ptr, u_ptr, out_ptr, V, stride_l, stride_u, temperature, TOP_K: tl.constexpr,

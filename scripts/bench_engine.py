@@ -99,6 +99,10 @@ def bench_ours(args: argparse.Namespace, ckpt, graphs: bool, levels: list[int]) 
     result = {"impl": name, "dtype": str(next(ckpt.model.parameters()).dtype), "setup_s": round(setup_s, 1),
               "frames": args.frames, "runs": args.runs, "levels": rows,
               "max_realtime_streams": max((r["streams"] for r in rows if r["realtime"]), default=0)}
+    if torch.cuda.is_available():  # the weights, the rows' caches, the graphs' memory, the waves' peak
+        result["memory_gib"] = {"allocated": round(torch.cuda.memory_allocated() / 2**30, 2),
+                                "peak": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                                "reserved": round(torch.cuda.memory_reserved() / 2**30, 2)}
     if graphs:
         result["steps_ms"] = step_times(engine.runner, args)
     engine.close()
@@ -125,8 +129,8 @@ def step_times(runner, args: argparse.Namespace, reps: int = 30) -> dict:
     out = {"eager_frame_b1": timed(lambda: runner.model.step(1))}
     if torch.cuda.is_available():
         out["frame_b1_kernels"] = kernel_profile(lambda: runner.model.step(1))
-        for b in sorted({1, min(64, max(runner.frame_graphs.graphs, default=1))}):
-            out[f"packet_b{b}_kernels"] = kernel_profile(lambda b=b: runner.decoder.decode(b, n))
+        for b in sorted({1} | ({64, 128, 256} & set(runner.packet_graphs[n].graphs))):
+            out[f"packet_b{b}_kernels"] = kernel_profile(lambda b=b: runner.decoder.decode(b, n), top=10)
     for b in sorted(runner.frame_graphs.graphs):
         out[f"frame_b{b}"] = timed(lambda b=b: runner.frame_graphs.graphs[b].replay())
         out[f"packet_b{b}"] = timed(lambda b=b: runner.packet_graphs[n].graphs[b].replay())
@@ -314,6 +318,7 @@ def main() -> None:
               "command": " ".join(["python"] + sys.argv), "text": TEXT, "results": results}
     if kernels.triton is not None and args.device != "cpu":
         report["gemv_configs"] = {str(key[:5]): str(config) for key, config in kernels._gemv_kernel.cache.items()}
+        report["conv_configs"] = {str(key): str(config) for key, config in kernels._conv_kernel.cache.items()}
     if args.numerics:
         report["numerics"] = numerics(ckpt, args)
         log(f"numerics: {report['numerics']}")

@@ -126,11 +126,34 @@ def main() -> None:
 
                 record(f"attention {where}", f"B={b} {label} (cache {max_len})", *both(fn, args.reps))
 
-    for channels, samples in ((96, 7680), (192, 2560), (384, 640), (768, 128)):  # 4 frames per stream
+    # The codec decoder's residual units, 4 frames per stream: the dilated conv (cache, SnakeBeta after) and the
+    # 1x1 conv (residual add, the next unit's SnakeBeta after), and each block's transposed conv.
+    for cin, channels, samples, rate in ((1536, 768, 128, 8), (768, 384, 640, 5), (384, 192, 2560, 4),
+                                         (192, 96, 7680, 3)):
         for b in (1, 64):
-            x, alpha, beta = 3 * randn(b, channels, samples), 0.2 * randn(channels), 0.2 * randn(channels)
-            record("snake_beta", f"[{b}, {channels}, {samples}]",
-                   *both(lambda x=x, alpha=alpha, beta=beta: kernels.snake_beta(x, alpha, beta), args.reps))
+            x, act = randn(b, samples, channels), (0.2 * randn(channels), 0.2 * randn(channels))
+            bias = 0.1 * randn(channels)
+            w7, w1 = randn(channels, channels, 7) / (7 * channels) ** 0.5, randn(channels, channels, 1) / channels
+            cache = randn(b, 54, channels)
+            p7, p1 = kernels.pack_conv(w7), kernels.pack_conv(w1)
+            record("codec conv k7 d9 (+snake)", f"B={b} T={samples} C={channels}",
+                   timed(lambda x=x, p7=p7, bias=bias, cache=cache, act=act: kernels.causal_conv(
+                       x, p7, bias, 7, 9, cache, act=act, keep=False), args.reps),
+                   timed(lambda x=x, w7=w7, bias=bias, cache=cache, act=act: kernels.causal_conv_reference(
+                       x, w7, bias, 9, cache, act=act, keep=False), args.reps))
+            record("codec conv k1 (+res, snake)", f"B={b} T={samples} C={channels}",
+                   timed(lambda x=x, p1=p1, bias=bias, act=act: kernels.causal_conv(
+                       x, p1, bias, 1, 1, None, x, act), args.reps),
+                   timed(lambda x=x, w1=w1, bias=bias, act=act: kernels.causal_conv_reference(
+                       x, w1, bias, 1, None, x, act), args.reps))
+            frames = samples // rate
+            up_x, up_w = randn(b, frames, cin), randn(cin, channels, 2 * rate) / cin**0.5
+            up_cache, packed = randn(b, 1, cin), kernels.pack_conv_transpose(up_w, rate)
+            record("codec transposed conv (+snake)", f"B={b} T={frames}x{rate} {cin}->{channels}",
+                   timed(lambda up_x=up_x, packed=packed, bias=bias, up_cache=up_cache, rate=rate, act=act:
+                         kernels.causal_conv_transpose(up_x, packed, bias, rate, up_cache, act), args.reps),
+                   timed(lambda up_x=up_x, up_w=up_w, bias=bias, up_cache=up_cache, rate=rate, act=act:
+                         kernels.causal_conv_transpose_reference(up_x, up_w, bias, rate, up_cache, act), args.reps))
 
     from engine.sampling import choose
 
@@ -141,8 +164,9 @@ def main() -> None:
                    *both(lambda logits=logits, u=u: choose(logits, True, 50, 1.0, 0.9, u), args.reps))
 
     tuned = {str(key): str(config) for key, config in kernels._gemv_kernel.cache.items()}
+    tuned |= {str(key): str(config) for key, config in kernels._conv_kernel.cache.items()}
     for key, config in tuned.items():
-        print(f"gemv autotune {key}: {config}")
+        print(f"autotune {key}: {config}")
     report = {"machine": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "triton": kernels.triton.__version__, "rows": rows, "gemv_configs": tuned}
     if args.json:

@@ -16,6 +16,12 @@
 #   scripts/gpu_capacity.sh layout           # the echo benchmark before the layered layout and after, twice each,
 #                                            #   alternated, on the host's quiet CPUs (.before/ holds
 #                                            #   `git archive 50669cf`: carry it with .whl)
+#   scripts/gpu_capacity.sh prepare-codec    # here, once: .before-codec/ = main's engine/ before the codec work
+#                                            #   ($CODEC_BEFORE, default 155a1c2); carry it with .whl
+#   scripts/gpu_capacity.sh codec            # issue 25, one call: the kernels' tests on the GPU, the codec step
+#                                            #   alone after and before (bench_codec.py), the engine alone: 0.6B at
+#                                            #   1/64/256/1024 streams, then 1.7B at 1/256/512 with the time left
+#   scripts/gpu_capacity.sh codec-check      # here: the codec call on the CPU, small (tiny checkpoint and codec)
 #   scripts/gpu_capacity.sh dry              # here: call B's gateway runs on the CPU, small (the tiny checkpoint
 #                                            #   of tests/data, 2 workers, 2 and 4 sessions)
 #   ORACLE_SITE=DIR scripts/gpu_capacity.sh check
@@ -79,12 +85,12 @@ setup() {
   ORACLE_PATH=${ORACLE_PATH:-/tmp/site-oracle:$ROOT}
 }
 
-# checkpoint SIZE DIR FRAMES: a real-size checkpoint with seeded random weights, written through the official
-# code (FRAMES: the greedy references it records, 2 when only the checkpoint is needed).
+# checkpoint SIZE DIR FRAMES [SECONDS]: a real-size checkpoint with seeded random weights, written through the
+# official code (FRAMES: the greedy references it records, 2 when only the checkpoint is needed).
 checkpoint() {
   [ -f "$2/references.json" ] && return 0
-  PYTHONPATH=$ORACLE_PATH step 400 fixtures python3 scripts/make_parity_fixture.py --config "${FIXTURE:-real-$1}" \
-    --out "$2" --device "$DEVICE" --dtype float32 --frames "$3"
+  PYTHONPATH=$ORACLE_PATH step "${4:-400}" fixtures python3 scripts/make_parity_fixture.py \
+    --config "${FIXTURE:-real-$1}" --out "$2" --device "$DEVICE" --dtype float32 --frames "$3"
 }
 
 engine() {
@@ -155,6 +161,48 @@ layout() {
   done
 }
 
+# Issue 25: the codec's kernels and the engine alone up to 1024 streams. Files under $OUT (8): run.log,
+# tests.log, codec.log + codec.json (after and before: steps at each batch, memory, profiles, numerics),
+# fixtures.log, engine.log + bench-engine-0.6b.json, bench-engine-1.7b.json. Triton caches its autotuning on
+# disk, so the engine runs reuse what bench_codec chose (and log it: TRITON_PRINT_AUTOTUNING).
+codec() {
+  setup
+  export TRITON_CACHE_AUTOTUNING=1 TRITON_PRINT_AUTOTUNING=1
+  local start=$SECONDS left
+  # shellcheck disable=SC2086
+  step 170 tests python3 -m pytest -q -p no:cacheprovider $TESTS_K tests/engine/test_kernels.py \
+    tests/engine/test_codec.py
+  # shellcheck disable=SC2086
+  step 150 codec python3 scripts/bench_codec.py --label after $CODEC_ARGS --json "$OUT/codec.json"
+  if [ -d .before-codec/engine ]; then
+    # shellcheck disable=SC2086
+    step 90 codec python3 scripts/bench_codec.py --engine-root .before-codec --label before $CODEC_ARGS \
+      --batches "$BEFORE_BATCHES" --frames 4 --profile "$BEFORE_PROFILE" --json "$OUT/codec.json"
+  else
+    log "no .before-codec/ (scripts/gpu_capacity.sh prepare-codec, then carry it): no before run"
+  fi
+  checkpoint 0.6b "$Q06" 2 200
+  step 200 engine python3 scripts/bench_engine.py --checkpoint "$Q06" --impl ours --device "$DEVICE" \
+    --frames "$FRAMES" --streams "$STREAMS_06" --eager-streams "" --runs 1 --time-budget 100 \
+    --json "$OUT/bench-engine-0.6b.json"
+  left=$((BUDGET - (SECONDS - start)))
+  if [ "$left" -lt 150 ]; then
+    log "1.7B skipped: ${left} s left"
+    return 0
+  fi
+  checkpoint 1.7b "$Q17" 2 $((left - 90))
+  left=$((BUDGET - (SECONDS - start)))
+  [ -f "$Q17/references.json" ] && [ "$left" -ge 60 ] || { log "1.7B skipped: ${left} s left"; return 0; }
+  step "$left" engine python3 scripts/bench_engine.py --checkpoint "$Q17" --impl ours --device "$DEVICE" \
+    --frames "$FRAMES" --streams "$STREAMS_17" --eager-streams "" --runs 1 --time-budget $((left - 45)) \
+    --json "$OUT/bench-engine-1.7b.json"
+}
+
+prepare_codec() {
+  rm -rf .before-codec && mkdir .before-codec && git archive "${CODEC_BEFORE:-155a1c2}" engine | tar -x -C .before-codec
+  echo ".before-codec/engine: $(git log -1 --format='%h %s' "${CODEC_BEFORE:-155a1c2}" | cut -c1-80)"
+}
+
 wheels() {
   local platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64"
@@ -167,6 +215,21 @@ wheels() {
 
 case "${1:-}" in
   wheels) wheels ;;
+  prepare-codec) prepare_codec ;;
+  codec)
+    DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 FRAMES=125 STREAMS_06=${STREAMS_06:-1,64,256,1024}
+    STREAMS_17=${STREAMS_17:-1,256,512} TESTS_K="" BUDGET=${BUDGET:-530}
+    CODEC_ARGS="--batches 1,64,128,256,1024 --frames 4,1 --profile 64,256" BEFORE_BATCHES=64,256 BEFORE_PROFILE=64
+    codec ;;
+  codec-check)
+    # The codec call on this machine's CPU: the kernels' tests in Triton's interpreter (the float32 ones), the
+    # codec benchmark eager on the tiny codec (after and before), the engine on the committed tiny checkpoint.
+    CPU_CHECK=1 DEVICE=cpu Q06=$ROOT/tests/data/qwen3_tts_tiny Q17=$ROOT/tests/data/qwen3_tts_tiny FRAMES=6
+    STREAMS_06=1,2 STREAMS_17=1,2 TESTS_K="-k f32" BUDGET=530
+    CODEC_ARGS="--device cpu --config tests/data/codec_tiny/config.json --batches 1,2 --frames 4,1 --reps 2 --profile 1"
+    BEFORE_BATCHES=2 BEFORE_PROFILE=""
+    export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
+    codec ;;
   engine|gateway|more|frontdoor|layout)
     # The gateway call: 12 workers and 4 load-generator processes share the 16 cores with the engine
     # process; one cycle per session (two turns) keeps a level near 35 s.

@@ -15,7 +15,7 @@ import torch
 
 from engine import checkpoint
 from engine.prompt import TextTokens, Voice
-from engine.runner import Runner, synthesize
+from engine.runner import Runner, state_bytes, synthesize
 from engine.sampling import SamplingParams
 from engine.stream import Stream
 from tests.paths import TINY_CHECKPOINT
@@ -155,3 +155,12 @@ def test_engine_metrics(ckpt: checkpoint.Checkpoint, greedy: SamplingParams) -> 
     assert after[0] - before[0] in (len(codes), len(codes) + 2) and after[1] > before[1]
     assert value("tts_engine_step_seconds_count") - steps == after[0] - before[0]
     assert value("tts_engine_batch_size_count") > 0
+
+
+def test_state_bytes_counts_what_the_runner_allocates(ckpt: checkpoint.Checkpoint, greedy: SamplingParams) -> None:
+    """The engine checks at start-up that max_streams x max_frames fit the GPU with this count."""
+    runner = Runner(ckpt, 3, 40, greedy, 4, cuda_graphs=False)
+    model, decoder = runner.model, runner.decoder
+    caches = [t for c in model.caches + model.predictor_caches for t in (c.k, c.v)]
+    codec = [t for s in (decoder.state, decoder.stage) for t in (s.memory, s.keys, s.values, s.pos)]
+    assert state_bytes(ckpt, 3, 40) == sum(t.nbytes for t in caches + codec)

@@ -15,10 +15,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine import kernels
 from engine.codec import CodecDecoder
 from tests.paths import DATA
 
 CODEC_TINY = DATA / "codec_tiny"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PARITY_TINY = DATA / "qwen3_tts_tiny"
 
 
@@ -218,17 +220,53 @@ def test_published_config_builds_the_published_geometry() -> None:
     assert shapes["decoder.decoder.4.block.4.conv1.conv.weight"] == (96, 96, 7)
     assert shapes["decoder.decoder.6.conv.weight"] == (1, 96, 7)
     state = model.new_state(3)
-    assert state.keys.shape == (8, 3, 16, 71, 64)
+    assert state.keys.shape == (8, 3, 16, 80, 64)  # the window (72 - 1), a step's frames (8), 16-aligned
 
 
-@pytest.mark.parametrize("dilation", [1, 3])
-def test_causal_conv_gpu_paths_equal_the_conv(dilation: int) -> None:
-    """The GPU paths of the wide frame-rate convs (one GEMM over the unfolded input) and of the depthwise
-    convs (a multiply-sum over it) compute the conv."""
-    from engine.codec import CausalConv1d
+@pytest.fixture
+def on_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine.kernels' path, as a GPU runs it (without one, in Triton's interpreter: tests/engine/conftest.py)."""
+    if kernels.triton is None:
+        pytest.skip("Triton is not installed")
+    monkeypatch.setattr(kernels, "available", lambda x: True)
 
-    conv = CausalConv1d(8, 5, 7, dilation=dilation, as_gemm=True)
-    x = torch.randn(2, 8, 40 + conv.context)
-    assert rel_error(conv._gemm(x), conv.conv(x)) < 1e-6
-    depthwise = CausalConv1d(8, 8, 7, dilation=dilation, groups=8)
-    assert rel_error(depthwise._depthwise(x), depthwise.conv(x)) < 1e-6
+
+def on_device(codec: CodecDecoder, dtype: torch.dtype = torch.float32) -> CodecDecoder:
+    model = CodecDecoder(codec.cfg).eval()
+    model.load_state_dict(codec.state_dict())
+    return model.to(DEVICE, dtype)
+
+
+def test_kernels_decode_whole_and_streamed_like_the_reference(
+    codec: CodecDecoder, reference: dict[str, torch.Tensor], whole: torch.Tensor, on_kernels: None
+) -> None:
+    """The fused convs (cache read in place, bias, residual and SnakeBeta in the epilogue) give the reference's
+    waveform, whole and in packets of varying size (a 1-frame packet is shorter than the dilated convs' context)."""
+    model, codes = on_device(codec), reference["codes"].to(DEVICE)
+    assert rel_error(model.decode(codes).cpu(), whole) <= 1e-5
+    state, chunks, start = model.new_state(2), [], 0
+    for n in (1, 4, 3, 8):
+        chunks.append(model.decode_step(codes[:, :, start : start + n], state).cpu())
+        start += n
+    assert snr_db(torch.cat(chunks, dim=-1), whole) >= 60
+
+
+def test_kernels_bfloat16_streaming_stays_close(
+    codec: CodecDecoder, reference: dict[str, torch.Tensor], whole: torch.Tensor, on_kernels: None
+) -> None:
+    """As close to float32 as the PyTorch ops in bfloat16 (29 dB here). Triton's interpreter rounds to bfloat16
+    by truncation, a bias that builds up over the decoder's layers: 19 dB there."""
+    audio = stream(on_device(codec, torch.bfloat16), reference["codes"][:, :, :8].to(DEVICE), 4).cpu()
+    assert audio.dtype == torch.float32
+    assert snr_db(audio, whole[:, : 8 * 1920]) >= (25 if DEVICE == "cuda" else 15)
+
+
+def test_depthwise_conv_gpu_path_equals_the_conv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the ConvNeXt's depthwise conv is a multiply-sum over the unfolded input, not cuDNN's."""
+    from engine.codec import DepthwiseCausalConv1d
+
+    conv = DepthwiseCausalConv1d(8, 7)
+    x = torch.randn(2, 40, 8)
+    want = conv(x)
+    monkeypatch.setattr(kernels, "available", lambda x: True)
+    assert rel_error(conv(x), want) < 1e-6

@@ -125,17 +125,74 @@ def test_decode_attention(b: int, t: int, start: int, with_pos: bool, dtype: tor
     assert rel(k, k_ref) < TOLERANCE[dtype] and torch.equal(v, v_ref)
 
 
-@DTYPES
-def test_snake_beta(dtype: torch.dtype) -> None:
-    x, alpha, beta = (3 * randn(2, 6, 50)).to(dtype), 0.2 * randn(6), 0.2 * randn(6)
-    assert rel(kernels.snake_beta(x, alpha, beta), kernels.snake_beta_reference(x, alpha, beta)) < TOLERANCE[dtype]
+def conv_case(b: int, t: int, cin: int, cout: int, k: int, dtype: torch.dtype, stride: int = 0):
+    """Input [b, t, cin], a conv's (stride 0) or a transposed conv's weight with a bias, and SnakeBeta's."""
+    shape = (cin, cout, k) if stride else (cout, cin, k)
+    weight = (randn(*shape) / (cin * k) ** 0.5).to(dtype)
+    act = ((0.3 * randn(cout)).to(dtype), (0.3 * randn(cout)).to(dtype))
+    return 3 * randn(b, t, cin, dtype=dtype), weight, (0.1 * randn(cout)).to(dtype), act
+
+
+def poisoned_cache(b: int, context: int, cin: int, dtype: torch.dtype, rows: int = 3) -> torch.Tensor:
+    """A cache that is a view of a wider buffer (as engine.codec's CodecState holds them), random history."""
+    memory = torch.full((b + 1, rows * context * cin + 8), float("nan"), device=DEVICE).to(dtype)
+    cache = memory[:b, 8 : 8 + context * cin].view(b, context, cin)
+    cache.copy_(randn(b, context, cin, dtype=dtype))
+    return cache
 
 
 @DTYPES
-def test_conv1d_to_one(dtype: torch.dtype) -> None:
-    x, weight, bias = randn(2, 6, 300, dtype=dtype), randn(1, 6, 7, dtype=dtype), randn(1, dtype=dtype)
-    want = torch.nn.functional.conv1d(x.float(), weight.float(), bias.float())
-    assert rel(kernels.conv1d_to_one(x, weight, bias), want) < TOLERANCE[dtype]
+@pytest.mark.parametrize("k,dilation", [(7, 3), (3, 1), (1, 1)])
+@pytest.mark.parametrize("t,cached", [(40, False), (40, True), (5, True)], ids=["padded", "cached", "short"])
+@pytest.mark.parametrize("fusion", ["plain", "act", "residual+act, not kept"])
+def test_causal_conv(k: int, dilation: int, t: int, cached: bool, fusion: str, dtype: torch.dtype) -> None:
+    """One kernel: the left context read from the cache (or zeros; 'short': fewer new steps than the
+    context), bias, residual and SnakeBeta in the epilogue; the cache then holds the last inputs."""
+    x, weight, bias, act = conv_case(2, t, 24, 40 if "residual" not in fusion else 24, k, dtype)
+    context = (k - 1) * dilation
+    cache = poisoned_cache(2, context, 24, dtype) if cached and context else None
+    cache_ref = None if cache is None else cache.clone()
+    residual = randn(2, t, 24, dtype=dtype) if "residual" in fusion else None
+    snake = act if "act" in fusion else None
+    keep = "not kept" not in fusion
+    out, activated = kernels.causal_conv(x, kernels.pack_conv(weight), bias, k, dilation, cache, residual, snake, keep)
+    want, want_activated = kernels.causal_conv_reference(x, weight, bias, dilation, cache_ref, residual, snake, keep)
+    assert (out is None) == (want is None) and (activated is None) == (want_activated is None)
+    if out is not None:
+        assert out.shape == want.shape and rel(out, want) < TOLERANCE[dtype]
+    if activated is not None:
+        assert rel(activated, want_activated) < TOLERANCE[dtype]
+    if cache is not None:
+        assert torch.equal(cache, cache_ref)
+
+
+@DTYPES
+@pytest.mark.parametrize("k,stride", [(16, 8), (6, 3), (2, 2), (5, 3)])
+@pytest.mark.parametrize("cached", [False, True])
+def test_causal_conv_transpose(k: int, stride: int, cached: bool, dtype: torch.dtype) -> None:
+    """Each frame's taps and the previous frame's spill in one GEMM, the output phases interleaved."""
+    x, weight, bias, act = conv_case(2, 6, 24, 20, k, dtype, stride=stride)
+    cache = poisoned_cache(2, 1, 24, dtype) if cached and k > stride else None
+    cache_ref = None if cache is None else cache.clone()
+    out, activated = kernels.causal_conv_transpose(x, kernels.pack_conv_transpose(weight, stride), bias, stride,
+                                                   cache, act)
+    want, want_activated = kernels.causal_conv_transpose_reference(x, weight, bias, stride, cache_ref, act)
+    assert out.shape == want.shape == (2, 6 * stride, 20)
+    assert rel(out, want) < TOLERANCE[dtype] and rel(activated, want_activated) < TOLERANCE[dtype]
+    if cache is not None:
+        assert torch.equal(cache, cache_ref)
+
+
+def test_causal_conv_matches_the_official_padding() -> None:
+    """The reference itself: zeros on the left, then torch's conv (the official CausalConvNet)."""
+    x, weight, bias, _ = conv_case(2, 30, 8, 5, 7, torch.float32)
+    want = torch.nn.functional.conv1d(torch.nn.functional.pad(x.transpose(1, 2), (18, 0)), weight, bias, dilation=3)
+    out, _ = kernels.causal_conv_reference(x, weight, bias, 3, None)
+    assert rel(out.transpose(1, 2), want) < 1e-6
+    x, weight, bias, _ = conv_case(2, 6, 8, 5, 16, torch.float32, stride=8)
+    want = torch.nn.functional.conv_transpose1d(x.transpose(1, 2), weight, bias, stride=8)[..., :-8]
+    out, _ = kernels.causal_conv_transpose_reference(x, weight, bias, 8, None)
+    assert rel(out.transpose(1, 2), want) < 1e-6
 
 
 @pytest.mark.parametrize("top_k", [0, 5])
@@ -172,5 +229,5 @@ def test_self_test_passes_and_names_a_broken_kernel(monkeypatch: pytest.MonkeyPa
     def broken(*args, **kwargs):
         raise RuntimeError("no such GPU")
 
-    monkeypatch.setattr(kernels, "snake_beta", broken)
-    assert kernels.self_test(torch.device(DEVICE), torch.float32).startswith("snake_beta: RuntimeError")
+    monkeypatch.setattr(kernels, "causal_conv", broken)
+    assert kernels.self_test(torch.device(DEVICE), torch.float32).startswith("causal_conv: RuntimeError")
