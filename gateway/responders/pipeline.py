@@ -18,7 +18,12 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engine.api import TTSEngine, TTSStream
+import numpy as np
+
+from engine.api import TTSEngine, TTSError, TTSStream
+from engine.voices import VoicePrompt
+from gateway.audio import decode_wav
+from gateway.config import ConfigError, VoiceConfig
 from gateway.realtime.responder import (
     AudioOut,
     BackendError,
@@ -33,6 +38,13 @@ from gateway.realtime.responder import (
 )
 from gateway.responders.remote import chat_messages
 from gateway.responders.text_bridge import TextBridge
+
+
+def _read_reference(path: str) -> tuple[np.ndarray, int]:
+    """A reference recording: its samples (float32, channels averaged) and rate."""
+    with open(path, "rb") as f:
+        samples, rate = decode_wav(f.read())
+    return samples.mean(axis=1, dtype=np.float32), rate
 
 
 class ChatModel(Protocol):
@@ -85,14 +97,18 @@ class PipelineResponder:
         *,
         audio_in: bool = False,
         language: str | None = None,
+        voices: dict[str, VoiceConfig] | None = None,
     ) -> None:
-        """``audio_in``: user audio goes to the LLM as input_audio, no STT; ``language``: the TTS's."""
+        """``audio_in``: user audio goes to the LLM as input_audio, no STT; ``language``: the TTS's;
+        ``voices``: the [voices.NAME] the TTS engine prepares at start (``prepare``)."""
         self.llm = llm
         self.tts_engine = tts_engine
         self.bridge = bridge or BridgeSettings()
         self.audio_in = audio_in
         self.language = language
         self.reads_transcripts = not audio_in
+        self.voice_configs = voices or {}
+        self.prepared: dict[str, VoicePrompt] = {}  # by lower-case name
 
     async def check(self) -> list[str]:
         """What is wrong with the LLM backend, checked at start-up (see backends.LlmClient.check)."""
@@ -106,9 +122,33 @@ class PipelineResponder:
         if close is not None:
             await close()  # engine processes: their sockets, and the processes when this gateway started them
 
+    async def prepare(self) -> None:
+        """Make the configured voices, once, at start: a clone in the TTS engine's thread or process (its
+        reference read here in a worker thread), a design from its description. ConfigError names a voice
+        the engine cannot make or speak."""
+        engine_voices = self.tts_engine.voices or frozenset()
+        for name, spec in self.voice_configs.items():
+            where = f"[voices.{name}]"
+            if name in engine_voices:
+                raise ConfigError(f"{where}: the TTS engine has a voice of that name already")
+            try:
+                if spec.description:
+                    voice = VoicePrompt.design(spec.description)
+                else:
+                    prepare = getattr(self.tts_engine, "prepare", None)
+                    if prepare is None:
+                        raise ConfigError(f"{where}: cloning a voice needs the qwen3 TTS engine ([tts] engine)")
+                    audio, rate = await asyncio.to_thread(_read_reference, spec.reference)
+                    voice = await prepare(audio, rate, spec.transcript or None)
+            except (OSError, ValueError, TTSError, BackendError) as exc:  # unreadable, or not a voice
+                raise ConfigError(f"{where}: {exc}") from None
+            self.prepared[name] = voice
+
     @property
     def voices(self) -> frozenset[str] | None:
-        return self.tts_engine.voices
+        """The engine's voice names and the prepared voices' (None: the engine takes any name)."""
+        names = self.tts_engine.voices
+        return None if names is None else names | frozenset(self.prepared)
 
     async def respond(self, request: ResponseRequest) -> AsyncIterator[ResponseOutput]:
         messages = list(request.messages)
@@ -159,7 +199,7 @@ class PipelineResponder:
 
     async def _speak(self, chat: AsyncIterator[LlmOutput], voice: str) -> AsyncIterator[ResponseOutput]:
         try:
-            stream = self.tts_engine.open(voice, self.language)
+            stream = self.tts_engine.open(voice, self.language, prompt=self.prepared.get(voice.lower()))
         except Exception as exc:
             raise _tts_error(exc) from exc
         outputs: _Outputs = asyncio.Queue()

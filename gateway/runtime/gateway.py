@@ -126,6 +126,8 @@ class Gateway:
         self.transcriber, self._vad_model, *built = await asyncio.gather(*loads)
         if built:
             self.responder = built[0]
+        if (prepare := getattr(self.responder, "prepare", None)) is not None:
+            await prepare()  # the configured voices ([voices.NAME]), made by the TTS engine
         if self.config.mcp.enabled:
             await loop.run_in_executor(None, mcp_client.preload)
         semantic = self.config.semantic_vad
