@@ -38,6 +38,7 @@ from gateway.realtime.responder import (
 )
 from gateway.responders.remote import chat_messages
 from gateway.responders.text_bridge import TextBridge
+from gateway.responders.tts import SegmentedStream
 
 
 def _read_reference(path: str) -> tuple[np.ndarray, int]:
@@ -198,8 +199,16 @@ class PipelineResponder:
                 yield out
 
     async def _speak(self, chat: AsyncIterator[LlmOutput], voice: str) -> AsyncIterator[ResponseOutput]:
+        prompt = self.prepared.get(voice.lower())
+        # An in-context clone's prompt holds the text as long as its reference (or all of it): fed a reply as
+        # it is written, its speech would wait for most of the reply; segment by segment it starts on the first.
+        segmented = self.tts_engine.incremental and prompt is not None and prompt.mode == "icl"
+        stream: TTSStream
         try:
-            stream = self.tts_engine.open(voice, self.language, prompt=self.prepared.get(voice.lower()))
+            if segmented:
+                stream = SegmentedStream(self.tts_engine, voice=voice, language=self.language, prompt=prompt)
+            else:
+                stream = self.tts_engine.open(voice, self.language, prompt=prompt)
         except Exception as exc:
             raise _tts_error(exc) from exc
         outputs: _Outputs = asyncio.Queue()
@@ -208,7 +217,8 @@ class PipelineResponder:
         written: deque[str] = deque()
         # Tool calls the LLM made after speaking: they follow the speech's audio (see _read_llm).
         held: list[ResponseOutput] = []
-        reader = asyncio.create_task(self._read_llm(chat, stream, outputs, written, held))
+        incremental = self.tts_engine.incremental and not segmented
+        reader = asyncio.create_task(self._read_llm(chat, stream, incremental, outputs, written, held))
         player = asyncio.create_task(self._play(stream, outputs, written))
         reader.add_done_callback(outputs.put_nowait)
         player.add_done_callback(outputs.put_nowait)
@@ -234,13 +244,13 @@ class PipelineResponder:
             await asyncio.gather(reader, player, return_exceptions=True)
 
     async def _read_llm(
-        self, chat: AsyncIterator[LlmOutput], stream: TTSStream, outputs: _Outputs, written: deque[str],
-        held: list[ResponseOutput],
+        self, chat: AsyncIterator[LlmOutput], stream: TTSStream, incremental: bool, outputs: _Outputs,
+        written: deque[str], held: list[ResponseOutput],
     ) -> None:
         """Feeds the reply's text to the TTS stream. Its tool calls go out at once while the LLM has said
         nothing, so that a call is not held up by speech; after words ("let me check"), they are ``held``
         until that speech has played, so that each output item ends before the next begins."""
-        bridge = None if self.tts_engine.incremental else TextBridge(**dataclasses.asdict(self.bridge))
+        bridge = None if incremental else TextBridge(**dataclasses.asdict(self.bridge))
         spoken = False
         said = False
 

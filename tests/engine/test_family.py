@@ -32,7 +32,7 @@ from tests.paths import DATA, ROOT, TINY_CHECKPOINT
 COMMITTED = [DATA / "qwen3_tts_tiny_base", DATA / "qwen3_tts_tiny_design", DATA / "qwen3_tts_tiny_instruct"]
 FIXTURES = [Path(p) for p in os.environ.get("QWEN3_TTS_FAMILY", "").split(",") if p] or COMMITTED
 DEVICE = os.environ.get("QWEN3_TTS_DEVICE", "cpu")
-REFS = {f: json.loads((f / "references.json").read_text()) for f in FIXTURES}
+REFS = {f: json.loads((f / "references.json").read_text()) for f in [*FIXTURES, *COMMITTED]}
 CASES = [(f, p) for f in FIXTURES for p in REFS[f]["prompts"]]
 BASES = [f for f in FIXTURES if "references" in REFS[f]]
 

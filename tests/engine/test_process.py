@@ -237,7 +237,7 @@ def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
 
 
 FAMILY = dataclasses.replace(CONFIG, checkpoint=f"{DATA / 'qwen3_tts_tiny_base'},{DATA / 'qwen3_tts_tiny_design'}",
-                             max_frames=12, max_streams=2, voices={})
+                             max_frames=12, max_streams=2)  # the [engine.voices] map goes unused
 REFERENCE = "The quick brown fox jumps over the lazy dog."
 
 
