@@ -174,6 +174,17 @@ class TraceConfig:
 
 
 @dataclass
+class VoiceConfig:
+    """One [voices.NAME] table: a voice the engine prepares at start, which sessions name as NAME (or
+    {"id": NAME}). A clone of a reference recording (`reference`, with its `transcript` for in-context
+    cloning) needs a Base checkpoint; a design (`description`) a VoiceDesign one."""
+
+    reference: str = ""  # a WAV file; a relative path is read from the config file's folder
+    transcript: str = ""
+    description: str = ""
+
+
+@dataclass
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
@@ -188,6 +199,8 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    # [voices.NAME] tables (the file only: no environment variable names one), lower-case names.
+    voices: dict[str, VoiceConfig] = field(default_factory=dict)
 
 
 def _coerce(value: Any, kind: Any, name: str) -> Any:
@@ -263,8 +276,13 @@ def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] 
         for name, values in data.items():
             if not hasattr(config, name) or not isinstance(values, dict):
                 raise ConfigError(f"unknown config section [{name}] in {file}")
+            if name == "voices":
+                config.voices = _voices(values, file.parent)
+                continue
             _apply(getattr(config, name), values, name)
     for f in dataclasses.fields(config):
+        if f.name == "voices":
+            continue
         section = getattr(config, f.name)
         prefix = f"GATEWAY_{f.name.upper()}_"
         overrides = {
@@ -325,6 +343,28 @@ def _at_least(name: str, value: float, least: float) -> None:
 def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"option {name}: expected {', '.join(choices[:-1])} or {choices[-1]}, got {value!r}")
+
+
+def _voices(tables: dict[str, Any], folder: Path) -> dict[str, VoiceConfig]:
+    """The [voices.NAME] tables, each a clone (reference, transcript) or a design (description)."""
+    voices = {}
+    for name, values in tables.items():
+        where = f"voices.{name}"
+        if not isinstance(values, dict):
+            raise ConfigError(f"option {where}: expected a table [{where}] with reference or description")
+        voice = VoiceConfig()
+        _apply(voice, values, where)
+        if bool(voice.reference) == bool(voice.description):
+            raise ConfigError(f"option {where}: give either reference (a WAV to clone) or description (a voice "
+                              "to design)")
+        if voice.transcript and not voice.reference:
+            raise ConfigError(f"option {where}.transcript: only a cloned voice (reference) has one")
+        if voice.reference:
+            voice.reference = str(folder / Path(voice.reference).expanduser())
+        if not name.strip() or name.lower() in voices:
+            raise ConfigError(f"option {where}: voice names must be non-empty and differ in more than case")
+        voices[name.lower()] = voice
+    return voices
 
 
 def api_key(env_name: str) -> str:

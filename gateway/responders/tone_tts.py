@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 from engine.api import TTSChunk
+from engine.voices import VoicePrompt
 from gateway.audio import SAMPLE_RATE
 from gateway.responders.tts import SegmentStream
 
@@ -67,6 +68,8 @@ class ToneStream(SegmentStream):
 
 
 class ToneEngine:
+    """A test signal: no voice, so any name, prepared voice or instruction will do (all are ignored)."""
+
     incremental = False
     voices = None  # a tone has no voice: any name will do
     model_name = "tone (a test signal, no speech)"
@@ -79,5 +82,6 @@ class ToneEngine:
         self.realtime = realtime
         self.char_ms = char_ms
 
-    def open(self, voice: str, language: str | None = None) -> ToneStream:
+    def open(self, voice: str, language: str | None = None, *, prompt: VoicePrompt | None = None,
+             instructions: str | None = None) -> ToneStream:
         return ToneStream(self)
