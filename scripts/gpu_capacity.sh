@@ -32,6 +32,10 @@
 #                                            #   and 1.7B CustomVoice (named speakers, with and without instructions)
 #   scripts/gpu_capacity.sh family-check     # here: the three family calls on the CPU with tiny checkpoints
 #                                            #   (ORACLE_SITE as for check)
+#   scripts/gpu_capacity.sh capacity-0.6b    # issue 25: 0.6B at 1000 sessions twice (Poisson), then 1000 aligned,
+#                                            #   12 workers, 1024 engine rows, CPU by stage (py-spy)
+#   scripts/gpu_capacity.sh capacity-1.7b    # issue 25: the 1.7B at 800 sessions twice, then 800 aligned
+#   scripts/gpu_capacity.sh capacity-check   # here: both on the CPU, small (tiny checkpoint, 2 workers)
 #   scripts/gpu_capacity.sh dry              # here: call B's gateway runs on the CPU, small (the tiny checkpoint
 #                                            #   of tests/data, 2 workers, 2 and 4 sessions)
 #   ORACLE_SITE=DIR scripts/gpu_capacity.sh check
@@ -58,7 +62,7 @@ GATEWAY_WHEELS="websockets==15.0.1 orjson==3.13.0 soxr==1.1.0 silero-vad==6.2.3 
   pydantic==2.14.3 pydantic-core==2.50.4 typing-inspection==0.4.5 annotated-types==0.8.0
   typing-extensions==4.16.0 anyio==4.16.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4
   frozenlist==1.8.0 aiosignal==1.4.0 aiohappyeyeballs==2.7.1 attrs==26.1.0 starlette==1.10.0 uvicorn==0.54.0
-  pipecat-ai==1.14.0"
+  pipecat-ai==1.14.0 py-spy==0.4.3"
 # The official code as the parity oracle (qwen-tts pins transformers 4.57.3, which wants tokenizers <= 0.23.0
 # and huggingface-hub < 1.0; librosa and soundfile are imported by its model files):
 ORACLE_WHEELS="qwen-tts==0.1.1 transformers==4.57.3 tokenizers==0.22.1 huggingface-hub==0.36.0
@@ -91,7 +95,7 @@ setup() {
     { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; \
       nproc; free -g; git log -1 --format='%H %s' 2>/dev/null; } >>"$OUT/run.log" 2>&1
   fi
-  export PYTHONPATH=$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH  # py-spy's binary too
   ORACLE_PATH=${ORACLE_PATH:-/tmp/site-oracle:$ROOT}
 }
 
@@ -126,7 +130,15 @@ bench() {
   step "$5" "bench-gateway-$1" python3 scripts/bench_gateway.py --responder pipeline --tts engine \
     --checkpoint "$2" --engine-mode process --engine-devices "$ENGINE_DEVICES" --max-streams "$MAX_STREAMS" \
     --workers "$WORKERS" --sessions "$3" "${arrivals[@]}" --cycles "$CYCLES" --clients "$CLIENTS" --port "$PORT" \
-    --json "$OUT/bench-gateway-$1.json"
+    --engine-max-frames "${MAX_FRAMES:-250}" --profile "${PROFILE:-0}" --json "$OUT/bench-gateway-$1.json"
+}
+
+# Issue 25's targets through the whole product, one size a call: the levels twice in a row (Poisson), then the
+# aligned worst case, with every worker's spread and CPU by stage (py-spy on one worker).
+capacity() {
+  setup
+  checkpoint "$1" "$2" 2 240
+  bench "$1" "$2" "$3" "$4" "$LIMIT"
 }
 
 gateway() {
@@ -289,6 +301,19 @@ case "${1:-}" in
     BEFORE_BATCHES=2 BEFORE_PROFILE=""
     export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
     codec ;;
+  capacity-0.6b|capacity-1.7b)
+    DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 ENGINE_DEVICES=auto MAX_STREAMS=1024 WORKERS=${WORKERS:-12}
+    CLIENTS=${CLIENTS:-4} CYCLES=1 PORT=18765 PROFILE=${PROFILE:-15} LIMIT=${LIMIT:-420}
+    if [ "$1" = capacity-0.6b ]; then
+      capacity 0.6b "$Q06" "${SESSIONS:-1000,1000}" "${ALIGNED:-1000}"
+    else
+      capacity 1.7b "$Q17" "${SESSIONS:-800,800}" "${ALIGNED:-800}"
+    fi ;;
+  capacity-check)
+    CPU_CHECK=1 DEVICE=cpu Q06=$ROOT/tests/data/qwen3_tts_tiny ENGINE_DEVICES=cpu MAX_STREAMS=4 WORKERS=2 CLIENTS=1
+    CYCLES=1 PORT=${PORT:-28765} PROFILE=5 LIMIT=400 MAX_FRAMES=60
+    export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
+    capacity 0.6b "$Q06" 4,4 4 ;;
   family|family-bench|family-more)
     DEVICE=cuda F06B=/tmp/f06b F17B=/tmp/f17b F17D=/tmp/f17d F17C=/tmp/f17c FRAMES=125 FAMILY_STREAMS=1,24,64,256
     VOICES=8
