@@ -94,6 +94,33 @@ async def test_bad_http_gets_a_short_4xx_and_no_traceback(start_gateway, caplog)
     no_tracebacks(caplog)
 
 
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+async def test_deep_json_is_a_400_on_every_way_in(start_gateway, caplog):
+    """The WebSocket's depth limit holds for every HTTP body and form part too: 300 levels of nesting is
+    a 400 naming the limit, not a 500 from the encoder that would echo it back."""
+    gateway = await start_gateway(webrtc__enabled=True)
+    deep = nested(300)
+    json_bodies = [
+        ("/v1/realtime/client_secrets", f'{{"session": {{"type": "realtime", "tools": {deep}}}}}'),
+        ("/v1/realtime/sessions", f'{{"tools": {deep}}}'),
+        ("/v1/realtime/transcription_sessions", f'{{"input_audio_transcription": {deep}}}'),
+        ("/v1/realtime/client_secrets", f'{{"session": {{"type": "realtime", "metadata": {nested(33)}}}}}'),
+    ]
+    requests = [get(path, "POST", "Content-Type: application/json\r\n", body.encode()) for path, body in json_bodies]
+    form = (f'--b\r\nContent-Disposition: form-data; name="sdp"\r\n\r\nv=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n'
+            f'--b\r\nContent-Disposition: form-data; name="session"\r\n\r\n{{"tools": {deep}}}\r\n--b--\r\n')
+    requests.append(offer_request(form.encode(), "multipart/form-data; boundary=b"))
+    for request in requests:
+        status, _, body = await raw_http(gateway.port, request)
+        error = orjson.loads(body)["error"]
+        assert (status, error["code"]) == (400, "invalid_json"), (request[:60], body)
+        assert "nested deeper than 32 levels" in error["message"]
+    no_tracebacks(caplog)
+
+
 def offer_request(sdp: bytes, content_type: str = "application/sdp") -> bytes:
     return get("/v1/realtime/calls", "POST", f"Content-Type: {content_type}\r\n", sdp)
 
