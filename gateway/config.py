@@ -159,6 +159,7 @@ class LocalConfig:
 class WebRtcConfig:
     enabled: bool = True
     max_pending_calls: int = 16
+    max_pending_calls_per_client: int = 4
     connect_timeout_s: float = 15.0
     ice_servers: str = ""
     turn_username: str = ""
@@ -284,6 +285,8 @@ def check(config: Config) -> None:
         _at_least(f"local.{name}", getattr(local, name), 1)
     _at_least("local.cached_sessions", local.cached_sessions, 0)
     _one_of("server.worker_balance", server.worker_balance, ("connections", "accept"))
+    for name in ("max_pending_calls", "max_pending_calls_per_client"):
+        _at_least(f"webrtc.{name}", getattr(config.webrtc, name), 1)
     _one_of("responder.kind", config.responder.kind, ("auto", "echo", "pipeline", "local"))
     _one_of("tts.engine", config.tts.engine, ("auto", "tone", "piper", "qwen3"))
     _one_of("engine.mode", engine.mode, ("thread", "process"))
