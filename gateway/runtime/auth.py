@@ -94,6 +94,11 @@ class Auth:
         sealing_key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_SEAL_LABEL).derive(signing_key)
         self._cipher = AESGCM(sealing_key)
 
+    def __reduce__(self) -> tuple[type[Auth], tuple[list[str], bytes]]:
+        # The parent of `serve --workers N` hands its Auth to each worker (one signing key for all): sent as
+        # the keys it is made from, the cipher object is made again there.
+        return Auth, (sorted(self.api_keys), self._signing_key)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Auth:
         keys = sorted({k.strip() for k in env.get("GATEWAY_API_KEYS", "").split(",") if k.strip()})
