@@ -175,7 +175,8 @@ def create_app(config: Config, responder: Responder | None = None, gateway: Gate
     gateway = gateway if gateway is not None else Gateway(config, responder)
     server = config.server
     front_door = Middleware(FrontDoor, origins=Origins(server.allowed_origins),
-                            hosts=Hosts(server.allowed_hosts, server.host))
+                            hosts=Hosts(server.allowed_hosts, server.host), max_headers=server.max_request_headers,
+                            max_header_line_bytes=server.max_header_line_bytes)
     signalling = Signalling(gateway)
     app = Starlette(routes=routes(gateway, signalling), middleware=[front_door], lifespan=gateway.lifespan,
                     exception_handlers={HttpError: _http_error, HTTPException: _starlette_error})
