@@ -244,6 +244,12 @@ RETIRED = {
     "server.max_queue": "a connection now holds one message at a time; its buffered bytes are bounded by [server] "
                         "inbound_free_bytes and the process-wide inbound_budget_bytes: remove [server] max_queue",
 }
+# Environment variables of the libraries that the gateway does not read: naming one is an error saying which
+# option does it (silently ignored, it would leave a proxy untrusted or trusted unawares).
+FOREIGN_ENV = {
+    "FORWARDED_ALLOW_IPS": "uvicorn's variable is not read: set [server] forwarded_allow_ips "
+                           "(GATEWAY_SERVER_FORWARDED_ALLOW_IPS) to the proxies whose X-Forwarded-For to believe",
+}
 
 
 def _apply(section: Any, values: dict[str, Any], prefix: str) -> None:
@@ -272,6 +278,9 @@ def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] 
             if not hasattr(config, name) or not isinstance(values, dict):
                 raise ConfigError(f"unknown config section [{name}] in {file}")
             _apply(getattr(config, name), values, name)
+    for name, why in FOREIGN_ENV.items():
+        if name in env:
+            raise ConfigError(f"environment variable {name}: {why}")
     for f in dataclasses.fields(config):
         section = getattr(config, f.name)
         prefix = f"GATEWAY_{f.name.upper()}_"

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 CUT = Counter("gateway_slow_requests_cut_total",
               "Connections closed because a request head or body missed its deadline", ["part", "deadline"])
+TOO_MANY = raw_response(429, "This client address holds as many connections as it may ([server] "
+                        "max_connections_per_client); close some, or try again later.", "too_many_connections",
+                        (("retry-after", "1"),))
 
 
 @dataclass(frozen=True)
@@ -158,19 +161,16 @@ class GatewayHttpProtocol(H11Protocol):
         now = self.loop.time()
         if self.flow.read_paused:
             self._last_read = now  # the server stopped reading (the app has not taken the body yet), not the client
-        missed = "total" if now >= self._deadline else "idle" if now >= self._last_read + self.limits.idle_timeout_s \
-            else None
-        if missed is None:
+        if now >= self._deadline:
+            missed = "total"
+        elif now >= self._last_read + self.limits.idle_timeout_s:
+            missed = "idle"
+        else:
             self._schedule()
             return
         CUT.labels(self._part, missed).inc()
         self._stop()
         self.transport.close()
-
-
-TOO_MANY = raw_response(429, "This client address holds as many connections as it may ([server] "
-                        "max_connections_per_client); close some, or try again later.", "too_many_connections",
-                        (("retry-after", "1"),))
 
 
 def protocol_class(limits: HttpLimits, budget: ClientBudget,
