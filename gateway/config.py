@@ -8,6 +8,7 @@ API keys are never read from the file, only from the variables the file names.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -38,6 +39,12 @@ class ServerConfig:
     inbound_budget_bytes: int = 256 * 1024 * 1024
     send_timeout_s: float = 10.0
     request_head_timeout_s: float = 10.0
+    request_body_timeout_s: float = 30.0
+    request_idle_timeout_s: float = 5.0
+    max_request_headers: int = 100
+    max_header_line_bytes: int = 8190
+    max_connections_per_client: int = 32
+    forwarded_allow_ips: str = ""
     max_sessions: int = 1000
     drain_seconds: float = 600.0
     drain_notice_seconds: float = 30.0
@@ -159,6 +166,7 @@ class LocalConfig:
 class WebRtcConfig:
     enabled: bool = True
     max_pending_calls: int = 16
+    max_pending_calls_per_client: int = 4
     connect_timeout_s: float = 15.0
     ice_servers: str = ""
     turn_username: str = ""
@@ -249,6 +257,12 @@ RETIRED = {
     "server.max_queue": "a connection now holds one message at a time; its buffered bytes are bounded by [server] "
                         "inbound_free_bytes and the process-wide inbound_budget_bytes: remove [server] max_queue",
 }
+# Environment variables of the libraries that the gateway does not read: naming one is an error saying which
+# option does it (silently ignored, it would leave a proxy untrusted or trusted unawares).
+FOREIGN_ENV = {
+    "FORWARDED_ALLOW_IPS": "uvicorn's variable is not read: set [server] forwarded_allow_ips "
+                           "(GATEWAY_SERVER_FORWARDED_ALLOW_IPS) to the proxies whose X-Forwarded-For to believe",
+}
 
 
 def _apply(section: Any, values: dict[str, Any], prefix: str) -> None:
@@ -280,6 +294,9 @@ def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] 
                 config.voices = _voices(values, file.parent)
                 continue
             _apply(getattr(config, name), values, name)
+    for name, why in FOREIGN_ENV.items():
+        if name in env:
+            raise ConfigError(f"environment variable {name}: {why}")
     for f in dataclasses.fields(config):
         if f.name == "voices":
             continue
@@ -298,10 +315,24 @@ def check(config: Config) -> None:
     server, local, semantic, engine = config.server, config.local, config.semantic_vad, config.engine
     for name in ("drain_seconds", "drain_notice_seconds", "workers"):
         _at_least(f"server.{name}", getattr(server, name), 0)
+    for name in ("send_timeout_s", "request_head_timeout_s", "request_body_timeout_s", "request_idle_timeout_s"):
+        if getattr(server, name) <= 0:
+            raise ConfigError(f"option server.{name}: must be > 0, got {getattr(server, name)}")
+    _at_least("server.max_connections_per_client", server.max_connections_per_client, 1)
+    # The websockets library, which parses a WebSocket handshake, takes at most 128 headers and 8 KiB lines.
+    if not 1 <= server.max_request_headers <= 128:
+        raise ConfigError(f"option server.max_request_headers: must be between 1 and 128, got "
+                          f"{server.max_request_headers}")
+    if not 256 <= server.max_header_line_bytes <= 8190:
+        raise ConfigError(f"option server.max_header_line_bytes: must be between 256 and 8190, got "
+                          f"{server.max_header_line_bytes}")
+    _check_proxies(server.forwarded_allow_ips)
     for name in ("max_output_tokens", "context_tokens", "starter_chars", "stt_threads", "llm_threads", "tts_threads"):
         _at_least(f"local.{name}", getattr(local, name), 1)
     _at_least("local.cached_sessions", local.cached_sessions, 0)
     _one_of("server.worker_balance", server.worker_balance, ("connections", "accept"))
+    for name in ("max_pending_calls", "max_pending_calls_per_client"):
+        _at_least(f"webrtc.{name}", getattr(config.webrtc, name), 1)
     _one_of("responder.kind", config.responder.kind, ("auto", "echo", "pipeline", "local"))
     _one_of("tts.engine", config.tts.engine, ("auto", "tone", "piper", "qwen3"))
     _one_of("engine.mode", engine.mode, ("thread", "process"))
@@ -333,6 +364,19 @@ def check(config: Config) -> None:
         if not semantic.pause_ms <= wait <= 60_000:
             raise ConfigError(f"option semantic_vad.{level}_max_wait_ms: must be between pause_ms "
                               f"({semantic.pause_ms}) and 60000, got {wait}")
+
+
+def _check_proxies(setting: str) -> None:
+    """[server] forwarded_allow_ips: "*", or addresses and networks (uvicorn would take anything else as a
+    literal name that never matches, and the operator would not know)."""
+    for entry in (part.strip() for part in setting.split(",") if part.strip()):
+        if entry == "*":
+            continue
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ConfigError(f"option server.forwarded_allow_ips: {entry!r} is not an IP address or network "
+                              "(e.g. 10.0.0.5, 10.0.0.0/8, or * for any)") from None
 
 
 def _at_least(name: str, value: float, least: float) -> None:

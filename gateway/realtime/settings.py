@@ -185,7 +185,7 @@ def parse_session(
 
     The session's type comes from the update: GA ``session.type``, beta's event name
     (``transcription_update``: a transcription_session.update, always beta-shaped); a GA update without a
-    type keeps the session's. A transcription session reads only the input-audio fields."""
+    type keeps the session's. Every field sent is checked, whatever the session's type."""
     s = field_of({"session": body}, "session", dict, "session", required=True)
     new = replace(current)
     if transcription_update:
@@ -205,8 +205,9 @@ def parse_session(
     inp = field_of(audio, "input", dict, "session.audio.input") or {}
     _parse_input_ga(inp, new, vad_defaults)
     _parse_include(s, new)
-    if new.type == "realtime":
-        _parse_realtime_ga(s, audio, new, voice_locked, voices)
+    # Also in a transcription session, which does not use them: a client's mistake is reported, not
+    # accepted unseen, and the session keeps them for a switch back to realtime.
+    _parse_realtime_ga(s, audio, new, voice_locked, voices)
     return new
 
 

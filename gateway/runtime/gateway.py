@@ -53,11 +53,13 @@ class SessionRefused(Exception):
 
 
 class Refusal(NamedTuple):
-    """Why no new session starts now: an HTTP 503 with this error code, message and Retry-After."""
+    """Why no new session starts now: an HTTP ``status`` (503: the gateway's room) with this error code,
+    message and Retry-After."""
 
     code: str
     message: str
     retry_after_s: int = 1
+    status: int = 503
 
 
 STARTING = Refusal("server_starting", "The gateway is starting.", 5)

@@ -55,8 +55,11 @@ class Pages:
 
     async def healthz(self, request: Request) -> Response:
         gateway = self.gateway
+        # Every worker's, from the counts they share (under `serve --workers N` any worker may answer).
+        capacity = gateway.capacity
         body = {"status": "ok" if gateway.ready else "starting", "version": __version__,
-                "active_sessions": len(gateway.sessions), "uptime_s": round(time.time() - self.started_at, 1),
+                "active_sessions": capacity.sessions, "active_sessions_by_worker": capacity.by_worker,
+                "uptime_s": round(time.time() - self.started_at, 1),
                 "webrtc": self.webrtc, "auth_required": gateway.auth.required,
                 "responder": describe_responder(gateway)}
         return Response(orjson.dumps(body), 200 if gateway.ready else 503, media_type="application/json",
@@ -172,7 +175,8 @@ def create_app(config: Config, responder: Responder | None = None, gateway: Gate
     gateway = gateway if gateway is not None else Gateway(config, responder)
     server = config.server
     front_door = Middleware(FrontDoor, origins=Origins(server.allowed_origins),
-                            hosts=Hosts(server.allowed_hosts, server.host))
+                            hosts=Hosts(server.allowed_hosts, server.host), max_headers=server.max_request_headers,
+                            max_header_line_bytes=server.max_header_line_bytes)
     signalling = Signalling(gateway)
     app = Starlette(routes=routes(gateway, signalling), middleware=[front_door], lifespan=gateway.lifespan,
                     exception_handlers={HttpError: _http_error, HTTPException: _starlette_error})
