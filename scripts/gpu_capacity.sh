@@ -32,7 +32,8 @@
 #                                            #   and 1.7B CustomVoice (named speakers, with and without instructions)
 #   scripts/gpu_capacity.sh family-check     # here: the three family calls on the CPU with tiny checkpoints
 #                                            #   (ORACLE_SITE as for check)
-#   scripts/gpu_capacity.sh capacity-0.6b    # issue 25: 0.6B at 1000 sessions twice (Poisson), then 1000 aligned,
+#   scripts/gpu_capacity.sh capacity-0.6b    # issue 25 (carry .whl .site-slim): 0.6B at 1000 sessions twice
+#                                            #   (Poisson), then 1000 aligned,
 #                                            #   12 workers, 1024 engine rows, CPU by stage (py-spy)
 #   scripts/gpu_capacity.sh capacity-1.7b    # issue 25: the 1.7B at 800 sessions twice, then 800 aligned
 #   scripts/gpu_capacity.sh capacity-check   # here: both on the CPU, small (tiny checkpoint, 2 workers)
@@ -57,12 +58,14 @@ mkdir -p "$OUT"
 # old: openai's aiohttp transport wants aiohttp >= 3.14.4), pyzmq for the engine processes, the pipecat-ai
 # wheel for the Smart Turn model it ships (the gateway loads it at start), starlette and uvicorn for the
 # coming front door. Not mcp: the benchmark's gateway runs with [mcp] off (its sessions call no tools).
-GATEWAY_WHEELS="websockets==15.0.1 orjson==3.13.0 soxr==1.1.0 silero-vad==6.2.3 pyzmq==27.3.0
+GATEWAY_WHEELS="websockets==15.0.1 orjson==3.13.0 soxr==1.1.0 pyzmq==27.3.0
   openai==3.54.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0 sniffio==1.3.1
   pydantic==2.14.3 pydantic-core==2.50.4 typing-inspection==0.4.5 annotated-types==0.8.0
   typing-extensions==4.16.0 anyio==4.16.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4
   frozenlist==1.8.0 aiosignal==1.4.0 aiohappyeyeballs==2.7.1 attrs==26.1.0 starlette==1.10.0 uvicorn==0.54.0
-  pipecat-ai==1.14.0 py-spy==0.4.3"
+  py-spy==0.4.3 cryptography==50.0.2 cffi==2.0.0 pycparser==2.23"
+SLIM_WHEELS="silero-vad==6.2.3 pipecat-ai==1.14.0"
+SMART_TURN_FILE=pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx
 # The official code as the parity oracle (qwen-tts pins transformers 4.57.3, which wants tokenizers <= 0.23.0
 # and huggingface-hub < 1.0; librosa and soundfile are imported by its model files):
 ORACLE_WHEELS="qwen-tts==0.1.1 transformers==4.57.3 tokenizers==0.22.1 huggingface-hub==0.36.0
@@ -94,6 +97,10 @@ setup() {
     fi
     { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; \
       nproc; free -g; git log -1 --format='%H %s' 2>/dev/null; } >>"$OUT/run.log" 2>&1
+  fi
+  if [ -z "${CPU_CHECK:-}" ]; then
+    cp -r .site-slim/silero_vad /tmp/site/
+    export GATEWAY_SEMANTIC_VAD_MODEL_PATH=$ROOT/.site-slim/smart-turn-v3.2-cpu.onnx
   fi
   export PYTHONPATH=$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH  # py-spy's binary too
   ORACLE_PATH=${ORACLE_PATH:-/tmp/site-oracle:$ROOT}
@@ -133,11 +140,18 @@ bench() {
     --engine-max-frames "${MAX_FRAMES:-250}" --profile "${PROFILE:-0}" --json "$OUT/bench-gateway-$1.json"
 }
 
+# random_checkpoint CONFIG DIR: real geometry, seeded random weights, written by the engine's own modules (no
+# official code: for the benchmarks, where only the geometry matters; CPU_CHECK: DIR is a tiny checkpoint).
+random_checkpoint() {
+  [ -n "${CPU_CHECK:-}" ] || [ -f "$2/model.safetensors" ] && return 0
+  step 120 fixtures python3 scripts/make_random_checkpoint.py --config "$1" --out "$2"
+}
+
 # Issue 25's targets through the whole product, one size a call: the levels twice in a row (Poisson), then the
 # aligned worst case, with every worker's spread and CPU by stage (py-spy on one worker).
 capacity() {
   setup
-  checkpoint "$1" "$2" 2 240
+  random_checkpoint "real-$1" "$2"
   bench "$1" "$2" "$3" "$4" "$LIMIT"
 }
 
@@ -278,10 +292,20 @@ wheels() {
   local platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64"
   local args="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp $platforms"
-  mkdir -p .whl .whl-oracle
+  rm -rf .whl .whl-oracle .site-slim && mkdir -p .whl .whl-oracle .site-slim
   # shellcheck disable=SC2086
   python3 -m pip download -q $args -d .whl $GATEWAY_WHEELS && python3 -m pip download -q $args -d .whl-oracle $ORACLE_WHEELS
-  du -sh .whl .whl-oracle
+  # Of the silero-vad and pipecat-ai wheels (23 MB) the gateway reads two model files: only those travel, the
+  # Silero package with its one ONNX model (.site-slim/ goes to /tmp/site as it is) and the Smart Turn model
+  # ([semantic_vad] model_path names it).
+  local tmp
+  tmp=$(mktemp -d)
+  # shellcheck disable=SC2086
+  python3 -m pip download -q $args -d "$tmp" $SLIM_WHEELS
+  unzip -q "$tmp"/silero_vad-*.whl 'silero_vad/*.py' silero_vad/data/silero_vad.onnx -d .site-slim
+  unzip -q -j "$tmp"/pipecat_ai-*.whl "$SMART_TURN_FILE" -d .site-slim
+  rm -rf "$tmp"
+  du -sh .whl .whl-oracle .site-slim
 }
 
 case "${1:-}" in
