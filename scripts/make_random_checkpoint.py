@@ -51,7 +51,8 @@ def write(config_name: str, out: Path, seed: int) -> None:
         randomize(encoder, seed + 3)
         speech_weights |= {f"encoder.{k}": v for k, v in encoder.state_dict().items()}
     save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"))
-    save_file({k: v.contiguous() for k, v in speech_weights.items()}, str(out / "speech_tokenizer" / "model.safetensors"))
+    save_file({k: v.contiguous() for k, v in speech_weights.items()},
+              str(out / "speech_tokenizer" / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(
         {"architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts", **config}, indent=2))
     (out / "generation_config.json").write_text(json.dumps(GENERATION, indent=2))
