@@ -13,7 +13,7 @@ the gateway's engine client; the gateway's other engines (tone, piper) implement
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 
@@ -25,6 +25,51 @@ class TTSError(Exception):
 class TTSChunk:
     pcm: bytes
     text: str = ""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A stream's own sampling over the engine's defaults (the checkpoint's generation_config and [engine]
+    seed); None keeps the default. The ``subtalker_`` fields are the code predictor's (the official
+    generate's names). Engines that do not sample (tone, piper) ignore it."""
+
+    seed: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    subtalker_temperature: float | None = None
+    subtalker_top_k: int | None = None
+    subtalker_top_p: float | None = None
+
+    def problem(self) -> tuple[str, str] | None:
+        """The first field out of its range, and why; None when all are in range."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            low, high, what = SAMPLING_RANGES[f.name]
+            kind = int if isinstance(low, int) else float
+            if isinstance(value, bool) or not isinstance(value, int | float) or (kind is int and
+                                                                                 not isinstance(value, int)):
+                return f.name, f"'{f.name}' must be {'an integer' if kind is int else 'a number'}"
+            if not low <= value <= high or (f.name in OPEN_BELOW and value == low):
+                return f.name, f"'{f.name}' must be {what}, got {value}"
+        return None
+
+
+# Each field's range (low, high) and how an error states it. Temperatures and top_p exclude 0.
+SAMPLING_RANGES: dict[str, tuple[float, float, str]] = {
+    "seed": (0, 2**32 - 1, "an integer from 0 to 4294967295"),
+    "temperature": (0.0, 2.0, "above 0 and at most 2"),
+    "top_k": (0, 4096, "an integer from 0 (no top-k) to 4096"),
+    "top_p": (0.0, 1.0, "above 0 and at most 1"),
+    "repetition_penalty": (1.0, 2.0, "from 1 (none) to 2"),
+    "subtalker_temperature": (0.0, 2.0, "above 0 and at most 2"),
+    "subtalker_top_k": (0, 4096, "an integer from 0 (no top-k) to 4096"),
+    "subtalker_top_p": (0.0, 1.0, "above 0 and at most 1"),
+}
+OPEN_BELOW = frozenset({"temperature", "top_p", "subtalker_temperature", "subtalker_top_p"})
 
 
 class TTSStream(Protocol):
@@ -41,4 +86,4 @@ class TTSEngine(Protocol):
     incremental: bool
     voices: frozenset[str] | None  # the voice names open() takes, lower case (None: any)
 
-    def open(self, voice: str, language: str | None = None) -> TTSStream: ...
+    def open(self, voice: str, language: str | None = None, *, sampling: Sampling | None = None) -> TTSStream: ...

@@ -173,6 +173,30 @@ class TraceConfig:
 
 
 @dataclass
+class SpeechConfig:
+    max_input_chars: int = 4096
+    max_instructions_chars: int = 4096
+    max_streams: int = 0
+    max_waiting: int = 64
+    wait_timeout_s: float = 10.0
+    retry_after_s: int = 1
+
+
+@dataclass
+class VoicesConfig:
+    dir: str = ""
+    max_voices: int = 20
+    max_consents: int = 100
+    max_file_bytes: int = 10 * 1024 * 1024
+    max_sample_seconds: float = 30.0
+    max_consent_seconds: float = 30.0
+    max_name_chars: int = 256
+    max_prompt_chars: int = 2000
+    phrase_match: float = 0.8
+    similarity_threshold: float = 0.0
+
+
+@dataclass
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
@@ -187,6 +211,8 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    speech: SpeechConfig = field(default_factory=SpeechConfig)
+    voices: VoicesConfig = field(default_factory=VoicesConfig)
 
 
 def _coerce(value: Any, kind: Any, name: str) -> Any:
@@ -300,6 +326,19 @@ def check(config: Config) -> None:
     if server.workers > 1 and engine.mode != "process" and qwen3:
         raise ConfigError('several workers ([server] workers, --workers) with the Qwen3-TTS engine need [engine] '
                           'mode = "process": in mode "thread" each worker would load its own copy of the model')
+    speech, voices = config.speech, config.voices
+    for name in ("max_input_chars", "max_instructions_chars", "retry_after_s"):
+        _at_least(f"speech.{name}", getattr(speech, name), 1)
+    for name in ("max_streams", "max_waiting", "wait_timeout_s"):
+        _at_least(f"speech.{name}", getattr(speech, name), 0)
+    for name in ("max_voices", "max_consents", "max_file_bytes", "max_name_chars", "max_prompt_chars"):
+        _at_least(f"voices.{name}", getattr(voices, name), 1)
+    for name in ("max_sample_seconds", "max_consent_seconds"):
+        if not 1.0 <= getattr(voices, name) <= 300.0:
+            raise ConfigError(f"option voices.{name}: must be between 1 and 300, got {getattr(voices, name)}")
+    for name in ("phrase_match", "similarity_threshold"):
+        if not 0.0 <= getattr(voices, name) <= 1.0:
+            raise ConfigError(f"option voices.{name}: must be between 0 and 1, got {getattr(voices, name)}")
     if not 64 <= semantic.pause_ms <= 2000:
         raise ConfigError(f"option semantic_vad.pause_ms: must be between 64 and 2000, got {semantic.pause_ms}")
     if semantic.recheck_ms and semantic.recheck_ms < 100:

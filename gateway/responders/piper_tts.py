@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from engine.api import TTSChunk, TTSError
+from engine.api import Sampling, TTSChunk, TTSError
 from gateway.audio import SAMPLE_RATE, StreamResampler, float32_to_int16
 from gateway.responders.model_thread import ModelThread
 from gateway.responders.tts import SegmentStream
@@ -40,7 +40,8 @@ class PiperStream(SegmentStream):
 
 
 class PiperEngine:
-    """A ``TTSEngine`` (engine.api): one English voice, whatever voice name a session asks for."""
+    """A ``TTSEngine`` (engine.api): one English voice, whatever voice name a session asks for; a stream's
+    sampling (engine.api.Sampling) is ignored."""
 
     incremental = False
     voices = None
@@ -73,7 +74,7 @@ class PiperEngine:
         """The process's one copy of the voice (every responder shares it)."""
         return cls(threads)
 
-    def open(self, voice: str, language: str | None = None) -> PiperStream:
+    def open(self, voice: str, language: str | None = None, *, sampling: Sampling | None = None) -> PiperStream:
         if language is not None and language.lower() not in ("en", "english"):
             raise TTSError(f"the piper voice speaks English only, not {language!r}")
         return PiperStream(self)

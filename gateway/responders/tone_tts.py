@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from engine.api import TTSChunk
+from engine.api import Sampling, TTSChunk
 from gateway.audio import SAMPLE_RATE
 from gateway.responders.tts import SegmentStream
 
@@ -67,6 +67,8 @@ class ToneStream(SegmentStream):
 
 
 class ToneEngine:
+    """A test signal: any voice name; a stream's sampling is ignored (nothing is sampled)."""
+
     incremental = False
     voices = None  # a tone has no voice: any name will do
     model_name = "tone (a test signal, no speech)"
@@ -79,5 +81,5 @@ class ToneEngine:
         self.realtime = realtime
         self.char_ms = char_ms
 
-    def open(self, voice: str, language: str | None = None) -> ToneStream:
+    def open(self, voice: str, language: str | None = None, *, sampling: Sampling | None = None) -> ToneStream:
         return ToneStream(self)

@@ -33,6 +33,7 @@ from gateway.runtime.capacity import Capacity
 from gateway.runtime.session_runner import Playout, Send, SessionRunner, log_fault
 from gateway.runtime.silero import SileroModel, SileroVAD, VadBatcher
 from gateway.runtime.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError
+from gateway.runtime.speech import SpeechService
 from gateway.runtime.trace import ACTIVE_SESSIONS, TurnTrace
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class Gateway:
         self._held: list[HeldConnections] = []
         self._backend_check: asyncio.Task[None] | None = None
         self._started = False
+        self.speech = SpeechService(config)  # /v1/audio/speech: its engine and its share of it
 
     async def start(self) -> None:
         """Load the models and open what the sessions share, in worker threads (the local models' first
@@ -125,6 +127,7 @@ class Gateway:
         self.transcriber, self._vad_model, *built = await asyncio.gather(*loads)
         if built:
             self.responder = built[0]
+        await self.speech.start(getattr(self.responder, "tts_engine", None))
         if self.config.mcp.enabled:
             await loop.run_in_executor(None, mcp_client.preload)
         semantic = self.config.semantic_vad
@@ -162,6 +165,7 @@ class Gateway:
             await held.stop()
         self._vad_executor.shutdown(wait=False, cancel_futures=True)
         self._smart_turn_executor.shutdown(wait=False, cancel_futures=True)
+        await self.speech.aclose()
         for part in (self.responder, self.transcriber):
             close = getattr(part, "aclose", None)
             if close is not None:
