@@ -1,10 +1,14 @@
 """What a TTS engine is to its caller: the stream interface every engine speaks, and its chunks and errors.
 
-An engine opens one stream per utterance. Text goes in with ``feed`` (fragments as an LLM streams them
-when ``incremental`` is true, else whole segments) and ``end``; audio comes out as ``TTSChunk``s of pcm16
-mono 24 kHz. ``cancel`` stops the stream inside the engine at its next step and frees it; iteration then
-ends. A chunk's ``text`` is the text whose speech starts in that chunk, so a caller can cut a transcript
-at the point the listener stopped hearing.
+An engine opens one stream per utterance, in a voice: a name from its ``voices``, or a prepared voice
+(``prompt``, an engine.voices.VoicePrompt: a clone of reference audio, or a design from a description)
+that the caller holds and passes with each stream (``voice`` then only names it). ``instructions`` (style,
+emotion) reach the engines that follow them; the others refuse or ignore them, as each one's docstring says.
+``sampling`` (a Sampling) sets a stream's own seed and sampling where the engine samples.
+Text goes in with ``feed`` (fragments as an LLM streams them when ``incremental`` is true, else whole
+segments) and ``end``; audio comes out as ``TTSChunk``s of pcm16 mono 24 kHz. ``cancel`` stops the stream
+inside the engine at its next step and frees it; iteration then ends. A chunk's ``text`` is the text whose
+speech starts in that chunk, so a caller can cut a transcript at the point the listener stopped hearing.
 
 The Qwen3-TTS engine implements it in a thread of the caller's process (engine.threaded) and, over IPC,
 the gateway's engine client; the gateway's other engines (tone, piper) implement it too.
@@ -15,6 +19,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields
 from typing import Protocol
+
+from engine.voices import VoicePrompt
 
 
 class TTSError(Exception):
@@ -86,4 +92,5 @@ class TTSEngine(Protocol):
     incremental: bool
     voices: frozenset[str] | None  # the voice names open() takes, lower case (None: any)
 
-    def open(self, voice: str, language: str | None = None, *, sampling: Sampling | None = None) -> TTSStream: ...
+    def open(self, voice: str, language: str | None = None, *, prompt: VoicePrompt | None = None,
+             instructions: str | None = None, sampling: Sampling | None = None) -> TTSStream: ...

@@ -5,14 +5,20 @@ socket to it. A message is a list of frames, the first naming its kind; stream i
 client, 8 bytes, unique per connection. Text is UTF-8, audio pcm16 mono 24 kHz, control payloads JSON.
 
 client -> engine                                 engine -> client
-  HELLO  json {pid}                                HELLO  json {instance, voices, languages, max_text_chars, ...}
+  HELLO  json {pid}                                HELLO  json {instance, voices, languages, kinds, ...}
   PING                                             PONG   instance, load (streams held, ASCII)
   OPEN   sid, voice, language ("" = auto)          PACKET sid, text, pcm
-  FEED   sid, text                                 DONE   sid
-  END    sid                                       ERROR  sid, INPUT | ENGINE, message
-  CANCEL sid                                       STATS  token, json
-  STATS  token                                     RESET  reason (this client's streams here are gone)
+         [, prompt, instructions]                  DONE   sid
+  FEED   sid, text                                 ERROR  sid, INPUT | ENGINE, message
+  END    sid                                       STATS  token, json
+  CANCEL sid                                       RESET  reason (this client's streams here are gone)
+  STATS  token                                     VOICE  token, OK | INPUT | ENGINE, voice bytes or message
+  PREPARE token, audio, rate, text
   BYE
+
+OPEN's optional frames: a prepared voice (engine.voices.VoicePrompt.to_bytes, "" = none) and instructions
+("" = none). PREPARE clones a voice from reference audio (float32 little-endian mono samples at `rate`,
+ASCII; `text` its transcript, "" = none); VOICE answers it.
 
 Liveness runs both ways on the heartbeat. A client pings every heartbeat; the engine frees the streams
 of a client it has not heard from for MISSED_HEARTBEATS heartbeats (or one it can no longer send to), and
@@ -25,8 +31,10 @@ from __future__ import annotations
 
 HELLO, PING, PONG, OPEN, FEED, END, CANCEL, STATS, BYE = (b"hello", b"ping", b"pong", b"open", b"feed", b"end",
                                                           b"cancel", b"stats", b"bye")
-PACKET, DONE, ERROR, RESET = b"packet", b"done", b"error", b"reset"
+PREPARE = b"prepare"
+PACKET, DONE, ERROR, RESET, VOICE = b"packet", b"done", b"error", b"reset", b"voice"
 INPUT, ENGINE = b"input", b"engine"  # an ERROR's cause: bad input (TTSError), or the engine failed
+OK = b"ok"
 MISSED_HEARTBEATS = 4
 # Messages queued towards one peer before it counts as not keeping up (ZeroMQ's high-water mark): about
 # 4 minutes of audio packets of 320 ms for 100 streams; bounds what a stuck peer can hold.

@@ -48,9 +48,16 @@ class StackConfig:
             raise ConfigError(f"config.json: {where} lacks {exc.args[0]!r}") from None
 
 
+KINDS = ("custom_voice", "voice_design", "base")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """What the engine reads from a checkpoint's config.json."""
+    """What the engine reads from a checkpoint's config.json.
+
+    `kind` is the checkpoint's tts_model_type, as the official loader reads it: custom_voice (named speakers,
+    and instructions unless the size is 0.6B), voice_design (a text description of the voice) or base (a
+    voice cloned from reference audio, with a speaker encoder whose config is `speaker_encoder`)."""
 
     talker: StackConfig
     predictor: StackConfig
@@ -67,17 +74,26 @@ class ModelConfig:
     tts_pad: int
     tts_bos: int
     tts_eos: int
+    kind: str = "custom_voice"
+    size: str = ""
     languages: dict[str, int] = field(default_factory=dict)
     speakers: dict[str, int] = field(default_factory=dict)
     dialects: dict[str, str] = field(default_factory=dict)
+    speaker_encoder: dict[str, Any] | None = None
+
+    @property
+    def follows_instructions(self) -> bool:
+        """Whether prompts take an instruction: VoiceDesign always (it describes the voice), CustomVoice
+        except at 0.6B (the official generate_custom_voice drops it there)."""
+        return self.kind == "voice_design" or (self.kind == "custom_voice" and self.size != "0b6")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         if d.get("tokenizer_type", "qwen3_tts_tokenizer_12hz") != "qwen3_tts_tokenizer_12hz":
             raise ConfigError(f"config.json: tokenizer_type {d.get('tokenizer_type')!r}; only the 12Hz codec runs here")
-        if d.get("tts_model_type", "custom_voice") != "custom_voice":
-            raise ConfigError(f"config.json: tts_model_type {d.get('tts_model_type')!r}; only custom_voice "
-                              "checkpoints (named speakers) run here")
+        kind = d.get("tts_model_type", "custom_voice")
+        if kind not in KINDS:
+            raise ConfigError(f"config.json: tts_model_type {kind!r}; the engine runs {', '.join(KINDS)}")
         t = d.get("talker_config")
         if not isinstance(t, dict) or not isinstance(t.get("code_predictor_config"), dict):
             raise ConfigError("config.json: no talker_config with a code_predictor_config")
@@ -88,6 +104,11 @@ class ModelConfig:
             if len(ids) != 1 or not isinstance(ids[0], int):
                 raise ConfigError(f"config.json: spk_id[{name!r}] = {value!r} is not one codec id")
             speakers[name.lower()] = ids[0]
+        if kind == "custom_voice" and not speakers:
+            raise ConfigError("config.json: a custom_voice checkpoint without speakers (talker_config.spk_id)")
+        speaker_encoder = d.get("speaker_encoder_config") if kind == "base" else None
+        if kind == "base" and not isinstance(speaker_encoder, dict):
+            raise ConfigError("config.json: a base checkpoint without speaker_encoder_config")
         try:
             cfg = cls(
                 talker=StackConfig.from_dict(t, "talker_config"),
@@ -97,9 +118,11 @@ class ModelConfig:
                 codec_eos=t["codec_eos_token_id"], think=t["codec_think_id"], nothink=t["codec_nothink_id"],
                 think_bos=t["codec_think_bos_id"], think_eos=t["codec_think_eos_id"],
                 tts_pad=d["tts_pad_token_id"], tts_bos=d["tts_bos_token_id"], tts_eos=d["tts_eos_token_id"],
+                kind=kind, size=str(d.get("tts_model_size") or ""),
                 languages={k.lower(): v for k, v in (t.get("codec_language_id") or {}).items()},
                 speakers=speakers,
                 dialects={k.lower(): v.lower() for k, v in (t.get("spk_is_dialect") or {}).items() if v},
+                speaker_encoder=speaker_encoder,
             )
         except KeyError as exc:
             raise ConfigError(f"config.json lacks {exc.args[0]!r}") from None
@@ -258,13 +281,16 @@ class Qwen3TTS(nn.Module):
         return F.embedding(codes + self.code_offsets, self.code_table).sum(1, keepdim=True)
 
     @torch.no_grad()
-    def prefill(self, n: int, length: int) -> None:
+    def prefill(self, n: int, length: int, vectors: torch.Tensor) -> None:
         """Start the streams described by the first n rows of `prompt_ids` / `prompt_meta`: embed their
-        prompts (`length` positions, right-padded), fill their rows' caches, keep each prompt's last
-        position as the input of its first step, and reset their sampling state."""
+        prompts (`length` positions, right-padded; `vectors` [>= n, >= length, hidden] is added to the
+        codec track: a cloned voice's x-vector and reference frames, zero elsewhere), fill their rows'
+        caches, keep each prompt's last position as the input of its first step, and reset their sampling
+        state."""
         text, codec = self.prompt_ids[:, :n, :length]
         row, last, seed, min_frames = self.prompt_meta[:, :n]
-        x = self.text_embed(text) + torch.where((codec >= 0)[..., None], self.codec_embed(codec.clamp(min=0)), 0)
+        x = (self.text_embed(text) + torch.where((codec >= 0)[..., None], self.codec_embed(codec.clamp(min=0)), 0)
+             + vectors[:n, :length])
 
         def kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             # A new stream attends to its own prompt only. Positions from its last one on hold throwaway
