@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 
 from engine.api import Sampling, TTSChunk
+from engine.voices import VoicePrompt
 from gateway.audio import SAMPLE_RATE
 from gateway.responders.tts import SegmentStream
 
@@ -67,7 +68,8 @@ class ToneStream(SegmentStream):
 
 
 class ToneEngine:
-    """A test signal: any voice name; a stream's sampling is ignored (nothing is sampled)."""
+    """A test signal: no voice, so any name, prepared voice, instruction or sampling will do (all are
+    ignored)."""
 
     incremental = False
     voices = None  # a tone has no voice: any name will do
@@ -81,5 +83,6 @@ class ToneEngine:
         self.realtime = realtime
         self.char_ms = char_ms
 
-    def open(self, voice: str, language: str | None = None, *, sampling: Sampling | None = None) -> ToneStream:
+    def open(self, voice: str, language: str | None = None, *, prompt: VoicePrompt | None = None,
+             instructions: str | None = None, sampling: Sampling | None = None) -> ToneStream:
         return ToneStream(self)
