@@ -195,6 +195,12 @@ class Batcher:
         return [m.kind for m in self.models]
 
     @property
+    def fingerprints(self) -> list[str]:
+        """The Base checkpoints' fingerprints, in order (prepare_voice uses the first): a voice cloned for one
+        of them is spoken as it is; one cloned for another checkpoint must be prepared again."""
+        return [m.ckpt.fingerprint for m in self.models if m.kind == "base"]
+
+    @property
     def follows_instructions(self) -> bool:
         """Whether a named speaker's stream follows instructions (a CustomVoice 1.7B checkpoint holds it)."""
         return any(m.kind == "custom_voice" and m.ckpt.config.follows_instructions for m in self.models)

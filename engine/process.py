@@ -144,7 +144,8 @@ class EngineServer:
         b = self.batcher
         return {"instance": self.instance, "pid": os.getpid(), "device": str(b.device),
                 "rows": b.max_streams * len(b.models), "voices": sorted(b.voices), "languages": sorted(b.languages),
-                "kinds": b.kinds, "follows_instructions": b.follows_instructions, "max_text_chars": b.max_text_chars,
+                "kinds": b.kinds, "fingerprints": b.fingerprints, "follows_instructions": b.follows_instructions,
+                "max_text_chars": b.max_text_chars,
                 "heartbeat_s": self.heartbeat_s}
 
     # -- what goes back --

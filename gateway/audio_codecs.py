@@ -237,7 +237,8 @@ def _declared_seconds(container: av.container.InputContainer, stream: av.AudioSt
 
 def _wav_cut_short(data: bytes) -> bool:
     """FFmpeg reads a cut WAV file without complaint (its duration comes from the bytes there): the RIFF
-    header's size says what the file should hold; a streamed WAV's open-ended size (0 or 0xFFFFFFFF)
-    promises nothing."""
+    header's size says what the file should hold. A WAV written as a stream promises nothing: its size is
+    left 0 or set to a placeholder near the format's 2 or 4 GiB limit (0xFFFFFFFF; espeak-ng writes
+    0x7FFFF024), far beyond any upload accepted here."""
     size = int.from_bytes(data[4:8], "little")
-    return size not in (0, 0xFFFFFFFF) and size + 8 > len(data)
+    return 0 < size < 0x7FFF0000 and size + 8 > len(data)

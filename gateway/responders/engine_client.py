@@ -134,6 +134,7 @@ class EngineClient:
         first = self.links[0].hello
         self.voices: frozenset[str] = frozenset(first["voices"])
         self.kinds: list[str] = list(first.get("kinds", []))
+        self.fingerprints: list[str] = list(first.get("fingerprints", []))
         self.follows_instructions = bool(first.get("follows_instructions"))
         self._languages = frozenset(first["languages"])
         self._max_chars = int(first["max_text_chars"])

@@ -30,6 +30,7 @@ from gateway.responders.build import build_responder, build_transcriber
 from gateway.runtime import mcp_client
 from gateway.runtime.auth import Auth, ClientSecret
 from gateway.runtime.capacity import Capacity
+from gateway.runtime.custom_voices import VoiceLibrary
 from gateway.runtime.session_runner import Playout, Send, SessionRunner, log_fault
 from gateway.runtime.silero import SileroModel, SileroVAD, VadBatcher
 from gateway.runtime.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError
@@ -112,6 +113,7 @@ class Gateway:
         self._backend_check: asyncio.Task[None] | None = None
         self._started = False
         self.speech = SpeechService(config)  # /v1/audio/speech: its engine and its share of it
+        self.voices = VoiceLibrary(config.voices)  # the deployment's custom voices ([voices] dir)
 
     async def start(self) -> None:
         """Load the models and open what the sessions share, in worker threads (the local models' first
@@ -128,6 +130,7 @@ class Gateway:
         if built:
             self.responder = built[0]
         await self.speech.start(getattr(self.responder, "tts_engine", None))
+        await self.voices.start()
         if self.config.mcp.enabled:
             await loop.run_in_executor(None, mcp_client.preload)
         semantic = self.config.semantic_vad

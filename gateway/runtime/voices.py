@@ -38,7 +38,7 @@ import orjson
 
 CONSENT_PREFIX, VOICE_PREFIX = "cons_", "voice_"
 ID_PATTERN = re.compile(r"^(cons|voice)_[0-9a-f]{24}$")
-FILE_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+FILE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 STALE_TMP_S = 3600.0
 META = "meta.json"
 
@@ -82,16 +82,20 @@ class VoiceStore:
         self.limits = {"voices": max_voices, "consents": max_consents}
 
     def open(self) -> None:
-        """Create the folders (mode 0700: voices are the deployment's, not every local user's), sweep old
-        leftovers of interrupted writes and deletions."""
-        for sub in ("consents", "voices", "tmp", "trash"):
-            (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        """Sweep old leftovers of interrupted writes and deletions (the folders themselves are made by the
+        first creation)."""
         now = time.time()
         for sub in ("tmp", "trash"):
-            for entry in (self.root / sub).iterdir():
-                with contextlib.suppress(OSError):
-                    if sub == "trash" or now - entry.stat().st_mtime > STALE_TMP_S:
-                        shutil.rmtree(entry)
+            with contextlib.suppress(FileNotFoundError):
+                for entry in (self.root / sub).iterdir():
+                    with contextlib.suppress(OSError):
+                        if sub == "trash" or now - entry.stat().st_mtime > STALE_TMP_S:
+                            shutil.rmtree(entry)
+
+    def _make_folders(self) -> None:
+        # Mode 0700: the voices are the deployment's, not every local user's.
+        for sub in ("consents", "voices", "tmp", "trash"):
+            (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
 
     # --- objects ---------------------------------------------------------------------------------
 
@@ -99,6 +103,7 @@ class VoiceStore:
         """A new object of `kind` ("consents" or "voices") holding `meta` and `files`, made whole in tmp/
         and renamed into place; StoreFull past the kind's limit."""
         object_id = meta["id"]
+        self._make_folders()
         staging = self.root / "tmp" / f"{object_id}.{secrets.token_hex(4)}"
         staging.mkdir(mode=0o700)
         try:

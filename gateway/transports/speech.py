@@ -32,10 +32,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from engine.api import Sampling, TTSChunk, TTSEngine, TTSError, TTSStream
+from engine.voices import VoicePrompt
 from gateway.audio import SAMPLE_RATE
 from gateway.audio_codecs import MAX_SPEED, MIN_SPEED, RESPONSE_FORMATS, SpeechEncoder
 from gateway.realtime.responder import BackendError
 from gateway.responders.text_bridge import TextBridge
+from gateway.runtime.custom_voices import VoiceRefused
 from gateway.runtime.gateway import Gateway
 from gateway.runtime.speech import SpeechBusy, SpeechService
 from gateway.transports.rest import HttpError, authorize, read_json_object
@@ -160,9 +162,15 @@ class SpeechEndpoint:
             raise HttpError(503, "The gateway is starting.", "server_starting", kind="server_error",
                             headers={"Retry-After": "5"})
         engine = await self.service.engine()
+        prompt = None
         if req.custom:
-            raise HttpError(400, f"No voice with id {req.voice!r}.", "voice_not_found", "voice.id")
-        if engine.voices is not None and req.voice.lower() not in engine.voices:
+            try:
+                prompt = await self.gateway.voices.prompt_for(req.voice, engine)
+            except VoiceRefused as exc:
+                raise HttpError(400 if exc.kind == "invalid" else 501, str(exc), exc.code, "voice.id") from None
+            if prompt is None:
+                raise HttpError(400, f"No voice with id {req.voice!r}.", "voice_not_found", "voice.id")
+        elif engine.voices is not None and req.voice.lower() not in engine.voices:
             raise HttpError(400, f"Voice {req.voice!r} is not available; this gateway has: "
                                  f"{', '.join(sorted(engine.voices))}.", "invalid_value", "voice")
         try:
@@ -174,7 +182,7 @@ class SpeechEndpoint:
             return Response(status_code=499)
         stream = chunks = None
         try:
-            stream = self._open(engine, req)
+            stream = self._open(engine, req, prompt)
             chunks = aiter(stream)
             first = await _unless_gone(request, anext(chunks, None))
         except BaseException as exc:
@@ -191,8 +199,9 @@ class SpeechEndpoint:
         media_type = "text/event-stream" if req.sse else RESPONSE_FORMATS[req.response_format].content_type
         return StreamingResponse(body_iter, media_type=media_type, headers={"Cache-Control": "no-cache"})
 
-    def _open(self, engine: TTSEngine, req: SpeechRequest) -> TTSStream:
-        stream = engine.open(req.voice, req.language, sampling=req.sampling)
+    def _open(self, engine: TTSEngine, req: SpeechRequest, prompt: VoicePrompt | None) -> TTSStream:
+        stream = engine.open(req.voice, req.language, prompt=prompt, instructions=req.instructions,
+                             sampling=req.sampling)
         try:
             if engine.incremental:
                 stream.feed(req.text)
