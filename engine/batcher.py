@@ -139,11 +139,13 @@ class Batcher:
         self.first_packet_frames = first_packet_frames
         self.max_reference_s, self.max_instructions_tokens = max_reference_s, max_instructions_tokens
         speakers = {s for c in ckpts for s in c.config.speakers}
-        self._voice_map = {k.lower(): v.lower() for k, v in (voices or {}).items()}
+        self._voice_map = {k.lower(): v.lower() for k, v in (voices or {}).items()} if speakers else {}
+        if voices and not speakers:
+            log.info("[engine.voices] unused: no CustomVoice checkpoint (sessions name prepared voices)")
         for voice, speaker in self._voice_map.items():
             if speaker not in speakers:
                 raise CheckpointError(f"[engine.voices] {voice} = {speaker!r}: the checkpoint has no such speaker "
-                                      f"(it has {', '.join(sorted(speakers)) or 'none: it is not a CustomVoice one'})")
+                                      f"(it has {', '.join(sorted(speakers))})")
         weight = ckpts[0].codec.decoder.pre_conv.conv.weight
         problem = kernels.self_test(weight.device, weight.dtype) if kernels.available(weight) else None
         if problem:

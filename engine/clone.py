@@ -27,7 +27,7 @@ def prepare(ckpt: Any, audio: np.ndarray, sample_rate: int, text: str | None = N
     (ICL). Runs the two encoders: call it on the engine's thread."""
     if ckpt.speaker_encoder is None or ckpt.encoder is None:
         raise VoiceError(f"the checkpoint is a {ckpt.config.kind} checkpoint; cloning a voice needs a Base one")
-    samples = np.asarray(audio, dtype=np.float32)
+    samples = np.array(audio, dtype=np.float32)  # a copy: torch needs it writable
     if samples.ndim != 1 or sample_rate < 8000 or not np.isfinite(samples).all():
         raise VoiceError("reference audio must be finite mono samples at 8 kHz or more")
     seconds = len(samples) / sample_rate

@@ -173,6 +173,17 @@ class TraceConfig:
 
 
 @dataclass
+class VoiceConfig:
+    """One [voices.NAME] table: a voice the engine prepares at start, which sessions name as NAME (or
+    {"id": NAME}). A clone of a reference recording (`reference`, with its `transcript` for in-context
+    cloning) needs a Base checkpoint; a design (`description`) a VoiceDesign one."""
+
+    reference: str = ""  # a WAV file; a relative path is read from the config file's folder
+    transcript: str = ""
+    description: str = ""
+
+
+@dataclass
 class SpeechConfig:
     max_input_chars: int = 4096
     max_instructions_chars: int = 4096
@@ -184,6 +195,9 @@ class SpeechConfig:
 
 @dataclass
 class VoicesConfig:
+    """[voices]: the store of custom voices (its options), and the voices the engine prepares at start, one
+    [voices.NAME] table each (`named`, lower-case names; the file only: no environment variable names one)."""
+
     dir: str = ""
     max_voices: int = 20
     max_consents: int = 100
@@ -193,7 +207,8 @@ class VoicesConfig:
     max_name_chars: int = 256
     max_prompt_chars: int = 2000
     phrase_match: float = 0.8
-    similarity_threshold: float = 0.0
+    similarity_threshold: float = 0.5
+    named: dict[str, VoiceConfig] = field(default_factory=dict)
 
 
 @dataclass
@@ -268,7 +283,7 @@ def _apply(section: Any, values: dict[str, Any], prefix: str) -> None:
     for key, value in values.items():
         if f"{prefix}.{key}" in RETIRED:
             raise ConfigError(f"option {prefix}.{key} is gone: {RETIRED[f'{prefix}.{key}']}")
-        if key not in hints:
+        if key not in hints or (prefix == "voices" and key == "named"):  # named voices are [voices.NAME] tables
             raise ConfigError(f"unknown option {prefix}.{key}")
         setattr(section, key, _coerce(value, hints[key], f"{prefix}.{key}"))
 
@@ -288,6 +303,9 @@ def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] 
         for name, values in data.items():
             if not hasattr(config, name) or not isinstance(values, dict):
                 raise ConfigError(f"unknown config section [{name}] in {file}")
+            if name == "voices":  # its options, and a table per named voice
+                config.voices.named = _voices({k: v for k, v in values.items() if isinstance(v, dict)}, file.parent)
+                values = {k: v for k, v in values.items() if not isinstance(v, dict)}
             _apply(getattr(config, name), values, name)
     for f in dataclasses.fields(config):
         section = getattr(config, f.name)
@@ -362,6 +380,26 @@ def _at_least(name: str, value: float, least: float) -> None:
 def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"option {name}: expected {', '.join(choices[:-1])} or {choices[-1]}, got {value!r}")
+
+
+def _voices(tables: dict[str, Any], folder: Path) -> dict[str, VoiceConfig]:
+    """The [voices.NAME] tables, each a clone (reference, transcript) or a design (description)."""
+    voices = {}
+    for name, values in tables.items():
+        where = f"voices.{name}"
+        voice = VoiceConfig()
+        _apply(voice, values, where)
+        if bool(voice.reference) == bool(voice.description):
+            raise ConfigError(f"option {where}: give either reference (a WAV to clone) or description (a voice "
+                              "to design)")
+        if voice.transcript and not voice.reference:
+            raise ConfigError(f"option {where}.transcript: only a cloned voice (reference) has one")
+        if voice.reference:
+            voice.reference = str(folder / Path(voice.reference).expanduser())
+        if not name.strip() or name.lower() in voices:
+            raise ConfigError(f"option {where}: voice names must be non-empty and differ in more than case")
+        voices[name.lower()] = voice
+    return voices
 
 
 def api_key(env_name: str) -> str:

@@ -16,6 +16,16 @@
 #   scripts/gpu_capacity.sh layout           # the echo benchmark before the layered layout and after, twice each,
 #                                            #   alternated, on the host's quiet CPUs (.before/ holds
 #                                            #   `git archive 50669cf`: carry it with .whl)
+#   scripts/gpu_capacity.sh family           # issue 23, call 1: random real-geometry 0.6B Base, 1.7B Base,
+#                                            #   1.7B VoiceDesign and 1.7B CustomVoice checkpoints through the
+#                                            #   official code, each one's float32 parity (tests/engine/test_family.py)
+#   scripts/gpu_capacity.sh family-bench     # issue 23, call 2: bench_engine.py on 0.6B and 1.7B Base (clones,
+#                                            #   in-context and x-vector, 8 voices a wave) at 1/24/64/256 streams,
+#                                            #   and preparing a 10 s reference (checkpoints of call 1, else made)
+#   scripts/gpu_capacity.sh family-more      # issue 23, call 3: the same on 1.7B VoiceDesign (designed voices)
+#                                            #   and 1.7B CustomVoice (named speakers, with and without instructions)
+#   scripts/gpu_capacity.sh family-check     # here: the three family calls on the CPU with tiny checkpoints
+#                                            #   (ORACLE_SITE as for check)
 #   scripts/gpu_capacity.sh dry              # here: call B's gateway runs on the CPU, small (the tiny checkpoint
 #                                            #   of tests/data, 2 workers, 2 and 4 sessions)
 #   ORACLE_SITE=DIR scripts/gpu_capacity.sh check
@@ -155,6 +165,55 @@ layout() {
   done
 }
 
+# family_checkpoint CONFIG DIR FRAMES: a real-geometry checkpoint of make_parity_fixture.py's CONFIG (CPU_CHECK:
+# the tiny one of the same kind) with seeded random weights, written through the official code.
+family_checkpoint() {
+  [ -f "$2/references.json" ] && return 0
+  local config=$1
+  if [ -n "${CPU_CHECK:-}" ]; then
+    case $config in *-base) config=tiny-base ;; *-design) config=tiny-design ;; *) config=tiny-instruct ;; esac
+  fi
+  PYTHONPATH=$ORACLE_PATH step 300 "fixture-$config" python3 scripts/make_parity_fixture.py --config "$config" \
+    --out "$2" --device "$DEVICE" --dtype float32 --frames "$3"
+}
+
+# family_bench NAME DIR: bench_engine.py in the voices of DIR's checkpoint (its kind says which).
+family_bench() {
+  step 270 "bench-$1" python3 scripts/bench_engine.py --checkpoint "$2" --impl ours --device "$DEVICE" \
+    --frames "$FRAMES" --streams "$FAMILY_STREAMS" --eager-streams "" --runs 2 --voices "$VOICES" \
+    --time-budget 200 --json "$OUT/bench-$1.json"
+}
+
+family() {
+  setup
+  family_checkpoint real-0.6b-base "$F06B" 24
+  family_checkpoint real-1.7b-base "$F17B" 24
+  family_checkpoint real-1.7b-design "$F17D" 24
+  family_checkpoint real-1.7b "$F17C" 24
+  local present=""
+  for dir in "$F06B" "$F17B" "$F17D" "$F17C"; do
+    [ -f "$dir/references.json" ] && present="$present${present:+,}$dir"
+  done
+  QWEN3_TTS_FAMILY=$present QWEN3_TTS_DEVICE=$DEVICE step 200 parity-family \
+    python3 -m pytest -q --noconftest -p no:cacheprovider tests/engine/test_family.py
+}
+
+family_bench_base() {
+  setup
+  family_checkpoint real-0.6b-base "$F06B" 2
+  family_bench 0.6b-base "$F06B"
+  family_checkpoint real-1.7b-base "$F17B" 2
+  family_bench 1.7b-base "$F17B"
+}
+
+family_more() {
+  setup
+  family_checkpoint real-1.7b-design "$F17D" 2
+  family_bench 1.7b-design "$F17D"
+  family_checkpoint real-1.7b "$F17C" 2
+  family_bench 1.7b-instruct "$F17C"
+}
+
 wheels() {
   local platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64"
@@ -167,6 +226,22 @@ wheels() {
 
 case "${1:-}" in
   wheels) wheels ;;
+  family|family-bench|family-more)
+    DEVICE=cuda F06B=/tmp/f06b F17B=/tmp/f17b F17D=/tmp/f17d F17C=/tmp/f17c FRAMES=125 FAMILY_STREAMS=1,24,64,256
+    VOICES=8
+    case $1 in family) family ;; family-bench) family_bench_base ;; family-more) family_more ;; esac ;;
+  family-check)
+    : "${ORACLE_SITE:?set ORACLE_SITE to the site-packages of an environment holding qwen-tts}"
+    CPU_CHECK=1 DEVICE=cpu F06B=/tmp/family-check-a F17B=/tmp/family-check-b F17D=/tmp/family-check-c
+    F17C=/tmp/family-check-d FRAMES=6 FAMILY_STREAMS=1,2 VOICES=2
+    export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
+    ORACLE_PATH=$ORACLE_SITE:$ROOT
+    rm -rf "$F06B" "$F17B" "$F17D" "$F17C"
+    for call in family family_bench_base family_more; do
+      start=$SECONDS
+      "$call"
+      log "$call took $((SECONDS - start)) s"
+    done ;;
   engine|gateway|more|frontdoor|layout)
     # The gateway call: 12 workers and 4 load-generator processes share the 16 cores with the engine
     # process; one cycle per session (two turns) keeps a level near 35 s.
@@ -192,5 +267,5 @@ case "${1:-}" in
     rm -rf "$Q06" "$Q17"
     engine
     gateway ;;
-  *) sed -n 2,18p "$0"; exit 2 ;;
+  *) sed -n 2,28p "$0"; exit 2 ;;
 esac

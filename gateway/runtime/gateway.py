@@ -129,6 +129,12 @@ class Gateway:
         self.transcriber, self._vad_model, *built = await asyncio.gather(*loads)
         if built:
             self.responder = built[0]
+        if (prepare := getattr(self.responder, "prepare", None)) is not None:
+            await prepare()  # the configured voices ([voices.NAME]), made by the TTS engine
+        voices = getattr(self.responder, "voices", None)
+        if voices is not None and self.config.session.voice.lower() not in voices:
+            log.warning("[session] voice %r is none of the TTS engine's voices (%s): sessions that keep it "
+                        "cannot speak", self.config.session.voice, ", ".join(sorted(voices)) or "none")
         await self.speech.start(getattr(self.responder, "tts_engine", None))
         await self.voices.start()
         if self.config.mcp.enabled:

@@ -32,7 +32,7 @@ from tests.paths import DATA, ROOT, TINY_CHECKPOINT
 COMMITTED = [DATA / "qwen3_tts_tiny_base", DATA / "qwen3_tts_tiny_design", DATA / "qwen3_tts_tiny_instruct"]
 FIXTURES = [Path(p) for p in os.environ.get("QWEN3_TTS_FAMILY", "").split(",") if p] or COMMITTED
 DEVICE = os.environ.get("QWEN3_TTS_DEVICE", "cpu")
-REFS = {f: json.loads((f / "references.json").read_text()) for f in FIXTURES}
+REFS = {f: json.loads((f / "references.json").read_text()) for f in [*FIXTURES, *COMMITTED]}
 CASES = [(f, p) for f in FIXTURES for p in REFS[f]["prompts"]]
 BASES = [f for f in FIXTURES if "references" in REFS[f]]
 
@@ -69,8 +69,7 @@ _clones: dict[tuple[Path, str], VoicePrompt] = {}
 
 
 def cloned(fixture: Path, name: str) -> VoicePrompt:
-    """`<ref>.icl` or `<ref>.x_vector`, prepared by the engine from the recording (the official references
-    record what the official code prepared from it)."""
+    """`<ref>.icl` or `<ref>.x_vector`, prepared by the engine from the recording."""
     if (fixture, name) not in _clones:
         ref, mode = name.split(".")
         audio, rate = reference(fixture, ref)
@@ -79,10 +78,23 @@ def cloned(fixture: Path, name: str) -> VoicePrompt:
     return _clones[fixture, name]
 
 
+def official(fixture: Path, name: str) -> VoicePrompt:
+    """`<ref>.icl` or `<ref>.x_vector` as the official code prepared it (its embedding and codes, recorded):
+    the prompts' parity does not hang on the encoders' (tested on their own)."""
+    ref, mode = name.split(".")
+    tensors = load_file(str(fixture / "references.safetensors"))
+    ckpt = load(fixture)
+    return VoicePrompt(kind="clone", speaker=tensors[f"speaker_embedding.{ref}"].numpy(),
+                       codes=tensors[f"ref_codes.{ref}"].numpy() if mode == "icl" else None,
+                       text=REFS[fixture]["references"][ref]["text"] if mode == "icl" else None,
+                       model={"size": ckpt.config.size, "hidden": str(ckpt.config.talker.hidden),
+                              "fingerprint": ckpt.fingerprint})
+
+
 def conditioning(fixture: Path, prompt: dict) -> dict:
     """synthesize's voice arguments for a recorded prompt."""
     if "clone" in prompt:
-        return {"speaker": None, "clone": cloned(fixture, prompt["clone"])}
+        return {"speaker": None, "clone": official(fixture, prompt["clone"])}
     if "speaker" in prompt:
         return {"speaker": prompt["speaker"], "instructions": prompt.get("instruct")}
     design = VoicePrompt.design(prompt["instruct"]) if prompt.get("instruct") else None
@@ -93,7 +105,7 @@ def conditioning(fixture: Path, prompt: dict) -> dict:
 def test_the_kind_comes_from_config_json(fixture: Path, tmp_path: Path) -> None:
     """A folder named like another kind loads as what its config.json says."""
     misnamed = tmp_path / "Qwen3-TTS-12Hz-0.6B-CustomVoice"
-    shutil.copytree(fixture, misnamed)
+    shutil.copytree(fixture, misnamed, copy_function=os.symlink)  # links: a real-size fixture is gigabytes
     config = json.loads((fixture / "config.json").read_text())
     ckpt = checkpoint.load(str(misnamed), device="cpu", dtype="float32")
     assert ckpt.config.kind == config["tts_model_type"]
@@ -131,11 +143,18 @@ def test_speaker_embedding_and_codes_match_official(fixture: Path, ref: str) -> 
     """From the recording as stored (16 kHz: resampled to 24 kHz first, as the official code does)."""
     refs = load_file(str(fixture / "references.safetensors"))
     voice = cloned(fixture, f"{ref}.icl")
-    official = refs[f"speaker_embedding.{ref}"].numpy()
-    assert voice.speaker.shape == official.shape and voice.speaker.dtype == np.float32
+    expected = refs[f"speaker_embedding.{ref}"].numpy()
+    assert voice.speaker.shape == expected.shape and voice.speaker.dtype == np.float32
     # A float32 fixture recorded elsewhere (a GPU) reproduces to float drift only; here to a few ulps.
-    assert np.linalg.norm(voice.speaker - official) / np.linalg.norm(official) < 1e-4
-    assert voice.codes.tolist() == refs[f"ref_codes.{ref}"].tolist()
+    assert np.linalg.norm(voice.speaker - expected) / np.linalg.norm(expected) < 1e-4
+    codes = refs[f"ref_codes.{ref}"].numpy()
+    assert voice.codes.shape == codes.shape
+    if fixture in COMMITTED:
+        assert voice.codes.tolist() == codes.tolist()
+    else:
+        # Recorded on another device: a distance within float drift of a tie may pick the other entry, and
+        # the residual quantizers after it follow; nearly every code is still the official one.
+        assert (voice.codes == codes).mean() > 0.98
     assert voice.text == REFS[fixture]["references"][ref]["text"]
     assert cloned(fixture, f"{ref}.x_vector").codes is None
 
@@ -148,13 +167,13 @@ def test_a_clone_streams_the_official_waveform(fixture: Path) -> None:
     ckpt = load(fixture)
     params = SamplingParams.from_generation_config(ckpt.generation, greedy=True)
     codes, packets = synthesize(ckpt, None, prompt["language"], prompt["text"], params,
-                                max_frames=REFS[fixture]["max_new_tokens"] - 1, clone=cloned(fixture, "ref_24k.icl"))
+                                max_frames=REFS[fixture]["max_new_tokens"] - 1, clone=official(fixture, "ref_24k.icl"))
     assert codes.tolist() == prompt["codes"]
     ref = load_file(str(fixture / "references.safetensors"))["greedy_wav.icl_en_stream"].numpy()
     pcm = np.frombuffer(b"".join(p.pcm for p in packets), dtype=np.int16).astype(np.float64) / 32767
     assert pcm.shape == ref.shape
-    tolerance = 1e-3 if fixture in COMMITTED else 1e-2  # pcm16 rounding; a GPU fixture adds float drift
-    assert np.linalg.norm(pcm - ref) / np.linalg.norm(ref) < tolerance
+    # pcm16 rounding (half a step) plus streamed-vs-whole decoding rounding, as for a named speaker.
+    assert np.linalg.norm(pcm - ref) / np.linalg.norm(ref) < 1e-3
 
 
 def test_a_voice_round_trips_as_bytes() -> None:

@@ -20,6 +20,7 @@ from engine.sampling import SamplingParams
 from engine.threaded import QwenTTSEngine
 from engine.voices import VoicePrompt
 from gateway.audio import decode_wav
+from gateway.responders.tts import SegmentedStream
 from tests.paths import DATA, ROOT, TINY_CHECKPOINT
 
 FIXTURE = TINY_CHECKPOINT
@@ -375,3 +376,23 @@ async def test_each_stream_samples_with_its_own_seed_and_parameters(ckpt: checkp
             engine.open("alloy", "english", sampling=Sampling(top_p=0.0))
     finally:
         engine.close()
+
+
+async def test_a_segmented_clone_speaks_its_first_segment_at_once(family: QwenTTSEngine) -> None:
+    """What the pipeline does for an in-context clone: each segment its own utterance, so the first
+    segment's speech comes while the reply is still being written (the stream is not ended)."""
+    audio, rate = reference_audio()
+    icl = await family.prepare(audio, rate, "The quick brown fox jumps over the lazy dog.")
+    stream = SegmentedStream(family, voice="icl", language="english", prompt=icl)
+    chunks = aiter(stream)
+    stream.feed("Hello world,")
+    async with asyncio.timeout(60):
+        first = await anext(chunks)
+    assert first.text == "Hello world," and first.pcm
+    stream.feed("this is a test.")
+    stream.end()
+    async with asyncio.timeout(60):
+        rest = [chunk async for chunk in chunks]
+    assert [c.text for c in rest if c.text] == ["this is a test."]
+    second = rest[next(i for i, c in enumerate(rest) if c.text):]
+    assert b"".join(c.pcm for c in second) == await speak(family, "this is a test.", "icl", prompt=icl)
