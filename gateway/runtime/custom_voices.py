@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from gateway.audio_codecs import AudioFileError, decode_upload
 from gateway.config import VoicesConfig
 from gateway.realtime.responder import BackendError, Transcriber
 from gateway.runtime import consent
-from gateway.runtime.voices import CONSENT_PREFIX, VOICE_PREFIX, StoreFull, VoiceStore, default_dir, new_id
+from gateway.runtime.voices import CONSENT_PREFIX, VOICE_PREFIX, StoreFull, VoiceStore, default_dir, new_id, valid_id
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +257,27 @@ class VoiceLibrary:
         except StoreFull as exc:
             raise VoiceRefused("full", str(exc)[:1].upper() + str(exc)[1:] + ".", None,
                                "voice_limit_reached" if kind == "voices" else "consent_limit_reached") from None
+
+
+class SessionVoices(Collection[str]):
+    """What a realtime session may name as its voice: the responder's voices (listed in errors) and any
+    custom voice of the deployment. The session checks a name when a client sends it (session.update,
+    response.create), in the event loop: a custom voice's id costs one stat of its folder there, the one file
+    access the loop makes (the voice itself is read in a worker thread when a response speaks)."""
+
+    def __init__(self, names: frozenset[str], store: VoiceStore) -> None:
+        self.names, self.store = names, store
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        return name.lower() in self.names or (valid_id(name, VOICE_PREFIX) and self.store.exists("voices", name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def _prepared_name(voice: VoicePrompt) -> str:

@@ -30,7 +30,7 @@ from gateway.responders.build import build_responder, build_transcriber
 from gateway.runtime import mcp_client
 from gateway.runtime.auth import Auth, ClientSecret
 from gateway.runtime.capacity import Capacity
-from gateway.runtime.custom_voices import VoiceLibrary
+from gateway.runtime.custom_voices import SessionVoices, VoiceLibrary
 from gateway.runtime.session_runner import Playout, Send, SessionRunner, log_fault
 from gateway.runtime.silero import SileroModel, SileroVAD, VadBatcher
 from gateway.runtime.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError
@@ -137,6 +137,8 @@ class Gateway:
                         "cannot speak", self.config.session.voice, ", ".join(sorted(voices)) or "none")
         await self.speech.start(getattr(self.responder, "tts_engine", None))
         await self.voices.start()
+        if hasattr(self.responder, "voice_source"):
+            self.responder.voice_source = self.voices.prompt_for  # sessions speak in the custom voices too
         if self.config.mcp.enabled:
             await loop.run_in_executor(None, mcp_client.preload)
         semantic = self.config.semantic_vad
@@ -250,7 +252,7 @@ class Gateway:
     def new_runner(self, session: Session, send: Send, playout: Playout | None = None) -> SessionRunner:
         """A runner for ``session`` on this gateway's responder, VAD model and trace (any transport)."""
         assert self._vad_model is not None and self.responder is not None
-        return SessionRunner(
+        runner = SessionRunner(
             session,
             self.responder,
             SileroVAD(self._vad_model),
@@ -261,6 +263,9 @@ class Gateway:
             transcriber=self.transcriber,
             smart_turn=self._smart_turn,
         )
+        if session.voices is not None and getattr(self.responder, "voice_source", None) is not None:
+            session.voices = SessionVoices(frozenset(session.voices), self.voices.store)
+        return runner
 
     def opened(self, runner: SessionRunner, how: str, end: End) -> None:
         """A session admitted (its slot taken) is running; ``end`` closes it from the server's side."""

@@ -178,6 +178,10 @@ class VoiceStore:
                 items.append(meta)
         return sorted(items, key=lambda m: (m["created_at"], m["id"]))
 
+    def exists(self, kind: str, object_id: str) -> bool:
+        folder = self._folder(kind, object_id)
+        return folder is not None and (folder / META).is_file()
+
     def count(self, kind: str) -> int:
         return sum(1 for _ in self._entries(kind))
 

@@ -162,17 +162,7 @@ class SpeechEndpoint:
             raise HttpError(503, "The gateway is starting.", "server_starting", kind="server_error",
                             headers={"Retry-After": "5"})
         engine = await self.service.engine()
-        prompt = None
-        if req.custom:
-            try:
-                prompt = await self.gateway.voices.prompt_for(req.voice, engine)
-            except VoiceRefused as exc:
-                raise HttpError(400 if exc.kind == "invalid" else 501, str(exc), exc.code, "voice.id") from None
-            if prompt is None:
-                raise HttpError(400, f"No voice with id {req.voice!r}.", "voice_not_found", "voice.id")
-        elif engine.voices is not None and req.voice.lower() not in engine.voices:
-            raise HttpError(400, f"Voice {req.voice!r} is not available; this gateway has: "
-                                 f"{', '.join(sorted(engine.voices))}.", "invalid_value", "voice")
+        prompt = await self._prompt(req, engine)
         try:
             await _unless_gone(request, self.service.acquire())
         except SpeechBusy as exc:
@@ -198,6 +188,25 @@ class SpeechEndpoint:
         body_iter = self._respond(req, stream, first, chunks)
         media_type = "text/event-stream" if req.sse else RESPONSE_FORMATS[req.response_format].content_type
         return StreamingResponse(body_iter, media_type=media_type, headers={"Cache-Control": "no-cache"})
+
+    async def _prompt(self, req: SpeechRequest, engine: TTSEngine) -> VoicePrompt | None:
+        """The voice's prompt: a voice prepared at start ([voices.NAME]) or a custom voice of the deployment
+        (by id); None for one of the engine's own voices. HttpError 400 for a voice there is none of."""
+        param = "voice.id" if req.custom else "voice"
+        prepared = getattr(self.gateway.responder, "prepared", {}).get(req.voice.lower())
+        if prepared is not None:
+            return prepared
+        try:
+            prompt = await self.gateway.voices.prompt_for(req.voice, engine)
+        except VoiceRefused as exc:
+            raise HttpError(400 if exc.kind == "invalid" else 501, str(exc), exc.code, param) from None
+        if prompt is not None:
+            return prompt
+        if req.custom or (engine.voices is not None and req.voice.lower() not in engine.voices):
+            names = sorted(engine.voices or ()) + sorted(getattr(self.gateway.responder, "prepared", {}))
+            raise HttpError(400, f"No voice {req.voice!r}: this gateway has {', '.join(names) or 'any name'} and the "
+                                 "custom voices of /v1/audio/voices.", "voice_not_found", param)
+        return None
 
     def _open(self, engine: TTSEngine, req: SpeechRequest, prompt: VoicePrompt | None) -> TTSStream:
         stream = engine.open(req.voice, req.language, prompt=prompt, instructions=req.instructions,
