@@ -29,7 +29,7 @@ from gateway.responders.text_bridge import TextBridge
 from gateway.responders.tone_tts import ToneEngine, tone_pcm
 from tests.conftest import Served, StartGateway, audio_of, connect
 from tests.fake_openai import FakeOpenAI
-from tests.paths import TINY_CHECKPOINT
+from tests.paths import DATA, TINY_CHECKPOINT
 
 TEXT = "Hello there. This is the speech endpoint, streaming as it goes."
 # Samples a decoder yields beyond the audio: the encoder's priming (LAME's 1105-sample delay, AAC's 1024),
@@ -296,3 +296,17 @@ async def test_speech_needs_an_api_key_not_a_client_secret(start_gateway: StartG
         with pytest.raises(openai.AuthenticationError):
             await AsyncOpenAI(api_key=key, base_url=f"http://127.0.0.1:{gateway.port}/v1",
                               max_retries=0).audio.speech.create(model="tts-1", voice="alloy", input="Hi.")
+
+
+async def test_instructions_reach_a_checkpoint_that_follows_them(start_gateway: StartGateway) -> None:
+    """CustomVoice 1.7B follows `instructions` (the tiny checkpoint of that kind): the same seed speaks
+    otherwise with an instruction; /v1/audio/capabilities says the engine follows them."""
+    gateway = await start_gateway(**{**QWEN3, "engine__checkpoint": str(DATA / "qwen3_tts_tiny_instruct")})
+    client = sdk(gateway)
+    plain = await speak(client, "pcm", extra_body={"seed": 5})
+    instructed = await speak(client, "pcm", instructions="Speak slowly, in a whisper.", extra_body={"seed": 5})
+    assert len(plain) > 0 and len(instructed) > 0 and plain != instructed
+    assert await speak(client, "pcm", extra_body={"seed": 5}) == plain
+    capabilities = await client.get("/audio/capabilities", cast_to=object)
+    assert capabilities["instructions"] is True and "alloy" in capabilities["voices"]
+    assert not capabilities["cloning"] and not capabilities["design"]
