@@ -6,6 +6,10 @@ soon as the codec makes them (a container that would wait for the end is told to
 per packet, WAV and FLAC headers that need no seek back), with the speed change (FFmpeg's ``atempo``,
 pitch kept) before the codec. ``decode_upload`` reads an uploaded file of the accepted containers into
 float32 mono at the rate asked for, refusing what is not audio, is cut short, or is too long.
+
+PyAV is a dependency of the package; a host that runs the gateway from a bare set of wheels without it (the
+GPU benchmark host: scripts/gpu_capacity.sh speech) serves pcm at speed 1 only, and says so (NoCodecs) for
+the rest.
 """
 
 from __future__ import annotations
@@ -14,12 +18,25 @@ import io
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-import av
-import av.filter
 import numpy as np
 import numpy.typing as npt
 
 from gateway.audio import SAMPLE_RATE
+
+try:
+    import av
+    import av.filter
+except ImportError:  # see the docstring: pcm only
+    av = None
+
+
+class NoCodecs(RuntimeError):
+    """PyAV is not installed: only pcm at speed 1 can be answered, and no upload read."""
+
+
+def _require_av(what: str) -> None:
+    if av is None:
+        raise NoCodecs(f"{what} needs PyAV (pip install av), which this host lacks")
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,8 @@ class SpeechEncoder:
 
     def __init__(self, response_format: str, speed: float = 1.0) -> None:
         spec = RESPONSE_FORMATS[response_format]
+        if spec.container is not None or speed != 1.0:
+            _require_av(f"response_format {response_format!r}" + (f" at speed {speed:g}" if speed != 1.0 else ""))
         self.content_type = spec.content_type
         self.tempo = _Tempo(speed) if speed != 1.0 else None
         self.sink: _Sink | None = None
@@ -181,7 +200,9 @@ class AudioFileError(ValueError):
 def decode_upload(data: bytes, max_seconds: float, rate: int = SAMPLE_RATE) -> npt.NDArray[np.float32]:
     """An uploaded audio file's first audio track as float32 mono at `rate`; AudioFileError when it is not
     audio of the accepted containers and codecs, is damaged or cut short, or holds more than `max_seconds`
-    (decoding stops there, so a small file that expands to hours costs no more than the limit)."""
+    (decoding stops there, so a small file that expands to hours costs no more than the limit); NoCodecs
+    without PyAV."""
+    _require_av("reading an uploaded recording")
     try:
         container = av.open(io.BytesIO(data), "r")
     except (av.FFmpegError, ValueError, UnicodeDecodeError):

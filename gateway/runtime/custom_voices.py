@@ -30,7 +30,7 @@ import orjson
 from engine.api import TTSEngine, TTSError
 from engine.voices import VoiceError, VoicePrompt
 from gateway.audio import SAMPLE_RATE, float32_to_int16
-from gateway.audio_codecs import AudioFileError, decode_upload
+from gateway.audio_codecs import AudioFileError, NoCodecs, decode_upload
 from gateway.config import VoicesConfig
 from gateway.realtime.responder import BackendError, Transcriber
 from gateway.runtime import consent
@@ -224,6 +224,8 @@ class VoiceLibrary:
     async def _decode(self, upload: Upload, max_seconds: float) -> np.ndarray:
         try:
             return await asyncio.to_thread(decode_upload, upload.data, max_seconds)
+        except NoCodecs as exc:
+            raise VoiceRefused("unavailable", f"'{upload.field}': {exc}.", upload.field, "codecs_unavailable") from None
         except AudioFileError as exc:
             kind = "unsupported" if exc.kind == "unsupported" else "invalid"
             code = {"unsupported": "unsupported_audio", "too_long": "audio_too_long"}.get(exc.kind, "invalid_audio")

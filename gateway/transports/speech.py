@@ -22,6 +22,7 @@ import base64
 import contextlib
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
@@ -34,7 +35,7 @@ from starlette.routing import Route
 from engine.api import Sampling, TTSChunk, TTSEngine, TTSError, TTSStream
 from engine.voices import VoicePrompt
 from gateway.audio import SAMPLE_RATE
-from gateway.audio_codecs import MAX_SPEED, MIN_SPEED, RESPONSE_FORMATS, SpeechEncoder
+from gateway.audio_codecs import MAX_SPEED, MIN_SPEED, RESPONSE_FORMATS, NoCodecs, SpeechEncoder
 from gateway.realtime.responder import BackendError
 from gateway.responders.text_bridge import TextBridge
 from gateway.runtime.custom_voices import VoiceRefused
@@ -153,11 +154,17 @@ class SpeechEndpoint:
         self.service: SpeechService = gateway.speech
 
     async def create(self, request: Request) -> Response:
+        received = time.perf_counter()
         authorize(request, self.gateway)
         speech = self.gateway.config.speech
         # The input and instructions at 4 bytes a character at most, plus the other fields.
         body = await read_json_object(request, 4 * (speech.max_input_chars + speech.max_instructions_chars) + 65536)
         req = parse_request(body, self.gateway)
+        try:
+            encoder = SpeechEncoder(req.response_format, req.speed)
+        except NoCodecs as exc:
+            raise HttpError(501, str(exc)[:1].upper() + str(exc)[1:] + ".", "format_unavailable", "response_format",
+                            kind="server_error", headers={"x-should-retry": "false"}) from None
         if not self.gateway.ready:
             raise HttpError(503, "The gateway is starting.", "server_starting", kind="server_error",
                             headers={"Retry-After": "5"})
@@ -165,6 +172,7 @@ class SpeechEndpoint:
         prompt = await self._prompt(req, engine)
         try:
             await _unless_gone(request, self.service.acquire())
+            admitted = time.perf_counter()
         except SpeechBusy as exc:
             raise HttpError(503, str(exc), "speech_capacity_reached", kind="server_error",
                             headers={"Retry-After": str(exc.retry_after_s)}) from None
@@ -185,9 +193,14 @@ class SpeechEndpoint:
             if isinstance(exc, _ClientGone):
                 return Response(status_code=499)
             raise
-        body_iter = self._respond(req, stream, first, chunks)
-        media_type = "text/event-stream" if req.sse else RESPONSE_FORMATS[req.response_format].content_type
-        return StreamingResponse(body_iter, media_type=media_type, headers={"Cache-Control": "no-cache"})
+        # When the request waited for a place and when the engine's first audio came, from its arrival (the
+        # standard Server-Timing header): what the HTTP path adds is a client's first byte less "audio".
+        audio_ms = (time.perf_counter() - received) * 1000
+        timing = f"queue;dur={(admitted - received) * 1000:.1f}, audio;dur={audio_ms:.1f}"
+        body_iter = self._respond(req, encoder, stream, first, chunks)
+        media_type = "text/event-stream" if req.sse else encoder.content_type
+        return StreamingResponse(body_iter, media_type=media_type,
+                                 headers={"Cache-Control": "no-cache", "Server-Timing": timing})
 
     async def _prompt(self, req: SpeechRequest, engine: TTSEngine) -> VoicePrompt | None:
         """The voice's prompt: a voice prepared at start ([voices.NAME]) or a custom voice of the deployment
@@ -226,9 +239,8 @@ class SpeechEndpoint:
             raise
         return stream
 
-    async def _respond(self, req: SpeechRequest, stream: TTSStream, first: TTSChunk | None,
+    async def _respond(self, req: SpeechRequest, encoder: SpeechEncoder, stream: TTSStream, first: TTSChunk | None,
                        chunks: AsyncIterator[TTSChunk]) -> AsyncIterator[bytes]:
-        encoder = SpeechEncoder(req.response_format, req.speed)
         loop = asyncio.get_running_loop()
         pool = self.service.codec_pool
 

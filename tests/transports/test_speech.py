@@ -310,3 +310,22 @@ async def test_instructions_reach_a_checkpoint_that_follows_them(start_gateway: 
     capabilities = await client.get("/audio/capabilities", cast_to=object)
     assert capabilities["instructions"] is True and "alloy" in capabilities["voices"]
     assert not capabilities["cloning"] and not capabilities["design"]
+
+
+async def test_without_pyav_pcm_is_still_served(start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that lacks PyAV (the GPU benchmark's bare wheels) answers pcm, and says what the other formats
+    need; every answer says when the engine's first audio came (Server-Timing)."""
+    from gateway import audio_codecs  # noqa: PLC0415 - the module whose PyAV is taken away
+
+    monkeypatch.setattr(audio_codecs, "av", None)
+    gateway = await start_gateway(tts__engine="tone")
+    client = sdk(gateway)
+    async with client.audio.speech.with_streaming_response.create(
+            model="tts-1", voice="alloy", input=TEXT, response_format="pcm") as response:
+        assert np.array_equal(np.frombuffer(await response.read(), "<i2"), tone_of(TEXT))
+        timing = dict(part.strip().split(";dur=") for part in response.headers["server-timing"].split(","))
+        assert 0 <= float(timing["queue"]) <= float(timing["audio"])
+    with pytest.raises(openai.InternalServerError) as refused:
+        await client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="mp3")
+    assert refused.value.status_code == 501 and refused.value.body["param"] == "response_format"
+    assert "PyAV" in refused.value.body["message"]
