@@ -28,6 +28,10 @@ started, and their stop -> first delta P50/P95 is reported beside it.
         --concurrency 1,2 --frames 20 --voices speaker,clone        # (GATEWAY_ENGINE_VOICES=alloy=vivian)
     python3 scripts/bench_speech.py --checkpoint /tmp/q06,/tmp/f06b --max-streams 512 --concurrency 1,24,64,256 \\
         --frames 125 --sessions 200
+
+--codecs measures the response formats' encoders alone (gateway/audio_codecs.py, PyAV) on this CPU: the CPU
+time per second of audio, and how much audio goes in before a format's first bytes come out, in 80 ms packets
+(the engine's first packet) of speech (tests/fixtures/two_turns.wav).
 """
 
 from __future__ import annotations
@@ -155,6 +159,28 @@ def run_speech(pool: concurrent.futures.Executor, clients: int, url: str, voice:
     return rows, start, time.time()
 
 
+def bench_codecs() -> None:
+    import wave  # noqa: PLC0415 - this mode only
+
+    from gateway.audio_codecs import RESPONSE_FORMATS, SpeechEncoder  # noqa: PLC0415
+
+    with wave.open(str(ROOT / "tests" / "fixtures" / "two_turns.wav")) as w:
+        speech = w.readframes(w.getnframes()) * 4  # ~32 s
+    packet = 2 * 1920
+    print("| format | CPU ms per audio second | audio in before the first bytes out, ms |")
+    print("| --- | --- | --- |")
+    for fmt in RESPONSE_FORMATS:
+        encoder = SpeechEncoder(fmt)
+        first = None
+        cpu = time.process_time()
+        for offset in range(0, len(speech), packet):
+            if encoder.encode(speech[offset:offset + packet]) and first is None:
+                first = (offset + packet) / 48
+        encoder.finish()
+        cpu_ms = (time.process_time() - cpu) * 1000 / (len(speech) / 48000)
+        print(f"| {fmt} | {cpu_ms:.2f} | {first:.0f} |")
+
+
 # --- the report ---------------------------------------------------------------------------------------
 
 
@@ -212,8 +238,9 @@ def write_json(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="[engine] checkpoint: a CustomVoice checkpoint, and a "
+    parser.add_argument("--checkpoint", default="", help="[engine] checkpoint: a CustomVoice checkpoint, and a "
                         "Base one for --voices clone (comma-separated)")
+    parser.add_argument("--codecs", action="store_true", help="measure the response formats' encoders alone")
     parser.add_argument("--voices", default="speaker", help="speaker, clone, or both (comma-separated)")
     parser.add_argument("--concurrency", default="1,24,64,256", help="comma-separated concurrent clients")
     parser.add_argument("--requests", type=int, default=2, help="requests each client makes, back to back")
@@ -240,6 +267,11 @@ def main() -> int:
     if args.serve:
         asyncio.run(serve(args))
         return 0
+    if args.codecs:
+        bench_codecs()
+        return 0
+    if not args.checkpoint:
+        parser.error("--checkpoint is needed (or --codecs)")
     started = time.monotonic()
     stats_dir = Path(tempfile.mkdtemp(prefix="bench-speech-"))
     fake = subprocess.Popen([sys.executable, "-m", "tests.fake_openai", "--port", str(args.port + 1), "--stt-ms",
