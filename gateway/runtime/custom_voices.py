@@ -143,20 +143,19 @@ class VoiceLibrary:
             raise VoiceRefused("invalid", f"No consent recording with id {consent_id!r}.", "consent")
         consent_audio = await self._decode(Upload(recording, "consent"), self.config.max_consent_seconds)
         heard = await self._prepare(engine, consent_audio, None, "consent")
-        cloned = await self._prepare(engine, audio, None, sample.field)
-        assert heard.speaker is not None and cloned.speaker is not None
-        similarity = consent.similarity(heard.speaker, cloned.speaker)
-        if similarity < self.config.similarity_threshold:
-            raise VoiceRefused("invalid", f"The sample's speaker does not match the consent recording's (similarity "
-                                          f"{similarity:.2f}, at least {self.config.similarity_threshold:.2f} needed).",
-                               sample.field, "speaker_mismatch")
         primary = consent.primary_language(meta["language"])
         if not transcript and transcriber is not None:
             try:
                 transcript = await self._transcribe(transcriber, audio, primary, sample.field)
             except VoiceRefused:
                 transcript = None  # cloned from the speaker embedding alone
-        voice = await self._prepare(engine, audio, transcript or None, sample.field) if transcript else cloned
+        voice = await self._prepare(engine, audio, transcript or None, sample.field)
+        assert heard.speaker is not None and voice.speaker is not None
+        similarity = consent.similarity(heard.speaker, voice.speaker)
+        if similarity < self.config.similarity_threshold:
+            raise VoiceRefused("invalid", f"The sample's speaker does not match the consent recording's (similarity "
+                                          f"{similarity:.3f}, at least {self.config.similarity_threshold:.3f} "
+                                          "needed).", sample.field, "speaker_mismatch")
         meta = {"id": new_id(VOICE_PREFIX), "object": "audio.voice", "name": name, "type": "audio_sample",
                 "created_at": int(time.time()), "consent": consent_id, "language": meta["language"],
                 "similarity": round(similarity, 4), "transcript": transcript or None}

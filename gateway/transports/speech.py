@@ -244,11 +244,10 @@ class SpeechEndpoint:
         loop = asyncio.get_running_loop()
         pool = self.service.codec_pool
 
-        async def encode(pcm: bytes | None) -> bytes:
-            if encoder.passthrough and pcm is not None:
+        async def encode(pcm: bytes) -> bytes:
+            if encoder.passthrough:  # pcm as it is: nothing to run off the loop
                 return encoder.encode(pcm)
-            return await loop.run_in_executor(pool, encoder.finish if pcm is None else encoder.encode, *(
-                () if pcm is None else (pcm,)))
+            return await loop.run_in_executor(pool, encoder.encode, pcm)
 
         def frame(data: bytes) -> bytes:
             if not req.sse:
@@ -262,7 +261,7 @@ class SpeechEndpoint:
                 if chunk.pcm and (data := await encode(chunk.pcm)):
                     yield frame(data)
                 chunk = await anext(chunks, None)
-            if tail := await encode(None):
+            if tail := await loop.run_in_executor(pool, encoder.finish):
                 yield frame(tail)
             if req.sse:
                 usage = {"input_tokens": len(req.text), "output_tokens": math.ceil(encoder.samples_in / FRAME_SAMPLES)}
