@@ -100,6 +100,8 @@ class Voice:
             if clone.speaker is None or clone.speaker.shape[0] != cfg.talker.hidden:
                 raise PromptError(f"the cloned voice was prepared for a {clone.model.get('size', '?')} checkpoint "
                                   f"(width {clone.model.get('hidden', '?')}), not this one ({cfg.size})")
+            if clone.codes is not None and int(clone.codes.max()) >= cfg.predictor.vocab:
+                raise PromptError(f"the cloned voice's codes exceed the codebooks' {cfg.predictor.vocab} entries")
             if instructions:
                 raise PromptError("a Base checkpoint takes no instructions")
             speaker = None

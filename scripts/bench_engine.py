@@ -1,8 +1,8 @@
 """Time to first audio and per-stream real-time factor at 1..N concurrent streams: this engine with CUDA
 graphs and batching, the same engine eager, and the official qwen-tts (one stream: it has no batching here).
 
-Each kind of checkpoint is timed in its voices (--modes, default: what the checkpoint speaks): a CustomVoice
-checkpoint's named speakers (speaker) and, at 1.7B, with instructions (instruct); a Base checkpoint's clones,
+Each kind of checkpoint is timed in its voices (--modes): a CustomVoice checkpoint's named speakers (speaker,
+the default) and, at 1.7B, with instructions (instruct); a Base checkpoint's clones (the default both),
 in-context (icl: the reference's codes and transcript in the prompt) and x-vector only (xvec); a VoiceDesign
 checkpoint's designed voices (design). A wave's streams cycle through --voices different voices of the mode
 and two languages (english, auto), so a batch mixes them. Clones are prepared from --reference-s windows of
@@ -55,7 +55,8 @@ INSTRUCTIONS = ["Speak slowly, in a sad and tired voice.", "Sound cheerful and e
                 "a secret.", "Speak like a news anchor, clearly and evenly."]
 DESCRIPTIONS = ["A warm, low female voice, speaking calmly.", "A young man with a bright, fast voice.",
                 "An old man with a raspy, slow voice.", "A cheerful child's voice, high and lively."]
-MODES = {"custom_voice": ["speaker", "instruct"], "base": ["icl", "xvec"], "voice_design": ["design"]}
+# The modes timed when --modes is not given (a CustomVoice 1.7B's instructions only when asked: instruct).
+MODES = {"custom_voice": ["speaker"], "base": ["icl", "xvec"], "voice_design": ["design"]}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -364,8 +365,8 @@ def main() -> None:
     parser.add_argument("--packet-frames", type=int, default=4)
     parser.add_argument("--first-packet-frames", type=int, default=1)
     parser.add_argument("--streams", default="1,8,32,64,128,256", help="concurrent streams, CUDA-graph path")
-    parser.add_argument("--modes", default="", help="voices to time: speaker, instruct, icl, xvec, design "
-                        "(default: what the checkpoint speaks)")
+    parser.add_argument("--modes", default="", help="voices to time: speaker, instruct, icl, xvec, design (default: "
+                        "a CustomVoice checkpoint's speakers, a Base one's clones, a VoiceDesign one's designs)")
     parser.add_argument("--voices", type=int, default=8, help="different voices per mode in each wave")
     parser.add_argument("--reference-s", type=float, default=10.0, help="seconds of each clone's reference")
     parser.add_argument("--eager-streams", default="1,8,32,64", help="concurrent streams, eager path ('' = none)")
@@ -391,8 +392,7 @@ def main() -> None:
     ckpt = checkpoint.load(args.checkpoint, device=args.device, dtype=args.dtype)
     levels = [int(n) for n in args.streams.split(",") if n]
     eager_levels = [int(n) for n in args.eager_streams.split(",") if n]
-    modes = [m for m in args.modes.split(",") if m] or [
-        m for m in MODES[ckpt.config.kind] if m != "instruct" or ckpt.config.follows_instructions]
+    modes = [m for m in args.modes.split(",") if m] or MODES[ckpt.config.kind]
     results = bench_ours(args, ckpt, graphs=True, levels=levels, modes=modes)
     if eager_levels:
         results += bench_ours(args, ckpt, graphs=False, levels=eager_levels, modes=modes[:1])

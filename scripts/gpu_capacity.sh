@@ -189,11 +189,11 @@ family_checkpoint() {
     --out "$2" --device "$DEVICE" --dtype float32 --frames "$3"
 }
 
-# family_bench NAME DIR: bench_engine.py in the voices of DIR's checkpoint (its kind says which).
+# family_bench NAME DIR [MODES]: bench_engine.py in the voices of DIR's checkpoint (default: its kind's).
 family_bench() {
   step 270 "bench-$1" python3 scripts/bench_engine.py --checkpoint "$2" --impl ours --device "$DEVICE" \
     --frames "$FRAMES" --streams "$FAMILY_STREAMS" --eager-streams "" --runs 2 --voices "$VOICES" \
-    --time-budget 200 --json "$OUT/bench-$1.json"
+    --modes "${3:-}" --time-budget 200 --json "$OUT/bench-$1.json"
 }
 
 family() {
@@ -206,7 +206,7 @@ family() {
   for dir in "$F06B" "$F17B" "$F17D" "$F17C"; do
     [ -f "$dir/references.json" ] && present="$present${present:+,}$dir"
   done
-  QWEN3_TTS_FAMILY=$present QWEN3_TTS_DEVICE=$DEVICE step 200 parity-family \
+  QWEN3_TTS_FAMILY=$present QWEN3_TTS_DEVICE=$DEVICE step 240 parity-family \
     python3 -m pytest -q --noconftest -p no:cacheprovider tests/engine/test_family.py
 }
 
@@ -223,7 +223,7 @@ family_more() {
   family_checkpoint real-1.7b-design "$F17D" 2
   family_bench 1.7b-design "$F17D"
   family_checkpoint real-1.7b "$F17C" 2
-  family_bench 1.7b-instruct "$F17C"
+  family_bench 1.7b-instruct "$F17C" speaker,instruct
 }
 
 # speech_bench NAME CUSTOMVOICE BASE SECONDS SESSIONS LEVELS: bench_speech.py on one engine process holding

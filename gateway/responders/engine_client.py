@@ -5,7 +5,8 @@ least loaded one that is up (the streams it reported at its last heartbeat, all 
 together, plus those opened here since). Streams behave as the in-process engine's do: feed, end and cancel
 return at once (the message is queued on the socket), packets arrive in an asyncio queue, and a cancelled
 stream's iteration ends at once; a packet that arrives for a stream this side no longer knows is answered
-with a cancel.
+with a cancel. A prepared voice travels as bytes with each stream that speaks in it; `prepare` clones one
+from reference audio in an engine process.
 
 An engine process that stops (its connection drops), goes silent for protocol.MISSED_HEARTBEATS
 heartbeats, or comes back as a new instance fails every stream it held with a BackendError("tts"): that

@@ -219,6 +219,11 @@ def test_a_voice_the_checkpoint_cannot_speak() -> None:
         Voice.resolve(design.config, None, "english", tokens=tokens, clone=clone)
     with pytest.raises(PromptError, match="unknown language"):
         Voice.resolve(base.config, None, "sichuan_dialect", tokens=tokens, clone=clone)
+    icl = cloned(COMMITTED[0], "ref_24k.icl")
+    broken = VoicePrompt(kind="clone", speaker=icl.speaker, codes=icl.codes + base.config.predictor.vocab,
+                         text=icl.text, model=icl.model)
+    with pytest.raises(PromptError, match="exceed the codebooks"):
+        Voice.resolve(base.config, None, "english", tokens=tokens, clone=broken)
 
 
 def test_the_06b_custom_voice_ignores_instructions() -> None:
