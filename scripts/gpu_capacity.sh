@@ -236,10 +236,14 @@ speech_bench() {
 }
 
 # Issue 24: the speech API on one size (SIZE 0.6b or 1.7b), then with realtime sessions sharing the engine,
-# in the time left. Files under $OUT: run.log, fixtures.log, bench-speech-*.log and .json.
+# in the time left. Files under $OUT: run.log, tests.log, fixtures.log, bench-speech-*.log and .json.
 speech_size() {
   setup
   local size=$1 cv=$2 base=$3 start=$SECONDS left
+  # Each stream's own sampling goes through the fused sampling kernel (per-row top-k, top-p, temperature):
+  # its tests against the PyTorch code, on this GPU's Triton.
+  step 90 tests python3 -m pytest -q -p no:cacheprovider tests/engine/test_sampling.py tests/engine/test_kernels.py \
+    -k "sample or warp or penalty or draws or sampling"
   checkpoint "$size" "$cv" 2
   family_checkpoint "real-$size-base" "$base" 2
   [ -f "$cv/config.json" ] && [ -f "$base/config.json" ] || { log "speech $size: a checkpoint is missing"; return 1; }
