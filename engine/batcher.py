@@ -33,7 +33,7 @@ import torch
 from prometheus_client import Gauge, Histogram
 
 from engine import checkpoint, clone, kernels
-from engine.api import TTSChunk, TTSError
+from engine.api import Sampling, TTSChunk, TTSError
 from engine.checkpoint import Checkpoint, CheckpointError
 from engine.config import EngineConfig
 from engine.handles import TextInput
@@ -79,12 +79,16 @@ class Model:
 class Utterance(TextInput):
     """One stream in the batching loop: its text input, fed from any thread under the batcher's lock, and,
     on the loop's thread, its engine.stream.Stream. `deliver` hands each of its packets, then None (the end)
-    or an exception, to whoever reads the stream; the loop's thread calls it."""
+    or an exception, to whoever reads the stream; the loop's thread calls it. `sampling`: its own seed and
+    sampling (TTSError when out of range)."""
 
     def __init__(self, batcher: Batcher, target: tuple[Model, Voice],
-                 deliver: Callable[[TTSChunk | BaseException | None], None]) -> None:
+                 deliver: Callable[[TTSChunk | BaseException | None], None], sampling: Sampling | None = None) -> None:
         super().__init__(batcher.max_text_chars, batcher.cond)
+        if sampling is not None and (problem := sampling.problem()) is not None:
+            raise TTSError(problem[1])
         self.model, self.voice = target
+        self.sampling = sampling
         self.deliver = deliver
         self.incoming: list[str] = []  # text fed since the loop last took it
         self.opened = time.perf_counter()
@@ -205,6 +209,12 @@ class Batcher:
     def kinds(self) -> list[str]:
         """What the checkpoints are, in order: custom_voice, voice_design, base."""
         return [m.kind for m in self.models]
+
+    @property
+    def fingerprints(self) -> list[str]:
+        """The Base checkpoints' fingerprints, in order (prepare_voice uses the first): a voice cloned for one
+        of them is spoken as it is; one cloned for another checkpoint must be prepared again."""
+        return [m.ckpt.fingerprint for m in self.models if m.kind == "base"]
 
     @property
     def follows_instructions(self) -> bool:
@@ -393,8 +403,11 @@ class Batcher:
             if model.active >= self.max_streams:
                 kept.append(stream)
                 continue
-            stream.core = Stream(model.ckpt, model.tokens, stream.voice, self.seed, self.packet_frames,
-                                 self.max_frames, self.min_frames, first_packet_frames=self.first_packet_frames)
+            own = stream.sampling
+            seed = self.seed if own is None or own.seed is None else own.seed
+            stream.core = Stream(model.ckpt, model.tokens, stream.voice, seed, self.packet_frames,
+                                 self.max_frames, self.min_frames, first_packet_frames=self.first_packet_frames,
+                                 params=None if own is None else model.params.with_overrides(own))
             model.runner.add(stream.core)
             model.active += 1
             self._active[stream.core] = stream

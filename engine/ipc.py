@@ -8,7 +8,7 @@ client -> engine                                 engine -> client
   HELLO  json {pid}                                HELLO  json {instance, voices, languages, kinds, ...}
   PING                                             PONG   instance, load (streams held, ASCII)
   OPEN   sid, voice, language ("" = auto)          PACKET sid, text, pcm
-         [, prompt, instructions]                  DONE   sid
+         [, prompt, instructions, sampling]        DONE   sid
   FEED   sid, text                                 ERROR  sid, INPUT | ENGINE, message
   END    sid                                       STATS  token, json
   CANCEL sid                                       RESET  reason (this client's streams here are gone)
@@ -16,9 +16,10 @@ client -> engine                                 engine -> client
   PREPARE token, audio, rate, text
   BYE
 
-OPEN's optional frames: a prepared voice (engine.voices.VoicePrompt.to_bytes, "" = none) and instructions
-("" = none). PREPARE clones a voice from reference audio (float32 little-endian mono samples at `rate`,
-ASCII; `text` its transcript, "" = none); VOICE answers it.
+OPEN's optional frames: a prepared voice (engine.voices.VoicePrompt.to_bytes, "" = none), instructions
+("" = none) and the stream's own sampling (engine.api.Sampling's fields that are set, as JSON; "" = none).
+PREPARE clones a voice from reference audio (float32 little-endian mono samples at `rate`, ASCII; `text` its
+transcript, "" = none); VOICE answers it.
 
 Liveness runs both ways on the heartbeat. A client pings every heartbeat; the engine frees the streams
 of a client it has not heard from for MISSED_HEARTBEATS heartbeats (or one it can no longer send to), and
@@ -28,6 +29,11 @@ imports neither torch nor zmq: the client's side uses it too.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import json
+
+from engine.api import Sampling, TTSError
 
 HELLO, PING, PONG, OPEN, FEED, END, CANCEL, STATS, BYE = (b"hello", b"ping", b"pong", b"open", b"feed", b"end",
                                                           b"cancel", b"stats", b"bye")
@@ -47,3 +53,16 @@ class EngineGone(RuntimeError):
 
 def sid_bytes(n: int) -> bytes:
     return n.to_bytes(8, "big")
+
+
+def sampling_bytes(sampling: Sampling) -> bytes:
+    return json.dumps({k: v for k, v in dataclasses.asdict(sampling).items() if v is not None}).encode()
+
+
+def sampling_from_bytes(data: bytes) -> Sampling:
+    """OPEN's sampling frame; TTSError for anything but an object of Sampling's fields."""
+    try:
+        fields = json.loads(data)
+        return Sampling(**fields)
+    except (ValueError, TypeError):
+        raise TTSError("the stream's sampling is not an object of engine.api.Sampling's fields") from None

@@ -101,10 +101,12 @@ class EngineServer:
             sid, voice, language = args[0], args[1].decode(), args[2].decode()
             prompt = args[3] if len(args) > 3 else b""
             instructions = args[4].decode() if len(args) > 4 else ""
+            sampling = args[5] if len(args) > 5 else b""
             try:
                 voice_prompt = VoicePrompt.from_bytes(prompt) if prompt else None
                 target = self.batcher.resolve(voice, language or None, voice_prompt, instructions or None)
-                utterance = Utterance(self.batcher, target, partial(self._deliver, client, sid))
+                utterance = Utterance(self.batcher, target, partial(self._deliver, client, sid),
+                                      ipc.sampling_from_bytes(sampling) if sampling else None)
                 client.streams[sid] = self.batcher.admit(utterance)
             except (TTSError, VoiceError) as exc:
                 self._send(client, [ipc.ERROR, sid, ipc.INPUT, str(exc).encode()])
@@ -142,7 +144,8 @@ class EngineServer:
         b = self.batcher
         return {"instance": self.instance, "pid": os.getpid(), "device": str(b.device),
                 "rows": b.max_streams * len(b.models), "voices": sorted(b.voices), "languages": sorted(b.languages),
-                "kinds": b.kinds, "follows_instructions": b.follows_instructions, "max_text_chars": b.max_text_chars,
+                "kinds": b.kinds, "fingerprints": b.fingerprints, "follows_instructions": b.follows_instructions,
+                "max_text_chars": b.max_text_chars,
                 "heartbeat_s": self.heartbeat_s}
 
     # -- what goes back --

@@ -156,11 +156,12 @@ class PacketDecoder:
 
 
 class Runner:
-    """Up to `rows` streams of up to `max_len` talker positions, all sampled with `params`."""
+    """Up to `rows` streams of up to `max_len` talker positions, sampled with `params` unless a stream
+    brings its own (Stream.params)."""
 
     def __init__(self, ckpt: Checkpoint, rows: int, max_len: int, params: SamplingParams, packet_frames: int,
                  first_packet_frames: int = 0, cuda_graphs: bool = True, graph_max_batch: int = 0) -> None:
-        self.model, self.rows = ckpt.model, rows
+        self.model, self.rows, self.params = ckpt.model, rows, params
         self.model.setup(rows, max_len, params)
         # Packets hold packet_frames frames; a stream's first may hold fewer (sooner audio); a last packet
         # is padded up to the next of these sizes.
@@ -322,6 +323,8 @@ class Runner:
                 [s.seed for s in fresh] + [0] * pad, [s.min_frames for s in fresh] + [0] * pad]
         self.model.prompt_ids[:, :b, :length].copy_(torch.tensor(ids), non_blocking=True)
         self.model.prompt_meta[:, :b].copy_(torch.tensor(meta), non_blocking=True)
+        sampling = [(s.params or self.params).row() for s in fresh] + [self.params.row()] * pad
+        self.model.prompt_sampling[:, :b].copy_(torch.tensor(sampling).T, non_blocking=True)
         vectors = self.vectors if graphed else self.vectors.new_zeros(b, length, self.vectors.shape[-1])
         self._write_vectors(vectors, prompts, graphed)
         if graphed:

@@ -28,6 +28,7 @@ import torch
 from engine import prompt
 from engine.checkpoint import Checkpoint
 from engine.prompt import Prompt, PromptError, TextTokens, Voice
+from engine.sampling import SamplingParams
 
 
 @dataclass
@@ -52,10 +53,11 @@ def speech_frames(ch: str) -> float:
 class Stream:
     def __init__(self, ckpt: Checkpoint, tokens: TextTokens, voice: Voice, seed: int | None, packet_frames: int,
                  max_frames: int, min_frames: int = 2, non_streaming: bool = False,
-                 first_packet_frames: int = 0) -> None:
+                 first_packet_frames: int = 0, params: SamplingParams | None = None) -> None:
         self.tokens, self.voice = tokens, voice
         self.model = ckpt.model
         self.seed = seed if seed is not None else random.getrandbits(32)
+        self.params = params  # the stream's own sampling (None: the runner's)
         self.min_frames = max(2, min_frames)  # EOS is banned before this many frames (the official minimum: 2)
         self.packet_frames, self.max_frames = packet_frames, max_frames
         self.first_packet_frames = first_packet_frames or packet_frames  # fewer: audio starts sooner

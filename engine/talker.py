@@ -18,7 +18,7 @@ from torch import nn
 
 from engine import kernels
 from engine.layers import Block, Decode, KVCache, Prefill, RMSNorm, fuse_weights, rope_tables
-from engine.sampling import SamplingParams, choose, repetition_penalty, uniform
+from engine.sampling import ROW_FIELDS, SamplingParams, choose, repetition_penalty, uniform
 
 
 class UnsupportedConfig(ValueError):
@@ -224,7 +224,8 @@ class Qwen3TTS(nn.Module):
 
     @torch.no_grad()
     def setup(self, rows: int, max_len: int, params: SamplingParams) -> None:
-        """Preallocate `rows` streams of up to `max_len` talker positions, all sampled with `params`."""
+        """Preallocate `rows` streams of up to `max_len` talker positions; `params` says whether streams sample
+        (or take the argmax), and each stream's prefill brings its own temperature, top-k, top-p and penalty."""
         p = next(self.parameters())
         dev, dt = p.device, p.dtype
         if not self.fused:
@@ -256,6 +257,7 @@ class Qwen3TTS(nn.Module):
         self.seed = torch.zeros(state_rows, dtype=torch.long, device=dev)
         self.frames = torch.zeros(state_rows, dtype=torch.long, device=dev)  # frames made: the sampler's counter
         self.min_frames = torch.zeros(state_rows, dtype=torch.long, device=dev)  # EOS is banned before this many
+        self.sampling = torch.zeros(len(ROW_FIELDS), state_rows, device=dev)  # engine.sampling.ROW_FIELDS
         self.codes_embed = torch.zeros(state_rows, 1, t.hidden, dtype=dt, device=dev)  # codec part of next input
         self.first_input = torch.zeros(state_rows, 1, t.hidden, dtype=dt, device=dev)  # a prompt's last position
         # Prefill inputs, written by the host: per new stream its prompt's text-track and codec-track ids
@@ -263,6 +265,7 @@ class Qwen3TTS(nn.Module):
         self.prompt_ids = torch.zeros(2, rows, self.max_len, dtype=torch.long, device=dev)
         self.prompt_meta = torch.zeros(4, rows, dtype=torch.long, device=dev)
         self.prompt_meta[0] = rows
+        self.prompt_sampling = torch.zeros(len(ROW_FIELDS), rows, device=dev)  # each new stream's sampling
         # Step inputs, written by the host before each step: position, text id, live (0/1), first frame (0/1).
         # A row that is not live (a stream waiting for text, a free row) computes a throwaway frame at its
         # position, which its next live step overwrites; none of its state advances.
@@ -290,6 +293,7 @@ class Qwen3TTS(nn.Module):
         state."""
         text, codec = self.prompt_ids[:, :n, :length]
         row, last, seed, min_frames = self.prompt_meta[:, :n]
+        sampling = self.prompt_sampling[:, :n]
         x = (self.text_embed(text) + torch.where((codec >= 0)[..., None], self.codec_embed(codec.clamp(min=0)), 0)
              + vectors[:n, :length])
 
@@ -309,6 +313,7 @@ class Qwen3TTS(nn.Module):
         self.frames.index_fill_(0, row, 0)
         self.seed.index_copy_(0, row, seed)
         self.min_frames.index_copy_(0, row, min_frames)
+        self.sampling.index_copy_(1, row, sampling)
 
     @torch.no_grad()
     def move_row_(self, src: int, dst: int) -> None:
@@ -317,6 +322,7 @@ class Qwen3TTS(nn.Module):
             cache.move_row_(src, dst)
         for state in (self.seen, self.seed, self.frames, self.min_frames, self.codes_embed, self.first_input):
             state[dst] = state[src]
+        self.sampling[:, dst] = self.sampling[:, src]
 
     @torch.no_grad()
     def step(self, b: int) -> None:
@@ -327,34 +333,36 @@ class Qwen3TTS(nn.Module):
         model = self.talker.model
         hidden = model.norm(model(x, self.caches, self.rope, Decode(pos=pos))[:, -1])
         p = self.params
-        logits = repetition_penalty(self.talker.codec_head(hidden).float(), self.seen[:b], p.repetition_penalty)
+        temperature, top_k, top_p, penalty, *sub = self.sampling[:, :b]
+        logits = repetition_penalty(self.talker.codec_head(hidden).float(), self.seen[:b], penalty)
         logits = logits.masked_fill(self.suppress, float("-inf"))
         eos = self.cfg.codec_eos
         logits[:, eos] = logits[:, eos].masked_fill(self.frames[:b] < self.min_frames[:b], float("-inf"))
         # The frame's 16 draws at once (not made when greedy): column 0 for code 0, i for code i.
         u = uniform(self.seed[:b], self.frames[:b], self.cfg.code_groups) if p.do_sample or p.sub_do_sample else None
-        code0 = choose(logits, p.do_sample, p.top_k, p.top_p, p.temperature, None if u is None else u[:, 0])
+        code0 = choose(logits, p.do_sample, top_k, top_p, temperature, None if u is None else u[:, 0])
         self.seen[:b].scatter_(1, code0[:, None], self.seen[:b].gather(1, code0[:, None]) | live.bool()[:, None])
-        codes = torch.cat([code0[:, None], self.predict_codes(b, hidden, code0, u)], dim=1)
+        codes = torch.cat([code0[:, None], self.predict_codes(b, hidden, code0, u, sub)], dim=1)
         self.codes[:b] = codes
         self.codes_embed[:b] = torch.where(live.bool()[:, None, None], self.codes_embed_of(codes),
                                            self.codes_embed[:b])
         self.frames[:b] += live
 
-    def predict_codes(self, b: int, hidden: torch.Tensor, code0: torch.Tensor,
-                      u: torch.Tensor | None) -> torch.Tensor:
+    def predict_codes(self, b: int, hidden: torch.Tensor, code0: torch.Tensor, u: torch.Tensor | None,
+                      sampling: list[torch.Tensor]) -> torch.Tensor:
         """Codes 1..15 for talker hidden states [b, hidden] and codes 0 [b]: the 15-step predictor loop,
-        each step at fixed positions (prefill of 2, then one at a time) over a fresh per-frame cache."""
+        each step at fixed positions (prefill of 2, then one at a time) over a fresh per-frame cache;
+        `sampling`: the rows' temperature, top-k and top-p of the predictor."""
         cp = self.talker.code_predictor
         p = self.params
+        temperature, top_k, top_p = sampling
         x = torch.stack([hidden, self.codec_embed(code0)], dim=1)
         codes = []
         for i in range(self.cfg.code_groups - 1):
             how = Decode(start=0 if i == 0 else i + 1)
             h = cp.model(cp.project(x), self.predictor_caches, self.predictor_rope, how)
             logits = kernels.linear(h[:, -1], cp.lm_head[i].weight, norm=cp.model.norm.fused)
-            code = choose(logits, p.sub_do_sample, p.sub_top_k, p.sub_top_p, p.sub_temperature,
-                          None if u is None else u[:, i + 1])
+            code = choose(logits, p.sub_do_sample, top_k, top_p, temperature, None if u is None else u[:, i + 1])
             codes.append(code)
             if i + 1 < self.cfg.code_groups - 1:
                 x = cp.model.codec_embedding[i](code)[:, None]

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.api import TTSChunk, TTSError
+from engine.api import Sampling, TTSChunk, TTSError
 from engine.batcher import Batcher, Model, Utterance
 from engine.checkpoint import Checkpoint
 from engine.handles import QueuedStream
@@ -26,8 +26,9 @@ class QwenTTSStream(Utterance, QueuedStream):
     """One utterance of the in-process engine; engine.api's TTSStream. Create with
     QwenTTSEngine.open (on the event loop): packets reach the loop through call_soon_threadsafe."""
 
-    def __init__(self, engine: QwenTTSEngine, target: tuple[Model, Voice], loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(engine, target, self._deliver)
+    def __init__(self, engine: QwenTTSEngine, target: tuple[Model, Voice], loop: asyncio.AbstractEventLoop,
+                 sampling: Sampling | None = None) -> None:
+        super().__init__(engine, target, self._deliver, sampling)
         self._loop = loop
 
     def end(self) -> None:
@@ -62,13 +63,13 @@ class QwenTTSEngine(Batcher):
         self._thread.start()
 
     def open(self, voice: str, language: str | None = None, *, prompt: VoicePrompt | None = None,
-             instructions: str | None = None) -> QwenTTSStream:
+             instructions: str | None = None, sampling: Sampling | None = None) -> QwenTTSStream:
         """A new stream for `voice` (an OpenAI voice name from [engine.voices], or a checkpoint speaker), or
         for a prepared voice (`prompt`, named `voice`); TTSError when the engine cannot speak it (see
         Batcher.resolve). `instructions` go to a CustomVoice 1.7B checkpoint; a 0.6B one ignores them (as the
-        official code, with a note logged once)."""
+        official code, with a note logged once). `sampling`: the stream's own seed and sampling."""
         target = self.resolve(voice, language, prompt, instructions)
-        return self.admit(QwenTTSStream(self, target, asyncio.get_running_loop()))
+        return self.admit(QwenTTSStream(self, target, asyncio.get_running_loop(), sampling))
 
     async def prepare(self, audio: np.ndarray, sample_rate: int, text: str | None = None) -> VoicePrompt:
         """Clone a voice from reference audio (Batcher.prepare_voice) on the worker thread; TTSError when it

@@ -193,6 +193,34 @@ class VoiceConfig:
 
 
 @dataclass
+class SpeechConfig:
+    max_input_chars: int = 4096
+    max_instructions_chars: int = 4096
+    max_streams: int = 0
+    max_waiting: int = 64
+    wait_timeout_s: float = 10.0
+    retry_after_s: int = 1
+
+
+@dataclass
+class VoicesConfig:
+    """[voices]: the store of custom voices (its options), and the voices the engine prepares at start, one
+    [voices.NAME] table each (`named`, lower-case names; the file only: no environment variable names one)."""
+
+    dir: str = ""
+    max_voices: int = 20
+    max_consents: int = 100
+    max_file_bytes: int = 10 * 1024 * 1024
+    max_sample_seconds: float = 30.0
+    max_consent_seconds: float = 30.0
+    max_name_chars: int = 256
+    max_prompt_chars: int = 2000
+    phrase_match: float = 0.8
+    similarity_threshold: float = 0.5
+    named: dict[str, VoiceConfig] = field(default_factory=dict)
+
+
+@dataclass
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
@@ -207,8 +235,8 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
-    # [voices.NAME] tables (the file only: no environment variable names one), lower-case names.
-    voices: dict[str, VoiceConfig] = field(default_factory=dict)
+    speech: SpeechConfig = field(default_factory=SpeechConfig)
+    voices: VoicesConfig = field(default_factory=VoicesConfig)
 
 
 def _coerce(value: Any, kind: Any, name: str) -> Any:
@@ -270,7 +298,7 @@ def _apply(section: Any, values: dict[str, Any], prefix: str) -> None:
     for key, value in values.items():
         if f"{prefix}.{key}" in RETIRED:
             raise ConfigError(f"option {prefix}.{key} is gone: {RETIRED[f'{prefix}.{key}']}")
-        if key not in hints:
+        if key not in hints or (prefix == "voices" and key == "named"):  # named voices are [voices.NAME] tables
             raise ConfigError(f"unknown option {prefix}.{key}")
         setattr(section, key, _coerce(value, hints[key], f"{prefix}.{key}"))
 
@@ -290,16 +318,14 @@ def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] 
         for name, values in data.items():
             if not hasattr(config, name) or not isinstance(values, dict):
                 raise ConfigError(f"unknown config section [{name}] in {file}")
-            if name == "voices":
-                config.voices = _voices(values, file.parent)
-                continue
+            if name == "voices":  # its options, and a table per named voice
+                config.voices.named = _voices({k: v for k, v in values.items() if isinstance(v, dict)}, file.parent)
+                values = {k: v for k, v in values.items() if not isinstance(v, dict)}
             _apply(getattr(config, name), values, name)
     for name, why in FOREIGN_ENV.items():
         if name in env:
             raise ConfigError(f"environment variable {name}: {why}")
     for f in dataclasses.fields(config):
-        if f.name == "voices":
-            continue
         section = getattr(config, f.name)
         prefix = f"GATEWAY_{f.name.upper()}_"
         overrides = {
@@ -351,6 +377,19 @@ def check(config: Config) -> None:
     if server.workers > 1 and engine.mode != "process" and qwen3:
         raise ConfigError('several workers ([server] workers, --workers) with the Qwen3-TTS engine need [engine] '
                           'mode = "process": in mode "thread" each worker would load its own copy of the model')
+    speech, voices = config.speech, config.voices
+    for name in ("max_input_chars", "max_instructions_chars", "retry_after_s"):
+        _at_least(f"speech.{name}", getattr(speech, name), 1)
+    for name in ("max_streams", "max_waiting", "wait_timeout_s"):
+        _at_least(f"speech.{name}", getattr(speech, name), 0)
+    for name in ("max_voices", "max_consents", "max_file_bytes", "max_name_chars", "max_prompt_chars"):
+        _at_least(f"voices.{name}", getattr(voices, name), 1)
+    for name in ("max_sample_seconds", "max_consent_seconds"):
+        if not 1.0 <= getattr(voices, name) <= 300.0:
+            raise ConfigError(f"option voices.{name}: must be between 1 and 300, got {getattr(voices, name)}")
+    for name in ("phrase_match", "similarity_threshold"):
+        if not 0.0 <= getattr(voices, name) <= 1.0:
+            raise ConfigError(f"option voices.{name}: must be between 0 and 1, got {getattr(voices, name)}")
     if not 64 <= semantic.pause_ms <= 2000:
         raise ConfigError(f"option semantic_vad.pause_ms: must be between 64 and 2000, got {semantic.pause_ms}")
     if semantic.recheck_ms and semantic.recheck_ms < 100:
@@ -394,8 +433,6 @@ def _voices(tables: dict[str, Any], folder: Path) -> dict[str, VoiceConfig]:
     voices = {}
     for name, values in tables.items():
         where = f"voices.{name}"
-        if not isinstance(values, dict):
-            raise ConfigError(f"option {where}: expected a table [{where}] with reference or description")
         voice = VoiceConfig()
         _apply(voice, values, where)
         if bool(voice.reference) == bool(voice.description):

@@ -37,6 +37,14 @@
 #                                            #   12 workers, 1024 engine rows, CPU by stage (py-spy)
 #   scripts/gpu_capacity.sh capacity-1.7b    # issue 25: the 1.7B at 800 sessions twice, then 800 aligned
 #   scripts/gpu_capacity.sh capacity-check   # here: both on the CPU, small (tiny checkpoint, 2 workers)
+#   scripts/gpu_capacity.sh speech           # issue 24, one call: /v1/audio/speech (bench_speech.py) on random
+#                                            #   real-geometry 0.6B CustomVoice + 0.6B Base checkpoints in one engine
+#                                            #   process: a speaker and an in-context clone at 1/24/64/256 concurrent
+#                                            #   requests (pcm, 10 s answers), then at 24 while 200 realtime sessions
+#                                            #   share the engine (random checkpoints made here; carry .whl and
+#                                            #   .site-slim)
+#   scripts/gpu_capacity.sh speech-17        # issue 24, a second call: the same on 1.7B CustomVoice + 1.7B Base
+#   scripts/gpu_capacity.sh speech-check     # here: the speech call on the CPU with the tiny checkpoints, small
 #   scripts/gpu_capacity.sh dry              # here: call B's gateway runs on the CPU, small (the tiny checkpoint
 #                                            #   of tests/data, 2 workers, 2 and 4 sessions)
 #   ORACLE_SITE=DIR scripts/gpu_capacity.sh check
@@ -91,6 +99,10 @@ setup() {
   if [ -z "${CPU_CHECK:-}" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       .whl/*.whl || exit 1
+    if [ -d .whl-speech ]; then  # PyAV, for the speech API's compressed formats (the speech call needs none)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl-speech/*.whl || exit 1
+    fi
     if [ -d .whl-oracle ]; then
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site-oracle .whl-oracle/*.whl || exit 1
@@ -288,11 +300,41 @@ family_more() {
   family_bench 1.7b-instruct "$F17C" speaker,instruct
 }
 
+# speech_bench NAME CUSTOMVOICE BASE SECONDS SESSIONS LEVELS: bench_speech.py on one engine process holding
+# both checkpoints (SESSIONS realtime sessions share it during each level; 0 = none).
+speech_bench() {
+  step "$4" "bench-speech-$1" python3 scripts/bench_speech.py --checkpoint "$2,$3" --voices speaker,clone \
+    --concurrency "$6" --requests 2 --frames "$FRAMES" --max-streams "$MAX_STREAMS" --engine-mode process \
+    --engine-devices "$ENGINE_DEVICES" --clients "$CLIENTS" --sessions "$5" --time-budget $(($4 - 60)) \
+    --port "$PORT" --json "$OUT/bench-speech-$1.json"
+}
+
+# Issue 24: the speech API on one size (SIZE 0.6b or 1.7b), then with realtime sessions sharing the engine,
+# in the time left. Files under $OUT: run.log, tests.log, fixtures.log, bench-speech-*.log and .json.
+speech_size() {
+  setup
+  local size=$1 cv=$2 base=$3 start=$SECONDS left
+  # Each stream's own sampling goes through the fused sampling kernel (per-row top-k, top-p, temperature):
+  # its tests against the PyTorch code, on this GPU's Triton.
+  step 90 tests python3 -m pytest -q -p no:cacheprovider tests/engine/test_sampling.py tests/engine/test_kernels.py \
+    -k "sample or warp or penalty or draws or sampling"
+  random_checkpoint "real-$size" "$cv"
+  random_checkpoint "real-$size-base" "$base"
+  [ -f "$cv/config.json" ] && [ -f "$base/config.json" ] || { log "speech $size: a checkpoint is missing"; return 1; }
+  speech_bench "$size" "$cv" "$base" "$SPEECH_LIMIT" 0 "$SPEECH_LEVELS"
+  left=$((BUDGET - (SECONDS - start)))
+  if [ "$left" -lt 150 ]; then
+    log "speech $size with sessions skipped: ${left} s left"
+    return 0
+  fi
+  speech_bench "$size-sessions" "$cv" "$base" "$((left - 10))" "$SPEECH_SESSIONS" "$SPEECH_SESSION_LEVELS"
+}
+
 wheels() {
   local platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64"
   local args="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp $platforms"
-  rm -rf .whl .whl-oracle .site-slim && mkdir -p .whl .whl-oracle .site-slim
+  rm -rf .whl .whl-oracle .site-slim .whl-speech && mkdir -p .whl .whl-oracle .site-slim
   # shellcheck disable=SC2086
   python3 -m pip download -q $args -d .whl $GATEWAY_WHEELS && python3 -m pip download -q $args -d .whl-oracle $ORACLE_WHEELS
   # Of the silero-vad and pipecat-ai wheels (23 MB) the gateway reads two model files: only those travel, the
@@ -305,7 +347,11 @@ wheels() {
   unzip -q "$tmp"/silero_vad-*.whl 'silero_vad/*.py' silero_vad/data/silero_vad.onnx -d .site-slim
   unzip -q -j "$tmp"/pipecat_ai-*.whl "$SMART_TURN_FILE" -d .site-slim
   rm -rf "$tmp"
-  du -sh .whl .whl-oracle .site-slim
+  # PyAV (35 MB) for the speech API's mp3, opus, aac, flac and wav: its own folder, carried only when a call
+  # wants those formats (with .whl it passes a call's 64 MiB; the speech call answers pcm without it).
+  # shellcheck disable=SC2086
+  mkdir -p .whl-speech && python3 -m pip download -q $args -d .whl-speech av==18.1.0
+  du -sh .whl .whl-oracle .site-slim .whl-speech
 }
 
 case "${1:-}" in
@@ -354,6 +400,20 @@ case "${1:-}" in
       "$call"
       log "$call took $((SECONDS - start)) s"
     done ;;
+  speech|speech-17)
+    # The gateway in one process (the load is HTTP streams; bench_gateway's load generator runs the sessions)
+    # and its engine process on the GPU; answers of 125 frames (10 s), two per client.
+    DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 F06B=/tmp/f06b F17B=/tmp/f17b FRAMES=125 ENGINE_DEVICES=auto MAX_STREAMS=512
+    CLIENTS=${CLIENTS:-4} SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256} SPEECH_SESSIONS=${SPEECH_SESSIONS:-200}
+    SPEECH_SESSION_LEVELS=${SPEECH_SESSION_LEVELS:-24} SPEECH_LIMIT=300 BUDGET=520 PORT=18775
+    if [ "$1" = speech ]; then speech_size 0.6b "$Q06" "$F06B"; else speech_size 1.7b "$Q17" "$F17B"; fi ;;
+  speech-check)
+    # The speech call on this machine's CPU: the tiny CustomVoice and Base checkpoints of tests/data (nothing
+    # to make), two levels, 2 sessions; the tiny checkpoint's speakers stand in for the voices.
+    CPU_CHECK=1 DEVICE=cpu ENGINE_DEVICES=cpu MAX_STREAMS=4 FRAMES=20 CLIENTS=1 SPEECH_LEVELS=1,2
+    SPEECH_SESSIONS=2 SPEECH_SESSION_LEVELS=2 SPEECH_LIMIT=300 BUDGET=520 PORT=${PORT:-28775}
+    export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
+    speech_size 0.6b "$ROOT/tests/data/qwen3_tts_tiny" "$ROOT/tests/data/qwen3_tts_tiny_base" ;;
   engine|gateway|more|frontdoor|layout)
     # The gateway call: 12 workers and 4 load-generator processes share the 16 cores with the engine
     # process; one cycle per session (two turns) keeps a level near 35 s.
@@ -379,5 +439,5 @@ case "${1:-}" in
     rm -rf "$Q06" "$Q17"
     engine
     gateway ;;
-  *) sed -n 2,28p "$0"; exit 2 ;;
+  *) sed -n 2,39p "$0"; exit 2 ;;
 esac

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Collection
 from dataclasses import replace
 from enum import Enum
 from typing import Any
@@ -109,7 +110,7 @@ class Session:
         self.transcription = InputTranscription(self._event, self.conversation, config)
         self._interrupted = False  # the user barged in and is still speaking
         # Set by the runner from its speech engine: the voices it has (None: any name will do).
-        self.voices: frozenset[str] | None = None
+        self.voices: Collection[str] | None = None
         self._failures = 0  # unexpected exceptions in handlers (Fault)
 
     @property

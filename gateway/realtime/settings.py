@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -178,7 +179,7 @@ def _parse_max_tokens(value: Any, param: str) -> int | str:
 
 def parse_session(
     body: Any, current: SessionSettings, dialect: Dialect, voice_locked: bool, vad_defaults: TurnDetection,
-    voices: frozenset[str] | None = None, transcription_update: bool = False,
+    voices: Collection[str] | None = None, transcription_update: bool = False,
 ) -> SessionSettings:
     """A session.update's ``session`` applied to ``current``; only the fields sent change. Turn detection
     switched on starts from ``vad_defaults``; ``voices`` are the voices the speech engine has (None: any).
@@ -252,7 +253,7 @@ def _parse_include(s: dict[str, Any], new: SessionSettings) -> None:
 
 
 def _parse_realtime_ga(s: dict[str, Any], audio: dict[str, Any], new: SessionSettings, voice_locked: bool,
-                       voices: frozenset[str] | None) -> None:
+                       voices: Collection[str] | None) -> None:
     _parse_common(s, new)
     if "output_modalities" in s:
         new.modalities = _parse_modalities(s["output_modalities"], "session.output_modalities")
@@ -272,7 +273,7 @@ def _parse_realtime_ga(s: dict[str, Any], audio: dict[str, Any], new: SessionSet
 
 
 def _parse_realtime_beta(s: dict[str, Any], new: SessionSettings, vad_defaults: TurnDetection, voice_locked: bool,
-                         voices: frozenset[str] | None) -> None:
+                         voices: Collection[str] | None) -> None:
     _parse_common(s, new)
     _parse_input_beta(s, new, vad_defaults)
     if "modalities" in s:
@@ -299,7 +300,7 @@ def _parse_common(s: dict[str, Any], new: SessionSettings) -> None:
 
 
 def _parse_voice(voice: str | None, speed: float | None, where: str, new: SessionSettings, voice_locked: bool,
-                 voices: frozenset[str] | None) -> None:
+                 voices: Collection[str] | None) -> None:
     voice_param = f"{where}.voice"
     if voice is not None:
         if voice != new.voice and voice_locked:
@@ -331,7 +332,7 @@ def response_format(params: dict[str, Any], dialect: Dialect) -> str | None:
     return None if fmt is None else choice(fmt, AUDIO_FORMATS, "response.output_audio_format")
 
 
-def check_voice(name: str, voices: frozenset[str] | None, param: str) -> str:
+def check_voice(name: str, voices: Collection[str] | None, param: str) -> str:
     if voices is not None and name.lower() not in voices:
         raise ProtocolError(
             "invalid_value", f"Voice '{name}' is not available; this gateway has: {', '.join(sorted(voices))}.", param

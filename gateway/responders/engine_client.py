@@ -31,7 +31,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from engine import ipc
-from engine.api import TTSChunk, TTSError
+from engine.api import Sampling, TTSChunk, TTSError
 from engine.config import EngineConfig
 from engine.handles import QueuedStream
 from engine.supervisor import EngineSupervisor
@@ -135,6 +135,7 @@ class EngineClient:
         first = self.links[0].hello
         self.voices: frozenset[str] = frozenset(first["voices"])
         self.kinds: list[str] = list(first.get("kinds", []))
+        self.fingerprints: list[str] = list(first.get("fingerprints", []))
         self.follows_instructions = bool(first.get("follows_instructions"))
         self._languages = frozenset(first["languages"])
         self._max_chars = int(first["max_text_chars"])
@@ -162,7 +163,7 @@ class EngineClient:
             raise
 
     def open(self, voice: str, language: str | None = None, *, prompt: VoicePrompt | None = None,
-             instructions: str | None = None) -> RemoteStream:
+             instructions: str | None = None, sampling: Sampling | None = None) -> RemoteStream:
         """A stream in an engine process (engine.threaded.QwenTTSEngine.open says what the engine takes);
         what only the engine can check (a prepared voice it cannot speak) fails the stream's iteration."""
         self._start()
@@ -171,12 +172,15 @@ class EngineClient:
         lang = (language or "auto").lower()
         if lang not in self._languages:
             raise TTSError(f"unknown language {language!r}; use {', '.join(sorted(self._languages))}")
+        if sampling is not None and (problem := sampling.problem()) is not None:
+            raise TTSError(problem[1])
         link = self._pick()
         link.opened += 1
         stream = RemoteStream(link, ipc.sid_bytes(next(self._ids)), self._max_chars)
         link.streams[stream.sid] = stream
         link.send([ipc.OPEN, stream.sid, voice.encode(), b"" if lang == "auto" else lang.encode(),
-                   b"" if prompt is None else prompt.to_bytes(), (instructions or "").encode()])
+                   b"" if prompt is None else prompt.to_bytes(), (instructions or "").encode(),
+                   b"" if sampling is None else ipc.sampling_bytes(sampling)])
         return stream
 
     async def prepare(self, audio: np.ndarray, sample_rate: int, text: str | None = None,

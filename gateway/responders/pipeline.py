@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -46,6 +46,10 @@ def _read_reference(path: str) -> tuple[np.ndarray, int]:
     with open(path, "rb") as f:
         samples, rate = decode_wav(f.read())
     return samples.mean(axis=1, dtype=np.float32), rate
+
+
+# A custom voice's prompt for an engine, by id (None: no such voice).
+VoiceSource = Callable[[str, TTSEngine], Awaitable[VoicePrompt | None]]
 
 
 class ChatModel(Protocol):
@@ -110,6 +114,9 @@ class PipelineResponder:
         self.reads_transcripts = not audio_in
         self.voice_configs = voices or {}
         self.prepared: dict[str, VoicePrompt] = {}  # by lower-case name
+        # The deployment's custom voices, by id (set by the gateway: gateway.runtime.custom_voices), read when
+        # a response speaks in one; None for any other name. Unset: the prepared voices and the engine's only.
+        self.voice_source: VoiceSource | None = None
 
     async def check(self) -> list[str]:
         """What is wrong with the LLM backend, checked at start-up (see backends.LlmClient.check)."""
@@ -200,6 +207,11 @@ class PipelineResponder:
 
     async def _speak(self, chat: AsyncIterator[LlmOutput], voice: str) -> AsyncIterator[ResponseOutput]:
         prompt = self.prepared.get(voice.lower())
+        if prompt is None and self.voice_source is not None:
+            try:
+                prompt = await self.voice_source(voice, self.tts_engine)
+            except Exception as exc:  # the voice's files, or its preparation for this engine
+                raise _tts_error(exc) from exc
         # An in-context clone's prompt holds the text as long as its reference (or all of it): fed a reply as
         # it is written, its speech would wait for most of the reply; segment by segment it starts on the first.
         segmented = self.tts_engine.incremental and prompt is not None and prompt.mode == "icl"

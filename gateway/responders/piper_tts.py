@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from engine.api import TTSChunk, TTSError
+from engine.api import Sampling, TTSChunk, TTSError
 from engine.voices import VoicePrompt
 from gateway.audio import SAMPLE_RATE, StreamResampler, float32_to_int16
 from gateway.responders.model_thread import ModelThread
@@ -42,7 +42,8 @@ class PiperStream(SegmentStream):
 
 class PiperEngine:
     """A ``TTSEngine`` (engine.api): one English voice, whatever voice name a session asks for. A prepared
-    voice (cloned or designed) is refused: piper cannot speak one; instructions are ignored."""
+    voice (cloned or designed) is refused: piper cannot speak one; instructions and a stream's sampling are
+    ignored."""
 
     incremental = False
     voices = None
@@ -76,7 +77,7 @@ class PiperEngine:
         return cls(threads)
 
     def open(self, voice: str, language: str | None = None, *, prompt: VoicePrompt | None = None,
-             instructions: str | None = None) -> PiperStream:
+             instructions: str | None = None, sampling: Sampling | None = None) -> PiperStream:
         if prompt is not None:
             raise TTSError(f"the piper engine speaks its one voice; {voice!r} is a prepared voice, which needs the "
                            "Qwen3-TTS engine")

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from engine.api import TTSChunk
+from engine.api import Sampling, TTSChunk
 from engine.voices import VoicePrompt
 from gateway.audio import SAMPLE_RATE
 from gateway.responders.tts import SegmentStream
@@ -68,7 +68,8 @@ class ToneStream(SegmentStream):
 
 
 class ToneEngine:
-    """A test signal: no voice, so any name, prepared voice or instruction will do (all are ignored)."""
+    """A test signal: no voice, so any name, prepared voice, instruction or sampling will do (all are
+    ignored)."""
 
     incremental = False
     voices = None  # a tone has no voice: any name will do
@@ -83,5 +84,5 @@ class ToneEngine:
         self.char_ms = char_ms
 
     def open(self, voice: str, language: str | None = None, *, prompt: VoicePrompt | None = None,
-             instructions: str | None = None) -> ToneStream:
+             instructions: str | None = None, sampling: Sampling | None = None) -> ToneStream:
         return ToneStream(self)

@@ -5,6 +5,9 @@
   POST   /v1/realtime/client_secrets, /v1/realtime/sessions, /v1/realtime/transcription_sessions
                                             ephemeral client secrets (gateway/transports/client_secrets.py)
   GET    /v1/realtime/sessions/{id}/turns   a live session's latency trace
+  POST   /v1/audio/speech                   text to speech (gateway/transports/speech.py)
+  /v1/audio/voice_consents, /v1/audio/voices, /v1/audio/capabilities
+                                            custom voices and their consents (gateway/transports/voices.py)
   GET    /healthz, /readyz, /metrics        liveness, readiness (neither needs a key), Prometheus metrics
   GET    /...                               the browser page (public: it holds no secret)
 
@@ -38,6 +41,8 @@ from gateway.runtime.trace import DRAINING, ENGINE_STREAMS_FREE, SESSION_SLOTS_F
 from gateway.transports.client_secrets import client_secret_routes
 from gateway.transports.guard import FrontDoor, Hosts, Origins
 from gateway.transports.rest import HttpError, authorize, error_response, http_error_response
+from gateway.transports.speech import speech_routes
+from gateway.transports.voices import voice_routes
 from gateway.transports.webrtc.signalling import Signalling, signalling_routes
 from gateway.transports.websocket import RealtimeEndpoint
 
@@ -144,6 +149,8 @@ def routes(gateway: Gateway, signalling: Signalling) -> list[BaseRoute]:
     for path in ("/v1/realtime", "/realtime"):
         table += [WebSocketRoute(path, realtime), Route(path, pages.upgrade_required, methods=["GET"])]
     table += client_secret_routes(gateway)
+    table += speech_routes(gateway)
+    table += voice_routes(gateway)
     table += signalling_routes(signalling)  # answers 404 while WebRTC is off
     table += [
         Route("/healthz", pages.healthz),

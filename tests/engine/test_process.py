@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.api import TTSChunk, TTSError
+from engine.api import Sampling, TTSChunk, TTSError
 from engine.config import EngineConfig
 from engine.supervisor import EngineStartError, EngineSupervisor
 from engine.threaded import QwenTTSEngine
@@ -60,8 +60,8 @@ async def collect(stream, timeout: float = 60) -> list[TTSChunk]:
         return [chunk async for chunk in stream]
 
 
-async def speak(engine, text: str) -> list[TTSChunk]:
-    stream = engine.open("alloy", "english")
+async def speak(engine, text: str, sampling: Sampling | None = None) -> list[TTSChunk]:
+    stream = engine.open("alloy", "english", sampling=sampling)
     stream.feed(text)
     stream.end()
     return await collect(stream)
@@ -83,9 +83,11 @@ async def settled(client: EngineClient, timeout: float = 10) -> dict:
 async def test_the_same_audio_as_the_in_process_engine(client: EngineClient) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    own = Sampling(seed=3, temperature=0.7, top_k=9, subtalker_top_p=0.9)  # a stream's own, through IPC
     local = QwenTTSEngine.from_config(dataclasses.replace(CONFIG, mode="thread"))
     try:
         expected = await speak(local, SHORT)
+        expected_own = await speak(local, SHORT, own)
     finally:
         local.close()
         torch.set_num_threads(threads)
@@ -93,6 +95,8 @@ async def test_the_same_audio_as_the_in_process_engine(client: EngineClient) -> 
     assert [c.text for c in got] == [c.text for c in expected] and "".join(c.text for c in got) == SHORT
     assert b"".join(c.pcm for c in got) == b"".join(c.pcm for c in expected)
     assert len(got) > 1 and got[0].pcm  # sampled (seed 0), several packets
+    got_own = b"".join(c.pcm for c in await speak(client, SHORT, own))
+    assert got_own == b"".join(c.pcm for c in expected_own) != b"".join(c.pcm for c in got)
 
 
 async def test_bad_input_is_refused_at_once(client: EngineClient) -> None:
@@ -100,6 +104,8 @@ async def test_bad_input_is_refused_at_once(client: EngineClient) -> None:
         client.open("nova")
     with pytest.raises(TTSError, match="unknown language"):
         client.open("alloy", "klingon")
+    with pytest.raises(TTSError, match="'seed' must be an integer from 0"):
+        client.open("alloy", sampling=Sampling(seed=-1))
     stream = client.open("alloy", "en")
     stream.feed("  ")
     with pytest.raises(TTSError, match="empty text"):
@@ -302,8 +308,9 @@ async def test_a_realtime_session_speaks_in_prepared_voices(family_supervisor: E
             tts__engine="qwen3", engine__mode="process", engine__endpoints=family_supervisor.endpoints[0],
             engine__heartbeat_ms=FAMILY.heartbeat_ms, session__voice="narrator",
         )
-        config.voices = {"narrator": VoiceConfig(reference=str(FIXTURES / "one_sentence.wav"), transcript=REFERENCE),
-                         "calm": VoiceConfig(description="A warm, low female voice, speaking calmly.")}
+        config.voices.named = {
+            "narrator": VoiceConfig(reference=str(FIXTURES / "one_sentence.wav"), transcript=REFERENCE),
+            "calm": VoiceConfig(description="A warm, low female voice, speaking calmly.")}
         gateway = Served(config)
         await gateway.start()
         try:

@@ -13,7 +13,7 @@ import torch
 from prometheus_client import REGISTRY
 
 from engine import checkpoint
-from engine.api import TTSChunk, TTSError
+from engine.api import Sampling, TTSChunk, TTSError
 from engine.config import EngineConfig
 from engine.runner import synthesize
 from engine.sampling import SamplingParams
@@ -345,6 +345,37 @@ async def test_an_in_context_clone_waits_for_enough_text(family: QwenTTSEngine) 
     assert not reader.done()
     stream.end()
     assert b"".join(c.pcm for c in await reader) == whole
+
+
+async def test_each_stream_samples_with_its_own_seed_and_parameters(ckpt: checkpoint.Checkpoint) -> None:
+    """Streams sharing a batch, each with its own seed, temperature, top-k and top-p (the speech API's extra
+    fields): a stream's audio depends on its own parameters only, not on what shares its batch, and its seed
+    reproduces it."""
+    engine = QwenTTSEngine(ckpt, packet_frames=4, max_frames=24, max_streams=3, voices={"alloy": "vivian"})
+    try:
+        async def say(*samplings: Sampling | None) -> list[bytes]:
+            streams = [engine.open("alloy", "english", sampling=s) for s in samplings]
+            for stream in streams:
+                stream.feed(TEXT)
+                stream.end()
+            return [b"".join(c.pcm for c in chunks) for chunks in await asyncio.gather(*map(collect, streams))]
+
+        def same(a: bytes, b: bytes) -> bool:
+            # The same codes; the codec's batched decode may round a sample differently by one step.
+            x, y = np.frombuffer(a, "<i2").astype(int), np.frombuffer(b, "<i2").astype(int)
+            return len(x) == len(y) and np.abs(x - y).max() <= 1
+
+        own = Sampling(seed=11, temperature=0.6, top_k=5, top_p=0.8, subtalker_top_k=3)
+        alone, = await say(own)
+        shared = await say(Sampling(seed=11), own, None)
+        assert same(shared[1], alone)  # whatever shares the batch
+        assert not same(shared[0], alone) and not same(shared[2], alone)  # the parameters, the seed change it
+        assert not same((await say(Sampling(seed=12, temperature=0.6, top_k=5, top_p=0.8, subtalker_top_k=3)))[0],
+                        alone)
+        with pytest.raises(TTSError, match="'top_p' must be above 0"):
+            engine.open("alloy", "english", sampling=Sampling(top_p=0.0))
+    finally:
+        engine.close()
 
 
 async def test_a_segmented_clone_speaks_its_first_segment_at_once(family: QwenTTSEngine) -> None:

@@ -501,10 +501,10 @@ def test_build_responder(monkeypatch: pytest.MonkeyPatch):
 
     config.responder.kind = "echo"
     assert isinstance(build_responder(config), EchoResponder)
-    config.voices = {"calm": VoiceConfig(description="Calm.")}
+    config.voices.named = {"calm": VoiceConfig(description="Calm.")}
     with pytest.raises(ConfigError, match="echo responder"):
         build_responder(config)
-    config.voices = {}
+    config.voices.named = {}
 
     # What the options cannot do together is gateway.config.check's (tests/test_config.py), before any build.
     config.responder.kind = "pipeline"
@@ -515,18 +515,22 @@ def test_build_responder(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_voices_config(tmp_path: Any) -> None:
-    """[voices.NAME] tables: a clone (reference, read from the config file's folder; transcript) or a design."""
+    """[voices.NAME] tables: a clone (reference, read from the config file's folder; transcript) or a design;
+    beside the store's options of [voices] itself."""
     path = tmp_path / "config.toml"
-    path.write_text('[voices.Narrator]\nreference = "ref.wav"\ntranscript = "Hello."\n'
+    path.write_text('[voices]\nmax_voices = 5\n[voices.Narrator]\nreference = "ref.wav"\ntranscript = "Hello."\n'
                     '[voices.calm]\ndescription = "A calm, low voice."\n')
-    voices = load_config(path, env={}).voices
+    config = load_config(path, env={})
+    voices = config.voices.named
+    assert config.voices.max_voices == 5
     assert voices == {"narrator": VoiceConfig(reference=str(tmp_path / "ref.wav"), transcript="Hello."),
                       "calm": VoiceConfig(description="A calm, low voice.")}
     for body, problem in [('[voices.x]\nreference = "a.wav"\ndescription = "b"\n', "either reference"),
                           ("[voices.x]\n", "either reference"),
                           ('[voices.x]\ndescription = "b"\ntranscript = "c"\n', "voices.x.transcript"),
                           ('[voices.x]\ndescription = "b"\n[voices.X]\ndescription = "c"\n', "differ in more than"),
-                          ('[voices]\nx = "b"\n', "expected a table"),
+                          ('[voices]\nx = "b"\n', "unknown option voices.x"),
+                          ('[voices]\nnamed = "b"\n', "unknown option voices.named"),
                           ('[voices.x]\nvoice = "b"\n', "unknown option voices.x.voice")]:
         path.write_text(body)
         with pytest.raises(ConfigError, match=problem):
