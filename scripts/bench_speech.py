@@ -91,7 +91,8 @@ async def serve(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     task = asyncio.create_task(bg.probe(Path(args.stats_dir) / f"gateway-{os.getpid()}.jsonl",
-                                        getattr(gateway.gateway.responder, "tts_engine", None)))
+                                        getattr(gateway.gateway.responder, "tts_engine", None),
+                                        lambda: len(gateway.gateway.sessions)))
     print("ready", flush=True)
     await stop.wait()
     task.cancel()

@@ -198,11 +198,13 @@ async def test_a_bad_request_is_a_400_naming_the_field(start_gateway: StartGatew
 
 async def test_a_burst_over_the_engines_share_is_refused_with_retry_after(start_gateway: StartGateway) -> None:
     """100 requests at once, 4 may generate and 8 wait: the others get 503 with Retry-After at once, and
-    every accepted one streams its whole audio."""
+    every accepted one streams its whole audio. (One client here, so its connection budget is raised to
+    let the whole burst reach the speech queue.)"""
     responder = PipelineResponder(LlmClient("http://127.0.0.1:9", "none", timeout_s=1),
                                   ToneEngine(first_audio_ms=0, realtime=True), BridgeSettings())
     gateway = await start_gateway(responder, speech__max_streams=4, speech__max_waiting=8,
-                                  speech__wait_timeout_s=20.0, speech__retry_after_s=2)
+                                  speech__wait_timeout_s=20.0, speech__retry_after_s=2,
+                                  server__max_connections_per_client=200)
     body = {"model": "tts-1", "voice": "alloy", "input": "Hello world.", "response_format": "pcm"}
     url = f"http://127.0.0.1:{gateway.port}/v1/audio/speech"
 
