@@ -55,6 +55,7 @@ class SessionConfig:
     max_items: int = 1000
     max_audio_seconds: float = 900.0
     max_text_bytes: int = 2 * 1024 * 1024
+    max_out_of_band_responses: int = 4
 
 
 @dataclass
@@ -282,6 +283,7 @@ def check(config: Config) -> None:
     for name in ("max_output_tokens", "context_tokens", "starter_chars", "stt_threads", "llm_threads", "tts_threads"):
         _at_least(f"local.{name}", getattr(local, name), 1)
     _at_least("local.cached_sessions", local.cached_sessions, 0)
+    _at_least("session.max_out_of_band_responses", config.session.max_out_of_band_responses, 1)
     _one_of("responder.kind", config.responder.kind, ("auto", "echo", "pipeline", "local"))
     _one_of("tts.engine", config.tts.engine, ("auto", "tone", "piper", "qwen3"))
     _one_of("engine.mode", engine.mode, ("thread", "process"))

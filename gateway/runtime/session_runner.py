@@ -92,7 +92,8 @@ class SessionRunner:
         self._vad_batcher = vad_batcher
         self.trace = trace or TurnTrace(session.settings.id)
         self.playout = playout
-        self._task: asyncio.Task[None] | None = None
+        # The running responses' tasks by response id: the conversation's and out-of-band ones.
+        self._responses: dict[str, asyncio.Task[None]] = {}
         # Transcriptions by user item id: they outlive the responses that wait for them.
         self._transcripts: dict[str, asyncio.Task[str]] = {}
         # The early transcription of the turn in its closing pause: (what it transcribes, its pieces).
@@ -140,13 +141,13 @@ class SessionRunner:
     @property
     def responding(self) -> bool:
         """A response is running (its task has not finished)."""
-        return self._task is not None and not self._task.done()
+        return any(not task.done() for task in self._responses.values())
 
     async def close(self) -> None:
         self._closed = True
         self._drop_prepared()
-        tasks = [t for t in (self._task, self._vad_task, *self._transcripts.values(), *self._mcp_tasks, *self._checks)
-                 if t is not None and not t.done()]
+        tasks = [t for t in (*self._responses.values(), self._vad_task, *self._transcripts.values(), *self._mcp_tasks,
+                             *self._checks) if t is not None and not t.done()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -173,12 +174,15 @@ class SessionRunner:
                 request = effect.request
                 request.transcripts = {m.item_id: self._transcripts[m.item_id] for m in request.messages
                                        if m.role == "user" and not m.text and m.item_id in self._transcripts}
-                self._task = asyncio.create_task(self._respond(request), context=self._context)
+                task = asyncio.create_task(self._respond(request), context=self._context)
+                self._responses[request.response_id] = task
+                task.add_done_callback(lambda _, rid=request.response_id: self._responses.pop(rid, None))
             elif isinstance(effect, StopResponse):
                 self.trace.cancelled(effect.response_id)
                 # A response that failed stops itself: its own task is the one sending its last events.
-                if self._task is not None and self._task is not asyncio.current_task():
-                    self._task.cancel()
+                task = self._responses.get(effect.response_id)
+                if task is not None and task is not asyncio.current_task():
+                    task.cancel()
                 for task, response_id in list(self._mcp_tasks.items()):
                     if response_id == effect.response_id:
                         task.cancel()
