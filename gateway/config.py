@@ -258,6 +258,8 @@ def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] 
             data = tomllib.loads(file.read_text())
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {file}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {file}: {getattr(exc, 'strerror', None) or exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
         for name, values in data.items():
@@ -278,6 +280,8 @@ def check(config: Config) -> None:
     """Every option's value and how options go together, a ConfigError naming the first that is wrong. What a
     value needs of the machine (a file, a port, an installed extra, a model) is checked where it is used."""
     server, local, semantic, engine = config.server, config.local, config.semantic_vad, config.engine
+    if not 0 <= server.port <= 65535:
+        raise ConfigError(f"option server.port: must be between 0 and 65535, got {server.port}")
     for name in ("drain_seconds", "drain_notice_seconds", "workers"):
         _at_least(f"server.{name}", getattr(server, name), 0)
     for name in ("max_output_tokens", "context_tokens", "starter_chars", "stt_threads", "llm_threads", "tts_threads"):

@@ -39,7 +39,7 @@ from gateway.transports.client_secrets import client_secret_routes
 from gateway.transports.guard import FrontDoor, Hosts, Origins
 from gateway.transports.rest import HttpError, authorize, error_response, http_error_response
 from gateway.transports.webrtc.signalling import Signalling, signalling_routes
-from gateway.transports.websocket import RealtimeEndpoint
+from gateway.transports.websocket import RealtimeEndpoint, UnknownPath
 
 MAX_STATIC_PATH_CHARS = 255
 
@@ -151,6 +151,7 @@ def routes(gateway: Gateway, signalling: Signalling) -> list[BaseRoute]:
         # (a wrong method on them is a 405, not a missing file).
         Route("/", pages.static),
         Route("/{name}", pages.static),
+        WebSocketRoute("/{path:path}", UnknownPath()),
     ]
     return table
 
