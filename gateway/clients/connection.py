@@ -111,27 +111,12 @@ def auth_headers(endpoint: Endpoint) -> dict[str, str]:
     return headers
 
 
-def _url(schemes: tuple[str, ...]) -> Callable[[str], str]:
-    def url(value: str) -> str:
-        parts = urlsplit(value)
-        try:
-            parts.port  # noqa: B018 - raises on a port that is not a number or out of range
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from None
-        if parts.scheme not in schemes or not parts.hostname:
-            raise argparse.ArgumentTypeError(f"expected a {' or '.join(s + '://' for s in schemes)} URL with a host, "
-                                             f"got {value!r}")
-        return value
-
-    return url
-
-
 def add_arguments(parser: argparse.ArgumentParser, default_url: str) -> None:
     """The endpoint options both command lines share (each adds its own way to pick the transport)."""
-    parser.add_argument("--url", default=default_url, type=_url(("ws", "wss")),
+    parser.add_argument("--url", default=default_url,
                         help=f"Realtime WebSocket endpoint (default {default_url}); over WebRTC the signalling URL "
                         "is derived from it")
-    parser.add_argument("--signalling-url", metavar="URL", type=_url(("http", "https")),
+    parser.add_argument("--signalling-url", metavar="URL",
                         help="WebRTC signalling endpoint (default: --url's host and port, path /v1/realtime/calls, "
                         "its query kept; e.g. https://api.openai.com/v1/realtime/calls?model=gpt-realtime)")
     parser.add_argument("--api-key", default=None,

@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from gateway.__main__ import main
-from tests.paths import ROOT
+from tests.paths import FIXTURES, ROOT
+
+WAV = str(FIXTURES / "one_sentence.wav")
 
 BAD = [
     (["serve", "--port", "99999"], "argument --port: expected a port number from 0 to 65535"),
@@ -18,10 +20,10 @@ BAD = [
     (["serve", "--config", "/nonexistent/gateway.toml"], "config file not found: /nonexistent/gateway.toml"),
     (["serve", "--config", str(ROOT / "gateway")], "cannot read config file"),
     (["serve", "--bogus"], "unrecognized arguments: --bogus"),
-    (["client", "--url", "http://127.0.0.1:8000/v1/realtime"], "argument --url: expected a ws:// or wss:// URL"),
-    (["client", "--url", "ws://127.0.0.1:99999/v1/realtime"], "argument --url: 'ws://127.0.0.1:99999/v1/realtime': "
-                                                              "Port out of range"),
-    (["client", "--signalling-url", "ws://x/v1/realtime/calls"], "argument --signalling-url: expected a http:// or"),
+    (["client", "--wav", WAV, "--url", "http://127.0.0.1:8000/v1/realtime"], "not a WebSocket URL"),
+    (["client", "--wav", WAV, "--url", "ws://127.0.0.1:99999/v1/realtime"], "Port out of range 0-65535"),
+    (["client", "--wav", WAV, "--webrtc", "--signalling-url", "http://127.0.0.1:99999/"], "Port out of range"),
+    (["client", "--wav", "/no/such.wav"], "error: /no/such.wav: no such file"),
     (["replay", "--out", "r", "--speed", "0", "a.wav"], "argument --speed: '0' is not a positive number"),
     (["cert", "certs", "--name", "two words"], "argument --name: expected a host name or an IP address"),
     (["cert", "/proc/no-such-dir"], "error: cannot write the certificate files in /proc/no-such-dir"),
@@ -30,7 +32,9 @@ BAD = [
 
 
 @pytest.mark.parametrize(("argv", "message"), BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_a_bad_value_is_one_line_naming_it(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]):
+def test_a_bad_value_is_one_line_naming_it(argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # where a client would write its reply.wav
     with pytest.raises(SystemExit) as exited:
         code = main(argv)
         raise SystemExit(code)
