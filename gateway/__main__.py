@@ -16,7 +16,7 @@ from gateway.server import certs
 def _serve(args: argparse.Namespace) -> int:
     # Imported here, not above: a worker of `serve --workers N` is spawned from this module, and imports it
     # before it sets PROMETHEUS_MULTIPROC_DIR, which the server's metrics read once, when first imported.
-    from gateway.server.serve import GatewayServer, run_server
+    from gateway.server.serve import GatewayServer, exit_now, run_server
     from gateway.server.workers import Workers, worker_count
 
     config = load_config(args.config)
@@ -34,7 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
     async def serve() -> int:
         return await run_server(GatewayServer(config, insecure_no_auth=args.insecure_no_auth))
 
-    return asyncio.run(serve())
+    exit_now(asyncio.run(serve()))
 
 
 class Parser(argparse.ArgumentParser):

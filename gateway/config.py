@@ -42,6 +42,8 @@ class ServerConfig:
     drain_seconds: float = 600.0
     drain_notice_seconds: float = 30.0
     workers: int = 0
+    backend_check_s: float = 15.0
+    ready_requires_backends: bool = False
 
 
 @dataclass
@@ -282,7 +284,7 @@ def check(config: Config) -> None:
     server, local, semantic, engine = config.server, config.local, config.semantic_vad, config.engine
     if not 0 <= server.port <= 65535:
         raise ConfigError(f"option server.port: must be between 0 and 65535, got {server.port}")
-    for name in ("drain_seconds", "drain_notice_seconds", "workers"):
+    for name in ("drain_seconds", "drain_notice_seconds", "workers", "backend_check_s"):
         _at_least(f"server.{name}", getattr(server, name), 0)
     for name in ("max_output_tokens", "context_tokens", "starter_chars", "stt_threads", "llm_threads", "tts_threads"):
         _at_least(f"local.{name}", getattr(local, name), 1)

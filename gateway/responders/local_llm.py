@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+import inspect
 import logging
 import os
 import re
@@ -131,6 +132,7 @@ class _Model:
     model: Any
     stop_ids: set[int]
     thread: ModelThread
+    cache_arg: str  # the forward's KV-cache argument: "cache" (transformers 5), "past_key_values" before it
     # The KV caches of the sessions that spoke last, most recent last (see LocalConfig.cached_sessions).
     kept: OrderedDict[Hashable, _Kept] = field(default_factory=OrderedDict)
     lock: threading.Lock = field(default_factory=threading.Lock)  # kept: a closed generation stores from the loop
@@ -156,7 +158,8 @@ def _load(cache_dir: str, threads: int) -> _Model:
     stop_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_start|>")}
     with torch.inference_mode():
         model(torch.tensor([tokenizer.encode("Hello there.")]))  # warm-up: the first forward pays allocations
-    loaded = _Model(tokenizer, model, stop_ids, ModelThread("local-llm"))
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    loaded = _Model(tokenizer, model, stop_ids, ModelThread("local-llm"), cache_arg)
     log.info("local LLM (SmolLM2-135M-Instruct) loaded from %s in %.1f s", cached, time.monotonic() - started)
     return loaded
 
@@ -204,9 +207,6 @@ class LocalLlm:
                         yield delta
         except Exception as exc:
             raise BackendError("llm", f"{type(exc).__name__}: {exc}"[:200]) from exc
-
-    async def check(self) -> str | None:
-        return None  # loaded and warmed up at start: nothing can be down
 
     async def aclose(self) -> None:
         pass  # the model is the process's, shared by every responder that uses it
@@ -257,7 +257,7 @@ class LocalLlm:
             for _ in range(max_tokens):
                 with torch.inference_mode():
                     # logits_to_keep: the next token's only; a prefill's other rows would cost 28 M MACs each.
-                    out = self._model.model(torch.tensor([step]), past_key_values=cache, logits_to_keep=1)
+                    out = self._model.model(torch.tensor([step]), **{self._model.cache_arg: cache}, logits_to_keep=1)
                 logits = out.logits[0, -1]
                 fed += step
                 token = _sample(logits, temperature)

@@ -50,9 +50,6 @@ class ChatModel(Protocol):
     ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage]:
         """The reply: text deltas, tool calls, and last the token counts; closing the iterator stops it."""
 
-    async def check(self) -> str | None:
-        """What is wrong with the backend, or None (checked at start-up)."""
-
     async def aclose(self) -> None: ...
 
 
@@ -93,11 +90,6 @@ class PipelineResponder:
         self.audio_in = audio_in
         self.language = language
         self.reads_transcripts = not audio_in
-
-    async def check(self) -> list[str]:
-        """What is wrong with the LLM backend, checked at start-up (see backends.LlmClient.check)."""
-        problem = await self.llm.check()
-        return [] if problem is None else [problem]
 
     async def aclose(self) -> None:
         """Close the LLM client's connection pool and the TTS engine's connections (at server shutdown)."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import mimetypes
 import time
-from typing import Any
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -30,10 +29,8 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from gateway import __version__
 from gateway.config import REPO_ROOT, Config
 from gateway.realtime.responder import Responder
-from gateway.responders.echo import EchoResponder
-from gateway.responders.pipeline import PipelineResponder
-from gateway.responders.remote import LlmClient
 from gateway.runtime.gateway import Gateway
+from gateway.runtime.health import describe_responder
 from gateway.runtime.trace import DRAINING, ENGINE_STREAMS_FREE, SESSION_SLOTS_FREE, SESSIONS, metrics_text
 from gateway.transports.client_secrets import client_secret_routes
 from gateway.transports.guard import FrontDoor, Hosts, Origins
@@ -54,11 +51,16 @@ class Pages:
         self.started_at = time.time()
 
     async def healthz(self, request: Request) -> Response:
+        """Liveness (503 only while starting) and what answers: each backend's health, "degraded" while one
+        is down (gateway/runtime/health.py)."""
         gateway = self.gateway
-        body = {"status": "ok" if gateway.ready else "starting", "version": __version__,
+        backends = gateway.backends
+        status = "starting" if not gateway.ready else "degraded" if backends and backends.unreachable() else "ok"
+        body = {"status": status, "version": __version__,
                 "active_sessions": len(gateway.sessions), "uptime_s": round(time.time() - self.started_at, 1),
                 "webrtc": self.webrtc, "auth_required": gateway.auth.required,
-                "responder": describe_responder(gateway)}
+                "responder": describe_responder(gateway.responder, gateway.transcriber),
+                "backends": backends.wire() if backends else {}}
         return Response(orjson.dumps(body), 200 if gateway.ready else 503, media_type="application/json",
                         headers={"Cache-Control": "no-cache"})
 
@@ -108,30 +110,6 @@ class Pages:
         content_type = "text/javascript" if file.suffix == ".js" else mimetypes.guess_type(file.name)[0]
         return FileResponse(file, media_type=content_type or "application/octet-stream",
                             headers={"Cache-Control": "no-cache"})
-
-
-def _model_name(part: object) -> str | None:
-    """A model's name as its part declares it (``model_name``; a remote client's ``model``)."""
-    name = getattr(part, "model_name", None) or getattr(part, "model", None)
-    return name if isinstance(name, str) else None
-
-
-def describe_responder(gateway: Gateway) -> dict[str, Any] | None:
-    """What answers, for the page's banner: the kind and model names only (/healthz is public: no backend
-    URL, no key). ``kind``: "local" (the in-process demo models), "pipeline" (a remote LLM), "echo", or
-    the responder's class name for one given in code; None while the gateway is starting."""
-    responder = gateway.responder
-    if responder is None:
-        return None
-    models = {"stt": _model_name(gateway.transcriber)}
-    if isinstance(responder, EchoResponder):
-        kind = "echo"
-    elif isinstance(responder, PipelineResponder):
-        kind = "pipeline" if isinstance(responder.llm, LlmClient) else "local"
-        models |= {"llm": _model_name(responder.llm), "tts": _model_name(responder.tts_engine)}
-    else:
-        kind = type(responder).__name__
-    return {"kind": kind, "models": {role: name for role, name in models.items() if name}}
 
 
 def routes(gateway: Gateway, signalling: Signalling) -> list[BaseRoute]:

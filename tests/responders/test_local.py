@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -60,6 +61,7 @@ class Served:
     """A gateway process started as `make serve` starts it; what its /healthz said while it started."""
 
     port: int
+    log: Path
     statuses: list[str] = field(default_factory=list)
 
 
@@ -81,7 +83,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     with open(log, "wb") as out:
         process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], cwd=ROOT, env=env, stdout=out,
                                    stderr=subprocess.STDOUT)
-    served = Served(port)
+    served = Served(port, log)
     # A fresh machine's first start dequantizes the LLM (about 30 s on two cores, more when they are busy).
     deadline = time.monotonic() + 300
     while (status := healthz(port)) != "ok":
@@ -177,6 +179,21 @@ async def test_a_spoken_question_gets_a_spoken_answer_and_a_barge_in_cancels_the
         assert not [e for e in events if e.get("response_id") == interrupted]
         asked = [e["transcript"] for e in client.received if e["type"] == TRANSCRIBED]
         assert len(asked) == 3 and {"tea"} <= words(asked[2])
+
+
+def test_the_served_gateways_log_reads_as_a_person_needs(served: Served):
+    """After the turns above: the ready line says where to go and what answers, one line per turn says what was
+    heard and said and how long it took, and no library chatter (progress bars, warnings) is in the way."""
+    log = served.log.read_text()
+    assert re.search(rf"gateway \S+ ready: open http://127\.0\.0\.1:{served.port}/ in a browser and press Start "
+                     r"\(Realtime API: ws://\S+/v1/realtime; responder: local \(stt whisper tiny\.en, llm "
+                     r"SmolLM2-135M-Instruct, tts piper en_US-joe-medium\); auth: off\)", log), log
+    turn = re.search(r'session sess_\w+ turn: heard "(How many legs does a spider have\?)", said "(.+)"; '
+                     r"completed, first audio (\d+) ms after the turn ended", log)
+    assert turn is not None, log
+    assert "(cancelled (turn_detected))" not in log and "; cancelled (turn_detected)" in log  # the barge-in
+    for chatter in ("Loading weights", "it/s]", "Warning", "aioice", "HTTP Request"):
+        assert chatter not in log
 
 
 async def test_two_sessions_at_once_both_get_answers(start_gateway: StartGateway, local_responder: Responder):

@@ -85,8 +85,8 @@ async def serve(tmp_path: Path, **env: str) -> AsyncIterator[Gateway]:
                                    cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
     gateway = Gateway(process, log)
     try:
-        ready = await gateway.wait_for(r"worker\[\d\] gateway\.server\.serve: gateway \S+ on http://127\.0\.0\.1:(\d+)",
-                                       2)
+        ready = await gateway.wait_for(
+            r"worker\[\d\] gateway\.server\.serve: gateway \S+ ready: open http://127\.0\.0\.1:(\d+)/", 2)
         gateway.port = int(ready[0][1])
         yield gateway
     finally:
@@ -134,7 +134,7 @@ async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one
             os.kill(pids[1], signal.SIGKILL)
             held = workers.count(1)
             await gateway.wait_for(rf"worker 1 \(pid \d+\) exited with status -9 .* holding {held} sessions; restart")
-            await gateway.wait_for(r"worker\[1\] gateway\.server\.serve: gateway \S+ on http", 2)
+            await gateway.wait_for(r"worker\[1\] gateway\.server\.serve: gateway \S+ ready: open http", 2)
             assert gateway.worker_pids()[1] != pids[1]
             # The killed worker's live gauge is gone and its slot zeroed: the counts are worker 0's sessions.
             assert await gateway.metric("gateway_active_sessions") == workers.count(0)
