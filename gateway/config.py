@@ -143,15 +143,20 @@ class TtsConfig:
 @dataclass
 class LocalConfig:
     stt: bool = True
+    stt_model: str = ""
+    llm_model: str = ""
     cache_dir: str = ""
     max_output_tokens: int = 60
     context_tokens: int = 512
     cached_sessions: int = 8
     starter_chars: int = 12
-    system_prompt: str = (
-        "You are a friendly voice assistant. Answer in one or two short, simple sentences, "
-        "without lists or special characters."
-    )
+    temperature: float = 0.0
+    system_prompt: str = "You are a helpful voice assistant. Answer in one short sentence."
+    examples: dict[str, str] = field(default_factory=lambda: {
+        "How many wheels does a bicycle have?": "A bicycle has two wheels.",
+        "What is the capital of Italy?": "The capital of Italy is Rome.",
+        "What color is snow?": "Snow is white.",
+    })
     stt_threads: int = 2
     llm_threads: int = 1
     tts_threads: int = 1
@@ -289,6 +294,8 @@ def check(config: Config) -> None:
     for name in ("max_output_tokens", "context_tokens", "starter_chars", "stt_threads", "llm_threads", "tts_threads"):
         _at_least(f"local.{name}", getattr(local, name), 1)
     _at_least("local.cached_sessions", local.cached_sessions, 0)
+    if not 0.0 <= local.temperature <= 2.0:
+        raise ConfigError(f"option local.temperature: must be between 0 and 2, got {local.temperature}")
     _at_least("session.max_out_of_band_responses", config.session.max_out_of_band_responses, 1)
     _one_of("responder.kind", config.responder.kind, ("auto", "echo", "pipeline", "local"))
     _one_of("tts.engine", config.tts.engine, ("auto", "tone", "piper", "qwen3"))

@@ -9,6 +9,10 @@ from gateway.config import ConfigError, check, load_config
 BAD = [
     ("server", "drain_seconds", -1, "server.drain_seconds: must be at least 0"),
     ("server", "workers", -2, "server.workers: must be at least 0"),
+    ("server", "port", 99999, "server.port: must be between 0 and 65535, got 99999"),
+    ("server", "backend_check_s", -1.0, "server.backend_check_s: must be at least 0"),
+    ("session", "max_out_of_band_responses", 0, "session.max_out_of_band_responses: must be at least 1"),
+    ("local", "temperature", 3.0, "local.temperature: must be between 0 and 2"),
     ("local", "stt_threads", 0, "local.stt_threads: must be at least 1"),
     ("responder", "kind", "robot", "responder.kind: expected auto, echo, pipeline or local, got 'robot'"),
     ("tts", "engine", "espeak", "tts.engine: expected auto, tone, piper or qwen3"),

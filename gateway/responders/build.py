@@ -37,7 +37,7 @@ def build_transcriber(config: Config) -> Transcriber | None:
     if config.local.stt and installed(LOCAL_STT):
         from gateway.responders.local_stt import LocalStt  # an optional extra
 
-        return LocalStt.shared(config.local.stt_threads)
+        return LocalStt.shared(config.local.stt_threads, config.local.stt_model)
     return None
 
 
@@ -95,8 +95,7 @@ def build_responder(config: Config) -> Responder:
             raise ConfigError('option stt.audio_in needs an LLM that hears audio; responder.kind = "local" reads text')
         from gateway.responders.local_llm import LocalLlm  # an optional extra
 
-        # The session's default temperature is the [llm] one: the local model starts from it too.
-        llm = LocalLlm(config.local, config.session.instructions, config.llm.temperature)
+        llm = LocalLlm(config.local, config.session.instructions)
     starter = config.tts.starter_chars if kind == "pipeline" else config.local.starter_chars
     return PipelineResponder(
         llm,
