@@ -57,8 +57,13 @@ def describe_responder(responder: Responder | None, transcriber: Transcriber | N
     """What answers, for the page's banner: the kind and the models' names; None while starting."""
     if responder is None:
         return None
-    names = {role: model_name(part) for role, part in parts_of(responder, transcriber).items()}
-    return {"kind": responder_kind(responder), "models": {role: name for role, name in names.items() if name}}
+    parts = parts_of(responder, transcriber)
+    names = {role: model_name(part) for role, part in parts.items()}
+    # The voices a session may choose that sound different: the engine's names, or None when it has one voice
+    # (piper, the tone engine: any name is taken, all sound the same) or no speech at all (echo).
+    voices = getattr(parts.get("tts"), "voices", None)
+    return {"kind": responder_kind(responder), "models": {role: name for role, name in names.items() if name},
+            "voices": sorted(voices) if voices is not None else None}
 
 
 def summary(responder: Responder, transcriber: Transcriber | None) -> str:
