@@ -1,4 +1,4 @@
-"""Command line: ``python -m gateway serve | cert | client | replay``."""
+"""Command line: ``python -m gateway serve | config | cert | client | replay`` (installed as ``voice-gateway``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from typing import NoReturn
 
 from gateway.clients import cli, replay
-from gateway.config import ConfigError, check, load_config
+from gateway.config import DEFAULT_CONFIG, ConfigError, check, load_config
 from gateway.logs import configure_logging
 from gateway.server import certs
 
@@ -35,6 +35,12 @@ def _serve(args: argparse.Namespace) -> int:
         return await run_server(GatewayServer(config, insecure_no_auth=args.insecure_no_auth))
 
     exit_now(asyncio.run(serve()))
+
+
+def _config(args: argparse.Namespace) -> int:
+    """The default configuration, every option documented: the start of one of your own."""
+    sys.stdout.write(DEFAULT_CONFIG.read_text())
+    return 0
 
 
 class Parser(argparse.ArgumentParser):
@@ -71,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", help="address to listen on (default from config: 127.0.0.1); another than "
                        "loopback needs GATEWAY_API_KEYS or --insecure-no-auth")
     serve.add_argument("--port", type=_port, help="port to listen on (default from config: 8000)")
-    serve.add_argument("--config", help="config file (default: the repository's config.toml)")
+    serve.add_argument("--config", help="config file (default: the package's defaults, which `config` prints); "
+                       "GATEWAY_<SECTION>_<KEY> variables override either")
     serve.add_argument("--insecure-no-auth", action="store_true",
                        help="serve a non-loopback address with no API keys: anyone who reaches it may use it")
     serve.add_argument("--workers", type=_workers, help="worker processes sharing the port, the engine processes "
@@ -80,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                        help="INFO (default): one line per session and per turn; DEBUG also shows the libraries' "
                        "own lines (aioice, transformers, HTTP requests)")
-    commands = {"serve": _serve}
+    sub.add_parser("config", help="print the default configuration (every option, documented) to start your own")
+    commands = {"serve": _serve, "config": _config}
     for name, module, help in (("cert", certs, "make a local CA and a certificate for localhost"),
                                ("client", cli, "talk to a gateway from a WAV file"),
                                ("replay", replay, "replay WAV conversations headlessly")):

@@ -1,6 +1,7 @@
 """The one configuration: config.toml, then environment variables on top.
 
-Every option lives in a dataclass below and is documented in the repository's config.toml.
+Every option lives in a dataclass below and is documented in gateway/config.toml, the defaults the package
+ships (``voice-gateway config`` prints it: the start of a configuration of your own).
 An environment variable ``GATEWAY_<SECTION>_<KEY>`` (upper case) overrides ``[section] key``;
 API keys are never read from the file, only from the variables the file names.
 """
@@ -16,8 +17,7 @@ from typing import Any, get_type_hints
 
 from engine.config import EngineConfig
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO_ROOT / "config.toml"
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "config.toml"
 
 
 class ConfigError(ValueError):
@@ -28,7 +28,7 @@ class ConfigError(ValueError):
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    web_dir: str = "web"
+    web_dir: str = ""
     tls_cert: str = ""
     tls_key: str = ""
     allowed_origins: str = ""
@@ -256,7 +256,7 @@ def _apply(section: Any, values: dict[str, Any], prefix: str) -> None:
 
 
 def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None) -> Config:
-    """Read ``path`` (default: the repository's config.toml), then apply GATEWAY_* overrides."""
+    """Read ``path`` (default: the package's config.toml), then apply GATEWAY_* overrides."""
     env = os.environ if env is None else env
     config = Config()
     file = Path(path) if path is not None else DEFAULT_CONFIG

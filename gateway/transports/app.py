@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import mimetypes
 import time
+from pathlib import Path
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -27,7 +28,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from gateway import __version__
-from gateway.config import REPO_ROOT, Config
+from gateway.config import Config
 from gateway.realtime.responder import Responder
 from gateway.runtime.gateway import Gateway
 from gateway.runtime.health import describe_responder
@@ -39,6 +40,7 @@ from gateway.transports.webrtc.signalling import Signalling, signalling_routes
 from gateway.transports.websocket import RealtimeEndpoint, UnknownPath
 
 MAX_STATIC_PATH_CHARS = 255
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"  # the page the package ships
 
 
 class Pages:
@@ -47,7 +49,7 @@ class Pages:
     def __init__(self, gateway: Gateway, webrtc: bool) -> None:
         self.gateway = gateway
         self.webrtc = webrtc
-        self.web_dir = (REPO_ROOT / gateway.config.server.web_dir).resolve()
+        self.web_dir = Path(gateway.config.server.web_dir or WEB_DIR).resolve()
         self.started_at = time.time()
 
     async def healthz(self, request: Request) -> Response:

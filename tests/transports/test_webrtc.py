@@ -344,7 +344,7 @@ BROWSER_CALL = """async ([url, session]) => {
 
 
 async def test_browser_page_module(rtc):
-    """web/webrtc.js in headless Chromium, loaded from the gateway's port and calling it (same origin).
+    """gateway/web/webrtc.js in headless Chromium, loaded from the gateway's port and calling it (same origin).
 
     Chromium's fake microphone loops one_sentence.wav: the first round is a turn, the second
     interrupts the echo, so one call sees a reply, a barge-in and the server's truncate.
