@@ -16,7 +16,7 @@ better. ``--runs N`` repeats the set (sampling makes answers differ from run to 
     flock /work/wt/bench.lock .venv/bin/python scripts/bench_demo.py [--runs 3] [--text] [--json out.json]
     .venv/bin/python scripts/bench_demo.py --url ws://127.0.0.1:8000/v1/realtime   # a gateway already running
 
-Without ``--url`` it starts ``python -m gateway serve`` from this checkout (the repository's config.toml;
+Without ``--url`` it starts ``python -m gateway serve`` from this checkout (the package's default configuration;
 GATEWAY_* variables apply) on a free port, and stops it at the end; ``--repo DIR`` serves another checkout
 of the project instead (with this interpreter), e.g. an older commit's export for a before/after figure.
 """
