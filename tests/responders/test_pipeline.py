@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from engine.api import TTSError
-from gateway.config import ConfigError, load_config
+from gateway.config import ConfigError, check, load_config
 from gateway.realtime.responder import (
     AudioOut,
     BackendError,
@@ -496,15 +496,16 @@ def test_build_responder():
     config.responder.kind = "echo"
     assert isinstance(build_responder(config), EchoResponder)
 
+    # What cannot work is refused by the one check of the options, before anything is built.
     config.responder.kind = "pipeline"
     config.llm.base_url = ""
     with pytest.raises(ConfigError, match="llm"):
-        build_responder(config)
+        check(config)
 
     config.llm.base_url = "http://127.0.0.1:1/v1"
     config.tts.engine = "qwen3"
     with pytest.raises(ConfigError, match="checkpoint"):
-        build_responder(config)
+        check(config)
 
 
 async def commit_by_hand(client: Any) -> None:

@@ -203,7 +203,8 @@ def test_the_worker_count_auto_is_one_unless_a_gpu_engine_runs_in_engine_process
     assert workers.worker_count(make_config(tts__engine="tone", server__workers=3)) == 3
     engines = {"tts__engine": "qwen3", "engine__mode": "process", "engine__endpoints": "ipc:///a,ipc:///b"}
     assert workers.worker_count(make_config(**engines)) == 16 - 2 * 2  # two cores per engine process
-    assert workers.worker_count(make_config(**engines | {"engine__endpoints": "", "engine__devices": "cpu"})) == 1
+    on_cpu = {"engine__endpoints": "", "engine__checkpoint": "x", "engine__devices": "cpu"}
+    assert workers.worker_count(make_config(**engines | on_cpu)) == 1
     with pytest.raises(ConfigError, match='mode = "process"'):
         workers.worker_count(make_config(tts__engine="qwen3", engine__checkpoint="x", server__workers=2))
     with pytest.raises(ConfigError, match="server.workers"):
