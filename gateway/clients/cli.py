@@ -4,7 +4,9 @@
                              [--webrtc [--signalling-url URL]] [--api-key KEY]
 
 Over WebSocket (the default) or WebRTC (``--webrtc``, Opus audio; the optional aiortc extra). Events
-are printed one line each, with audio payloads reduced to their size. The helpers here (WAV I/O, event
+are printed one line each, with audio payloads reduced to their size and transcripts whole, and after
+each response a line with its latency. The exit status is 1 when the server sent an error event or a
+response failed, or no response came. The helpers here (WAV I/O, event
 summaries, following the turns) are shared with ``gateway.clients.replay``; the transports are
 gateway.clients.connection's.
 """
@@ -101,10 +103,6 @@ def strip_audio(event: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _short(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def describe(event: dict[str, Any]) -> str:
     """One compact line for an event: its type and the fields worth seeing."""
     kind = str(event.get("type", "?"))
@@ -119,7 +117,7 @@ def describe(event: dict[str, Any]) -> str:
         parts.append(repr(event.get("delta", "")))
     for key in ("transcript", "text"):
         if isinstance(event.get(key), str):
-            parts.append(repr(_short(event[key])))
+            parts.append(repr(event[key]))  # whole: what was heard and said is what a person reads here
     for key in ("item_id", "response_id", "audio_start_ms", "audio_end_ms"):
         if key in event:
             parts.append(f"{key}={event[key]}")
@@ -232,14 +230,70 @@ class Printer:
         print(f"{time.monotonic() - self.t0:8.3f}s {arrow} {text}", flush=True)
 
 
-async def _receive(conn: Connection, tracker: TurnTracker, reply: bytearray, show: Printer) -> None:
+class Latency:
+    """Each response's latency as the client saw it, one line when it is done: from the end of the user's
+    speech (when the append that carried speech_stopped's audio_end_ms went out) and from speech_stopped's
+    arrival, to the reply's first audio. Also counts what makes the run a failure (error events, failed
+    responses)."""
+
+    def __init__(self, conn: Connection, show: Printer) -> None:
+        self.conn, self.show = conn, show
+        self.turns = 0
+        self.problems: list[str] = []
+        self._stopped: tuple[float | None, float] | None = None  # (speech end sent, speech_stopped received)
+        self._starts: dict[str, tuple[float | None, float] | None] = {}  # response id → its turn's marks
+        self._first_audio: dict[str, float] = {}
+
+    def event(self, event: dict[str, Any]) -> None:
+        kind, now = event.get("type"), time.monotonic()
+        if kind == "input_audio_buffer.speech_stopped":
+            self._stopped = (self.conn.sent_at(float(event.get("audio_end_ms") or 0)), now)
+        elif kind == "response.created":
+            self._starts[str((event.get("response") or {}).get("id"))] = self._stopped
+            self._stopped = None
+        elif kind == "output_audio_buffer.started":  # WebRTC: the server starts playing it
+            self._first_audio.setdefault(str(event.get("response_id")), now)
+        elif kind == "error":
+            error = event.get("error") or {}
+            self.problems.append(f"error event: {error.get('code') or error.get('type')}: {error.get('message')}")
+        elif kind == "response.done":
+            self._done(event.get("response") or {}, now)
+
+    def audio(self, audio: ReplyAudio) -> None:
+        if audio.pcm:
+            self._first_audio.setdefault(str(audio.response_id), time.monotonic())
+
+    def _done(self, response: dict[str, Any], now: float) -> None:
+        rid = str(response.get("id"))
+        status = str(response.get("status"))
+        if status == "failed":
+            error = (response.get("status_details") or {}).get("error") or {}
+            self.problems.append(f"response {rid} failed: {error.get('message') or error.get('code')}")
+        start, first = self._starts.pop(rid, None), self._first_audio.pop(rid, None)
+        self.turns += 1
+        parts = [f"turn {self.turns} ({status})"]
+        if first is not None and start is not None:
+            spoken_end, stopped = start
+            if spoken_end is not None:
+                parts.append(f"first audio {(first - spoken_end) * 1000:.0f} ms after your speech ended")
+            parts.append(f"{(first - stopped) * 1000:.0f} ms after speech_stopped")
+        elif first is None:
+            parts.append("no audio")
+        if start is not None:
+            parts.append(f"done {(now - start[1]) * 1000:.0f} ms after speech_stopped")
+        self.show("*", ", ".join(parts))
+
+
+async def _receive(conn: Connection, tracker: TurnTracker, latency: Latency, reply: bytearray, show: Printer) -> None:
     try:
         async for item in conn:
             if isinstance(item, ReplyAudio):
                 reply.extend(item.pcm)
+                latency.audio(item)
                 continue
             show("<", describe(item))
             tracker.update(item)
+            latency.event(item)
     finally:
         tracker.close()
 
@@ -296,8 +350,9 @@ async def session(args: argparse.Namespace) -> int:
     reply = bytearray()
     conn = await open_connection(endpoint)
     tracker = TurnTracker(conn.server_playout)
+    latency = Latency(conn, show)
     show("*", f"connected to {endpoint.address} over {conn.transport} ({'beta' if args.beta else 'GA'} protocol)")
-    receiver = asyncio.create_task(_receive(conn, tracker, reply, show))
+    receiver = asyncio.create_task(_receive(conn, tracker, latency, reply, show))
     code = 0
     try:
         if samples is None:
@@ -326,7 +381,9 @@ async def session(args: argparse.Namespace) -> int:
         await conn.close()
     write_wav(args.out, bytes(reply))
     show("*", f"wrote {args.out} ({len(reply) / 2 / SAMPLE_RATE:.2f} s of reply audio)")
-    return code
+    for problem in latency.problems:
+        show("*", problem)
+    return 1 if latency.problems else code
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

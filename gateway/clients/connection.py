@@ -113,8 +113,9 @@ def auth_headers(endpoint: Endpoint) -> dict[str, str]:
 
 def add_arguments(parser: argparse.ArgumentParser, default_url: str) -> None:
     """The endpoint options both command lines share (each adds its own way to pick the transport)."""
-    parser.add_argument("--url", default=default_url, help=f"Realtime WebSocket endpoint (default {default_url}); "
-                        "over WebRTC the signalling URL is derived from it")
+    parser.add_argument("--url", default=default_url,
+                        help=f"Realtime WebSocket endpoint (default {default_url}); over WebRTC the signalling URL "
+                        "is derived from it")
     parser.add_argument("--signalling-url", metavar="URL",
                         help="WebRTC signalling endpoint (default: --url's host and port, path /v1/realtime/calls, "
                         "its query kept; e.g. https://api.openai.com/v1/realtime/calls?model=gpt-realtime)")

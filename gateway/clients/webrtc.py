@@ -44,6 +44,10 @@ async def open_webrtc(endpoint: Endpoint, on_send: OnSend | None = None) -> WebR
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise CliError(f"{url}: not an HTTP URL for WebRTC signalling (expected http://HOST:PORT/v1/realtime/calls)")
+    try:
+        parts.port  # noqa: B018 - raises for a port that is not a number or out of range
+    except ValueError as exc:
+        raise CliError(f"{url}: {exc}") from None
     connection = WebRTCConnection(on_send)
     try:
         await connection.connect(url, endpoint)

@@ -40,6 +40,8 @@ async def _open_websocket(endpoint: Endpoint) -> ClientConnection:
         )
     except InvalidURI:
         raise CliError(f"{url}: not a WebSocket URL (expected ws://HOST:PORT/v1/realtime)") from None
+    except ValueError as exc:  # a port out of range
+        raise CliError(f"{url}: {exc}") from None
     except ConnectionRefusedError:
         raise CliError(f"cannot connect to {url}: connection refused (is the gateway running?)") from None
     except TimeoutError:

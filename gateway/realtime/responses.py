@@ -1,12 +1,14 @@
 """A session's responses: response.create read, the response's output turned into events, its end.
 
-One response is active at a time. It produces output items in order (gateway/realtime/outputs.py): what its
-responder yields becomes an assistant message (speech or text), function calls the client runs, MCP
-calls the gateway runs and MCP approval requests. A response runs in rounds, one LLM call each
-(StartResponse): when a round made MCP calls and nothing the client must act on, their results go back
-to the LLM in another round of the same response, up to [mcp] max_rounds. ``finish`` closes what is
-still open and sends response.done; anything yielded for a response that is no longer active is
-dropped here, so nothing of a cancelled response follows its response.done.
+One response of the conversation is active at a time (``active``); out-of-band responses
+(``conversation: "none"``, whose output joins no conversation) may run beside it, at most [session]
+max_out_of_band_responses of them, and user speech never cancels them. Each produces output items in
+order (gateway/realtime/outputs.py): what its responder yields becomes an assistant message (speech or
+text), function calls the client runs, MCP calls the gateway runs and MCP approval requests. A response
+runs in rounds, one LLM call each (StartResponse): when a round made MCP calls and nothing the client must
+act on, their results go back to the LLM in another round of the same response, up to [mcp] max_rounds.
+``finish`` closes what is still open and sends response.done; anything yielded for a response that is no
+longer running is dropped here, so nothing of a cancelled response follows its response.done.
 
 A truncate does not end the response (the client cancels if it wants to): what the response yields
 after it still goes out as deltas, but the item keeps only what was heard up to the truncation.
@@ -72,7 +74,7 @@ class Response:
     max_output_tokens: int | str
     metadata: dict[str, Any] | None
     instructions: str
-    temperature: float
+    temperature: float | None  # None: the backend's own (the client set none)
     tools: list[Tool]
     tool_choice: str | dict[str, Any]
     input_items: list[Item] | None  # response.input: the items it sees instead of the conversation
@@ -106,9 +108,10 @@ class Response:
 
 class Responses:
     def __init__(self, event: EventMaker, conversation: Conversation, listings: McpListings, dialect: Dialect,
-                 server_playout: bool, policy: McpPolicy, max_rounds: int,
-                 on_finish: Callable[[Response], None]) -> None:
-        """``max_rounds``: LLM calls per response; ``on_finish``: told of each response that ends."""
+                 server_playout: bool, policy: McpPolicy, max_rounds: int, max_out_of_band: int,
+                 on_finish: Callable[[Response], list[Effect]]) -> None:
+        """``max_rounds``: LLM calls per response; ``max_out_of_band``: out-of-band responses at once;
+        ``on_finish``: told of each response that ends, its effects follow the response.done."""
         self._event = event
         self._conversation = conversation
         self._listings = listings
@@ -117,17 +120,13 @@ class Responses:
         self._policy = policy
         self._max_rounds = max_rounds
         self._on_finish = on_finish
-        self.active: Response | None = None
+        self._max_out_of_band = max_out_of_band
+        self.active: Response | None = None  # the conversation's response
+        self.out_of_band: dict[str, Response] = {}  # conversation "none": they run beside it
         self.voice_locked = False  # audio has gone out: the session's voice is fixed
 
     def start(self, params: dict[str, Any], settings: SessionSettings, voices: Collection[str] | None) -> list[Effect]:
         """A new response from response.create's ``response`` (or {} for a turn's automatic one)."""
-        if self.active is not None:
-            raise ProtocolError(
-                "conversation_already_has_active_response",
-                f"Conversation already has an active response in progress: {self.active.id}. "
-                "Wait until the response is finished before creating a new one.",
-            )
         s = settings
         if self._dialect is Dialect.GA:
             mods = field_of(params, "output_modalities", list, "response.output_modalities")
@@ -164,6 +163,20 @@ class Responses:
         if conversation not in (None, "auto", "none"):
             raise ProtocolError("invalid_value", "'response.conversation' must be 'auto' or 'none'.",
                                 "response.conversation")
+        in_conversation = conversation != "none"
+        if in_conversation and self.active is not None:
+            raise ProtocolError(
+                "conversation_already_has_active_response",
+                f"Conversation already has an active response in progress: {self.active.id}. "
+                "Wait until the response is finished before creating a new one, or create an out-of-band one "
+                "(conversation: \"none\").",
+            )
+        if not in_conversation and len(self.out_of_band) >= self._max_out_of_band:
+            raise ProtocolError(
+                "too_many_active_responses",
+                f"This session already runs {len(self.out_of_band)} out-of-band responses, as many as it may "
+                "([session] max_out_of_band_responses); wait until one is finished.", "response.conversation",
+            )
         instructions = field_of(params, "instructions", str, "response.instructions")
         metadata = parse_metadata(params, "metadata", "response.metadata")
         if self._dialect is Dialect.GA:
@@ -187,7 +200,6 @@ class Responses:
         input_items = self._input(params["input"]) if params.get("input") is not None else None
 
         rid = new_id("resp")
-        in_conversation = conversation != "none"
         resp = Response(
             id=rid,
             modalities=modalities,
@@ -203,7 +215,10 @@ class Responses:
             input_items=input_items,
             scope=OutputScope(rid, self._event, self._conversation, in_conversation),
         )
-        self.active = resp
+        if in_conversation:
+            self.active = resp
+        else:
+            self.out_of_band[rid] = resp
         effects: list[Effect] = [
             Mark("response_created", resp.id),
             self._event("response.created", response=self._wire(resp, "in_progress")),
@@ -218,8 +233,8 @@ class Responses:
 
     def output(self, response_id: str, out: ResponseOutput) -> list[Effect]:
         """Something the responder of ``response_id`` produced; dropped if that response has ended."""
-        resp = self.active
-        if resp is None or resp.id != response_id:
+        resp = self.running(response_id)
+        if resp is None:
             return []
         if isinstance(out, TraceMark):
             return [Mark(out.name, response_id)]
@@ -251,6 +266,15 @@ class Responses:
             assert resp.message is not None
             return effects + resp.message.text(out.text)
         return []
+
+    def running(self, response_id: str) -> Response | None:
+        """The response ``response_id`` if it has not ended (the conversation's or an out-of-band one)."""
+        if self.active is not None and self.active.id == response_id:
+            return self.active
+        return self.out_of_band.get(response_id)
+
+    def all_running(self) -> list[Response]:
+        return ([self.active] if self.active is not None else []) + list(self.out_of_band.values())
 
     def _message(self, resp: Response) -> list[Effect]:
         """Open a message item for speech or text if none is open."""
@@ -296,8 +320,8 @@ class Responses:
     def round_finished(self, response_id: str) -> list[Effect]:
         """The responder of ``response_id`` ended normally: close its round's items, run its MCP calls, then
         either another LLM call (it ran MCP calls and needs nothing from the client) or the end."""
-        resp = self.active
-        if resp is None or resp.id != response_id:
+        resp = self.running(response_id)
+        if resp is None:
             return []
         resp.responding = False
         effects = self._close_message(resp, completed=True)
@@ -311,8 +335,8 @@ class Responses:
 
     def mcp_call_finished(self, response_id: str, item_id: str, output: str | None,
                           error: McpError | None) -> list[Effect]:
-        resp = self.active
-        if resp is None or resp.id != response_id:
+        resp = self.running(response_id)
+        if resp is None:
             return []
         call = next((o for o in resp.running_calls() if o.id == item_id), None)
         if call is None:
@@ -320,19 +344,20 @@ class Responses:
         return call.finish(output, error) + self._advance(resp)
 
     def listed(self, item_id: str) -> list[Effect]:
-        """An MCP server's listing ended: the response waiting for it may go on."""
-        resp = self.active
-        if resp is None or item_id not in resp.listings:
-            return []
-        resp.listings.discard(item_id)
-        return self._advance(resp)
+        """An MCP server's listing ended: the responses waiting for it may go on."""
+        effects: list[Effect] = []
+        for resp in self.all_running():
+            if item_id in resp.listings:
+                resp.listings.discard(item_id)
+                effects += self._advance(resp)
+        return effects
 
     def _advance(self, resp: Response) -> list[Effect]:
         """Start the next LLM call, or finish, once nothing the response waits for is left."""
         if resp.listings or resp.responding or resp.running_calls():
             return []
         if not resp.llm_due or resp.rounds >= self._max_rounds:
-            return self.finish("completed")
+            return self.finish(resp, "completed")
         resp.responding = True
         resp.llm_due = False
         resp.rounds += 1
@@ -388,11 +413,14 @@ class Responses:
 
     # --- the end --------------------------------------------------------------------------------------
 
-    def finish(self, status: str, reason: str | None = None, error: dict[str, Any] | None = None) -> list[Effect]:
-        """End the active response with ``status`` (completed, cancelled, failed): its closing events."""
-        resp = self.active
-        assert resp is not None
-        self.active = None
+    def finish(self, resp: Response, status: str, reason: str | None = None,
+               error: dict[str, Any] | None = None) -> list[Effect]:
+        """End running response ``resp`` with ``status`` (completed, cancelled, failed): its closing events,
+        then what its end brings (``on_finish``)."""
+        if resp is self.active:
+            self.active = None
+        else:
+            del self.out_of_band[resp.id]
         effects: list[Effect] = []
         if status != "completed":
             effects.append(StopResponse(resp.id))
@@ -412,8 +440,7 @@ class Responses:
             details = {"type": status, "reason": reason, "error": error}
         effects.append(self._event("response.done", response=self._wire(resp, status, details)))
         effects.append(Mark("response_done", resp.id))
-        self._on_finish(resp)
-        return effects
+        return effects + self._on_finish(resp)
 
     def _input(self, value: Any) -> list[Item]:
         """response.input: the items a response sees instead of the conversation."""

@@ -96,7 +96,6 @@ class Session:
             instructions=config.session.instructions,
             voice=config.session.voice,
             turn_detection=replace(self._vad_defaults) if vad.enabled else None,
-            temperature=config.llm.temperature,
             type=session_type,
         )
         self.input = InputAudio(config, self.settings.input_format)
@@ -105,10 +104,14 @@ class Session:
         self.mcp_policy = McpPolicy(config.mcp.enabled, config.mcp.allowed_hosts, config.mcp.max_servers)
         self.listings = McpListings(self._event, self.conversation)
         self.responses = Responses(self._event, self.conversation, self.listings, dialect, server_playout,
-                                   self.mcp_policy, config.mcp.max_rounds, self._response_ended)
+                                   self.mcp_policy, config.mcp.max_rounds, config.session.max_out_of_band_responses,
+                                   self._response_ended)
         # The runner says whether it can transcribe and whether its responder reads transcripts.
         self.transcription = InputTranscription(self._event, self.conversation, config)
         self._interrupted = False  # the user barged in and is still speaking
+        # A turn ended while the conversation's response ran and was left alone (interrupt_response false):
+        # it is answered when that response ends.
+        self._turn_unanswered = False
         # Set by the runner from its speech engine: the voices it has (None: any name will do).
         self.voices: Collection[str] | None = None
         self._failures = 0  # unexpected exceptions in handlers (Fault)
@@ -178,10 +181,10 @@ class Session:
         elif new.tools is not self.settings.tools and isinstance(new.tool_choice, dict):
             # A named tool must be among the tools, also when only the tools change.
             new.tool_choice = parse_tool_choice(new.tool_choice, new.tools, "session.tool_choice", self.dialect)
-        if new.type != self.settings.type and self.responses.active is not None:
+        if new.type != self.settings.type and (running := self.responses.all_running()):
             raise ProtocolError(
                 "conversation_already_has_active_response",
-                f"Cannot make this a {new.type} session while response {self.responses.active.id} is active; "
+                f"Cannot make this a {new.type} session while response {running[0].id} is active; "
                 "cancel it first.", "session.type",
             )
         self.conversation.reserve_text(self._settings_size(new), "session")
@@ -317,19 +320,19 @@ class Session:
         return self.responses.start(params, self.settings, self.voices)
 
     def _on_response_cancel(self, event: dict[str, Any]) -> list[Effect]:
+        # Without an id, the conversation's response (as OpenAI documents); an out-of-band one by its id.
         response_id = non_empty(event, "response_id", "response_id")
-        active = self.responses.active
-        if active is None:
-            raise ProtocolError(  # the response_id is at fault only when the client named one
-                "response_cancel_not_active", "Cancellation failed: no active response found.",
-                "response_id" if response_id is not None else None,
-            )
-        if response_id is not None and response_id != active.id:
+        if response_id is None:
+            if self.responses.active is None:
+                raise ProtocolError("response_cancel_not_active", "Cancellation failed: no active response found.")
+            return self._finish_response(self.responses.active, "cancelled", reason="client_cancelled")
+        resp = self.responses.running(response_id)
+        if resp is None:
             raise ProtocolError(
                 "response_cancel_not_active", f"Cancellation failed: response '{response_id}' is not active.",
                 "response_id",
             )
-        return self._finish_response("cancelled", reason="client_cancelled")
+        return self._finish_response(resp, "cancelled", reason="client_cancelled")
 
     def _on_output_audio_buffer_clear(self, event: dict[str, Any]) -> list[Effect]:
         if not self.server_playout:
@@ -340,7 +343,7 @@ class Session:
             )
         effects: list[Effect] = [ClearPlayout()]
         if self.responses.active is not None:
-            effects += self._finish_response("cancelled", reason="client_cancelled")
+            effects += self._finish_response(self.responses.active, "cancelled", reason="client_cancelled")
         return effects
 
     # --- server-side playout (WebRTC) -----------------------------------------------------------
@@ -408,8 +411,9 @@ class Session:
         if self.server_playout and td.interrupt_response:
             # The reply may still be playing after its response.done: stop it where the user cut in.
             effects.append(ClearPlayout())
+        # Only the conversation's response: out-of-band ones are not the user's to interrupt.
         if self.responses.active is not None and td.interrupt_response:
-            effects += self._finish_response("cancelled", reason="turn_detected")
+            effects += self._finish_response(self.responses.active, "cancelled", reason="turn_detected")
             self._interrupted = True
         return effects
 
@@ -424,8 +428,11 @@ class Session:
             self._event("input_audio_buffer.speech_stopped", audio_end_ms=round(end_ms), item_id=item_id),
         ]
         effects += self._commit(item_id, start, end_ms)
-        if td.create_response and self.responds and self.responses.active is None:
-            effects += self.responses.start({}, self.settings, self.voices)
+        if td.create_response and self.responds:
+            if self.responses.active is None:
+                effects += self.responses.start({}, self.settings, self.voices)
+            else:  # the running response was left alone (interrupt_response false): this turn's answer follows it
+                self._turn_unanswered = True
         return effects
 
     def _idle_timeout(self, end: float) -> list[Effect]:
@@ -470,8 +477,8 @@ class Session:
     def response_finished(self, response_id: str, error: BaseException | None = None) -> list[Effect]:
         """The responder of ``response_id`` ended, normally (the response may go on: see Responses) or with
         ``error``."""
-        active = self.responses.active
-        if active is None or active.id != response_id:
+        resp = self.responses.running(response_id)
+        if resp is None:
             return []
         if error is None:
             return self.responses.round_finished(response_id)
@@ -480,16 +487,23 @@ class Session:
         else:
             code, message = "server_error", f"The response failed: {type(error).__name__}: {error}"
         return [self._wire(error_event(code, message, error_type="server_error"))] + self._finish_response(
-            "failed", error={"type": "server_error", "code": code, "message": message}
+            resp, "failed", error={"type": "server_error", "code": code, "message": message}
         )
 
     def _finish_response(
-        self, status: str, reason: str | None = None, error: dict[str, Any] | None = None
+        self, resp: Response, status: str, reason: str | None = None, error: dict[str, Any] | None = None
     ) -> list[Effect]:
-        return self.responses.finish(status, reason, error)
+        return self.responses.finish(resp, status, reason, error)
 
-    def _response_ended(self, resp: Response) -> None:
+    def _response_ended(self, resp: Response) -> list[Effect]:
+        """What follows a response's end: the answer to a turn that ended while it ran, if one waits."""
+        if not resp.in_conversation:
+            return []
         self.input.idle_since_ms = self.input.received_ms + resp.audio_ms  # idle counts from the end of playback
+        if self._turn_unanswered and self.responds:
+            self._turn_unanswered = False
+            return self.responses.start({}, self.settings, self.voices)
+        return []
 
     # --- tools --------------------------------------------------------------------------------------
 

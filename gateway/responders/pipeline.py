@@ -67,9 +67,6 @@ class ChatModel(Protocol):
     ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage]:
         """The reply: text deltas, tool calls, and last the token counts; closing the iterator stops it."""
 
-    async def check(self) -> str | None:
-        """What is wrong with the backend, or None (checked at start-up)."""
-
     async def aclose(self) -> None: ...
 
 
@@ -117,11 +114,6 @@ class PipelineResponder:
         # The deployment's custom voices, by id (set by the gateway: gateway.runtime.custom_voices), read when
         # a response speaks in one; None for any other name. Unset: the prepared voices and the engine's only.
         self.voice_source: VoiceSource | None = None
-
-    async def check(self) -> list[str]:
-        """What is wrong with the LLM backend, checked at start-up (see backends.LlmClient.check)."""
-        problem = await self.llm.check()
-        return [] if problem is None else [problem]
 
     async def aclose(self) -> None:
         """Close the LLM client's connection pool and the TTS engine's connections (at server shutdown)."""

@@ -36,10 +36,11 @@ def _client(base_url: str, api_key_env: str, timeout_s: float) -> AsyncOpenAI:
     )
 
 
-async def _check(backend: str, client: AsyncOpenAI, timeout_s: float) -> str | None:
-    """GET {base_url}/models: None when the server answers (any HTTP status), else the cause.
+async def _check(client: AsyncOpenAI, timeout_s: float) -> str | None:
+    """GET {base_url}/models: None when the server answers (any HTTP status), else the cause in a few words
+    (no address: /healthz shows it).
 
-    Run once at start-up, it also pays the HTTP stack's first-request costs (imports, the pool)
+    Run first at start-up, it also pays the HTTP stack's first-request costs (imports, the pool)
     there instead of in the first user's turn, and names a backend that is down before anyone talks.
     """
     timeout_s = min(timeout_s, 5.0)
@@ -51,7 +52,7 @@ async def _check(backend: str, client: AsyncOpenAI, timeout_s: float) -> str | N
     except openai.APIStatusError:
         return None  # it answered: some transcription servers serve no model list
     except Exception as exc:
-        return f"{backend} backend at {client.base_url} is not reachable: {describe(exc, timeout_s)}"
+        return describe(exc, timeout_s, address=False)
     return None
 
 
@@ -62,8 +63,8 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-def describe(exc: Exception, timeout_s: float) -> str:
-    """A short, clear cause for a failed request.
+def describe(exc: Exception, timeout_s: float, address: bool = True) -> str:
+    """A short, clear cause for a failed request (``address``: naming the server's host and port).
 
     Connection failures are told by the exceptions they chain, not by the SDK's class: its aiohttp
     transport reports a refused or dropped connection as a timeout.
@@ -74,12 +75,13 @@ def describe(exc: Exception, timeout_s: float) -> str:
     if isinstance(exc, openai.APIConnectionError):  # timeouts included
         url = exc.request.url
         where = url.host + (f":{url.port}" if url.port else "")
+        by, to = (f" by {where}", f" to {where}") if address else ("", "")
         chain = _chain(exc)
         if any(isinstance(e, ConnectionRefusedError) for e in chain):
-            return f"connection refused by {where}"
+            return f"connection refused{by}"
         if any(isinstance(e, TimeoutError) for e in chain):
             return f"timed out after {timeout_s:g} s"
-        return f"connection to {where} failed: {chain[-1]}"[:200]
+        return f"connection{to} failed" + (f": {chain[-1]}"[:200] if address else "")
     if isinstance(exc, openai.APIError):
         return exc.message[:200]
     return f"{type(exc).__name__}: {exc}"[:200]
@@ -179,8 +181,12 @@ class SttClient:
         finally:
             await stream.close()
 
+    @property
+    def where(self) -> str:
+        return str(self._client.base_url)
+
     async def check(self) -> str | None:
-        return await _check("stt", self._client, self.timeout_s)
+        return await _check(self._client, self.timeout_s)
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -308,8 +314,12 @@ class LlmClient:
             yield LlmUsage(usage["prompt_tokens"], usage.get("completion_tokens") or 0,
                            cached if isinstance(cached, int) else None)
 
+    @property
+    def where(self) -> str:
+        return str(self._client.base_url)
+
     async def check(self) -> str | None:
-        return await _check("llm", self._client, self.timeout_s)
+        return await _check(self._client, self.timeout_s)
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -31,6 +31,7 @@ from gateway.runtime import mcp_client
 from gateway.runtime.auth import Auth, ClientSecret
 from gateway.runtime.capacity import Capacity
 from gateway.runtime.custom_voices import SessionVoices, VoiceLibrary
+from gateway.runtime.health import Backends
 from gateway.runtime.session_runner import Playout, Send, SessionRunner, log_fault
 from gateway.runtime.silero import SileroModel, SileroVAD, VadBatcher
 from gateway.runtime.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError
@@ -112,6 +113,7 @@ class Gateway:
         self._smart_turn: SmartTurnBatcher | None = None
         self._trace_sink: IO[str] | None = None
         self._held: list[HeldConnections] = []
+        self.backends: Backends | None = None  # their health, once started
         self._backend_check: asyncio.Task[None] | None = None
         self._started = False
         self.speech = SpeechService(config)  # /v1/audio/speech: its engine and its share of it
@@ -156,17 +158,9 @@ class Gateway:
         # keep it out of the collector, so full collections stay short and the loop keeps its pace.
         gc.freeze()
         self.ready = True
-        self._backend_check = asyncio.create_task(self._warn_of_backends())
-
-    async def _warn_of_backends(self) -> None:
-        """Name a backend that is down now, not at the first user's turn (which it would fail)."""
-        problems = []
-        if check := getattr(self.responder, "check", None):
-            problems += await check()
-        if (check := getattr(self.transcriber, "check", None)) and (problem := await check()):
-            problems.append(problem)
-        for problem in problems:
-            log.warning("%s; turns will fail until it answers", problem)
+        # A backend that is down is named now, not at the first user's turn (which it would fail).
+        self.backends = Backends(self.responder, self.transcriber, self.config.server.backend_check_s)
+        self._backend_check = asyncio.create_task(self.backends.run())
 
     async def stop(self) -> None:
         if not self._started:
@@ -232,6 +226,8 @@ class Gateway:
             return {STARTING: "starting", DRAINING: "draining"}.get(refusal, "full")
         if self.engine_streams_free() == 0:
             return "no engine streams"
+        if self.config.server.ready_requires_backends and self.backends and (down := self.backends.unreachable()):
+            return f"backend unreachable: {', '.join(down)}"
         return None
 
     def new_session(self, dialect: Dialect, *, model: str | None = None, server_playout: bool = False,
@@ -264,6 +260,7 @@ class Gateway:
             playout=playout,
             transcriber=self.transcriber,
             smart_turn=self._smart_turn,
+            on_backend_error=self.backends.failed if self.backends is not None else None,
         )
         if session.voices is not None and getattr(self.responder, "voice_source", None) is not None:
             session.voices = SessionVoices(frozenset(session.voices), self.voices.store)

@@ -31,7 +31,7 @@ from gateway.realtime.effects import (
     StopResponse,
     Transcribe,
 )
-from gateway.realtime.responder import BackendError, Responder, ResponseRequest, Transcriber
+from gateway.realtime.responder import BackendError, Message, Responder, ResponseRequest, Transcriber
 from gateway.realtime.session import Session
 from gateway.responders.model_thread import current_session
 from gateway.runtime.mcp_client import McpClient, McpFailure
@@ -42,6 +42,9 @@ from gateway.runtime.trace import TurnTrace
 log = logging.getLogger(__name__)
 
 Send = Callable[[str], Awaitable[None]]
+
+# The per-turn log line shows this much of what was heard and said.
+LOGGED_CHARS = 80
 
 # Input audio waiting for the VAD beyond this (5 s of pcm16 24 kHz) makes the next client message
 # wait: back-pressure on a client that streams far faster than the VAD runs.
@@ -81,9 +84,11 @@ class SessionRunner:
         playout: Playout | None = None,
         transcriber: Transcriber | None = None,
         smart_turn: SmartTurnBatcher | None = None,
+        on_backend_error: Callable[[str], None] | None = None,
     ) -> None:
         """``smart_turn``: the Smart Turn model for semantic_vad; without it every check is answered "no
-        verdict", so a semantic_vad turn ends after its eagerness's longest wait."""
+        verdict", so a semantic_vad turn ends after its eagerness's longest wait. ``on_backend_error``: told
+        the backend ("stt", "llm", "tts") a response or a transcription failed on."""
         self.session = session
         self.responder = responder
         self.transcriber = transcriber
@@ -92,7 +97,11 @@ class SessionRunner:
         self._vad_batcher = vad_batcher
         self.trace = trace or TurnTrace(session.settings.id)
         self.playout = playout
-        self._task: asyncio.Task[None] | None = None
+        # The running responses' tasks by response id: the conversation's and out-of-band ones.
+        self._responses: dict[str, asyncio.Task[None]] = {}
+        # For the per-turn log line: the user item each running response answers, and its response.done.
+        self._answers: dict[str, Message | None] = {}
+        self._done: dict[str, dict[str, Any]] = {}
         # Transcriptions by user item id: they outlive the responses that wait for them.
         self._transcripts: dict[str, asyncio.Task[str]] = {}
         # The early transcription of the turn in its closing pause: (what it transcribes, its pieces).
@@ -105,6 +114,7 @@ class SessionRunner:
         self.mcp = McpClient(session.config.mcp)
         self._mcp_tasks: dict[asyncio.Task[None], str | None] = {}
         self._smart_turn = smart_turn
+        self._on_backend_error = on_backend_error
         self._checks: set[asyncio.Task[None]] = set()  # Smart Turn calls under way
         self._closed = False
         # The context of this session's tasks: shared local models queue their work by session.
@@ -140,13 +150,13 @@ class SessionRunner:
     @property
     def responding(self) -> bool:
         """A response is running (its task has not finished)."""
-        return self._task is not None and not self._task.done()
+        return any(not task.done() for task in self._responses.values())
 
     async def close(self) -> None:
         self._closed = True
         self._drop_prepared()
-        tasks = [t for t in (self._task, self._vad_task, *self._transcripts.values(), *self._mcp_tasks, *self._checks)
-                 if t is not None and not t.done()]
+        tasks = [t for t in (*self._responses.values(), self._vad_task, *self._transcripts.values(), *self._mcp_tasks,
+                             *self._checks) if t is not None and not t.done()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -154,6 +164,8 @@ class SessionRunner:
     async def _apply(self, effects: Iterable[Effect]) -> None:
         for effect in effects:
             if isinstance(effect, dict):
+                if effect.get("type") == "response.done":
+                    self._done[effect["response"]["id"]] = effect["response"]
                 if effect and not self._closed:
                     self.trace.sent(effect)
                     await self._send(orjson.dumps(effect).decode())
@@ -171,14 +183,19 @@ class SessionRunner:
                 task.add_done_callback(self._checks.discard)
             elif isinstance(effect, StartResponse):
                 request = effect.request
+                self._answers[request.response_id] = next((m for m in reversed(request.messages) if m.role == "user"),
+                                                          None)
                 request.transcripts = {m.item_id: self._transcripts[m.item_id] for m in request.messages
                                        if m.role == "user" and not m.text and m.item_id in self._transcripts}
-                self._task = asyncio.create_task(self._respond(request), context=self._context)
+                task = asyncio.create_task(self._respond(request), context=self._context)
+                self._responses[request.response_id] = task
+                task.add_done_callback(lambda _, rid=request.response_id: self._responses.pop(rid, None))
             elif isinstance(effect, StopResponse):
                 self.trace.cancelled(effect.response_id)
                 # A response that failed stops itself: its own task is the one sending its last events.
-                if self._task is not None and self._task is not asyncio.current_task():
-                    self._task.cancel()
+                task = self._responses.get(effect.response_id)
+                if task is not None and task is not asyncio.current_task():
+                    task.cancel()
                 for task, response_id in list(self._mcp_tasks.items()):
                     if response_id == effect.response_id:
                         task.cancel()
@@ -211,6 +228,8 @@ class SessionRunner:
                     await self._apply(self.session.playout_cleared(*heard))
             elif isinstance(effect, Mark):
                 self.trace.mark(effect.name, effect.response_id)
+                if effect.name == "response_done" and effect.response_id is not None:
+                    self._log_turn(effect.response_id)
             elif isinstance(effect, Fault):
                 log_fault(self.session.settings.id, effect)
 
@@ -305,6 +324,7 @@ class SessionRunner:
         except Exception as exc:  # any transcriber's failure is an STT failure, for the responses awaiting it
             error = exc if isinstance(exc, BackendError) else BackendError("stt", f"{type(exc).__name__}: {exc}")
             log.warning("transcription of %s failed: %s", effect.item_id, error)
+            self._backend_failed(error)
             await self._apply(self.session.input_transcribed(effect.item_id, None, str(error)))
             if error is exc:
                 raise
@@ -312,6 +332,43 @@ class SessionRunner:
         text = text.strip()
         await self._apply(self.session.input_transcribed(effect.item_id, text))
         return text
+
+    def _log_turn(self, response_id: str) -> None:
+        """One INFO line per response: what it answered (as heard), what it said, how long its first audio took."""
+        done = self._done.pop(response_id, None)
+        answered = self._answers.pop(response_id, None)
+        if done is None:
+            return
+        heard = "(nothing)" if answered is None else self._heard(answered)
+        said = " ".join(part.get("transcript") or part.get("text") or "" for item in done["output"]
+                        if item.get("type") == "message" for part in item.get("content", [])).strip()
+        calls = [item.get("name") for item in done["output"] if item.get("type") in ("function_call", "mcp_call")]
+        if calls:
+            said = f"{said} [calls {', '.join(map(str, calls))}]".strip()
+        said = said or "(no words)"
+        record = self.trace.records[-1] if self.trace.records else {}
+        first = record.get("first_delta_ms") if record.get("response_id") == response_id else None
+        details = done.get("status_details") or {}
+        status = done["status"] + (f" ({details['reason']})" if details.get("reason") else "")
+        log.info("session %s %s: heard %s, said %s; %s%s", self.session.settings.id,
+                 "turn" if done.get("conversation_id") else "out-of-band response", _quoted(heard), _quoted(said),
+                 status, f", first audio {first:.0f} ms after the turn ended" if first is not None else "")
+
+    def _heard(self, message: Message) -> str:
+        if message.text:
+            return message.text
+        task = self._transcripts.get(message.item_id)
+        if task is None:
+            return "(audio, not transcribed)"
+        if not task.done():
+            return "(still transcribing)"
+        if task.cancelled() or task.exception() is not None:
+            return "(transcription failed)"
+        return task.result()
+
+    def _backend_failed(self, error: BaseException) -> None:
+        if isinstance(error, BackendError) and self._on_backend_error is not None:
+            self._on_backend_error(error.backend)
 
     async def _respond(self, request: ResponseRequest) -> None:
         rid = request.response_id
@@ -322,9 +379,17 @@ class SessionRunner:
                 await self._apply(self.session.response_output(rid, out))
         except Exception as exc:  # a responder failure ends this response, never the session
             log.warning("response %s failed: %s", rid, exc)
+            self._backend_failed(exc)
             error = exc
         finally:
             # Also on cancellation (barge-in, response.cancel): closes the responder's HTTP streams
             # and TTS stream; the session has already sent this response's response.done.
             await stream.aclose()
         await self._apply(self.session.response_finished(rid, error))
+
+
+def _quoted(text: str) -> str:
+    """``text`` in quotes, cut to LOGGED_CHARS; a placeholder in parentheses as it is."""
+    if text.startswith("(") and text.endswith(")"):
+        return text
+    return '"' + (text if len(text) <= LOGGED_CHARS else text[: LOGGED_CHARS - 1] + "…") + '"'

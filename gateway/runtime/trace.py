@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 from collections import deque
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -76,15 +77,28 @@ class _AllWorkers(Collector):
 _DELTAS = ("response.output_audio.delta", "response.audio.delta")
 
 
+@dataclass
+class _Run:
+    """One response's timings, from the start of its turn (loop time)."""
+
+    start: float
+    times: dict[str, float] = field(default_factory=dict)
+    cancel: float | None = None
+    last_delta: float | None = None
+    status: str = "completed"
+
+
 class TurnTrace:
+    """A session's responses, each timed on its own (out-of-band ones may run beside the conversation's).
+
+    A response's start is the end of the turn it answers (speech_stopped, else the commit) when one came
+    since the last response started, else its own response.created."""
+
     def __init__(self, session_id: str, sink: IO[str] | None = None) -> None:
         self.session_id = session_id
         self.sink = sink
-        self._start: float | None = None
-        self._times: dict[str, float] = {}
-        self._cancel: float | None = None
-        self._last_delta: float | None = None
-        self._status = "completed"
+        self._turn: _Run | None = None  # the last turn's end, until a response takes it
+        self._running: dict[str, _Run] = {}
         self.records: deque[dict[str, Any]] = deque(maxlen=100)  # served at /v1/realtime/sessions/{id}/turns
 
     @staticmethod
@@ -93,41 +107,48 @@ class TurnTrace:
 
     def mark(self, name: str, response_id: str | None = None) -> None:
         now = self._now()
-        if name == "speech_stopped" or (self._start is None and name in ("committed", "response_created")):
-            self._start, self._times = now, {}
-        if name == "response_done":
-            self._finish(now, response_id)
-        elif self._start is not None:
-            self._times.setdefault(name, now)
+        if response_id is None:  # the turn's own stages
+            if name == "speech_stopped" or self._turn is None:
+                self._turn = _Run(now)
+            self._turn.times.setdefault(name, now)
+            return
+        if name == "response_created":
+            self._running[response_id] = self._turn or _Run(now)
+            self._turn = None
+        elif name == "response_done":
+            if (run := self._running.pop(response_id, None)) is not None:
+                self._finish(run, now, response_id)
+        elif (run := self._running.get(response_id)) is not None:
+            run.times.setdefault(name, now)
 
     def cancelled(self, response_id: str) -> None:
-        self._cancel = self._now()
+        if (run := self._running.get(response_id)) is not None:
+            run.cancel = self._now()
 
     def sent(self, event: dict[str, Any]) -> None:
         if event["type"] in _DELTAS:
-            self._last_delta = self._now()
+            if (run := self._running.get(event["response_id"])) is not None:
+                run.last_delta = self._now()
         elif event["type"] == "response.done":
-            self._status = event["response"]["status"]
+            if (run := self._running.get(event["response"]["id"])) is not None:
+                run.status = event["response"]["status"]
 
-    def _finish(self, now: float, response_id: str | None) -> None:
+    def _finish(self, run: _Run, now: float, response_id: str) -> None:
         record: dict[str, Any] = {"session_id": self.session_id, "response_id": response_id}
-        if self._start is not None:
-            self._times["response_done"] = now
-            for stage in STAGES:
-                if stage in self._times:
-                    seconds = self._times[stage] - self._start
-                    record[stage + "_ms"] = round(seconds * 1000, 3)
-                    TURN_STAGE.labels(stage).observe(seconds)
-        if self._cancel is not None:
-            record["cancel_to_done_ms"] = round((now - self._cancel) * 1000, 3)
-            CANCEL_TO_DONE.observe(now - self._cancel)
-            after = max(0.0, (self._last_delta or 0.0) - self._cancel)
+        run.times["response_done"] = now
+        for stage in STAGES:
+            if stage in run.times:
+                seconds = run.times[stage] - run.start
+                record[stage + "_ms"] = round(seconds * 1000, 3)
+                TURN_STAGE.labels(stage).observe(seconds)
+        if run.cancel is not None:
+            record["cancel_to_done_ms"] = round((now - run.cancel) * 1000, 3)
+            CANCEL_TO_DONE.observe(now - run.cancel)
+            after = max(0.0, (run.last_delta or 0.0) - run.cancel)
             record["cancel_to_last_delta_ms"] = round(after * 1000, 3)
             CANCEL_TO_LAST_DELTA.observe(after)
-        record["status"] = self._status
-        RESPONSES.labels(self._status).inc()
+        record["status"] = run.status
+        RESPONSES.labels(run.status).inc()
         self.records.append(record)
         if self.sink is not None:
             self.sink.write(json.dumps(record) + "\n")
-        self._start, self._times, self._cancel, self._last_delta = None, {}, None, None
-        self._status = "completed"

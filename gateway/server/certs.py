@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import sys
 from pathlib import Path
 
 import trustme
@@ -36,12 +37,22 @@ def make_certificate(directory: Path, names: tuple[str, ...] = NAMES) -> tuple[P
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", type=Path, help="folder for ca.pem, cert.pem and key.pem")
-    parser.add_argument("--name", action="append", help="a name or address the certificate is for (repeatable; "
-                        f"default: {', '.join(NAMES)})")
+    parser.add_argument("--name", action="append", type=_name,
+                        help=f"a name or address the certificate is for (repeatable; default: {', '.join(NAMES)})")
+
+
+def _name(value: str) -> str:
+    if not value.strip() or any(c.isspace() for c in value.strip()):
+        raise argparse.ArgumentTypeError(f"expected a host name or an IP address, got {value!r}")
+    return value.strip()
 
 
 def run(args: argparse.Namespace) -> int:
-    ca, cert, key = make_certificate(args.dir, tuple(args.name) if args.name else NAMES)
+    try:
+        ca, cert, key = make_certificate(args.dir, tuple(args.name) if args.name else NAMES)
+    except OSError as exc:
+        print(f"error: cannot write the certificate files in {args.dir}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"wrote {ca} (the CA to trust), {cert} and {key} (valid {VALID_DAYS} days)\n"
           f"serve:  GATEWAY_SERVER_TLS_CERT={cert} GATEWAY_SERVER_TLS_KEY={key} make serve\n"
           f"Node:   NODE_EXTRA_CA_CERTS={ca} node app.js\n"

@@ -15,12 +15,13 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import signal
 import socket
 import ssl
 import sys
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import uvicorn
 from uvicorn.middleware.proxy_headers import _TrustedHosts
@@ -31,6 +32,7 @@ from gateway.realtime.responder import Responder
 from gateway.runtime.auth import Auth
 from gateway.runtime.capacity import Capacity
 from gateway.runtime.gateway import Gateway
+from gateway.runtime.health import summary
 from gateway.server.handoff import Handoff, adopt
 from gateway.server.protocols import http as http_protocol
 from gateway.server.protocols import websocket as ws_protocol
@@ -214,9 +216,13 @@ class GatewayServer:
             uv = self._server
             self._adopting = asyncio.create_task(adopt(self._handoff, uv.adopt, uv.open_connections))
         scheme = "https" if tls else "http"
-        log.info("gateway %s on %s://%s:%d (WebSocket %s://%s:%d/v1/realtime; responder: %s; auth: %s)",
-                 __version__, scheme, server.host, self.port, "wss" if tls else "ws", server.host, self.port,
-                 type(self.gateway.responder).__name__,
+        # A wildcard address is not one to open: this machine's loopback reaches it.
+        host = "127.0.0.1" if server.host in ("", "0.0.0.0") else "[::1]" if server.host == "::" else server.host
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        assert self.gateway.responder is not None
+        log.info("gateway %s ready: open %s://%s:%d/ in a browser and press Start (Realtime API: %s://%s:%d/v1/realtime;"
+                 " responder: %s; auth: %s)", __version__, scheme, host, self.port, "wss" if tls else "ws", host,
+                 self.port, summary(self.gateway.responder, self.gateway.transcriber),
                  f"{len(self.gateway.auth.api_keys)} API key(s)" if self.gateway.auth.required else "off")
 
     @property
@@ -242,6 +248,16 @@ class GatewayServer:
             self._socket.close()
         if self._handoff is not None:
             self._handoff.end.close()
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the serving process once the server has stopped: the log flushed, then out at once. The
+    interpreter's own teardown would free the models' native memory (torch, CTranslate2, onnxruntime)
+    object by object, seconds after every session and socket is already gone."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 async def run_server(server: GatewayServer,

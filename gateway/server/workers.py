@@ -280,7 +280,7 @@ def _worker_main(slot: int, config: Config, auth: Auth, sock: socket.socket | No
     os.setpgrp()
     # Before anything imports prometheus_client: its metrics then live in files every worker reads.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    from gateway.server.serve import GatewayServer, run_server  # only now: see the imports above
+    from gateway.server.serve import GatewayServer, exit_now, run_server  # only now: see the imports above
 
     configure_logging(log_level, prefix=f"worker[{slot}] ")
 
@@ -302,4 +302,4 @@ def _worker_main(slot: int, config: Config, auth: Auth, sock: socket.socket | No
                                capacity=Capacity(config.server.max_sessions, counts, slot))
         return await run_server(server, serving)
 
-    sys.exit(asyncio.run(serve()))
+    exit_now(asyncio.run(serve()))

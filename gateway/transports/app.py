@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import mimetypes
 import time
-from typing import Any
+from pathlib import Path
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -31,12 +31,10 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from gateway import __version__
-from gateway.config import REPO_ROOT, Config
+from gateway.config import Config
 from gateway.realtime.responder import Responder
-from gateway.responders.echo import EchoResponder
-from gateway.responders.pipeline import PipelineResponder
-from gateway.responders.remote import LlmClient
 from gateway.runtime.gateway import Gateway
+from gateway.runtime.health import describe_responder
 from gateway.runtime.trace import DRAINING, ENGINE_STREAMS_FREE, SESSION_SLOTS_FREE, SESSIONS, metrics_text
 from gateway.transports.client_secrets import client_secret_routes
 from gateway.transports.guard import FrontDoor, Hosts, Origins
@@ -44,9 +42,10 @@ from gateway.transports.rest import HttpError, authorize, error_response, http_e
 from gateway.transports.speech import speech_routes
 from gateway.transports.voices import voice_routes
 from gateway.transports.webrtc.signalling import Signalling, signalling_routes
-from gateway.transports.websocket import RealtimeEndpoint
+from gateway.transports.websocket import RealtimeEndpoint, UnknownPath
 
 MAX_STATIC_PATH_CHARS = 255
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"  # the page the package ships
 
 
 class Pages:
@@ -55,18 +54,23 @@ class Pages:
     def __init__(self, gateway: Gateway, webrtc: bool) -> None:
         self.gateway = gateway
         self.webrtc = webrtc
-        self.web_dir = (REPO_ROOT / gateway.config.server.web_dir).resolve()
+        self.web_dir = Path(gateway.config.server.web_dir or WEB_DIR).resolve()
         self.started_at = time.time()
 
     async def healthz(self, request: Request) -> Response:
+        """Liveness (503 only while starting) and what answers: each backend's health, "degraded" while one
+        is down (gateway/runtime/health.py)."""
         gateway = self.gateway
-        # Every worker's, from the counts they share (under `serve --workers N` any worker may answer).
+        backends = gateway.backends
+        status = "starting" if not gateway.ready else "degraded" if backends and backends.unreachable() else "ok"
+        # Every worker's sessions, from the counts they share (under `serve --workers N` any worker may answer).
         capacity = gateway.capacity
-        body = {"status": "ok" if gateway.ready else "starting", "version": __version__,
+        body = {"status": status, "version": __version__,
                 "active_sessions": capacity.sessions, "active_sessions_by_worker": capacity.by_worker,
                 "uptime_s": round(time.time() - self.started_at, 1),
                 "webrtc": self.webrtc, "auth_required": gateway.auth.required,
-                "responder": describe_responder(gateway)}
+                "responder": describe_responder(gateway.responder, gateway.transcriber),
+                "backends": backends.wire() if backends else {}}
         return Response(orjson.dumps(body), 200 if gateway.ready else 503, media_type="application/json",
                         headers={"Cache-Control": "no-cache"})
 
@@ -118,30 +122,6 @@ class Pages:
                             headers={"Cache-Control": "no-cache"})
 
 
-def _model_name(part: object) -> str | None:
-    """A model's name as its part declares it (``model_name``; a remote client's ``model``)."""
-    name = getattr(part, "model_name", None) or getattr(part, "model", None)
-    return name if isinstance(name, str) else None
-
-
-def describe_responder(gateway: Gateway) -> dict[str, Any] | None:
-    """What answers, for the page's banner: the kind and model names only (/healthz is public: no backend
-    URL, no key). ``kind``: "local" (the in-process demo models), "pipeline" (a remote LLM), "echo", or
-    the responder's class name for one given in code; None while the gateway is starting."""
-    responder = gateway.responder
-    if responder is None:
-        return None
-    models = {"stt": _model_name(gateway.transcriber)}
-    if isinstance(responder, EchoResponder):
-        kind = "echo"
-    elif isinstance(responder, PipelineResponder):
-        kind = "pipeline" if isinstance(responder.llm, LlmClient) else "local"
-        models |= {"llm": _model_name(responder.llm), "tts": _model_name(responder.tts_engine)}
-    else:
-        kind = type(responder).__name__
-    return {"kind": kind, "models": {role: name for role, name in models.items() if name}}
-
-
 def routes(gateway: Gateway, signalling: Signalling) -> list[BaseRoute]:
     pages = Pages(gateway, webrtc=signalling.calls is not None)
     realtime = RealtimeEndpoint(gateway)
@@ -161,6 +141,7 @@ def routes(gateway: Gateway, signalling: Signalling) -> list[BaseRoute]:
         # (a wrong method on them is a 405, not a missing file).
         Route("/", pages.static),
         Route("/{name}", pages.static),
+        WebSocketRoute("/{path:path}", UnknownPath()),
     ]
     return table
 

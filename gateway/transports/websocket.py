@@ -135,6 +135,16 @@ async def _deny(scope: Scope, send: Send, status: int, message: str, code: str,
     await send({"type": "websocket.http.response.body", "body": body})
 
 
+class UnknownPath:
+    """An ASGI app for a WebSocket to any other path: 404 with a body naming the Realtime endpoint (a bare
+    refusal reads like an authentication failure)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()  # websocket.connect
+        await _deny(scope, send, 404, f"No WebSocket endpoint at {scope['path'][:200]}: the Realtime API is at "
+                    "/v1/realtime.", "not_found")
+
+
 def realtime_route(gateway: Gateway, path: str = "/v1/realtime") -> WebSocketRoute:
     """The Realtime endpoint as a Starlette route, to mount in any Starlette or FastAPI app; run
     ``gateway.lifespan`` with that app (it loads the models and frees them)."""

@@ -15,6 +15,7 @@ import pytest
 
 from gateway.clients import cli as client
 from gateway.clients.replay import Options, main, replay
+from tests.fake_openai import FakeOpenAI
 from tests.paths import FIXTURES
 
 TWO_TURNS = FIXTURES / "two_turns.wav"
@@ -119,6 +120,32 @@ async def test_client_streams_a_wav_and_saves_the_reply(start_gateway, tmp_path:
     assert all(len(line) < 300 for line in printed.splitlines())
     ((start, end),) = fixture_speech_ms(ONE_SENTENCE.name)
     assert end - start <= wav_ms(out) <= wav_ms(ONE_SENTENCE)
+
+
+async def test_client_prints_whole_transcripts_a_latency_line_per_turn_and_fails_on_an_error(
+        start_pipeline, tmp_path: Path, capsys) -> None:
+    heard = "Could you tell me, in a few words, how many legs a spider has and whether it is an insect?"
+    parser = argparse.ArgumentParser()
+    client.add_arguments(parser)
+    async with FakeOpenAI(transcript=heard, reply="A spider has eight legs; it is not an insect.") as fake:
+        gateway = await start_pipeline(fake)
+        args = parser.parse_args(["--url", url_of(gateway), "--wav", str(ONE_SENTENCE), "--out", str(tmp_path / "r")])
+        assert await client.session(args) == 0
+        printed = capsys.readouterr().out
+        assert repr(heard) in printed and repr("A spider has eight legs; it is not an insect.") in printed
+        turn = re.search(r"\* turn 1 \(completed\), first audio (\d+) ms after your speech ended, (\d+) ms after "
+                         r"speech_stopped, done (\d+) ms after speech_stopped", printed)
+        assert turn is not None, printed
+        # The end of speech came a VAD silence (500 ms) before speech_stopped.
+        assert int(turn[1]) >= int(turn[2]) + 400
+
+    async with FakeOpenAI(llm_failure="500") as failing:
+        gateway = await start_pipeline(failing)
+        args = parser.parse_args(["--url", url_of(gateway), "--wav", str(ONE_SENTENCE), "--out", str(tmp_path / "r")])
+        assert await client.session(args) == 1
+        printed = capsys.readouterr().out
+        assert "turn 1 (failed), no audio" in printed
+        assert "error event: llm_backend_error" in printed and re.search(r"response resp_\w+ failed: ", printed)
 
 
 def free_port() -> int:

@@ -236,14 +236,16 @@ def test_a_response_may_set_its_own_format_and_context():
     })
     request = next(e for e in effects if isinstance(e, StartResponse)).request
     assert [m.text for m in request.messages] == ["A", "Out of band"]
-    assert request.temperature == 0.3  # the configured [llm] temperature, unless a beta client sets one
+    assert request.temperature is None  # the backend's configured temperature, unless a beta client sets one
     created = next(e for e in events_of(effects) if e["type"] == "response.created")["response"]
     assert created["audio"]["output"]["format"] == {"type": "audio/pcma"}
     delta = next(e for e in events_of(session.response_output(request.response_id, AudioOut(SECOND)))
                  if e["type"] == "response.output_audio.delta")
     assert len(base64.b64decode(delta["delta"])) < 8000  # 8 kHz A-law, not 24 kHz pcm16
-    error = events_of(send(session, type="response.cancel"))
-    assert error[-1]["type"] == "response.done"
+    # An out-of-band response is cancelled by its id (without one, response.cancel means the conversation's).
+    assert events_of(send(session, type="response.cancel"))[0]["error"]["code"] == "response_cancel_not_active"
+    done = events_of(send(session, type="response.cancel", response_id=request.response_id))
+    assert done[-1]["type"] == "response.done" and done[-1]["response"]["status"] == "cancelled"
     error = events_of(send(session, type="response.create", response={"input": [{"type": "item_reference",
                                                                                 "id": "item_zzz"}]}))
     assert error[0]["error"]["code"] == "item_not_found"

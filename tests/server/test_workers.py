@@ -91,8 +91,8 @@ async def serve(tmp_path: Path, **env: str) -> AsyncIterator[Gateway]:
                                    cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
     gateway = Gateway(process, log)
     try:
-        ready = await gateway.wait_for(r"worker\[\d\] gateway\.server\.serve: gateway \S+ on http://127\.0\.0\.1:(\d+)",
-                                       2)
+        ready = await gateway.wait_for(
+            r"worker\[\d\] gateway\.server\.serve: gateway \S+ ready: open http://127\.0\.0\.1:(\d+)/", 2)
         gateway.port = int(ready[0][1])
         yield gateway
     finally:
@@ -146,7 +146,7 @@ async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one
             os.kill(pids[1], signal.SIGKILL)
             held = workers.count(1)
             await gateway.wait_for(rf"worker 1 \(pid \d+\) exited with status -9 .* holding {held} sessions; restart")
-            await gateway.wait_for(r"worker\[1\] gateway\.server\.serve: gateway \S+ on http", 2)
+            await gateway.wait_for(r"worker\[1\] gateway\.server\.serve: gateway \S+ ready: open http", 2)
             assert gateway.worker_pids()[1] != pids[1]
             # The killed worker's live gauge is gone and its slot zeroed: the counts are worker 0's sessions.
             assert await gateway.metric("gateway_active_sessions") == workers.count(0)
@@ -217,8 +217,8 @@ def test_the_worker_count_auto_is_one_unless_a_gpu_engine_runs_in_engine_process
     assert workers.worker_count(make_config(tts__engine="tone", server__workers=3)) == 3
     engines = {"tts__engine": "qwen3", "engine__mode": "process", "engine__endpoints": "ipc:///a,ipc:///b"}
     assert workers.worker_count(make_config(**engines)) == 16 - 2 * 2  # two cores per engine process
-    assert workers.worker_count(make_config(**engines | {"engine__endpoints": "", "engine__checkpoint": "x",
-                                                         "engine__devices": "cpu"})) == 1
+    on_cpu = {"engine__endpoints": "", "engine__checkpoint": "x", "engine__devices": "cpu"}
+    assert workers.worker_count(make_config(**engines | on_cpu)) == 1
     with pytest.raises(ConfigError, match='mode = "process"'):
         workers.worker_count(make_config(tts__engine="qwen3", engine__checkpoint="x", server__workers=2))
     with pytest.raises(ConfigError, match="server.workers"):

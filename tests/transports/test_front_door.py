@@ -156,6 +156,18 @@ async def test_websocket_refused_with_no_key_gets_an_http_401(keys, start_gatewa
     assert "didn't provide an API key" in orjson.loads(refused.value.response.body)["error"]["message"]
 
 
+async def test_a_websocket_to_a_wrong_path_gets_a_404_naming_the_realtime_endpoint(gateway):
+    """Not a bare 403, which reads like an authentication failure; a plain GET of the same path gets 404 too."""
+    for path in ("/v1/realtimes", "/v1/realtime/calls", "/"):
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with websockets.connect(f"ws://127.0.0.1:{gateway.port}{path}"):
+                pass
+        error = orjson.loads(refused.value.response.body)["error"]
+        assert refused.value.response.status_code == 404 and error["code"] == "not_found", path
+        assert f"No WebSocket endpoint at {path}" in error["message"] and "/v1/realtime." in error["message"]
+    assert (await http("GET", f"http://127.0.0.1:{gateway.port}/v1/realtimes"))[0] == 404
+
+
 async def test_browser_subprotocols_select_realtime_carry_the_key_and_the_beta_shape(keys, start_gateway):
     gateway = await start_gateway()
     offered = ["realtime", f"openai-insecure-api-key.{KEY}", "openai-beta.realtime-v1", "openai-agents-sdk.0.20.0"]

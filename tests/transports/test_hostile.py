@@ -349,7 +349,7 @@ async def test_many_clients_sending_the_largest_messages_stay_within_the_memory_
         while port is None:
             line = server.stderr.readline()
             assert line, "the gateway exited"
-            if match := re.search(r"on http://127\.0\.0\.1:(\d+)", line):
+            if match := re.search(r"ready: open http://127\.0\.0\.1:(\d+)/", line):
                 port = int(match.group(1))
         url = f"ws://127.0.0.1:{port}/v1/realtime"
         # The largest message allowed: an append of base64 audio (over max_append_bytes, so refused once read).

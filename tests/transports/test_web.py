@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
+import socket
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,6 +29,9 @@ if CHROMIUM is None:
     pytest.skip("chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True)
 
 from gateway.responders.build import LOCAL_STT, installed  # noqa: E402 - after the skips
+from gateway.responders.pipeline import BridgeSettings, PipelineResponder  # noqa: E402
+from gateway.responders.remote import LlmClient  # noqa: E402
+from gateway.responders.tone_tts import ToneEngine  # noqa: E402
 from tests.fake_openai import FakeOpenAI  # noqa: E402
 from tests.paths import ROOT  # noqa: E402
 
@@ -123,8 +127,10 @@ async def test_turn_playback_and_barge_in(start_gateway, transcribing) -> None:
         await until(page, "window.__gateway.responder !== null")
         banner = await page.locator("#responder").inner_text()
         assert banner.startswith("Echo (repeats you)") and "whisper" in banner
+        # The echo has no voice to choose: the menu says so instead of offering ten names.
+        assert await page.is_disabled("#voice")
+        assert await page.locator("#voice option").all_inner_texts() == ["your own voice (echo)"]
         # Settings chosen before starting go out in the first session.update.
-        await page.select_option("#voice", "coral")
         await page.fill("#silence", "450")
         await page.fill("#instructions", "Answer in one sentence.")
         await page.click("#connect")
@@ -180,7 +186,6 @@ async def test_turn_playback_and_barge_in(start_gateway, transcribing) -> None:
         assert await page.locator("#mic option").count() >= 2  # listed with their names after permission
 
         # The form shows what the server confirmed in session.updated.
-        assert await page.input_value("#voice") == "coral"
         assert await page.input_value("#silence") == "450"
         assert await page.input_value("#instructions") == "Answer in one sentence."
 
@@ -197,23 +202,91 @@ async def test_turn_playback_and_barge_in(start_gateway, transcribing) -> None:
         await page.click("#commit")
         await until(page, f"window.__gateway.events['response.done'] > {responses}")
 
-        # A refused setting (the voice, after audio went out) is shown, and the form keeps the server's.
-        await page.select_option("#voice", "ash")
+        # A refused setting is shown, and the form goes back to what the server holds.
+        await page.check("#vad")
+        await page.fill("#silence", "20000")
         await page.click("#apply")
         await until(page, "window.__gateway.errors.length > 0")
-        assert "cannot_update_voice" in (await page.evaluate("window.__gateway.errors"))[0]
+        assert "invalid_value" in (await page.evaluate("window.__gateway.errors"))[0]
         assert await page.locator("#notice").is_visible()
-        assert await page.input_value("#voice") == "coral"
+        assert not await page.is_checked("#vad")  # turn detection stays off, as the server holds it
 
+        # Stop is a normal end: idle, not an error.
         await page.click("#connect")
-        await until(page, "window.__gateway.state === 'closed'")
+        await until(page, "window.__gateway.state === 'idle'")
         assert await page.locator("#connect").inner_text() == "Start"
+        assert await page.locator("#status").inner_text() == "idle"
+        assert len(await page.evaluate("window.__gateway.errors")) == 1
 
         # A connection failure is shown plainly.
         await gateway.stop()
         await page.click("#connect")
         await until(page, "window.__gateway.errors.length > 1")
         assert "could not connect" in await page.locator("#errors").inner_text()
+
+
+LONG_REPLY = ("Sure. Here is a long answer about the weather, so that your next words cut it short while it "
+              "still plays: sunny in the morning, clouds after noon, and a little rain in the evening.")
+
+
+def pipeline(llm_url: str) -> PipelineResponder:
+    """An LLM server's responder with the tone engine at real time (a tone per character: audio as long as speech)."""
+    return PipelineResponder(LlmClient(llm_url, "llm-test", timeout_s=5), ToneEngine(first_audio_ms=0, realtime=True),
+                             BridgeSettings(10, 80))
+
+
+async def test_an_interrupted_reply_shows_what_was_heard(start_gateway) -> None:
+    """The reply is cut by the next round of the fake microphone's sentence: the row shows the words the listener
+    heard (the gateway's truncated transcript) and the rest greyed out; then back to listening."""
+    async with FakeOpenAI(reply=LONG_REPLY, transcript="The quick brown fox jumps over the lazy dog.") as fake:
+        gateway = await start_gateway(pipeline(fake.base_url), stt__base_url=fake.base_url, stt__model="whisper-test")
+        problems: list[str] = []
+        async with open_page(gateway, problems) as page:
+            await until(page, "window.__gateway.health?.backends?.llm?.reachable === true")
+            assert await page.locator("#backends li[data-role='llm']").inner_text() == "LLM llm-test"
+            assert await page.is_disabled("#voice")  # the tone engine: one voice, whatever the name
+            await page.click("#connect")
+            await until(page, "document.querySelector('#transcript .unheard')?.textContent.length > 0")
+            row = page.locator("#transcript li.assistant").first
+            heard = await row.locator(".heard").inner_text()
+            unheard = await row.locator(".unheard").inner_text()
+            # What had come of the reply (the rest was never made: the barge-in cancelled it), divided.
+            assert LONG_REPLY.startswith(heard + unheard) and heard and unheard.strip(), (heard, unheard)
+            assert "interrupted: heard" in await row.inner_text()
+            ARTIFACTS.mkdir(exist_ok=True)
+            await page.screenshot(path=str(ARTIFACTS / "page-interrupted.png"), full_page=True)
+            await page.click("#connect")
+            await until(page, "window.__gateway.state === 'idle'")
+        assert problems == []
+
+
+async def test_a_failed_reply_is_told_once_and_the_page_listens_again(start_gateway) -> None:
+    """With the LLM server down: the banner says so before anyone speaks, a turn's failure is one notice (not
+    the error event and the failed response.done each), and the page goes back to listening."""
+    async with FakeOpenAI(transcript="The quick brown fox jumps over the lazy dog.") as stt:
+        gateway = await start_gateway(pipeline(f"http://127.0.0.1:{free_port()}/v1"), stt__base_url=stt.base_url,
+                                      stt__model="whisper-test")
+        problems: list[str] = []
+        async with open_page(gateway, problems) as page:
+            await until(page, "window.__gateway.health?.status === 'degraded'")
+            llm = await page.locator("#backends li[data-role='llm']").inner_text()
+            assert llm == "LLM llm-test: unreachable (connection refused)"
+            assert await page.locator("#responder").get_attribute("data-kind") == "degraded"
+            await page.click("#connect")
+            await until(page, "window.__gateway.events['response.done'] >= 1")
+            await until(page, "window.__gateway.activity === 'listening'")
+            assert await page.locator("#errors li").count() == 1
+            notice = await page.locator("#errors li").inner_text()
+            assert "llm_backend_error" in notice and "connection refused" in notice
+            ARTIFACTS.mkdir(exist_ok=True)
+            await page.screenshot(path=str(ARTIFACTS / "page-failed.png"), full_page=True)
+        assert problems == []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 DRAIN_NOTICE = {"type": "error", "event_id": "event_drain", "error": {
@@ -253,7 +326,7 @@ async def test_healthz_names_a_remote_llm_but_not_where_it_is(start_pipeline) ->
         url = f"http://127.0.0.1:{gateway.port}/healthz"
         body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
     assert orjson.loads(body)["responder"] == {"kind": "pipeline", "models": {
-        "stt": "whisper-test", "llm": "llm-test", "tts": "tone (a test signal, no speech)"}}
+        "stt": "whisper-test", "llm": "llm-test", "tts": "tone (a test signal, no speech)"}, "voices": None}
     assert fake.base_url.encode() not in body and b"127.0.0.1" not in body
 
 
@@ -298,7 +371,6 @@ async def test_the_page_over_webrtc(start_gateway) -> None:
     problems: list[str] = []
     async with open_page(gateway, problems) as page:
         await page.select_option("#transport", "webrtc")
-        await page.select_option("#voice", "coral")
         await page.click("#connect")
         await until(page, "window.__gateway.state === 'connected'")
         await until(page, "window.__gateway.events['input_audio_buffer.speech_stopped'] >= 1")

@@ -344,7 +344,7 @@ BROWSER_CALL = """async ([url, session]) => {
 
 
 async def test_browser_page_module(rtc):
-    """web/webrtc.js in headless Chromium, loaded from the gateway's port and calling it (same origin).
+    """gateway/web/webrtc.js in headless Chromium, loaded from the gateway's port and calling it (same origin).
 
     Chromium's fake microphone loops one_sentence.wav: the first round is a turn, the second
     interrupts the echo, so one call sees a reply, a barge-in and the server's truncate.
@@ -516,3 +516,28 @@ def test_an_old_signalling_port_setting_says_where_signalling_went():
         load_config(env={"GATEWAY_WEBRTC_PORT": "8001"})
     with pytest.raises(ConfigError, match=r"webrtc.host is gone"):
         load_config(env={"GATEWAY_WEBRTC_HOST": "0.0.0.0"})
+
+
+async def test_playout_plays_responses_running_at_once_one_after_the_other():
+    """An out-of-band response speaking beside the conversation's: their audio, produced interleaved, goes
+    out whole and in turn (the one playing first), each with its own started and stopped."""
+    notes = Notes()
+    track = OutboundAudio(notes)
+    first, second = tone(100), tone(60)
+    for k in range(0, len(first), 960):  # 20 ms pieces of each, interleaved as two producers make them
+        track.play("resp_1", "item_1", first[k:k + 960])
+        if k < len(second):
+            track.play("resp_2", "item_2", second[k:k + 960])
+    track.finished("resp_2")  # the shorter one is done first: it still waits its turn
+    track.finished("resp_1")
+    heard = np.concatenate([(await track.recv()).to_ndarray()[0][::2] for _ in range(12)])  # left of L, R
+    assert notes.seen == [("started", "resp_1"), ("stopped", "resp_1"), ("started", "resp_2"), ("stopped", "resp_2")]
+    # Each came whole through its own filter: the same samples as that response upsampled alone.
+    at = 0
+    for pcm in (first, second):
+        up = Upsampler2x()
+        alone = np.concatenate([up.process(np.frombuffer(pcm, "<i2")), up.flush()])
+        assert np.array_equal(heard[at : at + len(alone)], alone)
+        at += len(alone)
+    assert not heard[at:].any()
+    track.stop()

@@ -102,17 +102,18 @@ class OutboundAudio(PacedTrack):
 
     It is the session's playout buffer (gateway.runtime.session_runner.Playout): it upsamples 24 → 48 kHz, sends
     silence when nothing is queued, counts how much of the current item has gone out (what the
-    listener heard) and reports output_audio_buffer.started / .stopped through ``notify``.
+    listener heard) and reports output_audio_buffer.started / .stopped through ``notify``. Responses play
+    one after another: an out-of-band response produced beside the conversation's waits its turn.
     """
 
     def __init__(self, notify: Notify) -> None:
         super().__init__()
         self._notify = notify
-        self._upsampler = Upsampler2x()
+        # An upsampler per (response, item) being fed: responses running at once each keep their own filter.
+        self._feeds: dict[tuple[str, str], Upsampler2x] = {}
         self._queue: deque[_Chunk] = deque()
         self._queued = 0  # samples in self._queue
         self._filling = True  # holding audio back until the cushion is queued
-        self._feeding: tuple[str, str] | None = None  # (response, item) the upsampler is working on
         self._playing: str | None = None  # response between its started and stopped events
         self._item: str | None = None  # item of the audio last sent
         self._item_samples = 0  # samples of self._item sent so far
@@ -122,10 +123,11 @@ class OutboundAudio(PacedTrack):
     # Playout interface, called by the runner ---------------------------------------------------
 
     def play(self, response_id: str, item_id: str, pcm: bytes) -> None:
-        if self._feeding != (response_id, item_id):
-            self._flush_upsampler()
-            self._feeding = (response_id, item_id)
-        self._enqueue(response_id, item_id, self._upsampler.process(np.frombuffer(pcm, dtype="<i2")))
+        feed = (response_id, item_id)
+        if feed not in self._feeds:
+            self._flush_feeds(response_id)  # the response's previous item is over
+            self._feeds[feed] = Upsampler2x()
+        self._enqueue(response_id, item_id, self._feeds[feed].process(np.frombuffer(pcm, dtype="<i2")))
 
     def clear(self) -> tuple[str, float] | None:
         """Drop all queued audio; (item id, ms of it sent) for the item playing or about to play."""
@@ -136,8 +138,7 @@ class OutboundAudio(PacedTrack):
         self._queue.clear()
         self._queued = 0
         self._filling = True
-        self._upsampler.reset()
-        self._feeding = None
+        self._feeds.clear()
         # Cleared, not stopped: the session answers with output_audio_buffer.cleared instead.
         self._playing = None
         self._item = None
@@ -147,9 +148,7 @@ class OutboundAudio(PacedTrack):
 
     def finished(self, response_id: str) -> None:
         """The response's response.done went out: once its queued audio has played, it has stopped."""
-        if self._feeding is not None and self._feeding[0] == response_id:
-            self._flush_upsampler()
-            self._feeding = None
+        self._flush_feeds(response_id)
         if self._playing == response_id or any(c.response_id == response_id for c in self._queue):
             self._done.add(response_id)
 
@@ -181,6 +180,8 @@ class OutboundAudio(PacedTrack):
         filled = 0
         while filled < len(samples) and self._queue:
             chunk = self._queue[0]
+            if chunk.response_id != self._playing and self._playing is not None and self._playing not in self._done:
+                break  # the playing response's next audio is late: another response waits for its end
             n = min(len(samples) - filled, len(chunk.samples))
             samples[filled : filled + n] = chunk.samples[:n]
             filled += n
@@ -201,13 +202,26 @@ class OutboundAudio(PacedTrack):
         return filled
 
     def _enqueue(self, response_id: str, item_id: str, samples: np.ndarray) -> None:
-        if len(samples):
-            self._queue.append(_Chunk(response_id, item_id, samples))
-            self._queued += len(samples)
+        """Queue a response's audio after what it queued before (before another response's, when it plays now)."""
+        if not len(samples):
+            return
+        chunk = _Chunk(response_id, item_id, samples)
+        self._queued += len(samples)
+        if not self._queue or self._queue[-1].response_id == response_id:
+            self._queue.append(chunk)
+            return
+        last = next((i for i in range(len(self._queue) - 1, -1, -1) if self._queue[i].response_id == response_id), None)
+        if last is not None:
+            self._queue.insert(last + 1, chunk)
+        elif response_id == self._playing:
+            self._queue.appendleft(chunk)
+        else:
+            self._queue.append(chunk)
 
-    def _flush_upsampler(self) -> None:
-        if self._feeding is not None:
-            self._enqueue(*self._feeding, self._upsampler.flush())
+    def _flush_feeds(self, response_id: str) -> None:
+        """The end of the response's audio still inside its upsamplers."""
+        for feed in [f for f in self._feeds if f[0] == response_id]:
+            self._enqueue(*feed, self._feeds.pop(feed).flush())
 
 
 # --- one call -------------------------------------------------------------------------------------

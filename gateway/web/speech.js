@@ -265,28 +265,21 @@ async function designVoice() {
 
 // --- The tab ---------------------------------------------------------------------------------------
 
+// tabs.js shows the panel; the first showing (and the first after the key changes) loads what it lists.
 let loaded = false;
-async function show(tab) {
-  for (const button of document.querySelectorAll("#tabs [data-tab]")) {
-    button.setAttribute("aria-selected", String(button.dataset.tab === tab));
-  }
-  $("conversation-tab").hidden = tab !== "conversation";
-  $("speech-tab").hidden = tab !== "speech";
-  if (tab === "speech" && !loaded) {
-    try {
-      await loadCapabilities();
-      await loadVoices();
-      loaded = true;
-    } catch (err) {
-      fail(err);
-    }
+async function load() {
+  if (loaded) return;
+  try {
+    await loadCapabilities();
+    await loadVoices();
+    loaded = true;
+  } catch (err) {
+    fail(err);
   }
 }
 
 $("speech-tab").innerHTML = MARKUP;
-for (const button of document.querySelectorAll("#tabs [data-tab]")) {
-  button.addEventListener("click", () => show(button.dataset.tab));
-}
+document.querySelector("#tabs [data-tab='speech']").addEventListener("click", load);
 $("speech-speak").addEventListener("click", speak);
 $("consent-language").addEventListener("change", showPhrase);
 $("record-consent").addEventListener("click", () => toggleRecording("consent").catch(fail));

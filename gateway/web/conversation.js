@@ -1,27 +1,16 @@
-// The page: one Realtime session (GA protocol) over a WebSocket or WebRTC to this same server.
+// The Conversation tab: one Realtime session (GA protocol) over a WebSocket or WebRTC to this same server.
+//
+// What the page shows is what is true: the status is idle, connecting, connected or disconnected (the server
+// or the network ended it; Stop is idle); the activity goes back to "listening" after every reply, failed or
+// not; a failure is told once; an interrupted reply shows what was heard of it, the rest greyed out.
+import { sessionCredential } from "./access.js";
 import { decodePcm16, encodePcm16, openMeteredMicrophone, Player, RATE, startMicrophone } from "./audio.js";
-
-const $ = (id) => document.getElementById(id);
-
-// Everything worth observing, kept in one place: the panels render from it and tests read it.
-const stats = {
-  state: "idle", // idle | connecting | connected | closed
-  events: {}, // server event type → count
-  sentAppends: 0,
-  speechStarted: 0,
-  speechStopped: 0,
-  receivedSamples: 0,
-  playedSamples: 0,
-  underruns: 0,
-  bargeIns: 0,
-  truncates: [], // {item_id, audio_end_ms} as sent
-  turns: [], // {n, itemId, responseId, speechEndAt, endEstimated, heardMs, server, marks}
-  errors: [],
-  levelPeak: 0, // the loudest the meter showed (0..1 RMS)
-  responder: null, // /healthz's "responder": what answers
-  authRequired: false,
-};
-window.__gateway = stats;
+import { $ } from "./dom.js";
+import { refreshHealth } from "./health.js";
+import { fetchServerLatency, mark, turnOf } from "./latency.js";
+import { showNotice } from "./notices.js";
+import { stats } from "./state.js";
+import { appendText, entry, known, note, setText, showHeard } from "./transcript.js";
 
 let ws = null;
 let rtc = null; // the WebRTC call ({send, close}) when that transport is chosen
@@ -30,6 +19,8 @@ let credential = null; // the client secret (or key) this session connected with
 let sessionId = null; // from session.created: names this session's turn records on the gateway
 let mic = null;
 let player = null;
+// Reply audio not yet played out: items queued in the player, or (WebRTC) the server's playout running.
+const unplayed = new Set();
 let closing = false; // the user pressed Stop: a close is not an error
 let session = null; // the session as the server last reported it
 // When each append left the page, by input-audio time at its end (ms): speech_stopped's audio_end_ms
@@ -39,14 +30,14 @@ let sentMs = 0;
 const activeResponses = new Set(); // created, not yet done
 const interrupted = new Set(); // responses whose remaining audio is dropped (barge-in)
 const itemResponse = new Map(); // assistant item id → response id
-const entries = new Map(); // item id → transcript entry {el, text}
+const awaitingHeard = new Set(); // truncated assistant items whose heard transcript was asked for
 
 // --- Connection -------------------------------------------------------------------------------
 
-async function connect() {
+export async function connect() {
   closing = false;
   setState("connecting");
-  if (!stats.responder) await showResponder(); // the first session.update asks for transcripts if it can
+  if (!stats.responder) await refreshHealth(); // the first session.update asks for transcripts if it can
   if ($("transport").value === "webrtc") return connectRtc();
   try {
     credential = await sessionCredential();
@@ -54,11 +45,11 @@ async function connect() {
     mic = await startMicrophone(sendAudio, $("mic").value || null);
   } catch (err) {
     // The worklet modules come from the gateway too: a network error there means it is down.
-    showError((await reachable()) ? err.message : `could not connect to the gateway at ${location.origin}`);
+    showNotice((await reachable()) ? err.message : `could not connect to the gateway at ${location.origin}`);
     teardown("idle");
     return;
   }
-  if (closing) return teardown("closed"); // Stop was pressed while the microphone opened
+  if (closing) return teardown("idle"); // Stop was pressed while the microphone opened
   micOpened(mic, `${mic.rate} Hz → ${RATE} Hz`);
   const url = new URL("/v1/realtime", location.href);
   url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
@@ -80,31 +71,31 @@ async function connect() {
     if (!opened) {
       // The browser hides the refusal's reason: name the likely one.
       const hint = stats.authRequired && !credential ? ": this gateway needs an API key (Access)" : "";
-      showError(`could not connect to ${url}${hint}`);
-    } else if (e.code === 1001) showError("server closed the session", "warn");
-    else if (!closing) showError(`connection closed by the server (code ${e.code}${e.reason ? `: ${e.reason}` : ""})`);
-    teardown("closed");
+      showNotice(`could not connect to ${url}${hint}`);
+      return teardown("idle");
+    }
+    if (e.code === 1001) showNotice("server closed the session", { level: "warn" });
+    else if (!closing) showNotice(`connection closed by the server (code ${e.code}${e.reason ? `: ${e.reason}` : ""})`);
+    teardown(closing ? "idle" : "closed");
   };
 }
 
 // WebRTC: the browser's media stack sends the microphone and plays the reply; the gateway owns the
 // playout, so barge-in needs nothing from the page (the server clears its buffer and truncates).
 async function connectRtc() {
-  let health = null;
-  try {
-    health = await (await fetch("/healthz", { cache: "no-store" })).json();
-  } catch {
-    showError(`could not connect to the gateway at ${location.origin}`);
+  const health = await refreshHealth();
+  if (!health) {
+    showNotice(`could not connect to the gateway at ${location.origin}`);
     return teardown("idle");
   }
   if (!health.webrtc) {
-    showError("this gateway has no WebRTC path: enable [webrtc] and install the extra (pip install '.[webrtc]')");
+    showNotice("this gateway has no WebRTC path: enable [webrtc] and install the extra (pip install '.[webrtc]')");
     return teardown("idle");
   }
   try {
     credential = await sessionCredential();
     rtcMic = await openMeteredMicrophone($("mic").value || null);
-    if (closing) return teardown("closed");
+    if (closing) return teardown("idle");
     micOpened(rtcMic, "WebRTC (Opus 48 kHz)");
     const { connectWebRTC } = await import("./webrtc.js");
     const call = await connectWebRTC({
@@ -118,37 +109,17 @@ async function connectRtc() {
       },
       onClose: (reason) => {
         if (rtc !== call) return;
-        if (!closing) showError(`call ended: ${reason}`);
-        teardown("closed");
+        if (!closing) showNotice(`call ended: ${reason}`);
+        teardown(closing ? "idle" : "closed");
       },
     });
     rtc = call;
     if (closing) return disconnect();
     setState("connected");
   } catch (err) {
-    showError(`WebRTC call failed: ${err.message}`);
+    showNotice(`WebRTC call failed: ${err.message}`);
     teardown("idle");
   }
-}
-
-// What the session connects with: a client secret as given, or one minted with the API key (so the
-// long-lived key never rides in a WebSocket header), or nothing on an open gateway.
-async function sessionCredential() {
-  const key = $("api-key").value.trim();
-  if (!key || key.startsWith("ek_")) return key || null;
-  let reply;
-  try {
-    reply = await fetch("/v1/realtime/client_secrets", {
-      method: "POST",
-      headers: { Authorization: `Bearer ${key}`, "Content-Type": "application/json" },
-      body: JSON.stringify({ session: { type: "realtime" } }),
-    });
-  } catch {
-    throw new Error(`could not connect to the gateway at ${location.origin}`);
-  }
-  const body = await reply.json().catch(() => ({}));
-  if (!reply.ok) throw new Error(`the API key was refused (${reply.status}): ${body.error?.message ?? "no details"}`);
-  return body.value;
 }
 
 async function reachable() {
@@ -159,11 +130,20 @@ async function reachable() {
   }
 }
 
-function disconnect() {
+// Stop: a normal end, back to idle.
+export function disconnect() {
   closing = true;
   ws?.close(1000);
   rtc?.close();
-  teardown("closed");
+  teardown("idle");
+}
+
+export function live() {
+  return stats.state === "connecting" || stats.state === "connected";
+}
+
+export function hangUpOnLeave() {
+  if (ws || rtc) disconnect();
 }
 
 function teardown(state) {
@@ -171,13 +151,14 @@ function teardown(state) {
   player?.close();
   rtcMic?.stop();
   mic = player = ws = rtc = rtcMic = null;
+  unplayed.clear();
   activeResponses.clear();
   sentLog.length = 0; // the next connection is a new session, with its own input time
   sentMs = 0;
   setState(state);
 }
 
-function send(event) {
+export function send(event) {
   if (rtc) rtc.send(event);
   else if (ws?.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
 }
@@ -233,15 +214,23 @@ const handlers = {
   // WebRTC: the server's playout reports what the listener hears.
   "output_audio_buffer.started": (e) => onRtcPlayout("started", e.response_id),
   "output_audio_buffer.stopped": (e) => onRtcPlayout("finished", e.response_id),
-  "output_audio_buffer.cleared": (e) => onRtcPlayout("finished", e.response_id),
+  "output_audio_buffer.cleared": (e) => onRtcPlayout("cleared", e.response_id),
   "conversation.item.truncated": (e) => {
-    entries.get(e.item_id)?.el.classList.add("interrupted");
+    known(e.item_id)?.el.classList.add("interrupted");
     note(e.item_id, `interrupted: heard ${(e.audio_end_ms / 1000).toFixed(2)} s`);
+    // The gateway cut the item's transcript at the words heard: ask for it, to show them apart.
+    awaitingHeard.add(e.item_id);
+    send({ type: "conversation.item.retrieve", item_id: e.item_id });
+  },
+  "conversation.item.retrieved": (e) => {
+    if (!awaitingHeard.delete(e.item.id)) return;
+    const part = e.item.content?.find((p) => p.type === "output_audio" || p.type === "output_text");
+    showHeard(e.item.id, part?.transcript ?? part?.text ?? "");
   },
   error: (e) => {
     // The drain notice (the gateway is shutting down; the session closes soon) is a warning, not a fault.
-    if (e.error?.code === "server_shutting_down") return showError(e.error.message, "warn");
-    showError(`${e.error?.code || e.error?.type || "error"}: ${e.error?.message}`);
+    if (e.error?.code === "server_shutting_down") return showNotice(e.error.message, { level: "warn" });
+    showNotice(`${e.error?.code || e.error?.type || "error"}: ${e.error?.message}`, { key: e.error?.message });
     // A refused session.update changed nothing: put the form back to what the server holds.
     if (e.error?.param?.startsWith("session")) showSession(session);
   },
@@ -260,6 +249,7 @@ async function onSpeechStarted(e) {
   // Barge-in: whatever is still coming for the responses under way will not be played.
   for (const id of activeResponses) interrupted.add(id);
   const { itemId, played, hadAudio } = await player.flush();
+  unplayed.clear();
   if (!hadAudio || itemId === null) return;
   const audioEndMs = Math.floor((played * 1000) / RATE);
   send({ type: "conversation.item.truncate", item_id: itemId, content_index: 0, audio_end_ms: audioEndMs });
@@ -281,13 +271,18 @@ function onSpeechStopped(e) {
     endEstimated: end.estimated,
     heardMs: null,
     server: null,
-    marks: {}, // stage → ms after speechEndAt, as this page saw it (see STAGES)
+    marks: {}, // stage → ms after speechEndAt, as this page saw it (see latency.js)
   });
   mark(stats.turns.at(-1), "stopped");
 }
 
 function onRtcPlayout(kind, responseId) {
-  if (kind === "finished") return setActivity("listening");
+  if (kind === "finished" || kind === "cleared") {
+    if (kind === "cleared") unplayed.clear();
+    else unplayed.delete(responseId);
+    return idleIfDone();
+  }
+  unplayed.add(responseId);
   setActivity("assistant speaking");
   // The server started sending this reply's audio: the nearest the page gets to "heard" over WebRTC.
   const turn = stats.turns.find((t) => t.responseId === responseId && t.heardMs === null);
@@ -316,6 +311,7 @@ function onAudioDelta(e) {
   itemResponse.set(e.item_id, e.response_id);
   const samples = decodePcm16(e.delta);
   stats.receivedSamples += samples.length;
+  unplayed.add(e.item_id);
   player.push(e.item_id, samples);
 }
 
@@ -324,16 +320,26 @@ function onResponseDone(e) {
   activeResponses.delete(response.id);
   for (const item of response.output ?? []) {
     if (item.type !== "message") continue;
-    const known = entries.get(item.id);
-    if (response.status === "cancelled") known?.el.classList.add("interrupted");
-    if (known) setText(item.id, "assistant", known.text); // "(audio)" when no transcript came
+    const row = known(item.id);
+    if (response.status === "cancelled") row?.el.classList.add("interrupted");
+    if (row) setText(item.id, "assistant", row.text); // "(audio)" when no transcript came
     if (!interrupted.has(response.id)) player?.end(item.id);
   }
   if (response.status === "failed") {
     const err = response.status_details?.error;
-    showError(`response failed: ${err?.message ?? err?.code ?? "no details"}`);
+    // Told once: the error event before it said the same.
+    showNotice(`response failed: ${err?.message ?? err?.code ?? "no details"}`, { key: err?.message });
+    refreshHealth(); // the banner shows which backend is down
   }
-  fetchServerLatency(response.id);
+  idleIfDone();
+  fetchServerLatency(sessionId, credential, response.id);
+}
+
+// Back to listening once no reply is running or playing: after a failure, a cancel or a text-only reply too.
+function idleIfDone() {
+  if (stats.state === "connected" && !unplayed.size && !activeResponses.size && stats.activity !== "you are speaking") {
+    setActivity("listening");
+  }
 }
 
 function onPlayback(msg) {
@@ -349,148 +355,9 @@ function onPlayback(msg) {
     stats.underruns = msg.underruns;
     $("played").textContent = `${(msg.played / RATE).toFixed(1)} s played, ${msg.underruns} underruns`;
   } else if (msg.type === "finished") {
-    setActivity("listening");
+    unplayed.delete(msg.itemId);
+    idleIfDone();
   }
-}
-
-// --- Latency ----------------------------------------------------------------------------------
-
-// A turn's milestones, each in ms after the end of the user's speech (when the page sent its last
-// sample; over WebRTC estimated from speech_stopped less the VAD's silence).
-// [stage, legend, color, what it is]
-const STAGES = [
-  ["stopped", "turn detected", "#94a3b8", "the gateway's VAD ended your turn (speech_stopped)"],
-  ["transcript", "transcript", "#0ea5e9", "your words transcribed"],
-  ["token", "first token", "#a855f7", "the LLM's first token (the gateway's trace, else the first reply text)"],
-  ["audio", "first audio", "#f59e0b", "the reply's first audio reached the page"],
-  ["heard", "heard", "#16a34a", "the reply's first audio played"],
-];
-const CHART_TURNS = 6; // the latest turns drawn
-
-function turnOf(responseId) {
-  return stats.turns.find((t) => t.responseId === responseId);
-}
-
-// Records a milestone the first time the turn reaches it.
-function mark(turn, stage, at = performance.now()) {
-  if (!turn || stage in turn.marks) return;
-  turn.marks[stage] = Math.max(0, Math.round(at - turn.speechEndAt));
-  renderLatency();
-}
-
-// The gateway's own timings of a turn, from its trace: each stage in ms after the end of the user's speech.
-const SERVER_STAGES = ["stt_done_ms", "llm_first_token_ms", "tts_first_audio_ms", "first_delta_ms"];
-
-async function fetchServerLatency(responseId) {
-  if (!sessionId) return;
-  try {
-    const headers = credential ? { Authorization: `Bearer ${credential}` } : {};
-    const reply = await fetch(`/v1/realtime/sessions/${encodeURIComponent(sessionId)}/turns`, { headers });
-    if (!reply.ok) return;
-    const record = (await reply.json()).turns.find((t) => t.response_id === responseId);
-    if (!record) return;
-    const figures = SERVER_STAGES.filter((k) => k in record).map((k) => [k, Math.round(record[k])]);
-    if (figures.length) recordServerLatency(responseId, Object.fromEntries(figures));
-  } catch {
-    // The chart keeps what the page saw itself: the figures are a nicety, the conversation goes on.
-  }
-}
-
-function recordServerLatency(responseId, figures) {
-  const turn = turnOf(responseId);
-  if (!turn) return;
-  turn.server = figures;
-  // The LLM's first token is only the gateway's to see (its text goes out with the audio spoken from it):
-  // its figure counts from the gateway's speech_stopped, which reached the page at the "stopped" mark.
-  if ("llm_first_token_ms" in figures && "stopped" in turn.marks) {
-    turn.marks.token = turn.marks.stopped + figures.llm_first_token_ms;
-  }
-  renderLatency();
-}
-
-// The chart: per turn, one bar per milestone from the end of speech, on one axis in ms.
-function renderLatency() {
-  const turns = stats.turns.slice(-CHART_TURNS);
-  const [left, top, width, bar, gap] = [64, 28, 520, 9, 10];
-  const groupHeight = STAGES.length * bar + gap;
-  const axisY = top + turns.length * groupHeight + 4;
-  const highest = Math.max(500, ...turns.flatMap((t) => Object.values(t.marks)));
-  const step = niceStep(highest / 5);
-  const max = Math.ceil(highest / step) * step;
-  const x = (ms) => left + (ms / max) * width;
-  const parts = [];
-  // The grid first: the bars are drawn over it.
-  for (let ms = 0; ms <= max; ms += step) {
-    parts.push(`<line x1="${x(ms)}" x2="${x(ms)}" y1="${top - 4}" y2="${axisY}" class="grid"/>`,
-      `<text x="${x(ms)}" y="${axisY + 14}" text-anchor="middle" class="tick">${ms}</text>`);
-  }
-  parts.push(`<text x="${left + width}" y="${axisY + 28}" text-anchor="end" class="tick">ms after the end of your speech</text>`);
-  STAGES.forEach(([, label, color, meaning], i) => {
-    const lx = left + i * 104;
-    parts.push(`<g><title>${meaning}</title><rect x="${lx}" y="6" width="10" height="10" fill="${color}"/>`,
-      `<text x="${lx + 14}" y="15" class="legend">${label}</text></g>`);
-  });
-  turns.forEach((turn, g) => {
-    const y0 = top + g * groupHeight;
-    const server = turn.server ? Object.entries(turn.server).map(([k, v]) => `${k.replace(/_ms$/, "")} ${v} ms`).join(", ") : "";
-    parts.push(`<text x="${left - 8}" y="${y0 + (STAGES.length * bar) / 2 + 4}" class="turn" text-anchor="end">turn ${turn.n}` +
-      `<title>${escapeHtml(server ? `gateway: ${server}` : "no gateway figures yet")}</title></text>`);
-    STAGES.forEach(([stage, , color, meaning], i) => {
-      const ms = turn.marks[stage];
-      if (ms === undefined) return;
-      const shown = `${turn.endEstimated ? "≈" : ""}${ms}`;
-      const y = y0 + i * bar;
-      parts.push(`<rect class="bar" data-stage="${stage}" x="${left}" y="${y}" width="${Math.max(1, x(ms) - left).toFixed(1)}" ` +
-        `height="${bar - 1}" fill="${color}"><title>${meaning}: ${shown} ms</title></rect>`,
-        `<text x="${x(ms) + 3}" y="${y + bar - 2}" class="value">${shown}</text>`);
-    });
-  });
-  if (!turns.length) parts.push(`<text x="${left}" y="${top + 10}" class="tick">no turns yet: speak after Start</text>`);
-  const chart = $("latency-chart");
-  chart.setAttribute("viewBox", `0 0 640 ${axisY + 34}`);
-  chart.innerHTML = parts.join("");
-}
-
-// 1, 2 or 5 times a power of ten: an axis step a reader can add up.
-function niceStep(rough) {
-  const power = 10 ** Math.floor(Math.log10(rough));
-  return [1, 2, 5, 10].map((m) => m * power).find((s) => s >= rough);
-}
-
-// --- Transcript -------------------------------------------------------------------------------
-
-function entry(itemId, role) {
-  let e = entries.get(itemId);
-  if (!e) {
-    const el = document.createElement("li");
-    el.className = role;
-    el.innerHTML = `<span class="who">${role === "user" ? "You" : "Assistant"}</span><span class="text"></span>`;
-    $("transcript").append(el);
-    e = { el, text: "" };
-    entries.set(itemId, e);
-  }
-  return e;
-}
-
-function setText(itemId, role, text) {
-  const e = entry(itemId, role);
-  e.text = text ?? "";
-  e.el.querySelector(".text").textContent = e.text || "(audio)";
-  e.el.classList.remove("pending");
-  e.el.scrollIntoView({ block: "nearest" });
-}
-
-function appendText(itemId, role, delta) {
-  const e = entry(itemId, role);
-  setText(itemId, role, e.text + (delta ?? ""));
-}
-
-function note(itemId, text) {
-  const e = entries.get(itemId);
-  if (!e) return;
-  const small = document.createElement("small");
-  small.textContent = text;
-  e.el.append(small);
 }
 
 // --- Settings ---------------------------------------------------------------------------------
@@ -505,6 +372,8 @@ function sessionUpdate() {
       }
     : null;
   const instructions = $("instructions").value.trim();
+  // A voice only when the engine has several to choose from (the menu is off otherwise).
+  const voice = !$("voice").disabled && $("voice").value ? { voice: $("voice").value } : {};
   return {
     type: "session.update",
     session: {
@@ -517,7 +386,7 @@ function sessionUpdate() {
           // Transcripts of what you say, when the gateway has a speech-to-text (the banner names it).
           ...(stats.responder?.models?.stt ? { transcription: { model: "whisper-1" } } : {}),
         },
-        output: { format: { type: "audio/pcm", rate: RATE }, voice: $("voice").value },
+        output: { format: { type: "audio/pcm", rate: RATE }, ...voice },
       },
     },
   };
@@ -529,7 +398,7 @@ function showSession(held) {
   if (typeof held?.instructions === "string") $("instructions").value = held.instructions;
   const input = held?.audio?.input;
   const voice = held?.audio?.output?.voice;
-  if (voice) $("voice").value = voice;
+  if (voice && !$("voice").disabled) $("voice").value = voice;
   if (input && "turn_detection" in input) {
     const vad = input.turn_detection;
     $("vad").checked = vad !== null;
@@ -540,10 +409,19 @@ function showSession(held) {
   }
 }
 
+export function applySettings() {
+  send(sessionUpdate());
+}
+
+export function commitTurn() {
+  send({ type: "input_audio_buffer.commit" });
+  send({ type: "response.create" });
+}
+
 // --- Microphone --------------------------------------------------------------------------------
 
 // The audio inputs, named once the page has permission (before it, browsers hide the labels).
-async function listMicrophones() {
+export async function listMicrophones() {
   const devices = (await navigator.mediaDevices?.enumerateDevices?.()) ?? [];
   const inputs = devices.filter((d) => d.kind === "audioinput" && d.deviceId !== "default");
   const chosen = $("mic").value;
@@ -578,49 +456,19 @@ function meter(level) {
   requestAnimationFrame(draw);
 }
 
-// --- Page -------------------------------------------------------------------------------------
+// --- State ------------------------------------------------------------------------------------
 
-// The banner: what answers, as /healthz says (polled while the gateway is still loading its models).
-let responderPoll = null;
-async function showResponder() {
-  clearTimeout(responderPoll);
-  let health;
-  try {
-    health = await (await fetch("/healthz", { cache: "no-store" })).json();
-  } catch {
-    $("responder").textContent = "The gateway is not answering";
-    return;
-  }
-  stats.authRequired = Boolean(health.auth_required);
-  $("api-key").required = stats.authRequired;
-  const responder = health.responder;
-  stats.responder = responder;
-  if (!responder) {
-    $("responder").textContent = "The gateway is loading its models…";
-    responderPoll = setTimeout(showResponder, 2000);
-    return;
-  }
-  const m = responder.models ?? {};
-  const hearing = m.stt ? `, transcripts by ${m.stt}` : "";
-  const text = {
-    local: () => `Local demo models (${[m.stt, m.llm, m.tts].filter(Boolean).join(", ")})`,
-    pipeline: () => `Remote LLM (${m.llm ?? "unnamed model"}), voice by ${m.tts ?? "?"}${hearing}`,
-    echo: () => `Echo (repeats you)${hearing}`,
-  }[responder.kind];
-  $("responder").textContent = text ? text() : `${responder.kind} responder`;
-  $("responder").dataset.kind = responder.kind;
-}
+const STATE_TEXT = { idle: "idle", connecting: "connecting", connected: "connected", closed: "disconnected" };
 
-function setState(state) {
+export function setState(state) {
   stats.state = state;
-  const live = state === "connected" || state === "connecting";
-  $("status").textContent = state;
+  $("status").textContent = STATE_TEXT[state];
   $("status").dataset.state = state;
-  $("connect").textContent = live ? "Stop" : "Start";
+  $("connect").textContent = live() ? "Stop" : "Start";
   $("connect").dataset.state = state;
   $("apply").disabled = state !== "connected";
   $("commit").disabled = state !== "connected" || $("vad").checked;
-  if (!live) {
+  if (!live()) {
     $("mic-name").textContent = "no microphone open";
     $("mic-rate").textContent = "";
   }
@@ -628,55 +476,7 @@ function setState(state) {
 }
 
 function setActivity(text) {
+  stats.activity = text;
   $("activity").textContent = text;
 }
 
-// Errors and notices go to the banner at the top; "warn" for what is not a fault (the server closing).
-function showError(text, level = "error") {
-  stats.errors.push(text);
-  const li = document.createElement("li");
-  li.className = level;
-  li.textContent = `${new Date().toLocaleTimeString()} ${text}`;
-  $("errors").prepend(li);
-  $("notice").hidden = false;
-}
-
-function escapeHtml(text) {
-  return text.replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
-}
-
-// The key stays in this page's memory unless the user asks to keep it (then localStorage, nowhere else).
-const KEY_STORE = "voice-gateway.api-key";
-function rememberKey() {
-  if ($("remember-key").checked && $("api-key").value) localStorage.setItem(KEY_STORE, $("api-key").value);
-  else localStorage.removeItem(KEY_STORE);
-}
-$("api-key").value = localStorage.getItem(KEY_STORE) ?? "";
-$("remember-key").checked = Boolean($("api-key").value);
-$("api-key").addEventListener("change", rememberKey);
-$("remember-key").addEventListener("change", rememberKey);
-$("access").addEventListener("submit", (e) => e.preventDefault());
-
-$("connect").addEventListener("click", () => (stats.state === "connecting" || stats.state === "connected" ? disconnect() : connect()));
-$("settings").addEventListener("submit", (e) => {
-  e.preventDefault();
-  send(sessionUpdate());
-});
-$("commit").addEventListener("click", () => {
-  send({ type: "input_audio_buffer.commit" });
-  send({ type: "response.create" });
-});
-// Closing the tab hangs up at once (WebRTC: the DELETE goes out with keepalive), rather than leaving the
-// gateway to notice the silence.
-window.addEventListener("pagehide", () => {
-  if (ws || rtc) disconnect();
-});
-$("clear-errors").addEventListener("click", () => {
-  $("errors").replaceChildren();
-  $("notice").hidden = true;
-});
-navigator.mediaDevices?.addEventListener?.("devicechange", listMicrophones);
-setState("idle");
-renderLatency();
-listMicrophones();
-showResponder();

@@ -1,0 +1,36 @@
+// The page's entry: the tabs, the banner of what answers (health.js), the Access form (access.js), and the
+// Conversation tab (conversation.js). A new tab is a module beside conversation.js, wired here.
+import { setUpAccess } from "./access.js";
+import {
+  applySettings,
+  commitTurn,
+  connect,
+  disconnect,
+  hangUpOnLeave,
+  listMicrophones,
+  live,
+  setState,
+} from "./conversation.js";
+import { $ } from "./dom.js";
+import { watchHealth } from "./health.js";
+import { renderLatency } from "./latency.js";
+import { clearNotices } from "./notices.js";
+import { setUpTabs } from "./tabs.js";
+
+setUpTabs();
+setUpAccess();
+$("connect").addEventListener("click", () => (live() ? disconnect() : connect()));
+$("settings").addEventListener("submit", (e) => {
+  e.preventDefault();
+  applySettings();
+});
+$("commit").addEventListener("click", commitTurn);
+// Closing the tab hangs up at once (WebRTC: the DELETE goes out with keepalive), rather than leaving the
+// gateway to notice the silence.
+window.addEventListener("pagehide", hangUpOnLeave);
+$("clear-errors").addEventListener("click", clearNotices);
+navigator.mediaDevices?.addEventListener?.("devicechange", listMicrophones);
+setState("idle");
+renderLatency();
+listMicrophones();
+watchHealth();

