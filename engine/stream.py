@@ -19,6 +19,7 @@ thread touches a stream.
 from __future__ import annotations
 
 import bisect
+import functools
 import random
 import unicodedata
 from dataclasses import dataclass
@@ -34,8 +35,10 @@ class Packet:
     pcm: bytes  # pcm16 mono 24 kHz
     text: str  # text whose speech starts in this packet
     codes: torch.Tensor  # [16, frames] the packet's codes
+    last: bool = False  # the stream's last packet
 
 
+@functools.lru_cache(maxsize=4096)  # called per character fed: the cache makes it a dictionary lookup
 def speech_frames(ch: str) -> float:
     """Rough speaking time of one character, in 80 ms frames (only used to place text in packets)."""
     code = ord(ch)
@@ -84,20 +87,29 @@ class Stream:
 
     # -- text side (the worker thread passes on what the event loop fed) --
     def add_text(self, fragment: str, final: bool) -> None:
+        """Take in fed text and tokenize what is ready (engine.batcher does the two halves for many streams
+        at once: `take_text`, one batched tokenizer call, `add_tokens`)."""
+        ready = self.take_text(fragment, final)
+        self.add_tokens(ready, *(self.tokens.encode(ready) if ready else ([], [])))
+
+    def take_text(self, fragment: str, final: bool) -> str:
+        """Append fed text; returns the text now ready to tokenize ('' for none), for `add_tokens`."""
         if not self.text:
             fragment = fragment.lstrip()  # leading blanks would merge with the role's newline token
         self.text += TextTokens.normalize(fragment)
         self.final = self.final or final
         ready = self.tokens.ready_prefix(self.text[self.tokenized:], self.final)
-        if ready:
-            ids, spans = self.tokens.encode(self.text[self.tokenized:self.tokenized + ready])
-            self.ids += ids
-            for start, end in spans:
-                self.cost += sum(speech_frames(ch) for ch in self.text[self.costed:self.tokenized + start])
-                self.costed = max(self.costed, self.tokenized + start)
-                self.onsets.append(self.cost)
-                self.ends.append(self.tokenized + end)
-            self.tokenized += ready
+        return self.text[self.tokenized:self.tokenized + ready]
+
+    def add_tokens(self, ready: str, ids: list[int], spans: list[tuple[int, int]]) -> None:
+        """The tokens of `ready` (what take_text returned) and their character spans in it."""
+        self.ids += ids
+        for start, end in spans:
+            self.cost += sum(map(speech_frames, self.text[self.costed:self.tokenized + start]))
+            self.costed = max(self.costed, self.tokenized + start)
+            self.onsets.append(self.cost)
+            self.ends.append(self.tokenized + end)
+        self.tokenized += len(ready)
         if self.final and not self.ids:
             raise PromptError("empty text")
 
@@ -164,4 +176,4 @@ class Stream:
             end = self.ends[started - 1] if started else 0
         text = self.text[self.spoken_text_end:end]
         self.spoken_text_end = max(self.spoken_text_end, end)
-        return Packet(pcm=pcm, text=text, codes=codes)
+        return Packet(pcm=pcm, text=text, codes=codes, last=self.done)
