@@ -22,6 +22,11 @@
 #                                            #   alone after and before (bench_codec.py), the engine alone: 0.6B at
 #                                            #   1/64/256/1024 streams, then 1.7B at 1/256/512 with the time left
 #   scripts/gpu_capacity.sh codec-check      # here: the codec call on the CPU, small (tiny checkpoint and codec)
+#   scripts/gpu_capacity.sh codec2           # issue 25, second call: the engine's GPU tests (kernels, codec, the
+#                                            #   runner on the tiny checkpoint), the codec step alone with its
+#                                            #   numerics, the engine alone: 0.6B at 1/256/512/1024 streams opened at
+#                                            #   once and staggered, then 1.7B at 1/256/512 with the time left
+#   scripts/gpu_capacity.sh codec2-check     # here: the codec2 call on the CPU, small
 #   scripts/gpu_capacity.sh dry              # here: call B's gateway runs on the CPU, small (the tiny checkpoint
 #                                            #   of tests/data, 2 workers, 2 and 4 sessions)
 #   ORACLE_SITE=DIR scripts/gpu_capacity.sh check
@@ -198,6 +203,39 @@ codec() {
     --json "$OUT/bench-engine-1.7b.json"
 }
 
+# Issue 25, second call, 9 minutes at most. Files under $OUT (8): run.log, tests.log (each pytest run stops at
+# its first failure and prints it; unbuffered, so a timeout keeps what ran), codec.log + codec.json,
+# fixtures.log, engine.log + bench-engine-0.6b.json, bench-engine-1.7b.json. Triton caches its autotuning on
+# disk: the engine runs reuse what bench_codec chose for the codec's convs (batch 1 included, the engine's
+# small batches).
+codec2() {
+  setup
+  export TRITON_CACHE_AUTOTUNING=1
+  local start=$SECONDS left
+  # shellcheck disable=SC2086
+  step "$TESTS_S" tests python3 -m pytest -x -q --tb=short -rfE --durations=8 -p no:cacheprovider $TESTS_K \
+    tests/engine/test_kernels.py tests/engine/test_codec.py
+  QWEN3_TTS_DEVICE=$DEVICE step "$BATCHING_S" tests python3 -m pytest -x -q --tb=short -rfE -p no:cacheprovider \
+    tests/engine/test_batching.py
+  # shellcheck disable=SC2086
+  step "$CODEC_S" codec python3 scripts/bench_codec.py --label after $CODEC_ARGS --json "$OUT/codec.json"
+  checkpoint 0.6b "$Q06" 2 "$FIXTURE_S"
+  step "$ENGINE_S" engine python3 scripts/bench_engine.py --checkpoint "$Q06" --impl ours --device "$DEVICE" \
+    --frames "$FRAMES" --streams "$STREAMS_06" --eager-streams "" --runs 1 --staggered \
+    --time-budget $((ENGINE_S - 50)) --json "$OUT/bench-engine-0.6b.json"
+  left=$((BUDGET - (SECONDS - start)))
+  if [ "$left" -lt 150 ]; then
+    log "1.7B skipped: ${left} s left"
+    return 0
+  fi
+  checkpoint 1.7b "$Q17" 2 $((left - 70))
+  left=$((BUDGET - (SECONDS - start)))
+  [ -f "$Q17/references.json" ] && [ "$left" -ge 60 ] || { log "1.7B skipped: ${left} s left"; return 0; }
+  step "$left" engine python3 scripts/bench_engine.py --checkpoint "$Q17" --impl ours --device "$DEVICE" \
+    --frames "$FRAMES" --streams "$STREAMS_17" --eager-streams "" --runs 1 --staggered \
+    --time-budget $((left - 35)) --json "$OUT/bench-engine-1.7b.json"
+}
+
 prepare_codec() {
   rm -rf .before-codec && mkdir .before-codec && git archive "${CODEC_BEFORE:-155a1c2}" engine | tar -x -C .before-codec
   echo ".before-codec/engine: $(git log -1 --format='%h %s' "${CODEC_BEFORE:-155a1c2}" | cut -c1-80)"
@@ -230,6 +268,19 @@ case "${1:-}" in
     BEFORE_BATCHES=2 BEFORE_PROFILE=""
     export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
     codec ;;
+  codec2)
+    DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 FRAMES=125 STREAMS_06=${STREAMS_06:-1,256,512,1024}
+    STREAMS_17=${STREAMS_17:-1,256,512} TESTS_K="" BUDGET=${BUDGET:-520} TESTS_S=120 BATCHING_S=60 CODEC_S=150
+    FIXTURE_S=60 ENGINE_S=170 CODEC_ARGS="--batches 1,64,256,1024 --frames 4,1 --profile 256 --time-budget 100"
+    codec2 ;;
+  codec2-check)
+    # The codec2 call on this machine's CPU: the float32 kernel tests in Triton's interpreter, the runner's tests,
+    # the codec benchmark eager on the tiny codec, the engine on the committed tiny checkpoint (both sizes).
+    CPU_CHECK=1 DEVICE=cpu Q06=$ROOT/tests/data/qwen3_tts_tiny Q17=$ROOT/tests/data/qwen3_tts_tiny FRAMES=6
+    STREAMS_06=1,2 STREAMS_17=1,2 TESTS_K="-k f32" BUDGET=530 TESTS_S=300 BATCHING_S=120 CODEC_S=150 FIXTURE_S=60
+    ENGINE_S=170 CODEC_ARGS="--device cpu --config tests/data/codec_tiny/config.json --batches 1,2 --frames 4,1 --reps 2 --profile 1"
+    export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
+    codec2 ;;
   engine|gateway|more|frontdoor|layout)
     # The gateway call: 12 workers and 4 load-generator processes share the 16 cores with the engine
     # process; one cycle per session (two turns) keeps a level near 35 s.

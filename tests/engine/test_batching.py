@@ -140,7 +140,7 @@ def test_a_one_frame_first_packet_is_decoded_with_its_frame(ckpt: checkpoint.Che
     (got, first), = runner.step()  # frame 1 launched, frame 0 taken: the first packet is out
     assert got is stream and first.codes.shape == (16, 1) and torch.equal(first.codes[:, 0], solo[0])
     pcm = torch.frombuffer(bytearray(first.pcm), dtype=torch.int16).double()
-    want = (ckpt.codec.decode(solo[:1].T[None])[0].clamp(-1, 1) * 32767).round()
+    want = (ckpt.codec.decode(solo[:1].T[None].to(DEVICE))[0].cpu().clamp(-1, 1) * 32767).round()
     assert pcm.shape == want.shape and (pcm - want).abs().max() <= 1
     steps, packets = 2, [first]
     while not stream.done or runner.busy:
