@@ -351,10 +351,9 @@ class Runner:
             if frame.first_done is not None:
                 frame.first_done.synchronize()
             pcm = frame.first_pcm.numpy()
-            for s in quick:
-                frames = torch.tensor(s.pending, dtype=torch.long).T
-                events.append((s, s.packet(pcm[frame.first[s], :frames.shape[1] * self.samples_per_frame].tobytes(),
-                                           frames)))
+            first = torch.from_numpy(numpy.array([s.pending for s in quick], dtype=numpy.int64)).transpose(1, 2)
+            for s, frames in zip(quick, first, strict=True):  # frames [16, 1]
+                events.append((s, s.packet(pcm[frame.first[s], :self.samples_per_frame].tobytes(), frames)))
         for size in self.packet_sizes:
             batch = [s for s in due if len(s.pending) <= size]
             due = [s for s in due if len(s.pending) > size]

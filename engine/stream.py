@@ -66,8 +66,11 @@ class Stream:
         self.text = ""  # everything fed so far (NFC)
         self.final = False
         self.ids: list[int] = []
+        self.starts: list[int] = []  # per token, the start of its span in self.text
         self.ends: list[int] = []  # per token, the end of its span in self.text
-        self.onsets: list[float] = []  # per token, the estimated frame where its speech starts
+        # Per token, the estimated frame where its speech starts: made as packets need them (`onsets_through`),
+        # off the path of a stream's first frame.
+        self.onsets: list[float] = []
         self.costed = 0  # characters counted into self.cost
         self.cost = 0.0
         self.tokenized = 0  # characters of self.text already tokenized
@@ -104,14 +107,20 @@ class Stream:
     def add_tokens(self, ready: str, ids: list[int], spans: list[tuple[int, int]]) -> None:
         """The tokens of `ready` (what take_text returned) and their character spans in it."""
         self.ids += ids
-        for start, end in spans:
-            self.cost += sum(map(speech_frames, self.text[self.costed:self.tokenized + start]))
-            self.costed = max(self.costed, self.tokenized + start)
-            self.onsets.append(self.cost)
-            self.ends.append(self.tokenized + end)
+        self.starts += [self.tokenized + start for start, _ in spans]
+        self.ends += [self.tokenized + end for _, end in spans]
         self.tokenized += len(ready)
         if self.final and not self.ids:
             raise PromptError("empty text")
+
+    def onsets_through(self, n: int) -> list[float]:
+        """`onsets` of the first n tokens at least: the speaking time of the text before each token's start."""
+        while len(self.onsets) < n:
+            start = self.starts[len(self.onsets)]
+            self.cost += sum(map(speech_frames, self.text[self.costed:start]))
+            self.costed = max(self.costed, start)
+            self.onsets.append(self.cost)
+        return self.onsets
 
     @property
     def runnable(self) -> bool:
@@ -172,7 +181,7 @@ class Stream:
         if self.done:
             end = len(self.text)
         else:
-            started = bisect.bisect_left(self.onsets, self.frames, hi=self.next_token)
+            started = bisect.bisect_left(self.onsets_through(self.next_token), self.frames, hi=self.next_token)
             end = self.ends[started - 1] if started else 0
         text = self.text[self.spoken_text_end:end]
         self.spoken_text_end = max(self.spoken_text_end, end)
