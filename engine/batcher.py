@@ -15,6 +15,7 @@ of an engine process and delivers over IPC.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -118,6 +119,12 @@ class Batcher:
             kernels.set_enabled(False)
         self.runner = Runner(ckpt, max_streams, max_frames + PROMPT_POSITIONS, self.params, packet_frames,
                              first_packet_frames, cuda_graphs=cuda_graphs, graph_max_batch=graph_max_batch)
+        # The loop allocates thousands of small containers a step (codes, packets), so the cyclic collector runs
+        # often, and a full collection walks every object in the process: the libraries' and the checkpoint's
+        # (hundreds of thousands) included, a pause of 100 ms and more in the loop. Those all live as long as
+        # the engine: frozen, the collector leaves them out of its walks.
+        gc.collect()
+        gc.freeze()
         self.cond = threading.Condition()
         self._waiting: deque[Utterance] = deque()
         self._active: dict[Stream, Utterance] = {}

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
 
 TEXT = "Hello world, this is a test of the voice gateway. How are you doing today?"
 SPEAKER, LANGUAGE = "vivian", "english"
@@ -400,10 +400,15 @@ def main() -> None:
     parser.add_argument("--no-fused-kernels", action="store_true",
                         help="this engine without engine.kernels (its PyTorch paths), for comparison")
     parser.add_argument("--time-budget", type=float, default=480, help="seconds; later levels are skipped past it")
+    parser.add_argument("--host-only", action="store_true", help="every device step (prefill, frame, codec) does "
+                        "nothing: the engine loop's host work alone (admission, tokenization, prompts, bookkeeping, "
+                        "delivery), e.g. on a CPU")
+    parser.add_argument("--engine-root", type=Path, default=ROOT, help="the tree whose engine/ is measured")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     args.deadline = time.perf_counter() + args.time_budget
 
+    sys.path.insert(0, str(args.engine_root.resolve()))  # engine/ is imported from there (lazily, from here on)
     if args.impl == "official":
         args.runs = args.official_runs
         print(json.dumps(bench_official(args)))
@@ -412,7 +417,13 @@ def main() -> None:
 
     kernels.set_enabled(not args.no_fused_kernels)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s")
+    log(f"engine from {Path(kernels.__file__).parent}")
     ckpt = checkpoint.load(args.checkpoint, device=args.device, dtype=args.dtype)
+    if args.host_only:
+        from engine import runner
+
+        runner.Graphs.run = lambda self, b: None
+        ckpt.model.prefill = lambda n, length: None
     levels = [int(n) for n in args.streams.split(",") if n]
     eager_levels = [int(n) for n in args.eager_streams.split(",") if n]
     results = [bench_ours(args, ckpt, graphs=True, levels=levels)]
