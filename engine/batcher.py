@@ -15,6 +15,7 @@ of an engine process and delivers over IPC.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import threading
@@ -119,12 +120,7 @@ class Batcher:
             kernels.set_enabled(False)
         self.runner = Runner(ckpt, max_streams, max_frames + PROMPT_POSITIONS, self.params, packet_frames,
                              first_packet_frames, cuda_graphs=cuda_graphs, graph_max_batch=graph_max_batch)
-        # The loop allocates thousands of small containers a step (codes, packets), so the cyclic collector runs
-        # often, and a full collection walks every object in the process: the libraries' and the checkpoint's
-        # (hundreds of thousands) included, a pause of 100 ms and more in the loop. Those all live as long as
-        # the engine: frozen, the collector leaves them out of its walks.
-        gc.collect()
-        gc.freeze()
+        _freeze_what_lives()
         self.cond = threading.Condition()
         self._waiting: deque[Utterance] = deque()
         self._active: dict[Stream, Utterance] = {}
@@ -286,6 +282,19 @@ class Batcher:
                 if core.row >= 0:
                     self.runner.remove(core)
                 ACTIVE.set(len(self._active))
+
+
+def _freeze_what_lives() -> None:
+    """The loop allocates thousands of small containers a step (codes, packets), so the cyclic collector runs
+    often, and a full collection walks every object in the process: the libraries' and the checkpoint's
+    (hundreds of thousands) included, a pause of 100 ms and more in the loop. Those all live as long as the
+    engine: frozen, the collector leaves them out of its walks (until exit, where they are collected as usual,
+    so that extension modules see their objects freed)."""
+    gc.collect()
+    gc.freeze()
+
+
+atexit.register(gc.unfreeze)  # what _freeze_what_lives froze is collected at exit
 
 
 def _chunk(packet: Packet) -> TTSChunk:

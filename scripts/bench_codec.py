@@ -221,13 +221,18 @@ def main() -> None:
     del model
     if gpu:
         torch.cuda.empty_cache()
+    print(f"{args.label}: codec step, ms per step (graph replay, median of {args.reps}):")
+    for key, row in result["steps"].items():
+        print(f"  {key}: {row['ms']} ms ({row.get('memory_mib', '-')} MiB)", flush=True)
+    save(args, result)  # the steps, whatever becomes of the numerics
     if not args.no_numerics:
         result["numerics"] = numerics(codec_cls, config, args.device, kernels)
         log(f"{args.label}: numerics {result['numerics']}")
+        save(args, result)
 
-    print(f"{args.label}: codec step, ms per step (graph replay, median of {args.reps}):")
-    for key, row in result["steps"].items():
-        print(f"  {key}: {row['ms']} ms ({row.get('memory_mib', '-')} MiB)")
+
+def save(args: argparse.Namespace, result: dict) -> None:
+    """This run's result under --label in the --json file (other labels' kept)."""
     if args.json:
         report = json.loads(args.json.read_text()) if args.json.exists() else {}
         report[args.label] = result

@@ -222,7 +222,7 @@ codec2() {
   checkpoint 0.6b "$Q06" 2 "$FIXTURE_S"
   step "$ENGINE_S" engine python3 scripts/bench_engine.py --checkpoint "$Q06" --impl ours --device "$DEVICE" \
     --frames "$FRAMES" --streams "$STREAMS_06" --eager-streams "" --runs 1 --staggered \
-    --time-budget $((ENGINE_S - 50)) --json "$OUT/bench-engine-0.6b.json"
+    --time-budget $((ENGINE_S - 60)) --json "$OUT/bench-engine-0.6b.json"
   left=$((BUDGET - (SECONDS - start)))
   if [ "$left" -lt 150 ]; then
     log "1.7B skipped: ${left} s left"
@@ -270,8 +270,8 @@ case "${1:-}" in
     codec ;;
   codec2)
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 FRAMES=125 STREAMS_06=${STREAMS_06:-1,256,512,1024}
-    STREAMS_17=${STREAMS_17:-1,256,512} TESTS_K="" BUDGET=${BUDGET:-520} TESTS_S=120 BATCHING_S=60 CODEC_S=150
-    FIXTURE_S=60 ENGINE_S=170 CODEC_ARGS="--batches 1,64,256,1024 --frames 4,1 --profile 256 --time-budget 100"
+    STREAMS_17=${STREAMS_17:-1,256,512} TESTS_K="" BUDGET=${BUDGET:-525} TESTS_S=100 BATCHING_S=50 CODEC_S=140
+    FIXTURE_S=60 ENGINE_S=180 CODEC_ARGS="--batches 1,64,256,1024 --frames 4,1 --profile 256 --time-budget 100"
     codec2 ;;
   codec2-check)
     # The codec2 call on this machine's CPU: the float32 kernel tests in Triton's interpreter, the runner's tests,
