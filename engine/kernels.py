@@ -401,10 +401,10 @@ def _conv(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor, taps: int, 
     if INTERPRET:  # no autotuning there; few, large programs
         block_t, block_n, block_ci = (max(16, min(cap, triton.next_power_of_2(v))) for v, cap in
                                       ((b * t, 4096), (n, 64), (cin, 32)))
-        _conv_kernel.fn[(triton.cdiv(b * t, block_t), triton.cdiv(n, block_n))](
+        _conv_kernel.fn[(triton.cdiv(b * t, block_t) * triton.cdiv(n, block_n),)](
             *args, **meta, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_CI=block_ci)
     else:
-        _launch(_conv_kernel, lambda c: (triton.cdiv(b * t, c["BLOCK_T"]), triton.cdiv(n, c["BLOCK_N"])), args,
+        _launch(_conv_kernel, lambda c: (triton.cdiv(b * t, c["BLOCK_T"]) * triton.cdiv(n, c["BLOCK_N"]),), args,
                 meta, lambda configs: _conv_prune(configs, {"N": n, "CIN": cin})[0])
     if cache is not None:
         shift_cache(cache, x)
@@ -603,9 +603,13 @@ if triton is not None:
         Then + residual (stored when KEEP), and SnakeBeta(alpha, beta) of that (stored when ACT).
         The GEMM's rows are the ROWS = B * T (stream, step) pairs, BLOCK_T of them per program: a tile spans
         several streams where T is short (a streaming step's first layers have 1-16 steps), so no tile is
-        mostly padding."""
-        r = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mostly padding. Programs run through the column tiles of a row tile first, so its input rows are read
+        from memory once and from the L2 cache for the other column tiles (the late layers' inputs are
+        hundreds of MB at large batches; their weights fit the cache)."""
+        n_tiles = tl.cdiv(N, BLOCK_N)
+        pid = tl.program_id(0)
+        r = (pid // n_tiles) * BLOCK_T + tl.arange(0, BLOCK_T)
+        n = (pid % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
         ci = tl.arange(0, BLOCK_CI)
         dt = x_ptr.dtype.element_ty
         tmask = r < ROWS
