@@ -1,12 +1,18 @@
 """The batching loop (Batcher): every stream the engine holds, one batched step at a time.
 
 Whoever feeds a stream only appends text and flags under a lock (feed, end, cancel); the loop's one thread
-tokenizes (all streams' new text in one batched call), steps the model, decodes audio and hands each packet
-to the stream's `deliver`. Each pass of the
-loop admits waiting streams into free rows, drops cancelled ones, takes in new text, then runs one
-engine.runner step: every runnable stream makes one frame in one batch (continuous batching: streams join
-and leave between steps, none waits for another). A stream waiting for its next text token sits the step
-out and costs a padding row at most.
+tokenizes (each checkpoint's new text of all its streams in one batched call), steps the model, decodes audio
+and hands each packet to the stream's `deliver`. Each pass of the loop runs the jobs queued for it
+(preparing a cloned voice), admits waiting streams into free rows, drops cancelled ones, takes in new text,
+then runs one engine.runner step per checkpoint: every runnable stream makes one frame in one batch
+(continuous batching: streams join and leave between steps, none waits for another). A stream waiting for
+its next text token sits the step out and costs a padding row at most.
+
+An engine holds one or more checkpoints (`[engine] checkpoint`, comma-separated), each with its own rows
+and CUDA graphs, all in this one loop: a CustomVoice checkpoint speaks its named speakers (and, at 1.7B,
+instructions), a Base one voices cloned from reference audio, a VoiceDesign one designed voices. A stream
+goes to the checkpoint its voice needs; streams of any voice, conditioning mode and language on one
+checkpoint share its batch (a voice changes only a stream's prompt: engine.prompt).
 
 Two front ends share that loop: engine.threaded's QwenTTSEngine runs it in a worker thread of the caller's
 process and delivers into an asyncio queue (call_soon_threadsafe); engine.process runs it as the only thread
@@ -21,14 +27,16 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
+import numpy as np
 import torch
 from prometheus_client import Gauge, Histogram
 
-from engine import checkpoint, kernels
-from engine.api import TTSChunk, TTSError
+from engine import checkpoint, clone, kernels
+from engine.api import Sampling, TTSChunk, TTSError
 from engine.checkpoint import Checkpoint, CheckpointError
 from engine.config import EngineConfig
 from engine.handles import TextInput
@@ -36,6 +44,7 @@ from engine.prompt import PromptError, TextTokens, Voice
 from engine.runner import Runner, state_bytes
 from engine.sampling import SamplingParams
 from engine.stream import Packet, Stream
+from engine.voices import VoiceError, VoicePrompt
 
 log = logging.getLogger(__name__)
 
@@ -47,19 +56,42 @@ FIRST_AUDIO = Histogram("tts_engine_first_audio_seconds", "From a stream's open(
 # Language names the checkpoint knows, also by their ISO 639-1 codes (what an STT reports).
 ISO_LANGUAGES = {"zh": "chinese", "en": "english", "de": "german", "it": "italian", "pt": "portuguese",
                  "es": "spanish", "ja": "japanese", "ko": "korean", "fr": "french", "ru": "russian"}
-# Talker positions a streaming prompt takes before its first frame (role 3, control <= 6, first text 1).
+# Talker positions a prompt takes before its first frame, beyond an instruction's tokens and a clone's
+# reference frames (role 3, control <= 6, first text 1).
 PROMPT_POSITIONS = 16
+
+
+@dataclass
+class Model:
+    """One checkpoint of the engine: its tokenizer, sampling and rows (a Runner), and the prompt positions
+    its rows hold beyond max_frames (`prompt_positions`)."""
+
+    ckpt: Checkpoint
+    tokens: TextTokens
+    params: SamplingParams
+    runner: Runner
+    prompt_positions: int
+    active: int = 0  # streams holding one of its rows
+    noted: bool = False  # the note that it ignores instructions was logged
+
+    @property
+    def kind(self) -> str:
+        return self.ckpt.config.kind
 
 
 class Utterance(TextInput):
     """One stream in the batching loop: its text input, fed from any thread under the batcher's lock, and,
     on the loop's thread, its engine.stream.Stream. `deliver` hands each of its packets, then None (the end)
-    or an exception, to whoever reads the stream; the loop's thread calls it."""
+    or an exception, to whoever reads the stream; the loop's thread calls it. `sampling`: its own seed and
+    sampling (TTSError when out of range)."""
 
-    def __init__(self, batcher: Batcher, voice: Voice,
-                 deliver: Callable[[TTSChunk | BaseException | None], None]) -> None:
+    def __init__(self, batcher: Batcher, target: tuple[Model, Voice],
+                 deliver: Callable[[TTSChunk | BaseException | None], None], sampling: Sampling | None = None) -> None:
         super().__init__(batcher.max_text_chars, batcher.cond)
-        self.voice = voice
+        if sampling is not None and (problem := sampling.problem()) is not None:
+            raise TTSError(problem[1])
+        self.model, self.voice = target
+        self.sampling = sampling
         self.deliver = deliver
         self.incoming: list[str] = []  # text fed since the loop last took it
         self.opened = time.perf_counter()
@@ -74,40 +106,62 @@ class Utterance(TextInput):
 U = TypeVar("U", bound=Utterance)
 
 
+def _room(ckpt: Checkpoint, max_reference_s: float, max_instructions_tokens: int) -> int:
+    """Prompt positions a row of this checkpoint keeps beyond a named speaker's: a reference's codes (Base),
+    or instructions (VoiceDesign, CustomVoice 1.7B)."""
+    if ckpt.config.kind == "base":
+        return clone.reference_frames(max_reference_s) + 1
+    return max_instructions_tokens if ckpt.config.follows_instructions else 0
+
+
 class Batcher:
-    """The engine's core over one loaded checkpoint: streams are admitted into free rows, take in their text,
-    make a frame each in one batched engine.runner step, and get their packets delivered.
+    """The engine's core over its loaded checkpoints: streams are admitted into free rows of the checkpoint
+    their voice needs, take in their text, make a frame each in one batched engine.runner step per
+    checkpoint, and get their packets delivered.
 
     `run_pass` is one pass of that loop and exactly one thread calls it: QwenTTSEngine's worker thread in the
-    gateway's process, or the engine process's only thread (engine.process). `admit` and the utterances'
-    feed/end/cancel may come from any thread. `min_frames` bans EOS before that many frames (benchmarks hold
-    EOS off with it; 2 is the official minimum). `first_packet_frames` (0 = the same as packet_frames)
-    makes a stream's first packet shorter, so its audio starts sooner. On a GPU the runner captures its CUDA
-    graphs here, before serving (`cuda_graphs`, `graph_max_batch`: see engine.runner).
+    gateway's process, or the engine process's only thread (engine.process). `admit`, `submit` and the
+    utterances' feed/end/cancel may come from any thread. `max_streams` rows per checkpoint. `min_frames`
+    bans EOS before that many frames (benchmarks hold EOS off with it; 2 is the official minimum).
+    `first_packet_frames` (0 = the same as packet_frames) makes a stream's first packet shorter, so its audio
+    starts sooner. A Base checkpoint's rows hold a reference of up to `max_reference_s`, and a checkpoint
+    that follows instructions (VoiceDesign, CustomVoice 1.7B) `max_instructions_tokens` of them. On a GPU
+    the runners capture their CUDA graphs here, before serving (`cuda_graphs`, `graph_max_batch`: see
+    engine.runner).
     """
 
-    def __init__(self, ckpt: Checkpoint, *, packet_frames: int = 4, max_frames: int = 1500,
+    def __init__(self, ckpts: Checkpoint | Sequence[Checkpoint], *, packet_frames: int = 4, max_frames: int = 1500,
                  max_text_chars: int = 2000, seed: int | None = 0, greedy: bool = False,
                  voices: dict[str, str] | None = None, max_streams: int = 4, min_frames: int = 2,
-                 first_packet_frames: int = 0, cuda_graphs: bool = True, graph_max_batch: int = 0) -> None:
+                 first_packet_frames: int = 0, cuda_graphs: bool = True, graph_max_batch: int = 0,
+                 max_reference_s: float = 30.0, max_instructions_tokens: int = 256) -> None:
         for name, value in (("packet_frames", packet_frames), ("max_frames", max_frames),
-                            ("max_text_chars", max_text_chars), ("max_streams", max_streams)):
+                            ("max_text_chars", max_text_chars), ("max_streams", max_streams),
+                            ("max_instructions_tokens", max_instructions_tokens)):
             if value < 1:
                 raise CheckpointError(f"[engine] {name} must be >= 1, got {value}")
-        self.ckpt = ckpt
-        self.tokens = TextTokens(ckpt.tokenizer)
-        self.params = SamplingParams.from_generation_config(ckpt.generation, greedy)
+        if not clone.MIN_REFERENCE_S <= max_reference_s <= 120:
+            raise CheckpointError(f"[engine] max_reference_s must be {clone.MIN_REFERENCE_S:g} to 120, "
+                                  f"got {max_reference_s}")
+        ckpts = [ckpts] if isinstance(ckpts, Checkpoint) else list(ckpts)
+        if not ckpts:
+            raise CheckpointError("[engine] checkpoint: none given")
         self.packet_frames, self.max_frames, self.max_text_chars = packet_frames, max_frames, max_text_chars
         self.seed, self.min_frames, self.max_streams = seed, min_frames, max_streams
         self.first_packet_frames = first_packet_frames
-        self._voice_map = {k.lower(): v.lower() for k, v in (voices or {}).items()}
+        self.max_reference_s, self.max_instructions_tokens = max_reference_s, max_instructions_tokens
+        speakers = {s for c in ckpts for s in c.config.speakers}
+        self._voice_map = {k.lower(): v.lower() for k, v in (voices or {}).items()} if speakers else {}
+        if voices and not speakers:
+            log.info("[engine.voices] unused: no CustomVoice checkpoint (sessions name prepared voices)")
         for voice, speaker in self._voice_map.items():
-            if speaker not in ckpt.config.speakers:
+            if speaker not in speakers:
                 raise CheckpointError(f"[engine.voices] {voice} = {speaker!r}: the checkpoint has no such speaker "
-                                      f"(it has {', '.join(sorted(ckpt.config.speakers))})")
-        weight = ckpt.codec.decoder.pre_conv.conv.weight
+                                      f"(it has {', '.join(sorted(speakers))})")
+        weight = ckpts[0].codec.decoder.pre_conv.conv.weight
         if weight.is_cuda:
-            need = state_bytes(ckpt, max_streams, max_frames + PROMPT_POSITIONS)
+            positions = [PROMPT_POSITIONS + _room(c, max_reference_s, max_instructions_tokens) for c in ckpts]
+            need = sum(state_bytes(c, max_streams, max_frames + p) for c, p in zip(ckpts, positions, strict=True))
             free = torch.cuda.mem_get_info(weight.device)[0]
             if need > free:
                 raise CheckpointError(
@@ -118,45 +172,111 @@ class Batcher:
         if problem:
             log.warning("fused kernels off (the engine runs its PyTorch code, slower): %s", problem)
             kernels.set_enabled(False)
-        self.runner = Runner(ckpt, max_streams, max_frames + PROMPT_POSITIONS, self.params, packet_frames,
-                             first_packet_frames, cuda_graphs=cuda_graphs, graph_max_batch=graph_max_batch)
+        self.models: list[Model] = []
+        for ckpt in ckpts:
+            positions = PROMPT_POSITIONS + _room(ckpt, max_reference_s, max_instructions_tokens)
+            params = SamplingParams.from_generation_config(ckpt.generation, greedy)
+            runner = Runner(ckpt, max_streams, max_frames + positions, params, packet_frames, first_packet_frames,
+                            cuda_graphs=cuda_graphs, graph_max_batch=graph_max_batch)
+            self.models.append(Model(ckpt, TextTokens(ckpt.tokenizer), params, runner, positions))
         _freeze_what_lives()
         self.cond = threading.Condition()
         self._waiting: deque[Utterance] = deque()
         self._active: dict[Stream, Utterance] = {}
+        self._jobs: deque[tuple[Callable[[], Any], Callable[[Any], None]]] = deque()
         self._closed = False
         self.opened = 0  # streams admitted since start
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> Self:
         kernels.set_enabled(config.fused_kernels)
-        ckpt = checkpoint.load(config.checkpoint, device=config.device, dtype=config.dtype)
-        gpu = ckpt.codec.decoder.pre_conv.conv.weight.is_cuda
-        return cls(ckpt, packet_frames=config.packet_frames, max_frames=config.max_frames,
+        paths = [c.strip() for c in config.checkpoint.split(",") if c.strip()] or [""]
+        ckpts = [checkpoint.load(path, device=config.device, dtype=config.dtype) for path in paths]
+        gpu = ckpts[0].codec.decoder.pre_conv.conv.weight.is_cuda
+        return cls(ckpts, packet_frames=config.packet_frames, max_frames=config.max_frames,
                    max_text_chars=config.max_text_chars, seed=config.seed, greedy=config.greedy,
                    voices=config.voices, max_streams=config.max_streams or (64 if gpu else 4),
                    first_packet_frames=config.first_packet_frames, cuda_graphs=config.cuda_graphs,
-                   graph_max_batch=config.graph_max_batch)
+                   graph_max_batch=config.graph_max_batch, max_reference_s=config.max_reference_s,
+                   max_instructions_tokens=config.max_instructions_tokens)
+
+    @property
+    def device(self) -> Any:
+        return self.models[0].runner.device
 
     @property
     def voices(self) -> frozenset[str]:
-        """OpenAI voice names mapped in [engine.voices], and the checkpoint's own speakers."""
-        return frozenset(self._voice_map) | frozenset(self.ckpt.config.speakers)
+        """OpenAI voice names mapped in [engine.voices], and the CustomVoice checkpoints' own speakers."""
+        return frozenset(self._voice_map) | frozenset(s for m in self.models for s in m.ckpt.config.speakers)
+
+    @property
+    def kinds(self) -> list[str]:
+        """What the checkpoints are, in order: custom_voice, voice_design, base."""
+        return [m.kind for m in self.models]
+
+    @property
+    def fingerprints(self) -> list[str]:
+        """The Base checkpoints' fingerprints, in order (prepare_voice uses the first): a voice cloned for one
+        of them is spoken as it is; one cloned for another checkpoint must be prepared again."""
+        return [m.ckpt.fingerprint for m in self.models if m.kind == "base"]
+
+    @property
+    def follows_instructions(self) -> bool:
+        """Whether a named speaker's stream follows instructions (a CustomVoice 1.7B checkpoint holds it)."""
+        return any(m.kind == "custom_voice" and m.ckpt.config.follows_instructions for m in self.models)
 
     @property
     def languages(self) -> frozenset[str]:
-        """What a stream's language may be: auto, the checkpoint's languages, their ISO 639-1 codes."""
-        names = {k for k in self.ckpt.config.languages if "dialect" not in k}
+        """What a stream's language may be: auto, the checkpoints' languages, their ISO 639-1 codes."""
+        names = {k for m in self.models for k in m.ckpt.config.languages if "dialect" not in k}
         return frozenset({"auto"} | names | {code for code, name in ISO_LANGUAGES.items() if name in names})
 
-    def resolve(self, voice: str, language: str | None) -> Voice:
-        """The checkpoint's speaker and language for an OpenAI voice name (or a speaker) and a language."""
-        speaker = self._voice_map.get(voice.lower(), voice)
+    def resolve(self, voice: str, language: str | None, prompt: VoicePrompt | None = None,
+                instructions: str | None = None) -> tuple[Model, Voice]:
+        """The checkpoint and the conditioning of a stream: a named speaker (an OpenAI voice name from
+        [engine.voices], or a speaker) on the CustomVoice checkpoint that has it, or a prepared voice
+        (`prompt`; `voice` is then only its name) on the Base checkpoint it was cloned for or a VoiceDesign
+        one. TTSError says why a voice cannot be spoken."""
         lang = ISO_LANGUAGES.get((language or "auto").lower(), language)
+        model = self._model_for(voice, prompt)
+        speaker = None if prompt is not None else self._voice_map.get(voice.lower(), voice)
         try:
-            return Voice.resolve(self.ckpt.config, speaker, lang)
+            spoken = Voice.resolve(model.ckpt.config, speaker, lang, tokens=model.tokens, clone=prompt,
+                                   instructions=instructions)
         except PromptError as exc:
             raise TTSError(str(exc)) from None
+        if instructions and not spoken.instruct_ids and not model.noted:
+            model.noted = True
+            log.info("the %s CustomVoice checkpoint does not follow instructions (as the official code, it "
+                     "ignores them)", model.ckpt.config.size or "0.6B")
+        positions = spoken.positions(model.ckpt.config)
+        if positions > model.prompt_positions:
+            what = "reference" if prompt is not None and prompt.mode == "icl" else "instructions"
+            limit = ("max_reference_s" if what == "reference" else "max_instructions_tokens")
+            raise TTSError(f"the voice's {what} take {positions} prompt positions; this engine holds "
+                           f"{model.prompt_positions} ([engine] {limit})")
+        return model, spoken
+
+    def _model_for(self, voice: str, prompt: VoicePrompt | None) -> Model:
+        if prompt is None:
+            speaker = self._voice_map.get(voice.lower(), voice.lower())
+            for model in self.models:
+                if speaker in model.ckpt.config.speakers:
+                    return model
+            raise TTSError(f"unknown speaker {voice!r}; the engine has {', '.join(sorted(self.voices)) or 'none'}")
+        if prompt.kind == "design":
+            for model in self.models:
+                if model.kind == "voice_design":
+                    return model
+            raise TTSError("a designed voice needs a VoiceDesign checkpoint; the engine has none")
+        bases = [m for m in self.models if m.kind == "base"]
+        for model in bases:
+            if model.ckpt.fingerprint == prompt.model.get("fingerprint"):
+                return model
+        if bases:
+            raise TTSError(f"the cloned voice was prepared for another checkpoint (a {prompt.model.get('size', '?')} "
+                           f"Base); prepare it again with this engine")
+        raise TTSError("a cloned voice needs a Base checkpoint; the engine has none")
 
     def admit(self, utterance: U) -> U:
         """Queue a new utterance for a free row."""
@@ -167,6 +287,27 @@ class Batcher:
             self.cond.notify()
         return utterance
 
+    def submit(self, job: Callable[[], Any], deliver: Callable[[Any], None]) -> None:
+        """Run `job` on the loop's thread before its next step (model work that is no stream's, such as
+        preparing a voice); `deliver` gets its result, or the exception it raised."""
+        with self.cond:
+            if self._closed:
+                raise TTSError("the engine is closed")
+            self._jobs.append((job, deliver))
+            self.cond.notify()
+
+    def prepare_voice(self, audio: np.ndarray, sample_rate: int, text: str | None = None) -> VoicePrompt:
+        """Clone the voice of a reference recording (float32 mono samples at `sample_rate`, with its
+        transcript for in-context cloning) with the engine's (first) Base checkpoint (engine.clone.prepare).
+        Runs the encoders: call it on the loop's thread (a job: `submit`)."""
+        base = next((m for m in self.models if m.kind == "base"), None)
+        if base is None:
+            raise TTSError("cloning a voice needs a Base checkpoint; the engine has none")
+        try:
+            return clone.prepare(base.ckpt, audio, sample_rate, text, self.max_reference_s)
+        except VoiceError as exc:
+            raise TTSError(str(exc)) from None
+
     @property
     def load(self) -> int:
         """Streams holding a row or waiting for one."""
@@ -175,31 +316,42 @@ class Batcher:
 
     @property
     def free_streams(self) -> int:
-        """Rows neither held nor waited for (the gateway's readiness and /metrics read it)."""
-        return max(0, self.max_streams - self.load)
+        """Rows neither held nor waited for, on every checkpoint (the gateway's readiness and /metrics)."""
+        return max(0, self.max_streams * len(self.models) - self.load)
 
     def counters(self) -> dict[str, Any]:
-        """Streams held now, and the runner's counters since start (what the benchmarks read)."""
+        """Streams held now, and the runners' counters since start, summed (what the benchmarks read)."""
         with self.cond:
             streams, waiting = len(self._active), len(self._waiting)
-        runner = self.runner
-        return {"streams": streams, "waiting": waiting, "rows": self.max_streams, "opened": self.opened,
-                "steps": runner.steps, "frames": runner.frames, "step_seconds": round(runner.step_seconds, 6),
-                "gpu_seconds": round(runner.gpu_seconds, 6) if runner.device.type == "cuda" else None,
-                "device": str(runner.device)}
+        runners = [m.runner for m in self.models]
+        gpu = self.device.type == "cuda"
+        return {"streams": streams, "waiting": waiting, "rows": self.max_streams * len(runners), "opened": self.opened,
+                "steps": sum(r.steps for r in runners), "frames": sum(r.frames for r in runners),
+                "step_seconds": round(sum(r.step_seconds for r in runners), 6),
+                "gpu_seconds": round(sum(r.gpu_seconds for r in runners), 6) if gpu else None,
+                "device": str(self.device), "kinds": self.kinds}
 
     # -- the loop (one thread) --
     def has_work(self) -> bool:
         with self.cond:
-            if self._closed or self.runner.busy:
+            if self._closed or self._jobs or any(m.runner.busy for m in self.models):
                 return True
-            if self._waiting and (len(self._active) < self.max_streams or any(s.cancelled for s in self._waiting)):
+            if any(s.cancelled or s.model.active < self.max_streams for s in self._waiting):
                 return True
             return any(s.cancelled or s.incoming or (s.ended and not core.final) or core.runnable
                        for core, s in self._active.items())
 
     def run_pass(self) -> None:
-        """Admit waiting streams, drop cancelled ones, pass on new text, run one step, deliver its packets."""
+        """Run queued jobs, admit waiting streams, drop cancelled ones, pass on new text, run one step per
+        checkpoint, deliver the packets."""
+        with self.cond:
+            jobs, self._jobs = self._jobs, deque()
+        for job, deliver in jobs:
+            try:
+                result = job()
+            except Exception as exc:  # handed to whoever asked, never the loop's problem
+                result = exc
+            deliver(result)
         with self.cond:
             self._admit()
             work = [(s, s.incoming, s.ended, s.cancelled) for s in self._active.values()]
@@ -212,17 +364,24 @@ class Batcher:
             elif fragments or (ended and not stream.core.final):
                 self._guard(stream, lambda s=stream, f=fragments, e=ended:
                             ready.append((s, s.core.take_text("".join(f), e))))
-        # The new text of every stream in one tokenizer call (1024 streams opened at once: ~10x faster).
-        texts = [text for _, text in ready if text]
-        encoded = iter(self.tokens.encode_many(texts) if texts else [])
-        for stream, text in ready:
-            ids, spans = next(encoded) if text else ([], [])
-            self._guard(stream, lambda s=stream, t=text, i=ids, p=spans: s.core.add_tokens(t, i, p))
+        # Each checkpoint's new text in one tokenizer call (1024 streams opened at once: ~10x faster).
+        for model in self.models:
+            mine = [(s, text) for s, text in ready if s.model is model]
+            texts = [text for _, text in mine if text]
+            encoded = iter(model.tokens.encode_many(texts) if texts else [])
+            for stream, text in mine:
+                ids, spans = next(encoded) if text else ([], [])
+                self._guard(stream, lambda s=stream, t=text, i=ids, p=spans: s.core.add_tokens(t, i, p))
+        for model in self.models:
+            if model.active or model.runner.busy:
+                self._step(model)
+
+    def _step(self, model: Model) -> None:
         try:
-            events = self.runner.step()
+            events = model.runner.step()
         except Exception as exc:  # a failed step fails the streams in it, never the loop
             log.exception("qwen3-tts step failed")
-            for stream in list(self._active.values()):
+            for stream in [s for s in self._active.values() if s.model is model]:
                 stream.deliver(exc)
                 self._release(stream)
             return
@@ -240,12 +399,15 @@ class Batcher:
                 self._release(stream)
 
     def fail_all(self, error: BaseException) -> None:
-        """Close the engine: every stream it holds or queues ends with `error`."""
+        """Close the engine: every stream it holds or queues ends with `error`, and every queued job."""
         with self.cond:
             self._closed = True
             streams = list(self._active.values()) + list(self._waiting)
+            jobs, self._jobs = self._jobs, deque()
         for stream in streams:
             stream.deliver(error)
+        for _, deliver in jobs:
+            deliver(error)
 
     def _admit(self) -> None:
         kept: deque[Utterance] = deque()
@@ -253,12 +415,17 @@ class Batcher:
             stream = self._waiting.popleft()
             if stream.cancelled:
                 continue
-            if len(self._active) >= self.max_streams:
+            model = stream.model
+            if model.active >= self.max_streams:
                 kept.append(stream)
                 continue
-            stream.core = Stream(self.ckpt, self.tokens, stream.voice, self.seed, self.packet_frames,
-                                 self.max_frames, self.min_frames, first_packet_frames=self.first_packet_frames)
-            self.runner.add(stream.core)
+            own = stream.sampling
+            seed = self.seed if own is None or own.seed is None else own.seed
+            stream.core = Stream(model.ckpt, model.tokens, stream.voice, seed, self.packet_frames,
+                                 self.max_frames, self.min_frames, first_packet_frames=self.first_packet_frames,
+                                 params=None if own is None else model.params.with_overrides(own))
+            model.runner.add(stream.core)
+            model.active += 1
             self._active[stream.core] = stream
             self.opened += 1
         self._waiting = kept
@@ -280,7 +447,8 @@ class Batcher:
             core = stream.core
             if core is not None and self._active.pop(core, None) is not None:
                 if core.row >= 0:
-                    self.runner.remove(core)
+                    stream.model.runner.remove(core)
+                stream.model.active -= 1
                 ACTIVE.set(len(self._active))
 
 

@@ -2,14 +2,16 @@
 local Hugging Face cache (never downloaded at run time).
 
 Tensors load strictly: every parameter of engine.talker.Qwen3TTS and engine.codec.CodecDecoder must be in
-the checkpoint with its exact name and shape, and every checkpoint tensor must be used, except the
-speech tokenizer's `encoder.*` (Mimi) and a `speaker_encoder.*`, both only needed to clone a voice from
-reference audio, which a CustomVoice engine never does.
+the checkpoint with its exact name and shape, and every checkpoint tensor must be used. A Base checkpoint
+(config.json tts_model_type "base") also loads what cloning a voice from reference audio needs, in float32
+whatever the engine's dtype (it runs once per voice): its `speaker_encoder.*` (engine.speaker) and the speech
+tokenizer's `encoder.*` (engine.encoder). Other kinds never clone, and skip both.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,10 @@ import torch
 from safetensors import safe_open
 
 from engine.codec import CodecDecoder
-from engine.talker import ConfigError, ModelConfig, Qwen3TTS
+from engine.encoder import SpeechEncoder
+from engine.speaker import SpeakerEncoder, SpeakerEncoderConfig
+from engine.talker import ModelConfig, Qwen3TTS, UnsupportedConfig
+from engine.voices import fingerprint
 
 DEFAULT_REPO = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"
 
@@ -72,17 +77,19 @@ def _weight_files(folder: Path) -> list[Path]:
     return [single]
 
 
-def load_strict(module: torch.nn.Module, files: list[Path], where: str, *, skip_prefix: str,
-                device: torch.device, dtype: torch.dtype) -> None:
-    """Fill `module` (built on the meta device) from safetensors files; any missing, unexpected or
-    misshapen tensor is an error naming it. Floating tensors are cast to `dtype`."""
-    expected = {name: tuple(t.shape) for name, t in module.state_dict().items()}
+def load_strict(module: torch.nn.Module, files: list[Path], where: str, *, device: torch.device,
+                dtype: torch.dtype, prefix: str = "", skip: Callable[[str], bool] = lambda name: False) -> None:
+    """Fill `module` (built on the meta device) from the tensors of safetensors files named `prefix` + one
+    of its parameter names; any missing, unexpected or misshapen tensor is an error naming it. Tensors
+    outside `prefix` are other modules', and `skip(name)` names tensors the module does not use. Floating
+    tensors are cast to `dtype`."""
+    expected = {prefix + name: tuple(t.shape) for name, t in module.state_dict().items()}
     state: dict[str, torch.Tensor] = {}
     unexpected, misshapen = [], []
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
-                if name.startswith(skip_prefix):
+                if not name.startswith(prefix) or skip(name[len(prefix):]):
                     continue
                 if name not in expected:
                     unexpected.append(name)
@@ -92,8 +99,9 @@ def load_strict(module: torch.nn.Module, files: list[Path], where: str, *, skip_
                     misshapen.append(f"{name} {list(shape)} (expected {list(expected[name])})")
                     continue
                 tensor = f.get_tensor(name)
-                state[name] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
-    missing = sorted(set(expected) - set(state) - {m.split(" ")[0] for m in misshapen})
+                state[name[len(prefix):]] = tensor.to(device=device,
+                                                      dtype=dtype if tensor.is_floating_point() else None)
+    missing = sorted(set(expected) - {prefix + name for name in state} - {m.split(" ")[0] for m in misshapen})
     problems = []
     if missing:
         problems.append(f"missing tensors: {', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""))
@@ -130,14 +138,21 @@ class Checkpoint:
     model: Qwen3TTS
     codec: CodecDecoder
     tokenizer: Any  # a transformers fast tokenizer
+    # Base checkpoints only: what turns reference audio into a cloned voice (engine.clone).
+    speaker_encoder: SpeakerEncoder | None = None
+    encoder: SpeechEncoder | None = None
+    fingerprint: str = ""  # engine.clone.fingerprint of its configs: which clones fit it
 
 
 def load(checkpoint: str, device: str = "auto", dtype: str = "auto") -> Checkpoint:
     folder = resolve(checkpoint)
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
+    speaker_encoder = encoder = None
     try:
         raw = _read_json(folder / "config.json")
+        speech = _read_json(folder / "speech_tokenizer" / "config.json")
+        prints = fingerprint(raw, speech)
         predictor = (raw.get("talker_config") or {}).get("code_predictor_config")
         if isinstance(predictor, dict):
             # The official predictor config class defaults head_dim to 128 (not hidden / heads).
@@ -145,19 +160,34 @@ def load(checkpoint: str, device: str = "auto", dtype: str = "auto") -> Checkpoi
         config = ModelConfig.from_dict(raw)
         with torch.device("meta"):
             model = Qwen3TTS(config)
-            codec = CodecDecoder.from_config(_read_json(folder / "speech_tokenizer" / "config.json"))
-    except (ConfigError, KeyError, TypeError, ValueError, NotImplementedError) as exc:
+            codec = CodecDecoder.from_config(speech)
+            if config.speaker_encoder is not None:
+                speaker_encoder = SpeakerEncoder(SpeakerEncoderConfig.from_dict(config.speaker_encoder))
+                encoder = SpeechEncoder.from_config(speech)
+    except (UnsupportedConfig, KeyError, TypeError, ValueError, NotImplementedError) as exc:
         raise CheckpointError(f"checkpoint {folder}: unsupported config: {exc}") from None
-    load_strict(model, _weight_files(folder), f"{folder}/model.safetensors", skip_prefix="speaker_encoder.",
+    files, speech_files = _weight_files(folder), _weight_files(folder / "speech_tokenizer")
+    load_strict(model, files, f"{folder}/model.safetensors", skip=lambda name: name.startswith("speaker_encoder."),
                 device=dev, dtype=dt)
-    load_strict(codec, _weight_files(folder / "speech_tokenizer"), f"{folder}/speech_tokenizer/model.safetensors",
-                skip_prefix="encoder.", device=dev, dtype=dt)
+    load_strict(codec, speech_files, f"{folder}/speech_tokenizer/model.safetensors",
+                skip=lambda name: name.startswith("encoder."), device=dev, dtype=dt)
+    if speaker_encoder is not None and encoder is not None:
+        if speaker_encoder.cfg.enc_dim != config.talker.hidden:
+            raise CheckpointError(f"checkpoint {folder}: speaker_encoder_config enc_dim {speaker_encoder.cfg.enc_dim} "
+                                  f"is not the talker's hidden size {config.talker.hidden}")
+        load_strict(speaker_encoder, files, f"{folder}/model.safetensors", prefix="speaker_encoder.", device=dev,
+                    dtype=torch.float32)
+        load_strict(encoder, speech_files, f"{folder}/speech_tokenizer/model.safetensors", prefix="encoder.",
+                    skip=encoder.unused, device=dev, dtype=torch.float32)
+        speaker_encoder.eval()
+        encoder.eval()
     model.eval()
     codec.eval()
     generation_file = folder / "generation_config.json"
     generation = _read_json(generation_file) if generation_file.is_file() else {}
     return Checkpoint(folder=folder, config=config, generation=generation, model=model, codec=codec,
-                      tokenizer=load_tokenizer(folder))
+                      tokenizer=load_tokenizer(folder), speaker_encoder=speaker_encoder, encoder=encoder,
+                      fingerprint=prints)
 
 
 def load_tokenizer(folder: Path) -> Any:

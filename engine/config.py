@@ -42,6 +42,11 @@ class EngineConfig:
     endpoints: str = ""
     heartbeat_ms: float = 500.0
     start_timeout_s: float = 900.0
+    # Cloned voices (a Base checkpoint): the longest reference recording, whose frames every row's KV cache
+    # holds room for (30 s: 376 positions more per row).
+    max_reference_s: float = 30.0
+    # Instructions and voice descriptions (CustomVoice 1.7B, VoiceDesign): the most tokens, likewise held.
+    max_instructions_tokens: int = 256
     voices: dict[str, str] = field(default_factory=dict)
 
     @classmethod

@@ -418,14 +418,15 @@ def can_sample(logits: torch.Tensor) -> bool:
     return available(logits) and logits.stride(-1) == 1 and logits.shape[-1] <= 8192
 
 
-def sample(logits: torch.Tensor, u: torch.Tensor, top_k: int, temperature: float) -> torch.Tensor:
-    """engine.sampling.choose for top_p = 1 (its reference) in one kernel: temperature, top-k, then the
-    first id whose cumulative probability exceeds u [B], over logits [B, V] cast to float32 in registers.
-    Only where `can_sample(logits)`."""
+def sample(logits: torch.Tensor, u: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           temperature: torch.Tensor) -> torch.Tensor:
+    """engine.sampling.choose (its reference) in one kernel: temperature, top-k, top-p, then the first id
+    whose cumulative probability exceeds u [B], over logits [B, V] cast to float32 in registers; each row
+    with its own top_k, top_p and temperature (float32 [B]). Only where `can_sample(logits)`."""
     b, v = logits.shape
     out = torch.empty(b, dtype=torch.long, device=logits.device)
-    _sample_kernel[(b,)](logits, u, out, v, logits.stride(0), u.stride(0), temperature,
-                         TOP_K=top_k if 0 < top_k < v else 0, BLOCK_V=triton.next_power_of_2(v))
+    _sample_kernel[(b,)](logits, u, top_k.contiguous(), top_p.contiguous(), temperature.contiguous(), out, v,
+                         logits.stride(0), u.stride(0), BLOCK_V=triton.next_power_of_2(v))
     return out
 
 
@@ -656,25 +657,42 @@ if triton is not None:
             tl.store(act_ptr + offs, (yf + inv_beta[None, :] * (s * s)).to(dt), mask=mask)
 
     @triton.jit
-    def _sample_kernel(logits_ptr, u_ptr, out_ptr, V, stride_l, stride_u, temperature, TOP_K: tl.constexpr,
+    def _sample_kernel(logits_ptr, u_ptr, top_k_ptr, top_p_ptr, temperature_ptr, out_ptr, V, stride_l, stride_u,
                        BLOCK_V: tl.constexpr):
         row = tl.program_id(0)
         ids = tl.arange(0, BLOCK_V)
         x = tl.load(logits_ptr + row * stride_l + ids, mask=ids < V, other=float("-inf")).to(tl.float32)
-        x = x / temperature
-        if TOP_K > 0:
-            # The k-th largest score, by bisection over an order-preserving integer key of the scores' bits:
-            # the largest key with at least k keys at or above it (exact, ties kept as top-k keeps them), or
-            # any key with exactly k at or above it. At most 32 halvings; a full sort costs more.
-            bits = x.to(tl.int32, bitcast=True)
-            key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+        x = x / tl.load(temperature_ptr + row)
+        # Thresholds are found by bisection over an order-preserving integer key of the scores' bits: at most
+        # 32 halvings of a reduction each, cheaper than a sort.
+        bits = x.to(tl.int32, bitcast=True)
+        key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+        top_k = tl.load(top_k_ptr + row).to(tl.int32)
+        if (top_k > 0) & (top_k < V):
+            # The k-th largest score: the largest key with at least k keys at or above it (exact, ties kept as
+            # top-k keeps them), or any key with exactly k at or above it.
             lo = tl.min(key, 0)
             hi = tl.max(key, 0) + 1
             while hi - lo > 1:
                 mid = lo + (hi - lo) // 2
                 above = tl.sum((key >= mid).to(tl.int32), 0)
-                lo = tl.where(above >= TOP_K, mid, lo)
-                hi = tl.where(above >= TOP_K, tl.where(above == TOP_K, mid + 1, hi), mid)
+                lo = tl.where(above >= top_k, mid, lo)
+                hi = tl.where(above >= top_k, tl.where(above == top_k, mid + 1, hi), mid)
+            x = tl.where(key >= lo, x, float("-inf"))
+        top_p = tl.load(top_p_ptr + row)
+        if top_p < 1.0:
+            # transformers' top-p drops the ids whose ascending cumulative probability stays <= 1 - top_p: keep
+            # the keys from the smallest one whose mass at or below it exceeds that (ties at it all kept, where
+            # the sort-based reference keeps some of them, in its sort's order).
+            p = tl.exp(x - tl.max(x, 0))
+            limit = (1.0 - top_p) * tl.sum(p, 0)
+            lo = tl.min(key, 0)
+            hi = tl.max(key, 0)
+            while lo < hi:
+                mid = lo + (hi - lo) // 2
+                below = tl.sum(tl.where(key <= mid, p, 0.0), 0)
+                lo = tl.where(below > limit, lo, mid + 1)
+                hi = tl.where(below > limit, mid, hi)
             x = tl.where(key >= lo, x, float("-inf"))
         p = tl.exp(x - tl.max(x, 0))
         cdf = tl.cumsum(p, 0)

@@ -24,12 +24,14 @@ import time
 from functools import partial
 from typing import Any
 
+import numpy as np
 import zmq
 
 from engine import ipc
 from engine.api import TTSChunk, TTSError
 from engine.batcher import Batcher, Utterance
 from engine.config import EngineConfig
+from engine.voices import VoiceError, VoicePrompt
 
 log = logging.getLogger("engine.process")
 
@@ -97,12 +99,22 @@ class EngineServer:
             self._send(client, [ipc.HELLO, json.dumps(self.hello()).encode()])
         elif kind == ipc.OPEN:
             sid, voice, language = args[0], args[1].decode(), args[2].decode()
+            prompt = args[3] if len(args) > 3 else b""
+            instructions = args[4].decode() if len(args) > 4 else ""
+            sampling = args[5] if len(args) > 5 else b""
             try:
-                utterance = Utterance(self.batcher, self.batcher.resolve(voice, language or None),
-                                      partial(self._deliver, client, sid))
+                voice_prompt = VoicePrompt.from_bytes(prompt) if prompt else None
+                target = self.batcher.resolve(voice, language or None, voice_prompt, instructions or None)
+                utterance = Utterance(self.batcher, target, partial(self._deliver, client, sid),
+                                      ipc.sampling_from_bytes(sampling) if sampling else None)
                 client.streams[sid] = self.batcher.admit(utterance)
-            except TTSError as exc:
+            except (TTSError, VoiceError) as exc:
                 self._send(client, [ipc.ERROR, sid, ipc.INPUT, str(exc).encode()])
+        elif kind == ipc.PREPARE:
+            token, rate, text = args[0], int(args[2]), args[3].decode()
+            audio = np.frombuffer(args[1], dtype="<f4")
+            self.batcher.submit(lambda: self.batcher.prepare_voice(audio, rate, text or None),
+                                partial(self._prepared, client, token))
         elif kind in (ipc.FEED, ipc.END):
             utterance = client.streams.get(args[0])
             if utterance is None:
@@ -130,8 +142,10 @@ class EngineServer:
 
     def hello(self) -> dict[str, Any]:
         b = self.batcher
-        return {"instance": self.instance, "pid": os.getpid(), "device": str(b.runner.device), "rows": b.max_streams,
-                "voices": sorted(b.voices), "languages": sorted(b.languages), "max_text_chars": b.max_text_chars,
+        return {"instance": self.instance, "pid": os.getpid(), "device": str(b.device),
+                "rows": b.max_streams * len(b.models), "voices": sorted(b.voices), "languages": sorted(b.languages),
+                "kinds": b.kinds, "fingerprints": b.fingerprints, "follows_instructions": b.follows_instructions,
+                "max_text_chars": b.max_text_chars,
                 "heartbeat_s": self.heartbeat_s}
 
     # -- what goes back --
@@ -148,6 +162,16 @@ class EngineServer:
         if not isinstance(item, TTSChunk):
             client.streams.pop(sid, None)
         self._send(client, frames)
+
+    def _prepared(self, client: Client, token: bytes, result: VoicePrompt | BaseException) -> None:
+        """A prepared voice, or why it could not be, from the batching loop."""
+        if isinstance(result, VoicePrompt):
+            self._send(client, [ipc.VOICE, token, ipc.OK, result.to_bytes()])
+        else:
+            cause = ipc.INPUT if isinstance(result, TTSError) else ipc.ENGINE
+            if cause == ipc.ENGINE:
+                log.error("preparing a voice failed: %r", result)
+            self._send(client, [ipc.VOICE, token, cause, str(result).encode()])
 
     def _send(self, client: Client, frames: list[bytes]) -> None:
         if client.gone:
@@ -226,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 2
     server = EngineServer(batcher, socket, args.heartbeat_ms / 1000, args.parent)
-    log.info("serving %s (%d rows on %s)", args.endpoint, batcher.max_streams, batcher.runner.device)
+    log.info("serving %s (%s, %d rows each, on %s)", args.endpoint, ", ".join(batcher.kinds), batcher.max_streams,
+             batcher.device)
     print(json.dumps({"ready": args.endpoint}), flush=True)
     server.serve()
     socket.close()

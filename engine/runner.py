@@ -3,12 +3,13 @@
 A `Runner` owns the model's rows. Streams join (`add`) and leave (`remove`) between steps; the rows in use
 stay packed at [0, n) (a leaving stream's row takes the last stream), so a step over n streams is a step
 over rows [0, b) for the smallest captured batch size b >= n, and the rows past n are throwaway padding.
-A step prefills the streams that start (their prompts batched, right-padded to PREFILL_LEN positions),
-launches one frame for all rows (talker, sampling, the 15-step code predictor), then, while that frame runs
-on the device, hands out the packets the previous step decoded, takes the codes of the frame the previous
-step launched, and queues the packets now due in one batched codec step per packet size, padding a short
-last packet with frames whose samples are cut (the codec is causal, so they change nothing before them).
-Streams waiting for text sit it out.
+A step prefills the streams that start (their prompts batched, right-padded to PREFILL_LEN positions; a
+longer prompt, such as an in-context clone's or an instructed one, runs eagerly), launches one frame for all
+rows (talker, sampling, the 15-step code predictor), then, while that frame runs on the device, hands out
+the packets the previous step decoded, takes the codes of the frame the previous step launched, and queues
+the packets now due in one batched codec step per packet size, padding a short last packet with frames
+whose samples are cut (the codec is causal, so they change nothing before them). Streams waiting for text
+sit it out.
 
 The host waits for the device only for what it hands out, and the device always has the next frame queued
 behind it: launching a frame before reading the previous one's codes keeps the device busy through the
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -40,16 +41,20 @@ import torch
 from prometheus_client import Counter, Histogram
 
 from engine.checkpoint import Checkpoint
-from engine.codec import CodecDecoder
-from engine.prompt import NO_CODEC, TextTokens, Voice
+from engine.codec import CodecDecoder, CodecState
+from engine.prompt import NO_CODEC, Prompt, TextTokens, Voice
 from engine.sampling import SamplingParams
 from engine.stream import Packet, Stream
+from engine.voices import VoicePrompt
 
 log = logging.getLogger(__name__)
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024)
 # Prompt positions of a captured prefill: a streaming prompt takes 9 to 11 (role, control tags, first token).
 PREFILL_LEN = 16
+# In-context voices whose decoder state after their reference codes is kept (about 2.5 MB each at bf16), and
+# the frames decoded per call when making one.
+PRIMED_VOICES, PRIME_CHUNK = 32, 64
 STEP_SECONDS = Histogram("tts_engine_step_seconds", "Wall time of one engine step (every running stream makes a "
                          "frame; due packets decoded)", buckets=(.002, .004, .006, .008, .01, .015, .02, .03, .04,
                                                                  .06, .08, .1, .15, .25, .5))
@@ -147,6 +152,23 @@ class PacketDecoder:
         pinned = dev.type == "cuda"
         self.host = {n: torch.zeros(rows, n * spf, dtype=torch.int16, pin_memory=pinned) for n in sizes}
         self.first_host = [torch.zeros(rows, spf, dtype=torch.int16, pin_memory=pinned) for _ in range(2)]
+        self.primed: OrderedDict[str, CodecState] = OrderedDict()  # per in-context voice, most recent last
+
+    @torch.no_grad()
+    def prime(self, row: int, clone: VoicePrompt) -> None:
+        """Start `row` where decoding an in-context clone's reference codes leaves the decoder: the official
+        code decodes reference and new codes together and cuts the reference's audio off. The state is
+        kept for the voice's next streams (PRIMED_VOICES voices)."""
+        state = self.primed.pop(clone.key, None)
+        if state is None:
+            state = self.codec.new_state(1)
+            codes = torch.from_numpy(clone.codes).T[None].to(self.index.device)  # [1, 16, frames]
+            for part in codes.split(PRIME_CHUNK, dim=2):  # bounded activations, same result as one call
+                self.codec.decode_step(part, state)
+        self.primed[clone.key] = state
+        while len(self.primed) > PRIMED_VOICES:
+            self.primed.popitem(last=False)
+        state.store_rows_(self.state, torch.tensor([row], device=self.index.device))
 
     @torch.no_grad()
     def decode(self, b: int, frames: int) -> None:
@@ -166,16 +188,20 @@ class PacketDecoder:
 
 
 class Runner:
-    """Up to `rows` streams of up to `max_len` talker positions, all sampled with `params`."""
+    """Up to `rows` streams of up to `max_len` talker positions, sampled with `params` unless a stream
+    brings its own (Stream.params)."""
 
     def __init__(self, ckpt: Checkpoint, rows: int, max_len: int, params: SamplingParams, packet_frames: int,
                  first_packet_frames: int = 0, cuda_graphs: bool = True, graph_max_batch: int = 0) -> None:
-        self.model, self.rows = ckpt.model, rows
+        self.model, self.rows, self.params = ckpt.model, rows, params
         self.model.setup(rows, max_len, params)
         # Packets hold packet_frames frames; a stream's first may hold fewer (sooner audio); a last packet
         # is padded up to the next of these sizes.
         self.packet_sizes = sorted({first_packet_frames or packet_frames, packet_frames})
         self.decoder = PacketDecoder(ckpt.codec, rows, self.packet_sizes)
+        # The captured prefill's codec-track vectors (engine.talker.Qwen3TTS.prefill), zero but for clones.
+        self.vectors = self.model.first_input.new_zeros(rows, PREFILL_LEN, self.model.cfg.talker.hidden)
+        self._vectors_dirty = False
         self.samples_per_frame = ckpt.codec.samples_per_frame
         self.streams: list[Stream] = []  # streams[i] holds row i
         self.device = self.model.seed.device
@@ -198,15 +224,16 @@ class Runner:
             sizes = sorted({b for b in BATCH_SIZES if b < limit} | {limit})
             pool = torch.cuda.graph_pool_handle()
         start = time.perf_counter()
+        prefill = partial(self.model.prefill, length=PREFILL_LEN, vectors=self.vectors)
         try:
-            self.prefill_graphs = Graphs("prefill", partial(self.model.prefill, length=PREFILL_LEN), sizes, pool)
+            self.prefill_graphs = Graphs("prefill", prefill, sizes, pool)
             self.frame_graphs = Graphs("frame", self.model.step, sizes, pool)
             self.packet_graphs = {n: Graphs("packet", partial(self.decoder.decode, frames=n), sizes, pool)
                                   for n in self.packet_sizes}
         except RuntimeError:  # a failed capture costs speed, never a session
             log.exception("CUDA graph capture failed; every step runs eagerly")
             sizes = []
-            self.prefill_graphs = Graphs("prefill", partial(self.model.prefill, length=PREFILL_LEN), [], None)
+            self.prefill_graphs = Graphs("prefill", prefill, [], None)
             self.frame_graphs = Graphs("frame", self.model.step, [], None)
             self.packet_graphs = {n: Graphs("packet", partial(self.decoder.decode, frames=n), [], None)
                                   for n in self.packet_sizes}
@@ -365,26 +392,51 @@ class Runner:
 
     def _prefill(self, fresh: list[Stream]) -> None:
         prompts = [s.start() for s in fresh]
-        length = max(len(text) for text, _ in prompts)
-        graphed = length <= PREFILL_LEN  # streaming prompts; longer (non-streaming) ones run eagerly
+        length = max(len(p) for p in prompts)
+        graphed = length <= PREFILL_LEN  # streaming prompts; longer ones run eagerly
         b, length = (self.prefill_graphs.size(len(fresh)), PREFILL_LEN) if graphed else (len(fresh), length)
         ids = numpy.zeros((2, b, length), dtype=numpy.int64)
         ids[1] = NO_CODEC
-        for i, (text, codec) in enumerate(prompts):
-            ids[0, i, :len(text)] = text
-            ids[1, i, :len(codec)] = codec
+        for i, p in enumerate(prompts):
+            ids[0, i, :len(p)] = p.text
+            ids[1, i, :len(p)] = p.codec
         meta = numpy.zeros((4, b), dtype=numpy.int64)
         meta[0] = self.rows
-        meta[:, :len(fresh)] = [[s.row for s in fresh], [len(text) - 1 for text, _ in prompts],
-                                [s.seed for s in fresh], [s.min_frames for s in fresh]]
+        meta[:, :len(fresh)] = [[s.row for s in fresh], [len(p) - 1 for p in prompts], [s.seed for s in fresh],
+                                [s.min_frames for s in fresh]]
+        sampling = numpy.array([(s.params or self.params).row() for s in fresh]
+                               + [self.params.row()] * (b - len(fresh)), dtype=numpy.float32)
         self.model.prompt_ids[:, :b, :length].copy_(torch.from_numpy(ids), non_blocking=True)
         self.model.prompt_meta[:, :b].copy_(torch.from_numpy(meta), non_blocking=True)
+        self.model.prompt_sampling[:, :b].copy_(torch.from_numpy(sampling.T), non_blocking=True)
+        vectors = self.vectors if graphed else self.vectors.new_zeros(b, length, self.vectors.shape[-1])
+        self._write_vectors(vectors, prompts, graphed)
         if graphed:
             self.prefill_graphs.run(b)
         else:
-            self.model.prefill(b, length)
+            self.model.prefill(b, length, vectors)
             STEPS.labels("prefill", "eager").inc()
         self.decoder.state.reset_(torch.from_numpy(meta[0, :len(fresh)]).to(self.device))
+        for s in fresh:
+            if s.voice.icl and s.voice.clone is not None:
+                self.decoder.prime(s.row, s.voice.clone)
+
+    def _write_vectors(self, vectors: torch.Tensor, prompts: list[Prompt], reused: bool) -> None:
+        """The prompts' codec-track vectors (a clone's x-vector, an ICL clone's reference frames) into
+        `vectors` [b, length, hidden], zero elsewhere (`reused`: it holds the last prefill's)."""
+        cloned = [(i, p) for i, p in enumerate(prompts) if p.speaker_at >= 0 or p.codes_at >= 0]
+        if reused:
+            if self._vectors_dirty:
+                vectors.zero_()
+            self._vectors_dirty = bool(cloned)
+        for i, p in cloned:
+            clone = p.voice.clone
+            assert clone is not None
+            if p.speaker_at >= 0 and clone.speaker is not None:
+                vectors[i, p.speaker_at] = torch.from_numpy(clone.speaker).to(vectors)
+            if p.codes_at >= 0 and clone.codes is not None:
+                codes = torch.from_numpy(clone.codes).to(self.device)
+                vectors[i, p.codes_at:p.codes_at + len(codes)] = self.model.codes_embed_of(codes)[:, 0]
 
     def _packets(self, due: list[Stream], n: int) -> _Decoded:
         graphs = self.packet_graphs[n]
@@ -405,17 +457,19 @@ class Runner:
         return _Decoded(packets, pcm, self._event())
 
 
-def synthesize(ckpt: Checkpoint, speaker: str, language: str | None, text: str, params: SamplingParams,
+def synthesize(ckpt: Checkpoint, speaker: str | None, language: str | None, text: str, params: SamplingParams,
                max_frames: int, seed: int | None = 0, non_streaming: bool = False, packet_frames: int = 4,
-               min_frames: int = 2, cuda_graphs: bool = False,
-               first_packet_frames: int = 0) -> tuple[torch.Tensor, list[Packet]]:
+               min_frames: int = 2, cuda_graphs: bool = False, first_packet_frames: int = 0, *,
+               clone: VoicePrompt | None = None, instructions: str | None = None) -> tuple[torch.Tensor, list[Packet]]:
     """A whole utterance on the calling thread (tests, benchmarks): codes [T, 16] and its packets."""
     tokens = TextTokens(ckpt.tokenizer)
-    runner = Runner(ckpt, 1, max_frames + 16 + (len(text.encode()) + 8 if non_streaming else 0), params,
-                    packet_frames, first_packet_frames, cuda_graphs=cuda_graphs)
-    stream = Stream(ckpt, tokens, Voice.resolve(ckpt.config, speaker, language), seed, packet_frames, max_frames,
-                    min_frames, non_streaming, first_packet_frames)
+    voice = Voice.resolve(ckpt.config, speaker, language, tokens=tokens, clone=clone, instructions=instructions)
+    stream = Stream(ckpt, tokens, voice, seed, packet_frames, max_frames, min_frames, non_streaming,
+                    first_packet_frames)
     stream.add_text(text, final=True)
+    positions = voice.positions(ckpt.config, len(stream.ids), non_streaming)
+    runner = Runner(ckpt, 1, max_frames + positions + 1, params, packet_frames, first_packet_frames,
+                    cuda_graphs=cuda_graphs)
     runner.add(stream)
     packets = []
     while not stream.done or runner.busy:

@@ -1,16 +1,24 @@
 """Token choice as the official generate makes it: repetition penalty on codebook 0, then (when sampling)
 temperature, top-k and top-p, each as transformers' logits processors compute them. Everything is batched over
-streams, and random draws come from a counter-based generator (seed, frame, codebook), so a stream is
+streams, each row with its own temperature, top-k, top-p and penalty (a stream's engine.api.Sampling over the
+checkpoint's), and random draws come from a counter-based generator (seed, frame, codebook), so a stream is
 reproducible for a given seed whatever else shares its batch, and the draws run inside a CUDA graph."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from engine import kernels
+from engine.api import Sampling
+
+# What a row of the batch holds of its stream's sampling (engine.talker keeps them as one float tensor).
+ROW_FIELDS = ("temperature", "top_k", "top_p", "repetition_penalty", "sub_temperature", "sub_top_k", "sub_top_p")
+# engine.api.Sampling's names of the code predictor's fields.
+_API_NAMES = {"subtalker_temperature": "sub_temperature", "subtalker_top_k": "sub_top_k",
+              "subtalker_top_p": "sub_top_p"}
 
 
 @dataclass(frozen=True)
@@ -46,12 +54,33 @@ class SamplingParams:
             raise ValueError("generation_config.json: temperature must be > 0")
         return params
 
+    def with_overrides(self, sampling: Sampling | None) -> SamplingParams:
+        """These parameters with a stream's own (its seed aside, which the stream keeps)."""
+        if sampling is None:
+            return self
+        given = {_API_NAMES.get(k, k): v for k, v in vars(sampling).items() if v is not None and k != "seed"}
+        return replace(self, **given)
 
-def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """Penalise the ids already generated (once each, however often they came); logits and seen [B, V]."""
-    if penalty == 1.0:
-        return logits
-    penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    def row(self) -> list[float]:
+        """The values of ROW_FIELDS, as a row of the batch holds them."""
+        return [float(getattr(self, name)) for name in ROW_FIELDS]
+
+
+Rows = torch.Tensor | float
+
+
+def _per_row(value: Rows, logits: torch.Tensor) -> torch.Tensor:
+    """A per-row parameter as float32 [B] (a number applies to every row)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=logits.device, dtype=torch.float32)
+    return torch.full((logits.shape[0],), float(value), device=logits.device)
+
+
+def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: Rows) -> torch.Tensor:
+    """Penalise the ids already generated (once each, however often they came); logits and seen [B, V],
+    penalty per row (1: none)."""
+    p = _per_row(penalty, logits)[:, None]
+    penalised = torch.where(logits < 0, logits * p, logits / p)
     return torch.where(seen, penalised, logits)
 
 
@@ -76,28 +105,31 @@ def uniform(seed: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
     return (x >> 8).float() * 2.0**-24
 
 
-def warp(logits: torch.Tensor, top_k: int, top_p: float, temperature: float) -> torch.Tensor:
-    """Temperature, then top-k, then top-p over float32 logits [B, V]; filtered ids get -inf."""
-    scores = logits / temperature
-    if 0 < top_k < scores.shape[-1]:
-        kth = torch.topk(scores, top_k).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=False)
-        cumulative = sorted_scores.softmax(-1).cumsum(-1)
-        remove = cumulative <= 1 - top_p
-        remove[:, -1] = False
-        scores = scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))
-    return scores
+def warp(logits: torch.Tensor, top_k: Rows, top_p: Rows, temperature: Rows) -> torch.Tensor:
+    """Temperature, then top-k (0: none), then top-p over float32 logits [B, V], each per row; filtered ids
+    get -inf. The same tensor operations whatever the values (no branch on them: a CUDA graph replays this);
+    a row with top_p 1 loses only ids of probability 0, which no draw picks."""
+    scores = logits / _per_row(temperature, logits)[:, None]
+    vocab = scores.shape[-1]
+    k = _per_row(top_k, logits).long()
+    k = torch.where((k > 0) & (k < vocab), k, vocab)
+    kth = torch.sort(scores, descending=True).values.gather(1, (k - 1)[:, None])
+    scores = scores.masked_fill(scores < kth, float("-inf"))
+    sorted_scores, order = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(-1).cumsum(-1)
+    remove = cumulative <= 1 - _per_row(top_p, logits)[:, None]
+    remove[:, -1] = False
+    return scores.masked_fill(remove.scatter(1, order, remove), float("-inf"))
 
 
-def choose(logits: torch.Tensor, do_sample: bool, top_k: int, top_p: float, temperature: float,
+def choose(logits: torch.Tensor, do_sample: bool, top_k: Rows, top_p: Rows, temperature: Rows,
            u: torch.Tensor | None) -> torch.Tensor:
     """One id per row of logits [B, V]: argmax, or a draw from the warped distribution that inverts its
     CDF at u [B] (the first id whose cumulative probability exceeds u), computed in float32."""
     if not do_sample or u is None:
         return logits.argmax(-1)
-    if top_p >= 1.0 and kernels.can_sample(logits):
-        return kernels.sample(logits, u, top_k, temperature)
+    if kernels.can_sample(logits):
+        return kernels.sample(logits, u, _per_row(top_k, logits), _per_row(top_p, logits),
+                              _per_row(temperature, logits))
     cdf = warp(logits.float(), top_k, top_p, temperature).softmax(-1).cumsum(-1)
     return (cdf <= u[:, None] * cdf[:, -1:]).sum(-1).clamp(max=logits.shape[-1] - 1)

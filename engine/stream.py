@@ -26,8 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import prompt
 from engine.checkpoint import Checkpoint
-from engine.prompt import PromptError, TextTokens, Voice, prompt_ids
+from engine.prompt import Prompt, PromptError, TextTokens, Voice
+from engine.sampling import SamplingParams
 
 
 @dataclass
@@ -54,10 +56,11 @@ def speech_frames(ch: str) -> float:
 class Stream:
     def __init__(self, ckpt: Checkpoint, tokens: TextTokens, voice: Voice, seed: int | None, packet_frames: int,
                  max_frames: int, min_frames: int = 2, non_streaming: bool = False,
-                 first_packet_frames: int = 0) -> None:
+                 first_packet_frames: int = 0, params: SamplingParams | None = None) -> None:
         self.tokens, self.voice = tokens, voice
         self.model = ckpt.model
         self.seed = seed if seed is not None else random.getrandbits(32)
+        self.params = params  # the stream's own sampling (None: the runner's)
         self.min_frames = max(2, min_frames)  # EOS is banned before this many frames (the official minimum: 2)
         self.packet_frames, self.max_frames = packet_frames, max_frames
         self.first_packet_frames = first_packet_frames or packet_frames  # fewer: audio starts sooner
@@ -75,6 +78,7 @@ class Stream:
         self.cost = 0.0
         self.tokenized = 0  # characters of self.text already tokenized
         self.next_token = 0  # the text token the next frame reads
+        self.leftover: list[int] = []  # transcript tokens an ICL clone's prompt could not hold, read first
         self.eos_read = False
         self.row = -1  # the runner's batch row while the stream runs
         self.started = False  # prompt prefilled
@@ -128,18 +132,20 @@ class Stream:
             return False
         if self.non_streaming:
             return self.final
-        return self.next_token < len(self.ids) or (self.final and self.started)
+        if not self.started:  # an ICL clone's prompt holds more than the first token
+            return bool(self.ids) and (self.final or len(self.ids) >= self.voice.text_needed())
+        return self.leftover != [] or self.next_token < len(self.ids) or self.final
 
     # -- model side (called by engine.runner.Runner) --
-    def start(self) -> tuple[list[int], list[int]]:
-        """The prompt's text-track and codec-track ids (engine.prompt.prompt_ids); the runner prefills them."""
-        self.next_token = len(self.ids) if self.non_streaming else 1
-        self.eos_read = self.non_streaming  # the non-streaming prefill holds tts_eos already
-        prompt = prompt_ids(self.model.cfg, self.voice, self.tokens.role_ids, self.ids, self.non_streaming)
+    def start(self) -> Prompt:
+        """The stream's prompt (engine.prompt.build); the runner prefills it."""
+        built = prompt.build(self.model.cfg, self.voice, self.tokens.role_ids, self.ids, self.non_streaming,
+                             final=self.final)
+        self.next_token, self.leftover, self.eos_read = built.text_read, built.leftover, built.eos_read
         self.started = True
-        self.pos = len(prompt[0]) - 1  # the last prompt position is the first step's input
+        self.pos = len(built) - 1  # the last prompt position is the first step's input
         self.frame_cap = min(self.max_frames, self.model.max_len - self.pos)
-        return prompt
+        return built
 
     def launch(self) -> tuple[int, int, int]:
         """The inputs of this stream's next frame (position, text-track token, first frame 0/1), which the
@@ -152,6 +158,8 @@ class Stream:
 
     def next_text_id(self) -> int:
         """The text-track token of the next frame launched (after the first)."""
+        if self.leftover:
+            return self.leftover.pop(0)
         if self.next_token < len(self.ids):
             self.next_token += 1
             return self.ids[self.next_token - 1]

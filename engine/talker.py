@@ -18,10 +18,10 @@ from torch import nn
 
 from engine import kernels
 from engine.layers import Block, Decode, KVCache, Prefill, RMSNorm, fuse_weights, rope_tables
-from engine.sampling import SamplingParams, choose, repetition_penalty, uniform
+from engine.sampling import ROW_FIELDS, SamplingParams, choose, repetition_penalty, uniform
 
 
-class ConfigError(ValueError):
+class UnsupportedConfig(ValueError):
     """config.json does not describe a model this code runs."""
 
 
@@ -45,12 +45,19 @@ class StackConfig:
                        head_dim=d.get("head_dim", d["hidden_size"] // d["num_attention_heads"]),
                        eps=d.get("rms_norm_eps", 1e-6), theta=d.get("rope_theta", 10000.0), vocab=d["vocab_size"])
         except KeyError as exc:
-            raise ConfigError(f"config.json: {where} lacks {exc.args[0]!r}") from None
+            raise UnsupportedConfig(f"config.json: {where} lacks {exc.args[0]!r}") from None
+
+
+KINDS = ("custom_voice", "voice_design", "base")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """What the engine reads from a checkpoint's config.json."""
+    """What the engine reads from a checkpoint's config.json.
+
+    `kind` is the checkpoint's tts_model_type, as the official loader reads it: custom_voice (named speakers,
+    and instructions unless the size is 0.6B), voice_design (a text description of the voice) or base (a
+    voice cloned from reference audio, with a speaker encoder whose config is `speaker_encoder`)."""
 
     talker: StackConfig
     predictor: StackConfig
@@ -67,27 +74,42 @@ class ModelConfig:
     tts_pad: int
     tts_bos: int
     tts_eos: int
+    kind: str = "custom_voice"
+    size: str = ""
     languages: dict[str, int] = field(default_factory=dict)
     speakers: dict[str, int] = field(default_factory=dict)
     dialects: dict[str, str] = field(default_factory=dict)
+    speaker_encoder: dict[str, Any] | None = None
+
+    @property
+    def follows_instructions(self) -> bool:
+        """Whether prompts take an instruction: VoiceDesign always (it describes the voice), CustomVoice
+        except at 0.6B (the official generate_custom_voice drops it there)."""
+        return self.kind == "voice_design" or (self.kind == "custom_voice" and self.size != "0b6")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         if d.get("tokenizer_type", "qwen3_tts_tokenizer_12hz") != "qwen3_tts_tokenizer_12hz":
-            raise ConfigError(f"config.json: tokenizer_type {d.get('tokenizer_type')!r}; only the 12Hz codec runs here")
-        if d.get("tts_model_type", "custom_voice") != "custom_voice":
-            raise ConfigError(f"config.json: tts_model_type {d.get('tts_model_type')!r}; only custom_voice "
-                              "checkpoints (named speakers) run here")
+            raise UnsupportedConfig(f"config.json: tokenizer_type {d.get('tokenizer_type')!r}; only the 12Hz codec "
+                                    "runs here")
+        kind = d.get("tts_model_type", "custom_voice")
+        if kind not in KINDS:
+            raise UnsupportedConfig(f"config.json: tts_model_type {kind!r}; the engine runs {', '.join(KINDS)}")
         t = d.get("talker_config")
         if not isinstance(t, dict) or not isinstance(t.get("code_predictor_config"), dict):
-            raise ConfigError("config.json: no talker_config with a code_predictor_config")
+            raise UnsupportedConfig("config.json: no talker_config with a code_predictor_config")
         speakers = {}
         for name, value in (t.get("spk_id") or {}).items():
             # Published configs write a speaker id either as an int or as a one-element list.
             ids = value if isinstance(value, list) else [value]
             if len(ids) != 1 or not isinstance(ids[0], int):
-                raise ConfigError(f"config.json: spk_id[{name!r}] = {value!r} is not one codec id")
+                raise UnsupportedConfig(f"config.json: spk_id[{name!r}] = {value!r} is not one codec id")
             speakers[name.lower()] = ids[0]
+        if kind == "custom_voice" and not speakers:
+            raise UnsupportedConfig("config.json: a custom_voice checkpoint without speakers (talker_config.spk_id)")
+        speaker_encoder = d.get("speaker_encoder_config") if kind == "base" else None
+        if kind == "base" and not isinstance(speaker_encoder, dict):
+            raise UnsupportedConfig("config.json: a base checkpoint without speaker_encoder_config")
         try:
             cfg = cls(
                 talker=StackConfig.from_dict(t, "talker_config"),
@@ -97,14 +119,16 @@ class ModelConfig:
                 codec_eos=t["codec_eos_token_id"], think=t["codec_think_id"], nothink=t["codec_nothink_id"],
                 think_bos=t["codec_think_bos_id"], think_eos=t["codec_think_eos_id"],
                 tts_pad=d["tts_pad_token_id"], tts_bos=d["tts_bos_token_id"], tts_eos=d["tts_eos_token_id"],
+                kind=kind, size=str(d.get("tts_model_size") or ""),
                 languages={k.lower(): v for k, v in (t.get("codec_language_id") or {}).items()},
                 speakers=speakers,
                 dialects={k.lower(): v.lower() for k, v in (t.get("spk_is_dialect") or {}).items() if v},
+                speaker_encoder=speaker_encoder,
             )
         except KeyError as exc:
-            raise ConfigError(f"config.json lacks {exc.args[0]!r}") from None
+            raise UnsupportedConfig(f"config.json lacks {exc.args[0]!r}") from None
         if cfg.code_groups != 16 or t["code_predictor_config"].get("num_code_groups", 16) != 16:
-            raise ConfigError("config.json: num_code_groups must be 16 (the 12Hz codec's 16 codebooks)")
+            raise UnsupportedConfig("config.json: num_code_groups must be 16 (the 12Hz codec's 16 codebooks)")
         return cfg
 
 
@@ -200,7 +224,8 @@ class Qwen3TTS(nn.Module):
 
     @torch.no_grad()
     def setup(self, rows: int, max_len: int, params: SamplingParams) -> None:
-        """Preallocate `rows` streams of up to `max_len` talker positions, all sampled with `params`."""
+        """Preallocate `rows` streams of up to `max_len` talker positions; `params` says whether streams sample
+        (or take the argmax), and each stream's prefill brings its own temperature, top-k, top-p and penalty."""
         p = next(self.parameters())
         dev, dt = p.device, p.dtype
         if not self.fused:
@@ -232,6 +257,7 @@ class Qwen3TTS(nn.Module):
         self.seed = torch.zeros(state_rows, dtype=torch.long, device=dev)
         self.frames = torch.zeros(state_rows, dtype=torch.long, device=dev)  # frames made: the sampler's counter
         self.min_frames = torch.zeros(state_rows, dtype=torch.long, device=dev)  # EOS is banned before this many
+        self.sampling = torch.zeros(len(ROW_FIELDS), state_rows, device=dev)  # engine.sampling.ROW_FIELDS
         self.codes_embed = torch.zeros(state_rows, 1, t.hidden, dtype=dt, device=dev)  # codec part of next input
         self.first_input = torch.zeros(state_rows, 1, t.hidden, dtype=dt, device=dev)  # a prompt's last position
         # Prefill inputs, written by the host: per new stream its prompt's text-track and codec-track ids
@@ -239,6 +265,7 @@ class Qwen3TTS(nn.Module):
         self.prompt_ids = torch.zeros(2, rows, self.max_len, dtype=torch.long, device=dev)
         self.prompt_meta = torch.zeros(4, rows, dtype=torch.long, device=dev)
         self.prompt_meta[0] = rows
+        self.prompt_sampling = torch.zeros(len(ROW_FIELDS), rows, device=dev)  # each new stream's sampling
         # Step inputs, written by the host before each step: position, text id, live (0/1), first frame (0/1).
         # A row that is not live (a stream waiting for text, a free row) computes a throwaway frame at its
         # position, which its next live step overwrites; none of its state advances.
@@ -258,13 +285,17 @@ class Qwen3TTS(nn.Module):
         return F.embedding(codes + self.code_offsets, self.code_table).sum(1, keepdim=True)
 
     @torch.no_grad()
-    def prefill(self, n: int, length: int) -> None:
+    def prefill(self, n: int, length: int, vectors: torch.Tensor) -> None:
         """Start the streams described by the first n rows of `prompt_ids` / `prompt_meta`: embed their
-        prompts (`length` positions, right-padded), fill their rows' caches, keep each prompt's last
-        position as the input of its first step, and reset their sampling state."""
+        prompts (`length` positions, right-padded; `vectors` [>= n, >= length, hidden] is added to the
+        codec track: a cloned voice's x-vector and reference frames, zero elsewhere), fill their rows'
+        caches, keep each prompt's last position as the input of its first step, and reset their sampling
+        state."""
         text, codec = self.prompt_ids[:, :n, :length]
         row, last, seed, min_frames = self.prompt_meta[:, :n]
-        x = self.text_embed(text) + torch.where((codec >= 0)[..., None], self.codec_embed(codec.clamp(min=0)), 0)
+        sampling = self.prompt_sampling[:, :n]
+        x = (self.text_embed(text) + torch.where((codec >= 0)[..., None], self.codec_embed(codec.clamp(min=0)), 0)
+             + vectors[:n, :length])
 
         def kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             # A new stream attends to its own prompt only. Positions from its last one on hold throwaway
@@ -282,6 +313,7 @@ class Qwen3TTS(nn.Module):
         self.frames.index_fill_(0, row, 0)
         self.seed.index_copy_(0, row, seed)
         self.min_frames.index_copy_(0, row, min_frames)
+        self.sampling.index_copy_(1, row, sampling)
 
     @torch.no_grad()
     def move_row_(self, src: int, dst: int) -> None:
@@ -290,6 +322,7 @@ class Qwen3TTS(nn.Module):
             cache.move_row_(src, dst)
         for state in (self.seen, self.seed, self.frames, self.min_frames, self.codes_embed, self.first_input):
             state[dst] = state[src]
+        self.sampling[:, dst] = self.sampling[:, src]
 
     @torch.no_grad()
     def step(self, b: int) -> None:
@@ -300,34 +333,36 @@ class Qwen3TTS(nn.Module):
         model = self.talker.model
         hidden = model.norm(model(x, self.caches, self.rope, Decode(pos=pos))[:, -1])
         p = self.params
-        logits = repetition_penalty(self.talker.codec_head(hidden).float(), self.seen[:b], p.repetition_penalty)
+        temperature, top_k, top_p, penalty, *sub = self.sampling[:, :b]
+        logits = repetition_penalty(self.talker.codec_head(hidden).float(), self.seen[:b], penalty)
         logits = logits.masked_fill(self.suppress, float("-inf"))
         eos = self.cfg.codec_eos
         logits[:, eos] = logits[:, eos].masked_fill(self.frames[:b] < self.min_frames[:b], float("-inf"))
         # The frame's 16 draws at once (not made when greedy): column 0 for code 0, i for code i.
         u = uniform(self.seed[:b], self.frames[:b], self.cfg.code_groups) if p.do_sample or p.sub_do_sample else None
-        code0 = choose(logits, p.do_sample, p.top_k, p.top_p, p.temperature, None if u is None else u[:, 0])
+        code0 = choose(logits, p.do_sample, top_k, top_p, temperature, None if u is None else u[:, 0])
         self.seen[:b].scatter_(1, code0[:, None], self.seen[:b].gather(1, code0[:, None]) | live.bool()[:, None])
-        codes = torch.cat([code0[:, None], self.predict_codes(b, hidden, code0, u)], dim=1)
+        codes = torch.cat([code0[:, None], self.predict_codes(b, hidden, code0, u, sub)], dim=1)
         self.codes[:b] = codes
         self.codes_embed[:b] = torch.where(live.bool()[:, None, None], self.codes_embed_of(codes),
                                            self.codes_embed[:b])
         self.frames[:b] += live
 
-    def predict_codes(self, b: int, hidden: torch.Tensor, code0: torch.Tensor,
-                      u: torch.Tensor | None) -> torch.Tensor:
+    def predict_codes(self, b: int, hidden: torch.Tensor, code0: torch.Tensor, u: torch.Tensor | None,
+                      sampling: list[torch.Tensor]) -> torch.Tensor:
         """Codes 1..15 for talker hidden states [b, hidden] and codes 0 [b]: the 15-step predictor loop,
-        each step at fixed positions (prefill of 2, then one at a time) over a fresh per-frame cache."""
+        each step at fixed positions (prefill of 2, then one at a time) over a fresh per-frame cache;
+        `sampling`: the rows' temperature, top-k and top-p of the predictor."""
         cp = self.talker.code_predictor
         p = self.params
+        temperature, top_k, top_p = sampling
         x = torch.stack([hidden, self.codec_embed(code0)], dim=1)
         codes = []
         for i in range(self.cfg.code_groups - 1):
             how = Decode(start=0 if i == 0 else i + 1)
             h = cp.model(cp.project(x), self.predictor_caches, self.predictor_rope, how)
             logits = kernels.linear(h[:, -1], cp.lm_head[i].weight, norm=cp.model.norm.fused)
-            code = choose(logits, p.sub_do_sample, p.sub_top_k, p.sub_top_p, p.sub_temperature,
-                          None if u is None else u[:, i + 1])
+            code = choose(logits, p.sub_do_sample, top_k, top_p, temperature, None if u is None else u[:, i + 1])
             codes.append(code)
             if i + 1 < self.cfg.code_groups - 1:
                 x = cp.model.codec_embedding[i](code)[:, None]

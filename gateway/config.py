@@ -8,6 +8,7 @@ API keys are never read from the file, only from the variables the file names.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -38,6 +39,12 @@ class ServerConfig:
     inbound_budget_bytes: int = 256 * 1024 * 1024
     send_timeout_s: float = 10.0
     request_head_timeout_s: float = 10.0
+    request_body_timeout_s: float = 30.0
+    request_idle_timeout_s: float = 5.0
+    max_request_headers: int = 100
+    max_header_line_bytes: int = 8190
+    max_connections_per_client: int = 32
+    forwarded_allow_ips: str = ""
     max_sessions: int = 1000
     drain_seconds: float = 600.0
     drain_notice_seconds: float = 30.0
@@ -159,6 +166,7 @@ class LocalConfig:
 class WebRtcConfig:
     enabled: bool = True
     max_pending_calls: int = 16
+    max_pending_calls_per_client: int = 4
     connect_timeout_s: float = 15.0
     ice_servers: str = ""
     turn_username: str = ""
@@ -171,6 +179,45 @@ class WebRtcConfig:
 @dataclass
 class TraceConfig:
     jsonl_path: str = ""
+
+
+@dataclass
+class VoiceConfig:
+    """One [voices.NAME] table: a voice the engine prepares at start, which sessions name as NAME (or
+    {"id": NAME}). A clone of a reference recording (`reference`, with its `transcript` for in-context
+    cloning) needs a Base checkpoint; a design (`description`) a VoiceDesign one."""
+
+    reference: str = ""  # a WAV file; a relative path is read from the config file's folder
+    transcript: str = ""
+    description: str = ""
+
+
+@dataclass
+class SpeechConfig:
+    max_input_chars: int = 4096
+    max_instructions_chars: int = 4096
+    max_streams: int = 0
+    max_waiting: int = 64
+    wait_timeout_s: float = 10.0
+    retry_after_s: int = 1
+
+
+@dataclass
+class VoicesConfig:
+    """[voices]: the store of custom voices (its options), and the voices the engine prepares at start, one
+    [voices.NAME] table each (`named`, lower-case names; the file only: no environment variable names one)."""
+
+    dir: str = ""
+    max_voices: int = 20
+    max_consents: int = 100
+    max_file_bytes: int = 10 * 1024 * 1024
+    max_sample_seconds: float = 30.0
+    max_consent_seconds: float = 30.0
+    max_name_chars: int = 256
+    max_prompt_chars: int = 2000
+    phrase_match: float = 0.8
+    similarity_threshold: float = 0.5
+    named: dict[str, VoiceConfig] = field(default_factory=dict)
 
 
 @dataclass
@@ -188,6 +235,8 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    speech: SpeechConfig = field(default_factory=SpeechConfig)
+    voices: VoicesConfig = field(default_factory=VoicesConfig)
 
 
 def _coerce(value: Any, kind: Any, name: str) -> Any:
@@ -236,6 +285,12 @@ RETIRED = {
     "server.max_queue": "a connection now holds one message at a time; its buffered bytes are bounded by [server] "
                         "inbound_free_bytes and the process-wide inbound_budget_bytes: remove [server] max_queue",
 }
+# Environment variables of the libraries that the gateway does not read: naming one is an error saying which
+# option does it (silently ignored, it would leave a proxy untrusted or trusted unawares).
+FOREIGN_ENV = {
+    "FORWARDED_ALLOW_IPS": "uvicorn's variable is not read: set [server] forwarded_allow_ips "
+                           "(GATEWAY_SERVER_FORWARDED_ALLOW_IPS) to the proxies whose X-Forwarded-For to believe",
+}
 
 
 def _apply(section: Any, values: dict[str, Any], prefix: str) -> None:
@@ -243,7 +298,7 @@ def _apply(section: Any, values: dict[str, Any], prefix: str) -> None:
     for key, value in values.items():
         if f"{prefix}.{key}" in RETIRED:
             raise ConfigError(f"option {prefix}.{key} is gone: {RETIRED[f'{prefix}.{key}']}")
-        if key not in hints:
+        if key not in hints or (prefix == "voices" and key == "named"):  # named voices are [voices.NAME] tables
             raise ConfigError(f"unknown option {prefix}.{key}")
         setattr(section, key, _coerce(value, hints[key], f"{prefix}.{key}"))
 
@@ -263,7 +318,13 @@ def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] 
         for name, values in data.items():
             if not hasattr(config, name) or not isinstance(values, dict):
                 raise ConfigError(f"unknown config section [{name}] in {file}")
+            if name == "voices":  # its options, and a table per named voice
+                config.voices.named = _voices({k: v for k, v in values.items() if isinstance(v, dict)}, file.parent)
+                values = {k: v for k, v in values.items() if not isinstance(v, dict)}
             _apply(getattr(config, name), values, name)
+    for name, why in FOREIGN_ENV.items():
+        if name in env:
+            raise ConfigError(f"environment variable {name}: {why}")
     for f in dataclasses.fields(config):
         section = getattr(config, f.name)
         prefix = f"GATEWAY_{f.name.upper()}_"
@@ -280,10 +341,24 @@ def check(config: Config) -> None:
     server, local, semantic, engine = config.server, config.local, config.semantic_vad, config.engine
     for name in ("drain_seconds", "drain_notice_seconds", "workers"):
         _at_least(f"server.{name}", getattr(server, name), 0)
+    for name in ("send_timeout_s", "request_head_timeout_s", "request_body_timeout_s", "request_idle_timeout_s"):
+        if getattr(server, name) <= 0:
+            raise ConfigError(f"option server.{name}: must be > 0, got {getattr(server, name)}")
+    _at_least("server.max_connections_per_client", server.max_connections_per_client, 1)
+    # The websockets library, which parses a WebSocket handshake, takes at most 128 headers and 8 KiB lines.
+    if not 1 <= server.max_request_headers <= 128:
+        raise ConfigError(f"option server.max_request_headers: must be between 1 and 128, got "
+                          f"{server.max_request_headers}")
+    if not 256 <= server.max_header_line_bytes <= 8190:
+        raise ConfigError(f"option server.max_header_line_bytes: must be between 256 and 8190, got "
+                          f"{server.max_header_line_bytes}")
+    _check_proxies(server.forwarded_allow_ips)
     for name in ("max_output_tokens", "context_tokens", "starter_chars", "stt_threads", "llm_threads", "tts_threads"):
         _at_least(f"local.{name}", getattr(local, name), 1)
     _at_least("local.cached_sessions", local.cached_sessions, 0)
     _one_of("server.worker_balance", server.worker_balance, ("connections", "accept"))
+    for name in ("max_pending_calls", "max_pending_calls_per_client"):
+        _at_least(f"webrtc.{name}", getattr(config.webrtc, name), 1)
     _one_of("responder.kind", config.responder.kind, ("auto", "echo", "pipeline", "local"))
     _one_of("tts.engine", config.tts.engine, ("auto", "tone", "piper", "qwen3"))
     _one_of("engine.mode", engine.mode, ("thread", "process"))
@@ -302,6 +377,19 @@ def check(config: Config) -> None:
     if server.workers > 1 and engine.mode != "process" and qwen3:
         raise ConfigError('several workers ([server] workers, --workers) with the Qwen3-TTS engine need [engine] '
                           'mode = "process": in mode "thread" each worker would load its own copy of the model')
+    speech, voices = config.speech, config.voices
+    for name in ("max_input_chars", "max_instructions_chars", "retry_after_s"):
+        _at_least(f"speech.{name}", getattr(speech, name), 1)
+    for name in ("max_streams", "max_waiting", "wait_timeout_s"):
+        _at_least(f"speech.{name}", getattr(speech, name), 0)
+    for name in ("max_voices", "max_consents", "max_file_bytes", "max_name_chars", "max_prompt_chars"):
+        _at_least(f"voices.{name}", getattr(voices, name), 1)
+    for name in ("max_sample_seconds", "max_consent_seconds"):
+        if not 1.0 <= getattr(voices, name) <= 300.0:
+            raise ConfigError(f"option voices.{name}: must be between 1 and 300, got {getattr(voices, name)}")
+    for name in ("phrase_match", "similarity_threshold"):
+        if not 0.0 <= getattr(voices, name) <= 1.0:
+            raise ConfigError(f"option voices.{name}: must be between 0 and 1, got {getattr(voices, name)}")
     if not 64 <= semantic.pause_ms <= 2000:
         raise ConfigError(f"option semantic_vad.pause_ms: must be between 64 and 2000, got {semantic.pause_ms}")
     if semantic.recheck_ms and semantic.recheck_ms < 100:
@@ -317,6 +405,19 @@ def check(config: Config) -> None:
                               f"({semantic.pause_ms}) and 60000, got {wait}")
 
 
+def _check_proxies(setting: str) -> None:
+    """[server] forwarded_allow_ips: "*", or addresses and networks (uvicorn would take anything else as a
+    literal name that never matches, and the operator would not know)."""
+    for entry in (part.strip() for part in setting.split(",") if part.strip()):
+        if entry == "*":
+            continue
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ConfigError(f"option server.forwarded_allow_ips: {entry!r} is not an IP address or network "
+                              "(e.g. 10.0.0.5, 10.0.0.0/8, or * for any)") from None
+
+
 def _at_least(name: str, value: float, least: float) -> None:
     if value < least:
         raise ConfigError(f"option {name}: must be at least {least}, got {value}")
@@ -325,6 +426,26 @@ def _at_least(name: str, value: float, least: float) -> None:
 def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"option {name}: expected {', '.join(choices[:-1])} or {choices[-1]}, got {value!r}")
+
+
+def _voices(tables: dict[str, Any], folder: Path) -> dict[str, VoiceConfig]:
+    """The [voices.NAME] tables, each a clone (reference, transcript) or a design (description)."""
+    voices = {}
+    for name, values in tables.items():
+        where = f"voices.{name}"
+        voice = VoiceConfig()
+        _apply(voice, values, where)
+        if bool(voice.reference) == bool(voice.description):
+            raise ConfigError(f"option {where}: give either reference (a WAV to clone) or description (a voice "
+                              "to design)")
+        if voice.transcript and not voice.reference:
+            raise ConfigError(f"option {where}.transcript: only a cloned voice (reference) has one")
+        if voice.reference:
+            voice.reference = str(folder / Path(voice.reference).expanduser())
+        if not name.strip() or name.lower() in voices:
+            raise ConfigError(f"option {where}: voice names must be non-empty and differ in more than case")
+        voices[name.lower()] = voice
+    return voices
 
 
 def api_key(env_name: str) -> str:

@@ -1,6 +1,15 @@
 """Time to first audio and per-stream real-time factor at 1..N concurrent streams: this engine with CUDA
 graphs and batching, the same engine eager, and the official qwen-tts (one stream: it has no batching here).
 
+Each kind of checkpoint is timed in its voices (--modes): a CustomVoice checkpoint's named speakers (speaker,
+the default) and, at 1.7B, with instructions (instruct); a Base checkpoint's clones (the default both),
+in-context (icl: the reference's codes and transcript in the prompt) and x-vector only (xvec); a VoiceDesign
+checkpoint's designed voices (design). A wave's streams cycle through --voices different voices of the mode
+and two languages (english, auto), so a batch mixes them. Clones are prepared from --reference-s windows of
+the test fixtures' speech, and the time to prepare one (speaker embedding and encoder codes, through the
+engine's thread) is reported too; the untimed wave of each level meets every voice once first (an
+in-context voice's first stream decodes its reference once, kept for its next streams).
+
 All read the same checkpoint, sample with its generation_config.json and make exactly --frames frames per
 stream (EOS is held off, so random weights give a fixed length). This engine is timed through QwenTTSEngine
 (worker thread, asyncio, pcm16 packets of --packet-frames frames), each stream from open() to its first and
@@ -39,6 +48,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +56,15 @@ ROOT = Path(__file__).resolve().parent.parent
 TEXT = "Hello world, this is a test of the voice gateway. How are you doing today?"
 SPEAKER, LANGUAGE = "vivian", "english"
 SAMPLE_RATE = 24000
+# What the reference windows say (their transcript for in-context cloning): about as many words as 10 s hold.
+TRANSCRIPT = ("The quick brown fox jumps over the lazy dog. Could you tell me what the weather will be like "
+              "tomorrow? Yes, and please book a table for two at seven.")
+INSTRUCTIONS = ["Speak slowly, in a sad and tired voice.", "Sound cheerful and excited.", "Whisper, as if telling "
+                "a secret.", "Speak like a news anchor, clearly and evenly."]
+DESCRIPTIONS = ["A warm, low female voice, speaking calmly.", "A young man with a bright, fast voice.",
+                "An old man with a raspy, slow voice.", "A cheerful child's voice, high and lively."]
+# The modes timed when --modes is not given (a CustomVoice 1.7B's instructions only when asked: instruct).
+MODES = {"custom_voice": ["speaker"], "base": ["icl", "xvec"], "voice_design": ["design"]}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -53,8 +72,58 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def bench_ours(args: argparse.Namespace, ckpt, graphs: bool, levels: list[int]) -> dict:
-    """For each N in levels: waves of N streams opened at once, then (--staggered) N streams at all times."""
+def reference_windows(seconds: float, count: int) -> list[np.ndarray]:
+    """`count` different windows of `seconds` of speech at 24 kHz from the test fixtures, one per voice."""
+    from gateway.audio import decode_wav
+
+    names = ["two_turns.wav", "one_sentence.wav", "paused_turn.wav", "question_sky.wav", "question_tea.wav",
+             "question_spider.wav", "speech_noise.wav"]
+    audio = np.concatenate([decode_wav((ROOT / "tests" / "fixtures" / n).read_bytes())[0][:, 0] for n in names])
+    length = int(seconds * SAMPLE_RATE)
+    while len(audio) < length + count * SAMPLE_RATE:
+        audio = np.concatenate([audio, audio])
+    step = (len(audio) - length) // max(1, count - 1) if count > 1 else 0
+    return [audio[i * step:i * step + length] for i in range(count)]
+
+
+def voice_pool(engine, ckpt, mode: str, args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """(voice name, open() keywords) for `mode`: --voices of them."""
+    from engine.voices import VoicePrompt
+
+    n = args.voices
+    if mode in ("speaker", "instruct"):
+        speakers = sorted(ckpt.config.speakers)
+        extra = [{"instructions": INSTRUCTIONS[i % len(INSTRUCTIONS)]} if mode == "instruct" else {} for i in range(n)]
+        return [(speakers[i % len(speakers)], extra[i]) for i in range(n)]
+    if mode == "design":
+        described = [DESCRIPTIONS[i % len(DESCRIPTIONS)] + (f" Voice {i}." if i >= len(DESCRIPTIONS) else "")
+                     for i in range(n)]
+        return [(f"design{i}", {"prompt": VoicePrompt.design(d)}) for i, d in enumerate(described)]
+    text = TRANSCRIPT if mode == "icl" else None
+    windows = reference_windows(args.reference_s, n)
+    return [(f"{mode}{i}", {"prompt": asyncio.run(engine.prepare(w, SAMPLE_RATE, text))})
+            for i, w in enumerate(windows)]
+
+
+def prepare_times(engine, args: argparse.Namespace, runs: int = 5) -> dict:
+    """Milliseconds to prepare a clone of one --reference-s clip (speaker embedding, and for ICL the encoder's
+    codes) through the engine's thread, the first call (warm-up) left out."""
+    (clip,) = reference_windows(args.reference_s, 1)
+    out = {}
+    for mode, text in (("icl", TRANSCRIPT), ("xvec", None)):
+        times = []
+        for _ in range(runs + 1):
+            start = time.perf_counter()
+            asyncio.run(engine.prepare(clip, SAMPLE_RATE, text))
+            times.append((time.perf_counter() - start) * 1000)
+        times = times[1:]
+        out[mode] = {"p50_ms": round(statistics.median(times), 1), "max_ms": round(max(times), 1)}
+    return out
+
+
+def bench_ours(args: argparse.Namespace, ckpt, graphs: bool, levels: list[int], modes: list[str]) -> list[dict]:
+    """In each mode's voices (one result per mode), for each N in levels: waves of N streams opened at once (the
+    worst case for first audio), then (--staggered) N streams at all times."""
     from engine import kernels
     from engine.threaded import QwenTTSEngine
 
@@ -64,24 +133,26 @@ def bench_ours(args: argparse.Namespace, ckpt, graphs: bool, levels: list[int]) 
     start = time.perf_counter()
     engine = QwenTTSEngine(ckpt, packet_frames=args.packet_frames, first_packet_frames=args.first_packet_frames,
                            max_frames=args.frames, min_frames=args.frames, max_streams=max(levels), seed=0,
-                           cuda_graphs=graphs)
+                           cuda_graphs=graphs, max_reference_s=args.reference_s + 0.5)
     setup_s = time.perf_counter() - start
     log(f"{name}: engine ready in {setup_s:.1f} s (rows {max(levels)})")
 
-    def open_stream():
-        stream = engine.open(SPEAKER, LANGUAGE)
+    def open_stream(i: int, pool: list[tuple[str, dict]]):
+        """Stream i of a wave or a client: voice i of the pool, in one of two languages."""
+        voice, kw = pool[i % len(pool)]
+        stream = engine.open(voice, LANGUAGE if i % 2 == 0 else "auto", **kw)
         stream.feed(TEXT)
         stream.end()
         return stream
 
-    async def wave(n: int) -> list[Timing]:
+    async def wave(n: int, pool: list[tuple[str, dict]]) -> list[Timing]:
         tasks = []
-        for _ in range(n):
+        for i in range(n):
             opened = time.perf_counter()
-            tasks.append(listen(open_stream(), opened))
+            tasks.append(listen(open_stream(i, pool), opened))
         return await asyncio.gather(*tasks)
 
-    async def staggered(n: int, ramp: float) -> list[Timing]:
+    async def staggered(n: int, ramp: float, pool: list[tuple[str, dict]]) -> list[Timing]:
         """n clients, each opening its next stream as soon as its last one ended, the first ones spread over
         `ramp` seconds; the timings of the streams opened in the next `ramp` seconds (2 s at least)."""
         t0 = time.perf_counter()
@@ -90,47 +161,58 @@ def bench_ours(args: argparse.Namespace, ckpt, graphs: bool, levels: list[int]) 
         async def client(i: int) -> None:
             await asyncio.sleep(ramp * i / n)
             while (opened := time.perf_counter()) < t0 + ramp + max(ramp, 2.0):
-                timing = await listen(open_stream(), opened)
+                timing = await listen(open_stream(i, pool), opened)
                 if opened >= t0 + ramp:
                     timed.append(timing)
 
         await asyncio.gather(*(client(i) for i in range(n)))
         return timed
 
-    rows = []
-    for n in levels:
-        if time.perf_counter() > args.deadline:
-            log(f"{name}: out of time before {n} streams")
-            break
-        asyncio.run(wave(n))  # untimed: the allocators and kernels meet this batch size once first
-        trace = trace_passes(engine) if n == max(levels) else None
-        t0 = time.perf_counter()
-        runs = [r for _ in range(args.runs) for r in asyncio.run(wave(n))]
-        wall = (time.perf_counter() - t0) / args.runs
-        row = {"streams": n, "mode": "at once", **summary(runs), "ms_per_step": round(wall * 1000 / args.frames, 2)}
-        if trace is not None:
-            row["passes"] = trace()
-        rows.append(row)
-        log(f"{name}: {row}")
-        if args.staggered and time.perf_counter() < args.deadline:
-            ramp = statistics.mean(r.wall for r in runs)
-            timed = asyncio.run(staggered(n, ramp))
-            if timed:
-                row = {"streams": n, "mode": "staggered", **summary(timed), "ramp_s": round(ramp, 2)}
-                rows.append(row)
-                log(f"{name}: {row}")
-    result = {"impl": name, "dtype": str(next(ckpt.model.parameters()).dtype), "setup_s": round(setup_s, 1),
-              "frames": args.frames, "runs": args.runs, "levels": rows,
-              "max_realtime_streams": {mode: max((r["streams"] for r in rows if r["realtime"] and r["mode"] == mode),
-                                                 default=0) for mode in ("at once", "staggered")}}
+    results = []
+    prep = prepare_times(engine, args) if ckpt.config.kind == "base" else None
+    if prep:
+        log(f"{name}: preparing a {args.reference_s:g} s reference: {prep}")
+    for mode in modes:
+        pool = voice_pool(engine, ckpt, mode, args)
+        label = f"{name}, {mode}"
+        rows = []
+        for n in levels:
+            if time.perf_counter() > args.deadline:
+                log(f"{label}: out of time before {n} streams")
+                break
+            asyncio.run(wave(n, pool))  # untimed: the allocators, kernels and voices meet this batch size once first
+            trace = trace_passes(engine) if n == max(levels) else None
+            t0 = time.perf_counter()
+            runs = [r for _ in range(args.runs) for r in asyncio.run(wave(n, pool))]
+            wall = (time.perf_counter() - t0) / args.runs
+            row = {"streams": n, "arrival": "at once", **summary(runs),
+                   "ms_per_step": round(wall * 1000 / args.frames, 2)}
+            if trace is not None:
+                row["passes"] = trace()
+            rows.append(row)
+            log(f"{label}: {row}")
+            if args.staggered and time.perf_counter() < args.deadline:
+                ramp = statistics.mean(r.wall for r in runs)
+                timed = asyncio.run(staggered(n, ramp, pool))
+                if timed:
+                    row = {"streams": n, "arrival": "staggered", **summary(timed), "ramp_s": round(ramp, 2)}
+                    rows.append(row)
+                    log(f"{label}: {row}")
+        realtime = {arrival: max((r["streams"] for r in rows if r["realtime"] and r["arrival"] == arrival), default=0)
+                    for arrival in ("at once", "staggered")}
+        results.append({"impl": label, "mode": mode, "voices": len(pool), "kind": ckpt.config.kind,
+                        "dtype": str(next(ckpt.model.parameters()).dtype), "setup_s": round(setup_s, 1),
+                        "frames": args.frames, "runs": args.runs, "levels": rows, "max_realtime_streams": realtime})
+    if prep:
+        results[0]["prepare_ms"] = prep
     if torch.cuda.is_available():  # the weights, the rows' caches, the graphs' memory, the waves' peak
-        result["memory_gib"] = {"allocated": round(torch.cuda.memory_allocated() / 2**30, 2),
-                                "peak": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-                                "reserved": round(torch.cuda.memory_reserved() / 2**30, 2)}
+        results[0]["memory_gib"] = {"allocated": round(torch.cuda.memory_allocated() / 2**30, 2),
+                                    "peak": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                                    "reserved": round(torch.cuda.memory_reserved() / 2**30, 2)}
     if graphs:
-        result["steps_ms"] = step_times(engine.runner, args)
+        results[0]["steps_ms"] = step_times(engine.models[0].runner, args)
     engine.close()
-    return result
+    return results
 
 
 @dataclass
@@ -177,10 +259,11 @@ def trace_passes(engine, passes: int = 12):
     function stops recording and gives them."""
     origin = time.perf_counter()
     marks: list[dict] = []
-    run_pass, step = engine.run_pass, engine.runner.step
+    runner = engine.models[0].runner
+    run_pass, step = engine.run_pass, runner.step
 
     def traced_step():
-        fresh = sum(not s.started for s in engine.runner.streams if s.runnable)
+        fresh = sum(not s.started for s in runner.streams if s.runnable)
         begin = time.perf_counter()
         events = step()
         if marks:
@@ -197,10 +280,10 @@ def trace_passes(engine, passes: int = 12):
         else:
             run_pass()
 
-    engine.run_pass, engine.runner.step = traced_pass, traced_step
+    engine.run_pass, runner.step = traced_pass, traced_step
 
     def stop() -> list[dict]:
-        del engine.run_pass, engine.runner.step  # the instances' own methods again
+        del engine.run_pass, runner.step  # the instances' own methods again
         return marks
 
     return stop
@@ -390,6 +473,10 @@ def main() -> None:
     parser.add_argument("--packet-frames", type=int, default=4)
     parser.add_argument("--first-packet-frames", type=int, default=1)
     parser.add_argument("--streams", default="1,8,32,64,128,256", help="concurrent streams, CUDA-graph path")
+    parser.add_argument("--modes", default="", help="voices to time: speaker, instruct, icl, xvec, design (default: "
+                        "a CustomVoice checkpoint's speakers, a Base one's clones, a VoiceDesign one's designs)")
+    parser.add_argument("--voices", type=int, default=8, help="different voices per mode in each wave")
+    parser.add_argument("--reference-s", type=float, default=10.0, help="seconds of each clone's reference")
     parser.add_argument("--eager-streams", default="1,8,32,64", help="concurrent streams, eager path ('' = none)")
     parser.add_argument("--staggered", action="store_true", help="also N streams at all times, the timed ones "
                         "joining N - 1 running streams (after each level's waves)")
@@ -423,12 +510,13 @@ def main() -> None:
         from engine import runner
 
         runner.Graphs.run = lambda self, b: None
-        ckpt.model.prefill = lambda n, length: None
+        ckpt.model.prefill = lambda n, length, vectors: None
     levels = [int(n) for n in args.streams.split(",") if n]
     eager_levels = [int(n) for n in args.eager_streams.split(",") if n]
-    results = [bench_ours(args, ckpt, graphs=True, levels=levels)]
+    modes = [m for m in args.modes.split(",") if m] or MODES[ckpt.config.kind]
+    results = bench_ours(args, ckpt, graphs=True, levels=levels, modes=modes)
     if eager_levels:
-        results.append(bench_ours(args, ckpt, graphs=False, levels=eager_levels))
+        results += bench_ours(args, ckpt, graphs=False, levels=eager_levels, modes=modes[:1])
     report = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
               "command": " ".join(["python"] + sys.argv), "text": TEXT, "results": results}
     if kernels.triton is not None and args.device != "cpu":
@@ -437,7 +525,9 @@ def main() -> None:
     if args.numerics:
         report["numerics"] = numerics(ckpt, args)
         log(f"numerics: {report['numerics']}")
-    if args.impl == "all":
+    if args.impl == "all" and ckpt.config.kind != "custom_voice":
+        log("the official baseline times a CustomVoice checkpoint's named speaker only: skipped")
+    elif args.impl == "all":
         env = dict(os.environ)
         if args.official_pythonpath:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.official_pythonpath, env.get("PYTHONPATH")]))
@@ -451,21 +541,23 @@ def main() -> None:
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"{report['machine']}; {args.frames} frames ({args.frames * 0.08:.1f} s of audio) per stream; at once: "
           f"{args.runs} waves per level pooled; staggered: N streams at all times, the timed ones joining N - 1")
-    print("| implementation | dtype | streams | mode | first audio P50 ms | P95 ms | RTF P50 | RTF max | stall P95 ms "
-          "| ms/step |")
+    print("| implementation | dtype | streams | arrival | first audio P50 ms | P95 ms | RTF P50 | RTF max "
+          "| stall P95 ms | ms/step |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         for row in r["levels"]:
-            print(f"| {r['impl']} | {r['dtype']} | {row['streams']} | {row.get('mode', 'alone')} | "
+            print(f"| {r['impl']} | {r['dtype']} | {row['streams']} | {row.get('arrival', 'alone')} | "
                   f"{row['first_audio_p50_ms']} | {row.get('first_audio_p95_ms', '')} | {row['rtf_p50']} | "
                   f"{row.get('rtf_max', '')} | {row.get('stall_p95_ms', '')} | {row.get('ms_per_step', '')} |")
     for r in results:
         if "max_realtime_streams" in r:
             print(f"{r['impl']}: at most {r['max_realtime_streams']} concurrent streams all realtime with first "
-                  f"audio P95 < 200 ms (of the levels run, by mode); start-up {r['setup_s']} s")
+                  f"audio P95 < 200 ms (of the levels run, by arrival); start-up {r['setup_s']} s")
         for row in r["levels"]:
             if "passes" in row:
                 print(f"{r['impl']}, {row['streams']} streams at once, the loop's first passes: {row['passes']}")
+    if "prepare_ms" in results[0]:
+        print(f"preparing a clone of a {args.reference_s:g} s reference, ms: {results[0]['prepare_ms']}")
     if "steps_ms" in results[0]:
         print(f"one step alone, ms: {results[0]['steps_ms']}")
     if args.json:

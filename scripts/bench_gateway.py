@@ -139,6 +139,8 @@ def gateway_config(args: argparse.Namespace) -> tuple[Any, bool]:
     config.mcp.enabled = False  # no session here calls a tool: the mcp package need not be installed
     config.trace.jsonl_path = str(Path(args.stats_dir) / "trace.jsonl")
     config.server.drain_seconds = 0  # the benchmark's SIGTERM comes after its sessions: no drain to wait for
+    # Every session comes from this one address, all handshaking at once when aligned: no per-client share.
+    config.server.max_connections_per_client = 1_000_000
     if args.responder == "echo":
         # The echo alone: not the local models "auto" picks where they are installed, nor their whisper.
         config.responder.kind, config.responder.echo_pace, config.local.stt = "echo", 1.0, False

@@ -27,6 +27,29 @@
 #                                            #   numerics, the engine alone: 0.6B at 1/256/512/1024 streams opened at
 #                                            #   once and staggered, then 1.7B at 1/256/512 with the time left
 #   scripts/gpu_capacity.sh codec2-check     # here: the codec2 call on the CPU, small
+#   scripts/gpu_capacity.sh family           # issue 23, call 1: random real-geometry 0.6B Base, 1.7B Base,
+#                                            #   1.7B VoiceDesign and 1.7B CustomVoice checkpoints through the
+#                                            #   official code, each one's float32 parity (tests/engine/test_family.py)
+#   scripts/gpu_capacity.sh family-bench     # issue 23, call 2: bench_engine.py on 0.6B and 1.7B Base (clones,
+#                                            #   in-context and x-vector, 8 voices a wave) at 1/24/64/256 streams,
+#                                            #   and preparing a 10 s reference (checkpoints of call 1, else made)
+#   scripts/gpu_capacity.sh family-more      # issue 23, call 3: the same on 1.7B VoiceDesign (designed voices)
+#                                            #   and 1.7B CustomVoice (named speakers, with and without instructions)
+#   scripts/gpu_capacity.sh family-check     # here: the three family calls on the CPU with tiny checkpoints
+#                                            #   (ORACLE_SITE as for check)
+#   scripts/gpu_capacity.sh capacity-0.6b    # issue 25 (carry .whl .site-slim): 0.6B at 1000 sessions twice
+#                                            #   (Poisson), then 1000 aligned,
+#                                            #   12 workers, 1024 engine rows, CPU by stage (py-spy)
+#   scripts/gpu_capacity.sh capacity-1.7b    # issue 25: the 1.7B at 800 sessions twice, then 800 aligned
+#   scripts/gpu_capacity.sh capacity-check   # here: both on the CPU, small (tiny checkpoint, 2 workers)
+#   scripts/gpu_capacity.sh speech           # issue 24, one call: /v1/audio/speech (bench_speech.py) on random
+#                                            #   real-geometry 0.6B CustomVoice + 0.6B Base checkpoints in one engine
+#                                            #   process: a speaker and an in-context clone at 1/24/64/256 concurrent
+#                                            #   requests (pcm, 10 s answers), then at 24 while 200 realtime sessions
+#                                            #   share the engine (random checkpoints made here; carry .whl and
+#                                            #   .site-slim)
+#   scripts/gpu_capacity.sh speech-17        # issue 24, a second call: the same on 1.7B CustomVoice + 1.7B Base
+#   scripts/gpu_capacity.sh speech-check     # here: the speech call on the CPU with the tiny checkpoints, small
 #   scripts/gpu_capacity.sh dry              # here: call B's gateway runs on the CPU, small (the tiny checkpoint
 #                                            #   of tests/data, 2 workers, 2 and 4 sessions)
 #   ORACLE_SITE=DIR scripts/gpu_capacity.sh check
@@ -48,12 +71,14 @@ mkdir -p "$OUT"
 # old: openai's aiohttp transport wants aiohttp >= 3.14.4), pyzmq for the engine processes, the pipecat-ai
 # wheel for the Smart Turn model it ships (the gateway loads it at start), starlette and uvicorn for the
 # coming front door. Not mcp: the benchmark's gateway runs with [mcp] off (its sessions call no tools).
-GATEWAY_WHEELS="websockets==15.0.1 orjson==3.13.0 soxr==1.1.0 silero-vad==6.2.3 pyzmq==27.3.0
+GATEWAY_WHEELS="websockets==15.0.1 orjson==3.13.0 soxr==1.1.0 pyzmq==27.3.0
   openai==3.54.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0 sniffio==1.3.1
   pydantic==2.14.3 pydantic-core==2.50.4 typing-inspection==0.4.5 annotated-types==0.8.0
   typing-extensions==4.16.0 anyio==4.16.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4
   frozenlist==1.8.0 aiosignal==1.4.0 aiohappyeyeballs==2.7.1 attrs==26.1.0 starlette==1.10.0 uvicorn==0.54.0
-  pipecat-ai==1.14.0"
+  py-spy==0.4.3 cryptography==50.0.2 cffi==2.0.0 pycparser==2.23"
+SLIM_WHEELS="silero-vad==6.2.3 pipecat-ai==1.14.0"
+SMART_TURN_FILE=pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx
 # The official code as the parity oracle (qwen-tts pins transformers 4.57.3, which wants tokenizers <= 0.23.0
 # and huggingface-hub < 1.0; librosa and soundfile are imported by its model files):
 ORACLE_WHEELS="qwen-tts==0.1.1 transformers==4.57.3 tokenizers==0.22.1 huggingface-hub==0.36.0
@@ -79,6 +104,10 @@ setup() {
   if [ -z "${CPU_CHECK:-}" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       .whl/*.whl || exit 1
+    if [ -d .whl-speech ]; then  # PyAV, for the speech API's compressed formats (the speech call needs none)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl-speech/*.whl || exit 1
+    fi
     if [ -d .whl-oracle ]; then
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site-oracle .whl-oracle/*.whl || exit 1
@@ -86,7 +115,11 @@ setup() {
     { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; \
       nproc; free -g; git log -1 --format='%H %s' 2>/dev/null; } >>"$OUT/run.log" 2>&1
   fi
-  export PYTHONPATH=$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  if [ -z "${CPU_CHECK:-}" ]; then
+    cp -r .site-slim/silero_vad /tmp/site/
+    export GATEWAY_SEMANTIC_VAD_MODEL_PATH=$ROOT/.site-slim/smart-turn-v3.2-cpu.onnx
+  fi
+  export PYTHONPATH=$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH  # py-spy's binary too
   ORACLE_PATH=${ORACLE_PATH:-/tmp/site-oracle:$ROOT}
 }
 
@@ -121,7 +154,22 @@ bench() {
   step "$5" "bench-gateway-$1" python3 scripts/bench_gateway.py --responder pipeline --tts engine \
     --checkpoint "$2" --engine-mode process --engine-devices "$ENGINE_DEVICES" --max-streams "$MAX_STREAMS" \
     --workers "$WORKERS" --sessions "$3" "${arrivals[@]}" --cycles "$CYCLES" --clients "$CLIENTS" --port "$PORT" \
-    --json "$OUT/bench-gateway-$1.json"
+    --engine-max-frames "${MAX_FRAMES:-250}" --profile "${PROFILE:-0}" --json "$OUT/bench-gateway-$1.json"
+}
+
+# random_checkpoint CONFIG DIR: real geometry, seeded random weights, written by the engine's own modules (no
+# official code: for the benchmarks, where only the geometry matters; CPU_CHECK: DIR is a tiny checkpoint).
+random_checkpoint() {
+  [ -n "${CPU_CHECK:-}" ] || [ -f "$2/model.safetensors" ] && return 0
+  step 120 fixtures python3 scripts/make_random_checkpoint.py --config "$1" --out "$2"
+}
+
+# Issue 25's targets through the whole product, one size a call: the levels twice in a row (Poisson), then the
+# aligned worst case, with every worker's spread and CPU by stage (py-spy on one worker).
+capacity() {
+  setup
+  random_checkpoint "real-$1" "$2"
+  bench "$1" "$2" "$3" "$4" "$LIMIT"
 }
 
 gateway() {
@@ -241,14 +289,107 @@ prepare_codec() {
   echo ".before-codec/engine: $(git log -1 --format='%h %s' "${CODEC_BEFORE:-155a1c2}" | cut -c1-80)"
 }
 
+# family_checkpoint CONFIG DIR FRAMES: a real-geometry checkpoint of make_parity_fixture.py's CONFIG (CPU_CHECK:
+# the tiny one of the same kind) with seeded random weights, written through the official code.
+family_checkpoint() {
+  [ -f "$2/references.json" ] && return 0
+  local config=$1
+  if [ -n "${CPU_CHECK:-}" ]; then
+    case $config in *-base) config=tiny-base ;; *-design) config=tiny-design ;; *) config=tiny-instruct ;; esac
+  fi
+  PYTHONPATH=$ORACLE_PATH step 300 "fixture-$config" python3 scripts/make_parity_fixture.py --config "$config" \
+    --out "$2" --device "$DEVICE" --dtype float32 --frames "$3"
+}
+
+# family_bench NAME DIR [MODES]: bench_engine.py in the voices of DIR's checkpoint (default: its kind's).
+family_bench() {
+  step 270 "bench-$1" python3 scripts/bench_engine.py --checkpoint "$2" --impl ours --device "$DEVICE" \
+    --frames "$FRAMES" --streams "$FAMILY_STREAMS" --eager-streams "" --runs 2 --voices "$VOICES" \
+    --modes "${3:-}" --time-budget 200 --json "$OUT/bench-$1.json"
+}
+
+family() {
+  setup
+  family_checkpoint real-0.6b-base "$F06B" 24
+  family_checkpoint real-1.7b-base "$F17B" 24
+  family_checkpoint real-1.7b-design "$F17D" 24
+  family_checkpoint real-1.7b "$F17C" 24
+  local present=""
+  for dir in "$F06B" "$F17B" "$F17D" "$F17C"; do
+    [ -f "$dir/references.json" ] && present="$present${present:+,}$dir"
+  done
+  QWEN3_TTS_FAMILY=$present QWEN3_TTS_DEVICE=$DEVICE step 240 parity-family \
+    python3 -m pytest -q --noconftest -p no:cacheprovider tests/engine/test_family.py
+}
+
+family_bench_base() {
+  setup
+  family_checkpoint real-0.6b-base "$F06B" 2
+  family_bench 0.6b-base "$F06B"
+  family_checkpoint real-1.7b-base "$F17B" 2
+  family_bench 1.7b-base "$F17B"
+}
+
+family_more() {
+  setup
+  family_checkpoint real-1.7b-design "$F17D" 2
+  family_bench 1.7b-design "$F17D"
+  family_checkpoint real-1.7b "$F17C" 2
+  family_bench 1.7b-instruct "$F17C" speaker,instruct
+}
+
+# speech_bench NAME CUSTOMVOICE BASE SECONDS SESSIONS LEVELS: bench_speech.py on one engine process holding
+# both checkpoints (SESSIONS realtime sessions share it during each level; 0 = none).
+speech_bench() {
+  step "$4" "bench-speech-$1" python3 scripts/bench_speech.py --checkpoint "$2,$3" --voices speaker,clone \
+    --concurrency "$6" --requests 2 --frames "$FRAMES" --max-streams "$MAX_STREAMS" --engine-mode process \
+    --engine-devices "$ENGINE_DEVICES" --clients "$CLIENTS" --sessions "$5" --time-budget $(($4 - 60)) \
+    --port "$PORT" --json "$OUT/bench-speech-$1.json"
+}
+
+# Issue 24: the speech API on one size (SIZE 0.6b or 1.7b), then with realtime sessions sharing the engine,
+# in the time left. Files under $OUT: run.log, tests.log, fixtures.log, bench-speech-*.log and .json.
+speech_size() {
+  setup
+  local size=$1 cv=$2 base=$3 start=$SECONDS left
+  # Each stream's own sampling goes through the fused sampling kernel (per-row top-k, top-p, temperature):
+  # its tests against the PyTorch code, on this GPU's Triton.
+  step 90 tests python3 -m pytest -q -p no:cacheprovider tests/engine/test_sampling.py tests/engine/test_kernels.py \
+    -k "sample or warp or penalty or draws or sampling"
+  random_checkpoint "real-$size" "$cv"
+  random_checkpoint "real-$size-base" "$base"
+  [ -f "$cv/config.json" ] && [ -f "$base/config.json" ] || { log "speech $size: a checkpoint is missing"; return 1; }
+  speech_bench "$size" "$cv" "$base" "$SPEECH_LIMIT" 0 "$SPEECH_LEVELS"
+  left=$((BUDGET - (SECONDS - start)))
+  if [ "$left" -lt 150 ]; then
+    log "speech $size with sessions skipped: ${left} s left"
+    return 0
+  fi
+  speech_bench "$size-sessions" "$cv" "$base" "$((left - 10))" "$SPEECH_SESSIONS" "$SPEECH_SESSION_LEVELS"
+}
+
 wheels() {
   local platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64"
   local args="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp $platforms"
-  mkdir -p .whl .whl-oracle
+  rm -rf .whl .whl-oracle .site-slim .whl-speech && mkdir -p .whl .whl-oracle .site-slim
   # shellcheck disable=SC2086
   python3 -m pip download -q $args -d .whl $GATEWAY_WHEELS && python3 -m pip download -q $args -d .whl-oracle $ORACLE_WHEELS
-  du -sh .whl .whl-oracle
+  # Of the silero-vad and pipecat-ai wheels (23 MB) the gateway reads two model files: only those travel, the
+  # Silero package with its one ONNX model (.site-slim/ goes to /tmp/site as it is) and the Smart Turn model
+  # ([semantic_vad] model_path names it).
+  local tmp
+  tmp=$(mktemp -d)
+  # shellcheck disable=SC2086
+  python3 -m pip download -q $args -d "$tmp" $SLIM_WHEELS
+  unzip -q "$tmp"/silero_vad-*.whl 'silero_vad/*.py' silero_vad/data/silero_vad.onnx -d .site-slim
+  unzip -q -j "$tmp"/pipecat_ai-*.whl "$SMART_TURN_FILE" -d .site-slim
+  rm -rf "$tmp"
+  # PyAV (35 MB) for the speech API's mp3, opus, aac, flac and wav: its own folder, carried only when a call
+  # wants those formats (with .whl it passes a call's 64 MiB; the speech call answers pcm without it).
+  # shellcheck disable=SC2086
+  mkdir -p .whl-speech && python3 -m pip download -q $args -d .whl-speech av==18.1.0
+  du -sh .whl .whl-oracle .site-slim .whl-speech
 }
 
 case "${1:-}" in
@@ -281,6 +422,49 @@ case "${1:-}" in
     ENGINE_S=170 CODEC_ARGS="--device cpu --config tests/data/codec_tiny/config.json --batches 1,2 --frames 4,1 --reps 2 --profile 1"
     export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
     codec2 ;;
+  capacity-0.6b|capacity-1.7b)
+    DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 ENGINE_DEVICES=auto MAX_STREAMS=1024 WORKERS=${WORKERS:-12}
+    CLIENTS=${CLIENTS:-4} CYCLES=1 PORT=18765 PROFILE=${PROFILE:-15} LIMIT=${LIMIT:-420}
+    if [ "$1" = capacity-0.6b ]; then
+      capacity 0.6b "$Q06" "${SESSIONS:-1000,1000}" "${ALIGNED:-1000}"
+    else
+      capacity 1.7b "$Q17" "${SESSIONS:-800,800}" "${ALIGNED:-800}"
+    fi ;;
+  capacity-check)
+    CPU_CHECK=1 DEVICE=cpu Q06=$ROOT/tests/data/qwen3_tts_tiny ENGINE_DEVICES=cpu MAX_STREAMS=4 WORKERS=2 CLIENTS=1
+    CYCLES=1 PORT=${PORT:-28765} PROFILE=5 LIMIT=400 MAX_FRAMES=60
+    export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
+    capacity 0.6b "$Q06" 4,4 4 ;;
+  family|family-bench|family-more)
+    DEVICE=cuda F06B=/tmp/f06b F17B=/tmp/f17b F17D=/tmp/f17d F17C=/tmp/f17c FRAMES=125 FAMILY_STREAMS=1,24,64,256
+    VOICES=8
+    case $1 in family) family ;; family-bench) family_bench_base ;; family-more) family_more ;; esac ;;
+  family-check)
+    : "${ORACLE_SITE:?set ORACLE_SITE to the site-packages of an environment holding qwen-tts}"
+    CPU_CHECK=1 DEVICE=cpu F06B=/tmp/family-check-a F17B=/tmp/family-check-b F17D=/tmp/family-check-c
+    F17C=/tmp/family-check-d FRAMES=6 FAMILY_STREAMS=1,2 VOICES=2
+    export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
+    ORACLE_PATH=$ORACLE_SITE:$ROOT
+    rm -rf "$F06B" "$F17B" "$F17D" "$F17C"
+    for call in family family_bench_base family_more; do
+      start=$SECONDS
+      "$call"
+      log "$call took $((SECONDS - start)) s"
+    done ;;
+  speech|speech-17)
+    # The gateway in one process (the load is HTTP streams; bench_gateway's load generator runs the sessions)
+    # and its engine process on the GPU; answers of 125 frames (10 s), two per client.
+    DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 F06B=/tmp/f06b F17B=/tmp/f17b FRAMES=125 ENGINE_DEVICES=auto MAX_STREAMS=512
+    CLIENTS=${CLIENTS:-4} SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256} SPEECH_SESSIONS=${SPEECH_SESSIONS:-200}
+    SPEECH_SESSION_LEVELS=${SPEECH_SESSION_LEVELS:-24} SPEECH_LIMIT=300 BUDGET=520 PORT=18775
+    if [ "$1" = speech ]; then speech_size 0.6b "$Q06" "$F06B"; else speech_size 1.7b "$Q17" "$F17B"; fi ;;
+  speech-check)
+    # The speech call on this machine's CPU: the tiny CustomVoice and Base checkpoints of tests/data (nothing
+    # to make), two levels, 2 sessions; the tiny checkpoint's speakers stand in for the voices.
+    CPU_CHECK=1 DEVICE=cpu ENGINE_DEVICES=cpu MAX_STREAMS=4 FRAMES=20 CLIENTS=1 SPEECH_LEVELS=1,2
+    SPEECH_SESSIONS=2 SPEECH_SESSION_LEVELS=2 SPEECH_LIMIT=300 BUDGET=520 PORT=${PORT:-28775}
+    export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
+    speech_size 0.6b "$ROOT/tests/data/qwen3_tts_tiny" "$ROOT/tests/data/qwen3_tts_tiny_base" ;;
   engine|gateway|more|frontdoor|layout)
     # The gateway call: 12 workers and 4 load-generator processes share the 16 cores with the engine
     # process; one cycle per session (two turns) keeps a level near 35 s.
@@ -306,5 +490,5 @@ case "${1:-}" in
     rm -rf "$Q06" "$Q17"
     engine
     gateway ;;
-  *) sed -n 2,18p "$0"; exit 2 ;;
+  *) sed -n 2,39p "$0"; exit 2 ;;
 esac

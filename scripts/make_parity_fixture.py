@@ -7,15 +7,21 @@ It runs in its own virtualenv, because qwen-tts pins transformers 4.57.3 (the ga
     pip install torch==2.13.0
     pip install transformers==4.57.3 accelerate==1.12.0 einops soundfile librosa onnxruntime
     pip install --no-deps qwen-tts==0.1.1
-    python scripts/make_parity_fixture.py --out tests/data/qwen3_tts_tiny            # the committed fixture
+    python scripts/make_parity_fixture.py --out tests/data/qwen3_tts_tiny            # the committed fixtures
+    python scripts/make_parity_fixture.py --config tiny-base --out tests/data/qwen3_tts_tiny_base
+    python scripts/make_parity_fixture.py --config tiny-design --out tests/data/qwen3_tts_tiny_design
+    python scripts/make_parity_fixture.py --config tiny-instruct --out tests/data/qwen3_tts_tiny_instruct
     python scripts/make_parity_fixture.py --config real-0.6b --out /tmp/q06 --device cuda   # real size
-    python scripts/make_parity_fixture.py --config real-1.7b --out /tmp/q17 --device cuda   # the 1.7B
+    python scripts/make_parity_fixture.py --config real-1.7b-base --out /tmp/q17b --device cuda
 
-The checkpoint is written in the Hugging Face layout of Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice
+--config names a geometry (tiny, real-0.6b, real-1.7b) and a kind (CustomVoice unless -base: voice cloning,
+-design: VoiceDesign, -instruct: a tiny CustomVoice labelled 1.7B, which follows instructions); see CONFIGS.
+The checkpoint is written in the Hugging Face layout of the published Qwen/Qwen3-TTS-12Hz-* checkpoints
 (config.json, generation_config.json, model.safetensors, vocab.json/merges.txt/tokenizer_config.json,
 speech_tokenizer/{config.json,preprocessor_config.json,model.safetensors}); the text tokenizer is a small
 byte-level BPE trained here on a few sentences (the real one is Qwen2's 151k BPE, which cannot be fetched).
-references.json holds the official greedy codes per prompt; references.safetensors the waveforms.
+references.json holds the official greedy codes per prompt; references.safetensors the waveforms, and for
+Base the speaker embeddings and encoder codes of a reference recording (README.md in the output says which).
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ def _stub_unused_audio_modules() -> None:
 # intermediate 6144, 28 layers, 16/8 heads, head_dim 128, the same speakers, languages and codec ids as
 # 0.6B), and a model reference for both CustomVoice sizes (code predictor 1024/3072/5 layers for 1.7B too).
 # One port's notes say intermediate 8192; the copied config.json says 6144, which is what is used here.
-REAL_TALKER = {"real-0.6b": (1024, 3072, "0b6"), "real-1.7b": (2048, 6144, "1b7")}
+REAL_TALKER = {"real-0.6b": (1024, 3072), "real-1.7b": (2048, 6144)}
 REAL_LANGUAGES = {
     "chinese": 2055, "english": 2050, "german": 2053, "italian": 2070, "portuguese": 2071,
     "spanish": 2054, "japanese": 2058, "korean": 2064, "french": 2061, "russian": 2069,
@@ -91,6 +97,39 @@ PROMPTS = [
     ("ryan_auto_stream", "How are you doing today?", "ryan", "auto", False),
     ("vivian_en_nonstream", "The quick brown fox.", "vivian", "english", True),
 ]
+
+
+# CustomVoice with instructions (1.7B; the official 0.6B drops them), VoiceDesign (the instruction describes
+# the voice; empty: none), Base clones of REFERENCE_WAV (ICL: its codes and transcript in the prompt; x-vector:
+# its speaker embedding only).
+INSTRUCT_PROMPTS = [
+    # name, text, speaker, language, non_streaming_mode, instruct
+    ("vivian_en_instruct_stream", "Hello world, this is a test.", "vivian", "english", False,
+     "Speak slowly, in a sad and tired voice."),
+    ("ryan_zh_instruct_nonstream", "今天天气很好，我们去公园散步吧。", "ryan", "chinese", True, "用开心的语气说。"),
+]
+DESIGN_PROMPTS = [
+    # name, text, language, non_streaming_mode, instruct
+    ("design_en_stream", "Hello world, this is a test.", "english",
+     False, "A warm, low female voice, speaking calmly."),
+    ("design_zh_nonstream", "今天天气很好，我们去公园散步吧。", "chinese", True, "一个年轻男性的声音，语速很快。"),
+    ("design_auto_stream", "How are you doing today?", "auto", False, "An old man with a raspy voice."),
+    ("design_none_stream", "How are you doing today?", "english", False, ""),
+]
+CLONE_PROMPTS = [
+    # name, text, mode, language, non_streaming_mode
+    ("icl_en_stream", "Hello world, this is a test.", "icl", "english", False),
+    ("icl_auto_nonstream", "How are you doing today?", "icl", "auto", True),
+    # Longer than the reference's codes: the prompt holds as much text as the reference has frames, and the
+    # rest is read one token per frame, as in the plain streaming prompt.
+    ("icl_en_long_stream", "Numbers like 42 and 2026 are read digit by digit, while speech synthesis streams audio "
+     "as the text is still arriving.", "icl", "english", False),
+    ("x_vector_en_stream", "Hello world, this is a test.", "x_vector", "english", False),
+    ("x_vector_zh_nonstream", "今天天气很好，我们去公园散步吧。", "x_vector", "chinese", True),
+]
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE_WAV = ROOT / "tests" / "fixtures" / "one_sentence.wav"
+REFERENCE_TEXT = "The quick brown fox jumps over the lazy dog."
 
 
 def build_tokenizer(out: Path) -> dict[str, int]:
@@ -134,19 +173,48 @@ def build_tokenizer(out: Path) -> dict[str, int]:
     return specials
 
 
-def model_config(kind: str, specials: dict[str, int]) -> tuple[dict, dict]:
-    """config.json and speech_tokenizer/config.json contents for the tiny or the real size."""
-    if kind in REAL_TALKER:
-        hidden, intermediate, size = REAL_TALKER[kind]
+# --config: (geometry, tts_model_type, tts_model_size). The official code reads the kind from
+# tts_model_type (custom_voice: nine named speakers; voice_design: a text description of the voice;
+# base: a voice cloned from reference audio, with the speaker encoder) and ignores instructions when
+# tts_model_size is "0b6".
+CONFIGS = {
+    "tiny": ("tiny", "custom_voice", "0b6"),
+    "tiny-instruct": ("tiny", "custom_voice", "1b7"),
+    "tiny-design": ("tiny", "voice_design", "1b7"),
+    "tiny-base": ("tiny", "base", "0b6"),
+    "real-0.6b": ("real-0.6b", "custom_voice", "0b6"),
+    "real-1.7b": ("real-1.7b", "custom_voice", "1b7"),
+    "real-0.6b-base": ("real-0.6b", "base", "0b6"),
+    "real-1.7b-base": ("real-1.7b", "base", "1b7"),
+    "real-1.7b-design": ("real-1.7b", "voice_design", "1b7"),
+}
+
+
+def model_config(name: str, specials: dict[str, int]) -> tuple[dict, dict]:
+    """config.json and speech_tokenizer/config.json contents for one of CONFIGS.
+
+    Base and VoiceDesign differ from CustomVoice only where their published config.json do
+    (Qwen/Qwen3-TTS-12Hz-{0.6B,1.7B}-Base, -1.7B-VoiceDesign, as ports' config tests copy them): no named
+    speakers (spk_id and spk_is_dialect empty), the ten languages without the two dialect tags, and, for
+    Base, speaker_encoder_config {"enc_dim": talker hidden size, "sample_rate": 24000} (the other ECAPA-TDNN
+    sizes are the official config class's defaults). All three share the speech tokenizer, whose published
+    encoder_config (Mimi: 64 filters, ratios 8-6-5-4, 8 layers of 512, 32 quantizers of 2048 x 256) is the
+    official MimiConfig's defaults, so the real sizes pass an empty encoder_config.
+    """
+    if name not in CONFIGS:
+        raise SystemExit(f"unknown --config {name!r} ({', '.join(CONFIGS)})")
+    geometry, model_type, size = CONFIGS[name]
+    speaker_encoder: dict | None = None
+    if geometry in REAL_TALKER:
+        hidden, intermediate = REAL_TALKER[geometry]
+        languages, speakers = dict(REAL_LANGUAGES), dict(REAL_SPEAKERS)
         talker = dict(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=28, num_attention_heads=16,
                       num_key_value_heads=8, head_dim=128, vocab_size=3072, text_hidden_size=2048,
                       text_vocab_size=151936, rope_theta=1000000,
                       rope_scaling={"interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default",
                                     "type": "default"},
                       codec_pad_id=2148, codec_bos_id=2149, codec_eos_token_id=2150, codec_think_id=2154,
-                      codec_nothink_id=2155, codec_think_bos_id=2156, codec_think_eos_id=2157,
-                      codec_language_id=REAL_LANGUAGES, spk_id=REAL_SPEAKERS,
-                      spk_is_dialect={s: DIALECTS.get(s, False) for s in REAL_SPEAKERS})
+                      codec_nothink_id=2155, codec_think_bos_id=2156, codec_think_eos_id=2157)
         predictor = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
                          num_key_value_heads=8, head_dim=128, vocab_size=2048, rope_theta=1000000)
         text_ids = dict(im_start_token_id=151644, im_end_token_id=151645, tts_pad_token_id=151671,
@@ -155,8 +223,9 @@ def model_config(kind: str, specials: dict[str, int]) -> tuple[dict, dict]:
                        intermediate_size=1024, num_attention_heads=16, num_key_value_heads=16, head_dim=64,
                        num_hidden_layers=8, decoder_dim=1536)
         encoder: dict = {}
-    elif kind == "tiny":
-        size = "0b6"
+        if model_type == "base":
+            speaker_encoder = {"enc_dim": hidden, "sample_rate": 24000}
+    else:
         # Codes 0..255 and control ids in [256, 1280): the official rule "ban [vocab-1024, vocab) but EOS"
         # then bans exactly the control ids, as it does at the real size. The code predictor is narrower
         # than the talker so that small_to_mtp_projection (a 1.7B feature) is exercised too.
@@ -169,9 +238,7 @@ def model_config(kind: str, specials: dict[str, int]) -> tuple[dict, dict]:
                       rope_scaling={"interleaved": True, "mrope_section": [4, 2, 2], "rope_type": "default",
                                     "type": "default"},
                       codec_pad_id=356, codec_bos_id=357, codec_eos_token_id=358, codec_think_id=362,
-                      codec_nothink_id=363, codec_think_bos_id=364, codec_think_eos_id=365,
-                      codec_language_id=languages, spk_id=speakers,
-                      spk_is_dialect={s: DIALECTS.get(s, False) for s in speakers})
+                      codec_nothink_id=363, codec_think_bos_id=364, codec_think_eos_id=365)
         predictor = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=8, vocab_size=256, rope_theta=1000000)
         text_ids = dict(im_start_token_id=specials["<|im_start|>"], im_end_token_id=specials["<|im_end|>"],
@@ -184,14 +251,29 @@ def model_config(kind: str, specials: dict[str, int]) -> tuple[dict, dict]:
                        num_key_value_heads=2, head_dim=8, intermediate_size=32, codebook_size=64,
                        codebook_dim=16, vector_quantization_hidden_dimension=16, num_quantizers=16,
                        upsample_groups=16)
-    else:
-        raise SystemExit(f"unknown --config {kind!r} (tiny, real-0.6b or real-1.7b)")
+        if model_type == "base":
+            # The encoder the engine runs for cloning: a quantizer projection (vq width 8 != 16), more
+            # quantizers than the 16 valid ones, two layers with a sliding window shorter than the
+            # reference (the official default attention ignores the window: this pins that).
+            encoder.update(num_hidden_layers=2, codebook_dim=8, vector_quantization_hidden_dimension=8,
+                           num_quantizers=20, sliding_window=8)
+            speaker_encoder = dict(mel_dim=128, enc_dim=talker["hidden_size"], enc_channels=[16, 16, 16, 16, 48],
+                                   enc_kernel_sizes=[5, 3, 3, 3, 1], enc_dilations=[1, 2, 3, 4, 1],
+                                   enc_attention_channels=8, enc_res2net_scale=4, enc_se_channels=8,
+                                   sample_rate=24000)
+    if model_type != "custom_voice":
+        languages = {k: v for k, v in languages.items() if "dialect" not in k}
+        speakers = {}
+    talker.update(codec_language_id=languages, spk_id=speakers,
+                  spk_is_dialect={s: DIALECTS.get(s, False) for s in speakers})
     talker.update(num_code_groups=16, hidden_act="silu", rms_norm_eps=1e-6, max_position_embeddings=32768,
                   position_id_per_seconds=13,
                   code_predictor_config=dict(predictor, num_code_groups=16, hidden_act="silu", rms_norm_eps=1e-6,
                                              max_position_embeddings=65536))
     config = dict(talker_config=talker, tokenizer_type="qwen3_tts_tokenizer_12hz", tts_model_size=size,
-                  tts_model_type="custom_voice", assistant_token_id=None, **text_ids)
+                  tts_model_type=model_type, assistant_token_id=None, **text_ids)
+    if speaker_encoder is not None:
+        config["speaker_encoder_config"] = speaker_encoder
     decoder.update(max_position_embeddings=8000, rope_theta=10000, sliding_window=72, hidden_act="silu",
                    layer_scale_initial_scale=0.01, rms_norm_eps=1e-5, num_quantizers=16,
                    num_semantic_quantizers=1, upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2],
@@ -257,6 +339,7 @@ def main() -> None:
     (out / "speech_tokenizer").mkdir(parents=True, exist_ok=True)
     specials = build_tokenizer(out)
     config, speech = model_config(args.config, specials)
+    model_type, size = config["tts_model_type"], config["tts_model_size"]
 
     model = Qwen3TTSForConditionalGeneration(Qwen3TTSConfig(**config))
     randomize(model, args.seed)
@@ -290,35 +373,116 @@ def main() -> None:
     refs: dict = {"config": args.config, "seed": args.seed, "max_new_tokens": args.frames,
                   "repetition_penalty": 1.05, "prompts": []}
     tensors: dict[str, torch.Tensor] = {}
+    gen = tts._merge_generate_kwargs(do_sample=False, subtalker_dosample=False, max_new_tokens=args.frames)
     timings = []
-    for name, text, speaker, language, non_streaming in PROMPTS:
-        input_ids = tts._tokenize_texts([tts._build_assistant_text(text)])
-        gen = tts._merge_generate_kwargs(do_sample=False, subtalker_dosample=False, max_new_tokens=args.frames)
-        start = time.perf_counter()
-        codes, _ = tts.model.generate(input_ids=input_ids, instruct_ids=[None], languages=[language],
-                                      speakers=[speaker], non_streaming_mode=non_streaming, **gen)
-        timings.append(time.perf_counter() - start)
-        refs["prompts"].append({"name": name, "text": text, "speaker": speaker, "language": language,
-                                "non_streaming_mode": non_streaming,
-                                "input_ids": input_ids[0][0].tolist(), "codes": codes[0].tolist()})
-    first = torch.tensor(refs["prompts"][0]["codes"], device=args.device)
-    wavs, rate = tts.model.speech_tokenizer.decode([{"audio_codes": first}])
-    tensors["greedy_wav.vivian_en_stream"] = torch.from_numpy(wavs[0]).float()
 
-    # The codec decoder on its own, for given codes (2 chunks' worth of left context and more).
-    gen = torch.Generator().manual_seed(args.seed + 2)
-    frames = 40
-    codebook = speech["decoder_config"]["codebook_size"]
-    decoder_codes = torch.randint(0, codebook, (frames, 16), generator=gen)
-    wavs, rate = tts.model.speech_tokenizer.decode([{"audio_codes": decoder_codes.to(args.device)}])
-    tensors["decoder_codes"] = decoder_codes.T.contiguous()  # [16, T], as CodecDecoder.decode takes it
-    tensors["decoder_wav"] = torch.from_numpy(wavs[0]).float()
-    refs["sample_rate"] = rate
+    def record(name: str, text: str, language: str, non_streaming: bool, **conditioning) -> list:
+        """The official greedy codes of one prompt, as the public generate_* methods build it."""
+        input_ids = tts._tokenize_texts([tts._build_assistant_text(text)])
+        entry = {"name": name, "text": text}
+        kwargs: dict = {}
+        if "speaker" in conditioning:
+            entry["speaker"] = conditioning["speaker"]
+            kwargs["speakers"] = [conditioning["speaker"]]
+        instruct = conditioning.get("instruct")
+        if "instruct" in conditioning:
+            entry["instruct"] = instruct
+            ids = tts._tokenize_texts([tts._build_instruct_text(instruct)])[0] if instruct else None
+            entry["instruct_ids"] = [] if ids is None else ids[0].tolist()
+            kwargs["instruct_ids"] = [ids]
+        elif model_type != "base":
+            kwargs["instruct_ids"] = [None]
+        if "clone" in conditioning:
+            item = conditioning["clone"]
+            entry["clone"] = conditioning["clone_name"]
+            kwargs["voice_clone_prompt"] = tts._prompt_items_to_voice_clone_prompt([item])
+            if item.icl_mode:
+                ref_ids = tts._tokenize_texts([tts._build_ref_text(item.ref_text)])[0]
+                entry["ref_ids"] = ref_ids[0].tolist()
+                kwargs["ref_ids"] = [ref_ids]
+        start = time.perf_counter()
+        codes, _ = tts.model.generate(input_ids=input_ids, languages=[language], non_streaming_mode=non_streaming,
+                                      **kwargs, **gen)
+        timings.append(time.perf_counter() - start)
+        entry.update(language=language, non_streaming_mode=non_streaming, input_ids=input_ids[0][0].tolist(),
+                     codes=codes[0].tolist())
+        refs["prompts"].append(entry)
+        return codes[0]
+
+    if model_type == "custom_voice":
+        for name, text, speaker, language, non_streaming in PROMPTS:
+            record(name, text, language, non_streaming, speaker=speaker)
+        if size != "0b6":  # the 0.6B CustomVoice ignores instructions
+            for name, text, speaker, language, non_streaming, instruct in INSTRUCT_PROMPTS:
+                record(name, text, language, non_streaming, speaker=speaker, instruct=instruct)
+    elif model_type == "voice_design":
+        for name, text, language, non_streaming, instruct in DESIGN_PROMPTS:
+            record(name, text, language, non_streaming, instruct=instruct)
+    else:
+        record_clones(tts, out, refs, tensors, record, gen)
+    if model_type == "custom_voice":
+        first = torch.tensor(refs["prompts"][0]["codes"], device=args.device)
+        wavs, rate = tts.model.speech_tokenizer.decode([{"audio_codes": first}])
+        tensors[f"greedy_wav.{refs['prompts'][0]['name']}"] = torch.from_numpy(wavs[0]).float()
+    if args.config == "tiny" or args.config.startswith("real"):
+        # The codec decoder on its own, for given codes (2 chunks' worth of left context and more).
+        rng = torch.Generator().manual_seed(args.seed + 2)
+        frames = 40
+        codebook = speech["decoder_config"]["codebook_size"]
+        decoder_codes = torch.randint(0, codebook, (frames, 16), generator=rng)
+        wavs, rate = tts.model.speech_tokenizer.decode([{"audio_codes": decoder_codes.to(args.device)}])
+        tensors["decoder_codes"] = decoder_codes.T.contiguous()  # [16, T], as CodecDecoder.decode takes it
+        tensors["decoder_wav"] = torch.from_numpy(wavs[0]).float()
+    refs["sample_rate"] = tts.model.speech_tokenizer.get_output_sample_rate()
     refs["official_generate_seconds"] = timings
     save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(out / "references.safetensors"))
     (out / "references.json").write_text(json.dumps(refs, ensure_ascii=False, indent=1))
-    (out / "README.md").write_text(README.format(config=args.config, seed=args.seed, frames=args.frames))
+    (out / "README.md").write_text(README.format(config=args.config, seed=args.seed, frames=args.frames)
+                                   + KIND_NOTES[model_type].format())
     print(f"wrote {out} ({args.config}); official generate seconds: {[round(t, 3) for t in timings]}")
+
+
+def read_wav(path: Path) -> tuple:
+    import soundfile
+
+    audio, rate = soundfile.read(str(path), dtype="float32", always_2d=False)
+    return audio, rate
+
+
+def record_clones(tts, out: Path, refs: dict, tensors: dict, record, gen: dict) -> None:
+    """Base: the official speaker embedding and encoder codes of the reference recording (once as recorded,
+    at 24 kHz, and once at 16 kHz, which the official code resamples), and greedy codes of clones from it."""
+    import librosa
+    import numpy as np
+    import soundfile
+
+    audio, rate = read_wav(REFERENCE_WAV)
+    # The 16 kHz copy is stored (pcm16): the engine's tests read the very samples the official code read.
+    low = librosa.resample(audio, orig_sr=rate, target_sr=16000)
+    soundfile.write(str(out / "reference_16k.wav"), low, 16000, subtype="PCM_16")
+    low, low_rate = read_wav(out / "reference_16k.wav")
+    refs["references"] = {
+        "ref_24k": {"path": str(REFERENCE_WAV.relative_to(ROOT)), "text": REFERENCE_TEXT, "sample_rate": rate},
+        "ref_16k": {"path": "reference_16k.wav", "text": REFERENCE_TEXT, "sample_rate": low_rate},
+    }
+    items = {}
+    for key, (wav, sr) in {"ref_24k": (audio, rate), "ref_16k": (low, low_rate)}.items():
+        icl, = tts.create_voice_clone_prompt(ref_audio=(np.asarray(wav), sr), ref_text=REFERENCE_TEXT)
+        xvec, = tts.create_voice_clone_prompt(ref_audio=(np.asarray(wav), sr), x_vector_only_mode=True)
+        assert torch.equal(icl.ref_spk_embedding, xvec.ref_spk_embedding)
+        tensors[f"speaker_embedding.{key}"] = icl.ref_spk_embedding.float()
+        tensors[f"ref_codes.{key}"] = icl.ref_code.long()
+        items[key] = {"icl": icl, "x_vector": xvec}
+    for name, text, mode, language, non_streaming in CLONE_PROMPTS:
+        item = items["ref_24k"][mode]
+        codes = record(name, text, language, non_streaming, clone=item, clone_name=f"ref_24k.{mode}")
+        if mode == "icl" and not non_streaming:
+            # The official waveform of a clone: the reference codes and the new ones decoded together, the
+            # reference's share cut off (generate_voice_clone).
+            wavs, _ = tts.generate_voice_clone(text=text, language=language, voice_clone_prompt=[item],
+                                               non_streaming_mode=False, **gen)
+            assert len(wavs[0]) == len(codes) * 1920, (len(wavs[0]), len(codes))
+            tensors[f"greedy_wav.{name}"] = torch.from_numpy(wavs[0]).float()
 
 
 def cpu_drift(out: Path) -> None:
@@ -353,6 +517,26 @@ random weights, so the audio is noise: it pins numbers, not quality.
     `speech_tokenizer.decode` (chunked_decode) of those codes; the codec decoder's reference.
   - `greedy_wav.vivian_en_stream` [frames*1920]: the official waveform of the first prompt's greedy codes.
 """
+
+KIND_NOTES = {
+    "custom_voice": "",
+    "voice_design": """
+VoiceDesign (tts_model_type voice_design): each prompt's `instruct` describes the voice; `instruct_ids` are the
+official tokens of "<|im_start|>user\\n{{instruct}}<|im_end|>\\n" (empty: no instruction), as
+`generate_voice_design` passes them. No decoder references here (the codec is the CustomVoice fixture's code).
+""",
+    "base": """
+Base (tts_model_type base, with `speaker_encoder.*` and a Mimi encoder the engine runs): `references` name the
+reference recordings (tests/fixtures/one_sentence.wav at 24 kHz, and reference_16k.wav here, a 16 kHz pcm16 copy
+the official code resamples). references.safetensors holds, per recording, `speaker_embedding.<ref>` (the
+official `extract_speaker_embedding`) and `ref_codes.<ref>` [frames, 16] (the official speech tokenizer's
+`encode`), both from `create_voice_clone_prompt`; and `greedy_wav.<prompt>` for the streaming ICL prompt (the
+official `generate_voice_clone` waveform: reference and new codes decoded together, the reference cut off).
+Each prompt's `clone` is `<ref>.icl` (reference codes and transcript in the prompt; `ref_ids` are the official
+tokens of the transcript's "<|im_start|>assistant\\n{{text}}<|im_end|>\\n") or `<ref>.x_vector` (the speaker
+embedding only).
+""",
+}
 
 
 if __name__ == "__main__":

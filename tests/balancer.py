@@ -41,7 +41,9 @@ class Gateway:
 
     def __init__(self, name: str, **settings: str | float) -> None:
         self.name = name
+        # nginx on loopback is the trusted proxy (deploy/nginx/gateway.conf): its clients count apart.
         env = {**os.environ, "GATEWAY_API_KEYS": API_KEY, "GATEWAY_SIGNING_KEY": SIGNING_KEY,
+               "GATEWAY_SERVER_FORWARDED_ALLOW_IPS": "127.0.0.1",
                "GATEWAY_RESPONDER_KIND": "echo", "GATEWAY_WEBRTC_ENABLED": "false", "GATEWAY_LOCAL_STT": "false",
                **{f"GATEWAY_{key.upper()}": str(value) for key, value in settings.items()}}
         self.proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", "0"], cwd=ROOT, env=env,

@@ -41,17 +41,19 @@ def build() -> MCPServer:
 
 
 class HeaderLog:
-    """ASGI middleware keeping the Authorization header of every request."""
+    """ASGI middleware keeping the Authorization and Host headers of every request."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
         self.authorization: list[str | None] = []
+        self.hosts: list[str | None] = []
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             headers = dict(scope["headers"])
             value = headers.get(b"authorization")
             self.authorization.append(value.decode() if value else None)
+            self.hosts.append(headers[b"host"].decode() if b"host" in headers else None)
         await self.app(scope, receive, send)
 
 
@@ -64,16 +66,17 @@ def free_port() -> int:
 class McpTestServer:
     """The server in a thread of its own, so that it keeps serving while a test's loop waits on it."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.host = host
+        self.port = port or free_port()
         self.app = HeaderLog(build().streamable_http_app())
-        self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error",
+        self._server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=self.port, log_level="error",
                                                      lifespan="on"))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
+        return f"http://{self.host}:{self.port}/mcp"
 
     def __enter__(self) -> McpTestServer:
         self._thread.start()

@@ -9,6 +9,14 @@ from gateway.config import ConfigError, check, load_config
 BAD = [
     ("server", "drain_seconds", -1, "server.drain_seconds: must be at least 0"),
     ("server", "workers", -2, "server.workers: must be at least 0"),
+    ("server", "request_body_timeout_s", 0.0, "server.request_body_timeout_s: must be > 0"),
+    ("server", "request_idle_timeout_s", -1.0, "server.request_idle_timeout_s: must be > 0"),
+    ("server", "max_request_headers", 129, "server.max_request_headers: must be between 1 and 128"),
+    ("server", "max_header_line_bytes", 9000, "server.max_header_line_bytes: must be between 256 and 8190"),
+    ("server", "max_connections_per_client", 0, "server.max_connections_per_client: must be at least 1"),
+    ("server", "forwarded_allow_ips", "10.0.0.1, nginx.local",
+     "server.forwarded_allow_ips: 'nginx.local' is not an IP address or network"),
+    ("webrtc", "max_pending_calls_per_client", 0, "webrtc.max_pending_calls_per_client: must be at least 1"),
     ("local", "stt_threads", 0, "local.stt_threads: must be at least 1"),
     ("responder", "kind", "robot", "responder.kind: expected auto, echo, pipeline or local, got 'robot'"),
     ("tts", "engine", "espeak", "tts.engine: expected auto, tone, piper or qwen3"),
@@ -31,6 +39,14 @@ def test_a_bad_value_names_its_option(section: str, key: str, value: object, mes
     setattr(getattr(config, section), key, value)
     with pytest.raises(ConfigError, match=message):
         check(config)
+
+
+def test_uvicorns_proxy_variable_is_named_not_ignored() -> None:
+    with pytest.raises(ConfigError, match=r"FORWARDED_ALLOW_IPS: .* \[server\] forwarded_allow_ips"):
+        load_config(env={"FORWARDED_ALLOW_IPS": "10.0.0.5"})
+    config = load_config(env={"GATEWAY_SERVER_FORWARDED_ALLOW_IPS": "10.0.0.5, 10.1.0.0/16, ::1"})
+    check(config)
+    assert config.server.forwarded_allow_ips == "10.0.0.5, 10.1.0.0/16, ::1"
 
 
 def test_options_that_go_together() -> None:

@@ -24,7 +24,7 @@ from gateway.realtime.effects import Effect
 from gateway.realtime.events import ProtocolError, new_id
 from gateway.realtime.items import parse_item
 from gateway.realtime.responder import Message, ToolCall
-from gateway.realtime.values import field_of
+from gateway.realtime.values import non_empty
 
 BYTES_PER_MS = 48  # pcm16 mono at 24 kHz, the session's internal format
 
@@ -107,7 +107,7 @@ class Conversation:
     def find(self, event: dict[str, Any], verb: str) -> Item:
         """The item a client event names in ``item_id``, to ``verb`` (retrieve, delete, truncate); an
         error with OpenAI's code for that event if there is none (clients match on it)."""
-        item_id = field_of(event, "item_id", str, "item_id", required=True)
+        item_id = non_empty(event, "item_id", "item_id", required=True)
         item = self._items.get(item_id)
         if item is None:
             doing = {"retrieve": "retrieving", "delete": "deleting", "truncate": "truncating"}[verb]

@@ -54,8 +54,8 @@ def parse_item(body: Any, param: str = "item") -> dict[str, Any]:
     else:  # the client's answer to an mcp_approval_request (GA only: the session checks the dialect)
         del out["object"], out["status"]  # not fields of this item type
         out.update(
-            approval_request_id=field_of(item, "approval_request_id", str, f"{param}.approval_request_id",
-                                         required=True),
+            approval_request_id=non_empty(item, "approval_request_id", f"{param}.approval_request_id",
+                                          required=True),
             approve=field_of(item, "approve", bool, f"{param}.approve", required=True),
             reason=field_of(item, "reason", str, f"{param}.reason"),
         )

@@ -14,7 +14,7 @@ after it still goes out as deltas, but the item keeps only what was heard up to 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,7 +120,7 @@ class Responses:
         self.active: Response | None = None
         self.voice_locked = False  # audio has gone out: the session's voice is fixed
 
-    def start(self, params: dict[str, Any], settings: SessionSettings, voices: frozenset[str] | None) -> list[Effect]:
+    def start(self, params: dict[str, Any], settings: SessionSettings, voices: Collection[str] | None) -> list[Effect]:
         """A new response from response.create's ``response`` (or {} for a turn's automatic one)."""
         if self.active is not None:
             raise ProtocolError(

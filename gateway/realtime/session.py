@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Collection
 from dataclasses import replace
 from enum import Enum
 from typing import Any
@@ -55,12 +56,9 @@ from gateway.realtime.tools import McpPolicy, McpTool, parse_tool_choice, parse_
 from gateway.realtime.transcription import InputTranscription
 from gateway.realtime.turns import InputAudio
 from gateway.realtime.vad import SpeechStarted, SpeechStopped, TurnEvent
-from gateway.realtime.values import field_of
+from gateway.realtime.values import field_of, non_empty, parse_json
 
 MIN_COMMIT_MS = 100
-# Client JSON nested deeper is refused: echoed back (session.tools, response.metadata, ...) it could
-# not be written (orjson writes at most 254 levels), and no Realtime event needs a tenth of it.
-MAX_JSON_DEPTH = 32
 
 
 class Phase(Enum):
@@ -112,7 +110,7 @@ class Session:
         self.transcription = InputTranscription(self._event, self.conversation, config)
         self._interrupted = False  # the user barged in and is still speaking
         # Set by the runner from its speech engine: the voices it has (None: any name will do).
-        self.voices: frozenset[str] | None = None
+        self.voices: Collection[str] | None = None
         self._failures = 0  # unexpected exceptions in handlers (Fault)
 
     @property
@@ -144,14 +142,9 @@ class Session:
         """One client message (a JSON text frame)."""
         event_id = None
         try:
-            try:
-                event = orjson.loads(text)
-            except orjson.JSONDecodeError as exc:
-                raise ProtocolError("invalid_json", f"The message is not valid JSON: {exc}.") from None
+            event = parse_json(text)
             if not isinstance(event, dict):
                 raise ProtocolError("invalid_json", "A client event must be a JSON object.")
-            if _too_deep(event):
-                raise ProtocolError("invalid_json", f"The message is nested deeper than {MAX_JSON_DEPTH} levels.")
             raw_id = event.get("event_id")
             event_id = raw_id if isinstance(raw_id, str) else None
             field_of(event, "event_id", str, "event_id")
@@ -180,11 +173,11 @@ class Session:
         body = event["session"]
         if body.get("tools") is not None:
             new.tools = parse_tools(body["tools"], "session.tools", self.dialect, self.mcp_policy)
-        if body.get("tool_choice") is not None or (new.tools is not self.settings.tools
-                                                   and isinstance(new.tool_choice, dict)):
+        if body.get("tool_choice") is not None:  # "", {}, [] and 0 are values to check, not absences
+            new.tool_choice = parse_tool_choice(body["tool_choice"], new.tools, "session.tool_choice", self.dialect)
+        elif new.tools is not self.settings.tools and isinstance(new.tool_choice, dict):
             # A named tool must be among the tools, also when only the tools change.
-            choice = body.get("tool_choice") or new.tool_choice
-            new.tool_choice = parse_tool_choice(choice, new.tools, "session.tool_choice", self.dialect)
+            new.tool_choice = parse_tool_choice(new.tool_choice, new.tools, "session.tool_choice", self.dialect)
         if new.type != self.settings.type and self.responses.active is not None:
             raise ProtocolError(
                 "conversation_already_has_active_response",
@@ -257,7 +250,7 @@ class Session:
         if item.data["type"] == "mcp_approval_response":
             self._check_approval(item.data)
         # "" places it at the end, as no previous_item_id does (peers' conformance tests send it so).
-        previous = field_of(event, "previous_item_id", str, "previous_item_id") or None
+        previous = non_empty(event, "previous_item_id", "previous_item_id")
         if previous is not None and previous != "root" and previous not in self.conversation:
             raise ProtocolError("item_not_found", f"Item with id '{previous}' not found.", "previous_item_id")
         if item.id in self.conversation:
@@ -324,7 +317,7 @@ class Session:
         return self.responses.start(params, self.settings, self.voices)
 
     def _on_response_cancel(self, event: dict[str, Any]) -> list[Effect]:
-        response_id = field_of(event, "response_id", str, "response_id")
+        response_id = non_empty(event, "response_id", "response_id")
         active = self.responses.active
         if active is None:
             raise ProtocolError(  # the response_id is at fault only when the client named one
@@ -538,12 +531,3 @@ class Session:
         reports it (a transcription session keeps the realtime settings it had, too)."""
         return len(orjson.dumps(session_wire(replace(settings, type="realtime"), self.dialect)))
 
-
-def _too_deep(value: Any) -> bool:
-    """Whether JSON ``value`` nests objects and arrays deeper than MAX_JSON_DEPTH."""
-    level: list[Any] = [value]
-    for _ in range(MAX_JSON_DEPTH):
-        level = [v for c in level for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, dict | list)]
-        if not level:
-            return False
-    return True

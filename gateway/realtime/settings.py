@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -178,14 +179,14 @@ def _parse_max_tokens(value: Any, param: str) -> int | str:
 
 def parse_session(
     body: Any, current: SessionSettings, dialect: Dialect, voice_locked: bool, vad_defaults: TurnDetection,
-    voices: frozenset[str] | None = None, transcription_update: bool = False,
+    voices: Collection[str] | None = None, transcription_update: bool = False,
 ) -> SessionSettings:
     """A session.update's ``session`` applied to ``current``; only the fields sent change. Turn detection
     switched on starts from ``vad_defaults``; ``voices`` are the voices the speech engine has (None: any).
 
     The session's type comes from the update: GA ``session.type``, beta's event name
     (``transcription_update``: a transcription_session.update, always beta-shaped); a GA update without a
-    type keeps the session's. A transcription session reads only the input-audio fields."""
+    type keeps the session's. Every field sent is checked, whatever the session's type."""
     s = field_of({"session": body}, "session", dict, "session", required=True)
     new = replace(current)
     if transcription_update:
@@ -205,8 +206,9 @@ def parse_session(
     inp = field_of(audio, "input", dict, "session.audio.input") or {}
     _parse_input_ga(inp, new, vad_defaults)
     _parse_include(s, new)
-    if new.type == "realtime":
-        _parse_realtime_ga(s, audio, new, voice_locked, voices)
+    # Also in a transcription session, which does not use them: a client's mistake is reported, not
+    # accepted unseen, and the session keeps them for a switch back to realtime.
+    _parse_realtime_ga(s, audio, new, voice_locked, voices)
     return new
 
 
@@ -251,7 +253,7 @@ def _parse_include(s: dict[str, Any], new: SessionSettings) -> None:
 
 
 def _parse_realtime_ga(s: dict[str, Any], audio: dict[str, Any], new: SessionSettings, voice_locked: bool,
-                       voices: frozenset[str] | None) -> None:
+                       voices: Collection[str] | None) -> None:
     _parse_common(s, new)
     if "output_modalities" in s:
         new.modalities = _parse_modalities(s["output_modalities"], "session.output_modalities")
@@ -271,7 +273,7 @@ def _parse_realtime_ga(s: dict[str, Any], audio: dict[str, Any], new: SessionSet
 
 
 def _parse_realtime_beta(s: dict[str, Any], new: SessionSettings, vad_defaults: TurnDetection, voice_locked: bool,
-                         voices: frozenset[str] | None) -> None:
+                         voices: Collection[str] | None) -> None:
     _parse_common(s, new)
     _parse_input_beta(s, new, vad_defaults)
     if "modalities" in s:
@@ -298,7 +300,7 @@ def _parse_common(s: dict[str, Any], new: SessionSettings) -> None:
 
 
 def _parse_voice(voice: str | None, speed: float | None, where: str, new: SessionSettings, voice_locked: bool,
-                 voices: frozenset[str] | None) -> None:
+                 voices: Collection[str] | None) -> None:
     voice_param = f"{where}.voice"
     if voice is not None:
         if voice != new.voice and voice_locked:
@@ -330,7 +332,7 @@ def response_format(params: dict[str, Any], dialect: Dialect) -> str | None:
     return None if fmt is None else choice(fmt, AUDIO_FORMATS, "response.output_audio_format")
 
 
-def check_voice(name: str, voices: frozenset[str] | None, param: str) -> str:
+def check_voice(name: str, voices: Collection[str] | None, param: str) -> str:
     if voices is not None and name.lower() not in voices:
         raise ProtocolError(
             "invalid_value", f"Voice '{name}' is not available; this gateway has: {', '.join(sorted(voices))}.", param

@@ -4,7 +4,36 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from gateway.realtime.events import ProtocolError
+
+# Client JSON nested deeper is refused: echoed back (session.tools, response.metadata, ...) it could
+# not be written (orjson writes at most 254 levels), and no Realtime event or REST body needs a tenth of it.
+MAX_JSON_DEPTH = 32
+
+
+def parse_json(text: str | bytes, what: str = "The message") -> Any:
+    """JSON a client sent, by any way in (a WebSocket or data-channel message, an HTTP body, a form part);
+    a ProtocolError (code invalid_json, ``what`` naming it) when it is not JSON or nests deeper than
+    MAX_JSON_DEPTH."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError("invalid_json", f"{what} is not valid JSON: {exc}.") from None
+    if _too_deep(value):
+        raise ProtocolError("invalid_json", f"{what} is nested deeper than {MAX_JSON_DEPTH} levels.")
+    return value
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether JSON ``value`` nests objects and arrays deeper than MAX_JSON_DEPTH."""
+    level: list[Any] = [value]
+    for _ in range(MAX_JSON_DEPTH):
+        level = [v for c in level for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, dict | list)]
+        if not level:
+            return False
+    return True
 
 
 def field_of(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], param: str, required: bool = False):

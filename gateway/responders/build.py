@@ -84,6 +84,8 @@ def build_responder(config: Config) -> Responder:
     if kind == "auto":
         kind = "pipeline" if config.llm.base_url else "local" if installed(LOCAL_LLM + LOCAL_TTS) else "echo"
     if kind == "echo":
+        if config.voices.named:
+            raise ConfigError("[voices.NAME] are spoken by a TTS engine; the echo responder has none (responder.kind)")
         return EchoResponder(pace=config.responder.echo_pace, chunk_ms=config.responder.echo_chunk_ms)
     llm: ChatModel
     if kind == "pipeline":
@@ -104,4 +106,5 @@ def build_responder(config: Config) -> Responder:
         BridgeSettings(starter, config.tts.max_segment_chars),
         audio_in=config.stt.audio_in,
         language=None if config.tts.language == "auto" else config.tts.language,
+        voices=config.voices.named,
     )

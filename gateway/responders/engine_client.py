@@ -5,7 +5,8 @@ least loaded one that is up (the streams it reported at its last heartbeat, all 
 together, plus those opened here since). Streams behave as the in-process engine's do: feed, end and cancel
 return at once (the message is queued on the socket), packets arrive in an asyncio queue, and a cancelled
 stream's iteration ends at once; a packet that arrives for a stream this side no longer knows is answered
-with a cancel.
+with a cancel. A prepared voice travels as bytes with each stream that speaks in it; `prepare` clones one
+from reference audio in an engine process.
 
 An engine process that stops (its connection drops), goes silent for protocol.MISSED_HEARTBEATS
 heartbeats, or comes back as a new instance fails every stream it held with a BackendError("tts"): that
@@ -24,15 +25,17 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from engine import ipc
-from engine.api import TTSChunk, TTSError
+from engine.api import Sampling, TTSChunk, TTSError
 from engine.config import EngineConfig
 from engine.handles import QueuedStream
 from engine.supervisor import EngineSupervisor
+from engine.voices import VoicePrompt
 from gateway.config import ConfigError
 from gateway.realtime.responder import BackendError
 
@@ -131,12 +134,16 @@ class EngineClient:
             raise ConfigError("[engine] endpoints: no engine process to connect to")
         first = self.links[0].hello
         self.voices: frozenset[str] = frozenset(first["voices"])
+        self.kinds: list[str] = list(first.get("kinds", []))
+        self.fingerprints: list[str] = list(first.get("fingerprints", []))
+        self.follows_instructions = bool(first.get("follows_instructions"))
         self._languages = frozenset(first["languages"])
         self._max_chars = int(first["max_text_chars"])
         self._ids = itertools.count(1)
         self._context: zmq.asyncio.Context | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stats: dict[bytes, asyncio.Future[dict[str, Any]]] = {}
+        self._voices: dict[bytes, asyncio.Future[VoicePrompt]] = {}
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineClient:
@@ -155,22 +162,51 @@ class EngineClient:
                 supervisor.stop()
             raise
 
-    def open(self, voice: str, language: str | None = None) -> RemoteStream:
+    def open(self, voice: str, language: str | None = None, *, prompt: VoicePrompt | None = None,
+             instructions: str | None = None, sampling: Sampling | None = None) -> RemoteStream:
+        """A stream in an engine process (engine.threaded.QwenTTSEngine.open says what the engine takes);
+        what only the engine can check (a prepared voice it cannot speak) fails the stream's iteration."""
         self._start()
-        if voice.lower() not in self.voices:
+        if prompt is None and voice.lower() not in self.voices:
             raise TTSError(f"unknown voice {voice!r}; the engine has {', '.join(sorted(self.voices))}")
         lang = (language or "auto").lower()
         if lang not in self._languages:
             raise TTSError(f"unknown language {language!r}; use {', '.join(sorted(self._languages))}")
-        up = [link for link in self.links if link.up]
-        if not up:
-            raise BackendError("tts", "no TTS engine process is up (a restarted one answers once it has loaded)")
-        link = min(up, key=lambda li: li.load + li.opened)
+        if sampling is not None and (problem := sampling.problem()) is not None:
+            raise TTSError(problem[1])
+        link = self._pick()
         link.opened += 1
         stream = RemoteStream(link, ipc.sid_bytes(next(self._ids)), self._max_chars)
         link.streams[stream.sid] = stream
-        link.send([ipc.OPEN, stream.sid, voice.encode(), b"" if lang == "auto" else lang.encode()])
+        link.send([ipc.OPEN, stream.sid, voice.encode(), b"" if lang == "auto" else lang.encode(),
+                   b"" if prompt is None else prompt.to_bytes(), (instructions or "").encode(),
+                   b"" if sampling is None else ipc.sampling_bytes(sampling)])
         return stream
+
+    async def prepare(self, audio: np.ndarray, sample_rate: int, text: str | None = None,
+                      timeout: float = 60.0) -> VoicePrompt:
+        """Clone a voice from reference audio (float32 mono samples at `sample_rate`, and its transcript for
+        in-context cloning) in an engine process; TTSError when the engine cannot (no Base checkpoint, audio
+        too long or short), BackendError when no engine answers in `timeout` seconds."""
+        self._start()
+        link = self._pick()
+        token = os.urandom(8)
+        done = self._voices[token] = asyncio.get_running_loop().create_future()
+        link.send([ipc.PREPARE, token, np.ascontiguousarray(audio, dtype="<f4").tobytes(), str(sample_rate).encode(),
+                   (text or "").encode()])
+        try:
+            return await asyncio.wait_for(done, timeout)
+        except TimeoutError:
+            raise BackendError("tts", f"the TTS engine process did not prepare the voice in {timeout:g} s") from None
+        finally:
+            self._voices.pop(token, None)
+
+    def _pick(self) -> EngineLink:
+        """The least loaded engine process that is up."""
+        up = [link for link in self.links if link.up]
+        if not up:
+            raise BackendError("tts", "no TTS engine process is up (a restarted one answers once it has loaded)")
+        return min(up, key=lambda li: li.load + li.opened)
 
     @property
     def free_streams(self) -> int:
@@ -260,6 +296,11 @@ class EngineClient:
             link.fail_streams(f"the TTS engine process dropped this gateway's streams ({frames[1].decode()})")
         elif kind == ipc.STATS and frames[1] in self._stats and not self._stats[frames[1]].done():
             self._stats[frames[1]].set_result(json.loads(frames[2]))
+        elif kind == ipc.VOICE and frames[1] in self._voices and not self._voices[frames[1]].done():
+            if frames[2] == ipc.OK:
+                self._voices[frames[1]].set_result(VoicePrompt.from_bytes(frames[3]))
+            else:
+                self._voices[frames[1]].set_exception(_error(frames[2], frames[3].decode()))
 
     async def _watch(self, link: EngineLink, monitor: zmq.asyncio.Socket) -> None:
         """The connection's events: a dropped connection is a dead engine (IPC: its process exited)."""

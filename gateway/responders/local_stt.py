@@ -39,6 +39,7 @@ class LocalStt:
     """A ``Transcriber`` (gateway.realtime.responder) on the shared local Whisper model; English only (tiny.en)."""
 
     model_name = "whisper tiny.en"
+    languages = frozenset({"en"})  # what it transcribes (ISO 639-1)
 
     def __init__(self, threads: int = 2) -> None:
         from faster_whisper import WhisperModel  # noqa: PLC0415 - an optional extra

@@ -13,12 +13,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engine.api import TTSEngine, TTSStream
+import numpy as np
+
+from engine.api import TTSEngine, TTSError, TTSStream
+from engine.voices import VoicePrompt
+from gateway.audio import decode_wav
+from gateway.config import ConfigError, VoiceConfig
 from gateway.realtime.responder import (
     AudioOut,
     BackendError,
@@ -33,6 +38,18 @@ from gateway.realtime.responder import (
 )
 from gateway.responders.remote import chat_messages
 from gateway.responders.text_bridge import TextBridge
+from gateway.responders.tts import SegmentedStream
+
+
+def _read_reference(path: str) -> tuple[np.ndarray, int]:
+    """A reference recording: its samples (float32, channels averaged) and rate."""
+    with open(path, "rb") as f:
+        samples, rate = decode_wav(f.read())
+    return samples.mean(axis=1, dtype=np.float32), rate
+
+
+# A custom voice's prompt for an engine, by id (None: no such voice).
+VoiceSource = Callable[[str, TTSEngine], Awaitable[VoicePrompt | None]]
 
 
 class ChatModel(Protocol):
@@ -85,14 +102,21 @@ class PipelineResponder:
         *,
         audio_in: bool = False,
         language: str | None = None,
+        voices: dict[str, VoiceConfig] | None = None,
     ) -> None:
-        """``audio_in``: user audio goes to the LLM as input_audio, no STT; ``language``: the TTS's."""
+        """``audio_in``: user audio goes to the LLM as input_audio, no STT; ``language``: the TTS's;
+        ``voices``: the [voices.NAME] the TTS engine prepares at start (``prepare``)."""
         self.llm = llm
         self.tts_engine = tts_engine
         self.bridge = bridge or BridgeSettings()
         self.audio_in = audio_in
         self.language = language
         self.reads_transcripts = not audio_in
+        self.voice_configs = voices or {}
+        self.prepared: dict[str, VoicePrompt] = {}  # by lower-case name
+        # The deployment's custom voices, by id (set by the gateway: gateway.runtime.custom_voices), read when
+        # a response speaks in one; None for any other name. Unset: the prepared voices and the engine's only.
+        self.voice_source: VoiceSource | None = None
 
     async def check(self) -> list[str]:
         """What is wrong with the LLM backend, checked at start-up (see backends.LlmClient.check)."""
@@ -106,9 +130,33 @@ class PipelineResponder:
         if close is not None:
             await close()  # engine processes: their sockets, and the processes when this gateway started them
 
+    async def prepare(self) -> None:
+        """Make the configured voices, once, at start: a clone in the TTS engine's thread or process (its
+        reference read here in a worker thread), a design from its description. ConfigError names a voice
+        the engine cannot make or speak."""
+        engine_voices = self.tts_engine.voices or frozenset()
+        for name, spec in self.voice_configs.items():
+            where = f"[voices.{name}]"
+            if name in engine_voices:
+                raise ConfigError(f"{where}: the TTS engine has a voice of that name already")
+            try:
+                if spec.description:
+                    voice = VoicePrompt.design(spec.description)
+                else:
+                    prepare = getattr(self.tts_engine, "prepare", None)
+                    if prepare is None:
+                        raise ConfigError(f"{where}: cloning a voice needs the qwen3 TTS engine ([tts] engine)")
+                    audio, rate = await asyncio.to_thread(_read_reference, spec.reference)
+                    voice = await prepare(audio, rate, spec.transcript or None)
+            except (OSError, ValueError, TTSError, BackendError) as exc:  # unreadable, or not a voice
+                raise ConfigError(f"{where}: {exc}") from None
+            self.prepared[name] = voice
+
     @property
     def voices(self) -> frozenset[str] | None:
-        return self.tts_engine.voices
+        """The engine's voice names and the prepared voices' (None: the engine takes any name)."""
+        names = self.tts_engine.voices
+        return None if names is None else names | frozenset(self.prepared)
 
     async def respond(self, request: ResponseRequest) -> AsyncIterator[ResponseOutput]:
         messages = list(request.messages)
@@ -158,8 +206,21 @@ class PipelineResponder:
                 yield out
 
     async def _speak(self, chat: AsyncIterator[LlmOutput], voice: str) -> AsyncIterator[ResponseOutput]:
+        prompt = self.prepared.get(voice.lower())
+        if prompt is None and self.voice_source is not None:
+            try:
+                prompt = await self.voice_source(voice, self.tts_engine)
+            except Exception as exc:  # the voice's files, or its preparation for this engine
+                raise _tts_error(exc) from exc
+        # An in-context clone's prompt holds the text as long as its reference (or all of it): fed a reply as
+        # it is written, its speech would wait for most of the reply; segment by segment it starts on the first.
+        segmented = self.tts_engine.incremental and prompt is not None and prompt.mode == "icl"
+        stream: TTSStream
         try:
-            stream = self.tts_engine.open(voice, self.language)
+            if segmented:
+                stream = SegmentedStream(self.tts_engine, voice=voice, language=self.language, prompt=prompt)
+            else:
+                stream = self.tts_engine.open(voice, self.language, prompt=prompt)
         except Exception as exc:
             raise _tts_error(exc) from exc
         outputs: _Outputs = asyncio.Queue()
@@ -168,7 +229,8 @@ class PipelineResponder:
         written: deque[str] = deque()
         # Tool calls the LLM made after speaking: they follow the speech's audio (see _read_llm).
         held: list[ResponseOutput] = []
-        reader = asyncio.create_task(self._read_llm(chat, stream, outputs, written, held))
+        incremental = self.tts_engine.incremental and not segmented
+        reader = asyncio.create_task(self._read_llm(chat, stream, incremental, outputs, written, held))
         player = asyncio.create_task(self._play(stream, outputs, written))
         reader.add_done_callback(outputs.put_nowait)
         player.add_done_callback(outputs.put_nowait)
@@ -194,13 +256,13 @@ class PipelineResponder:
             await asyncio.gather(reader, player, return_exceptions=True)
 
     async def _read_llm(
-        self, chat: AsyncIterator[LlmOutput], stream: TTSStream, outputs: _Outputs, written: deque[str],
-        held: list[ResponseOutput],
+        self, chat: AsyncIterator[LlmOutput], stream: TTSStream, incremental: bool, outputs: _Outputs,
+        written: deque[str], held: list[ResponseOutput],
     ) -> None:
         """Feeds the reply's text to the TTS stream. Its tool calls go out at once while the LLM has said
         nothing, so that a call is not held up by speech; after words ("let me check"), they are ``held``
         until that speech has played, so that each output item ends before the next begins."""
-        bridge = None if self.tts_engine.incremental else TextBridge(**dataclasses.asdict(self.bridge))
+        bridge = None if incremental else TextBridge(**dataclasses.asdict(self.bridge))
         spoken = False
         said = False
 

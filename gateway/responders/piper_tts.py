@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from engine.api import TTSChunk, TTSError
+from engine.api import Sampling, TTSChunk, TTSError
+from engine.voices import VoicePrompt
 from gateway.audio import SAMPLE_RATE, StreamResampler, float32_to_int16
 from gateway.responders.model_thread import ModelThread
 from gateway.responders.tts import SegmentStream
@@ -40,7 +41,9 @@ class PiperStream(SegmentStream):
 
 
 class PiperEngine:
-    """A ``TTSEngine`` (engine.api): one English voice, whatever voice name a session asks for."""
+    """A ``TTSEngine`` (engine.api): one English voice, whatever voice name a session asks for. A prepared
+    voice (cloned or designed) is refused: piper cannot speak one; instructions and a stream's sampling are
+    ignored."""
 
     incremental = False
     voices = None
@@ -73,7 +76,11 @@ class PiperEngine:
         """The process's one copy of the voice (every responder shares it)."""
         return cls(threads)
 
-    def open(self, voice: str, language: str | None = None) -> PiperStream:
+    def open(self, voice: str, language: str | None = None, *, prompt: VoicePrompt | None = None,
+             instructions: str | None = None, sampling: Sampling | None = None) -> PiperStream:
+        if prompt is not None:
+            raise TTSError(f"the piper engine speaks its one voice; {voice!r} is a prepared voice, which needs the "
+                           "Qwen3-TTS engine")
         if language is not None and language.lower() not in ("en", "english"):
             raise TTSError(f"the piper voice speaks English only, not {language!r}")
         return PiperStream(self)

@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from engine.api import TTSChunk
+from engine.api import Sampling, TTSChunk
+from engine.voices import VoicePrompt
 from gateway.audio import SAMPLE_RATE
 from gateway.responders.tts import SegmentStream
 
@@ -67,6 +68,9 @@ class ToneStream(SegmentStream):
 
 
 class ToneEngine:
+    """A test signal: no voice, so any name, prepared voice, instruction or sampling will do (all are
+    ignored)."""
+
     incremental = False
     voices = None  # a tone has no voice: any name will do
     model_name = "tone (a test signal, no speech)"
@@ -79,5 +83,6 @@ class ToneEngine:
         self.realtime = realtime
         self.char_ms = char_ms
 
-    def open(self, voice: str, language: str | None = None) -> ToneStream:
+    def open(self, voice: str, language: str | None = None, *, prompt: VoicePrompt | None = None,
+             instructions: str | None = None, sampling: Sampling | None = None) -> ToneStream:
         return ToneStream(self)

@@ -1,15 +1,18 @@
 """The text side of a non-incremental TTS engine's stream (tone, piper): whole segments in, one at a time.
 
 Every engine speaks engine.api's stream interface; an engine that speaks whole segments (the text bridge
-cuts them from the LLM's text) keeps its input in a ``SegmentStream``.
+cuts them from the LLM's text) keeps its input in a ``SegmentStream``. ``SegmentedStream`` speaks an
+incremental engine's voice that way: each segment an utterance of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
 
-from engine.api import TTSError
+from engine.api import TTSChunk, TTSEngine, TTSError, TTSStream
 
 
 class SegmentStream:
@@ -52,3 +55,33 @@ class SegmentStream:
             self._input.clear()
             await self._input.wait()
         return None
+
+
+class SegmentedStream(SegmentStream):
+    """An incremental engine's stream spoken segment by segment, each segment an utterance of its own: for a
+    voice whose prompt holds its text from the start (an in-context clone's holds as much text as its
+    reference has frames), so that speech starts once the first segment is written, not the whole reply.
+    ``open_kw`` are the engine's open() arguments. A segment's first chunk carries its text."""
+
+    def __init__(self, engine: TTSEngine, **open_kw: Any) -> None:
+        super().__init__()
+        self._engine, self._open_kw = engine, open_kw
+        self._current: TTSStream | None = None
+
+    def cancel(self) -> None:
+        super().cancel()
+        if self._current is not None:
+            self._current.cancel()
+
+    async def __aiter__(self) -> AsyncIterator[TTSChunk]:
+        while (text := await self.next_segment()) is not None:
+            self._current = stream = self._engine.open(**self._open_kw)
+            stream.feed(text)
+            stream.end()
+            first = True
+            async for chunk in stream:
+                if self.cancelled:
+                    return
+                yield TTSChunk(chunk.pcm, text if first else "")
+                first = False
+            self._current = None

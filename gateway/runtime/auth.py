@@ -1,9 +1,12 @@
 """Who may use the gateway: API keys, and the ephemeral client secrets minted with them.
 
 ``GATEWAY_API_KEYS`` (comma-separated, read once at start-up, never from config.toml) turns
-authentication on. A client secret ("ek_...") is a signed token, not a row in one process's memory:
-its payload (expiry, protocol shape, kind, session configuration) is compressed and signed with
-HMAC-SHA256, so any gateway process holding the same signing key verifies it, behind a balancer too.
+authentication on. A client secret ("ek_...") is a sealed token, not a row in one process's memory:
+its payload (expiry, protocol shape, kind, session configuration) is compressed and encrypted with
+AES-256-GCM (``cryptography``) under a key derived from the signing key with HKDF-SHA256, so any
+gateway process holding the same signing key opens it, behind a balancer too, and nobody else can
+read it or change it. It must be unreadable, not only unforgeable: the browser that holds it is not
+trusted with what the configuration carries (an MCP tool's ``authorization`` and ``headers``).
 
 The signing key is ``GATEWAY_SIGNING_KEY``. Unset, it is derived from the API keys (every gateway
 given the same keys shares it), or, with no keys either, drawn at random per process (a secret then
@@ -25,6 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from gateway.config import ConfigError
 from gateway.realtime.events import Dialect
@@ -40,7 +47,9 @@ DEFAULT_TTL_S = 600
 MIN_TTL_S, MAX_TTL_S = 10, 7200
 MIN_SIGNING_KEY_CHARS = 32
 _DERIVE_LABEL = b"voice-gateway client secrets v1"
-_MAC_BYTES = 32
+# The AES key's HKDF label: the signing key itself is never used as a cipher key.
+_SEAL_LABEL = b"voice-gateway client secrets v2: AES-256-GCM"
+_NONCE_BYTES = 12  # random per secret: far below GCM's 2^32 messages per key
 
 
 class AuthError(Exception):
@@ -82,6 +91,13 @@ class Auth:
     def __init__(self, api_keys: Iterable[str], signing_key: bytes) -> None:
         self.api_keys = frozenset(api_keys)
         self._signing_key = signing_key
+        sealing_key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_SEAL_LABEL).derive(signing_key)
+        self._cipher = AESGCM(sealing_key)
+
+    def __reduce__(self) -> tuple[type[Auth], tuple[list[str], bytes]]:
+        # The parent of `serve --workers N` hands its Auth to each worker (one signing key for all): sent as
+        # the keys it is made from, the cipher object is made again there.
+        return Auth, (sorted(self.api_keys), self._signing_key)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Auth:
@@ -134,8 +150,9 @@ class Auth:
         """A new ``ek_`` secret for ``session`` and its expiry (unix seconds)."""
         expires_at = int(now if now is not None else time.time()) + ttl_s
         payload = orjson.dumps({"exp": expires_at, "d": dialect.value, "k": kind, "s": session})
-        body = zlib.compress(payload, 9)
-        value = SECRET_PREFIX + _b64(body) + "." + _b64(self._mac(body))
+        nonce = secrets.token_bytes(_NONCE_BYTES)
+        sealed = self._cipher.encrypt(nonce, zlib.compress(payload, 9), SECRET_PREFIX.encode())
+        value = SECRET_PREFIX + _b64(nonce + sealed)
         if len(value) > MAX_SECRET_CHARS:
             raise SecretTooLarge(
                 f"The session configuration is too large for a client secret ({len(value)} characters with it, "
@@ -144,23 +161,21 @@ class Auth:
         return value, expires_at
 
     def verify(self, value: str, now: float | None = None) -> ClientSecret:
-        body_text, _, mac_text = value.removeprefix(SECRET_PREFIX).partition(".")
         try:
             if len(value) > MAX_SECRET_CHARS:
                 raise ValueError
-            body, mac = _unb64(body_text), _unb64(mac_text)
+            raw = _unb64(value.removeprefix(SECRET_PREFIX))
         except (ValueError, binascii.Error):
             raise AuthError("Invalid client secret.") from None
-        # The signature first: nothing of an unsigned payload is decompressed or parsed.
-        if not hmac.compare_digest(mac, self._mac(body)):
-            raise AuthError("Invalid client secret (not signed by this gateway's key).")
-        data = orjson.loads(zlib.decompress(body))
+        # Authenticated first: nothing of a payload this gateway did not seal is decompressed or parsed.
+        try:
+            payload = self._cipher.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], SECRET_PREFIX.encode())
+        except (InvalidTag, ValueError):
+            raise AuthError("Invalid client secret (not signed by this gateway's key).") from None
+        data = orjson.loads(zlib.decompress(payload))
         if data["exp"] <= (now if now is not None else time.time()):
             raise AuthError("The client secret has expired.")
         return ClientSecret(data["exp"], Dialect(data["d"]), data["k"], data["s"])
-
-    def _mac(self, body: bytes) -> bytes:
-        return hmac.new(self._signing_key, body, hashlib.sha256).digest()[:_MAC_BYTES]
 
 
 def bearer(authorization: str | None) -> str | None:

@@ -38,6 +38,11 @@ class Capacity:
         return sum(self._counts[:])
 
     @property
+    def by_worker(self) -> list[int]:
+        """Sessions open in each worker, by slot (one process: a list of one)."""
+        return list(self._counts[:])
+
+    @property
     def free(self) -> int:
         return max(0, self.limit - self.sessions)
 

@@ -30,9 +30,11 @@ from gateway.responders.build import build_responder, build_transcriber
 from gateway.runtime import mcp_client
 from gateway.runtime.auth import Auth, ClientSecret
 from gateway.runtime.capacity import Capacity
+from gateway.runtime.custom_voices import SessionVoices, VoiceLibrary
 from gateway.runtime.session_runner import Playout, Send, SessionRunner, log_fault
 from gateway.runtime.silero import SileroModel, SileroVAD, VadBatcher
 from gateway.runtime.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError
+from gateway.runtime.speech import SpeechService
 from gateway.runtime.trace import ACTIVE_SESSIONS, TurnTrace
 
 log = logging.getLogger(__name__)
@@ -53,11 +55,13 @@ class SessionRefused(Exception):
 
 
 class Refusal(NamedTuple):
-    """Why no new session starts now: an HTTP 503 with this error code, message and Retry-After."""
+    """Why no new session starts now: an HTTP ``status`` (503: the gateway's room) with this error code,
+    message and Retry-After."""
 
     code: str
     message: str
     retry_after_s: int = 1
+    status: int = 503
 
 
 STARTING = Refusal("server_starting", "The gateway is starting.", 5)
@@ -110,6 +114,8 @@ class Gateway:
         self._held: list[HeldConnections] = []
         self._backend_check: asyncio.Task[None] | None = None
         self._started = False
+        self.speech = SpeechService(config)  # /v1/audio/speech: its engine and its share of it
+        self.voices = VoiceLibrary(config.voices)  # the deployment's custom voices ([voices] dir)
 
     async def start(self) -> None:
         """Load the models and open what the sessions share, in worker threads (the local models' first
@@ -125,6 +131,16 @@ class Gateway:
         self.transcriber, self._vad_model, *built = await asyncio.gather(*loads)
         if built:
             self.responder = built[0]
+        if (prepare := getattr(self.responder, "prepare", None)) is not None:
+            await prepare()  # the configured voices ([voices.NAME]), made by the TTS engine
+        voices = getattr(self.responder, "voices", None)
+        if voices is not None and self.config.session.voice.lower() not in voices:
+            log.warning("[session] voice %r is none of the TTS engine's voices (%s): sessions that keep it "
+                        "cannot speak", self.config.session.voice, ", ".join(sorted(voices)) or "none")
+        await self.speech.start(getattr(self.responder, "tts_engine", None))
+        await self.voices.start()
+        if hasattr(self.responder, "voice_source"):
+            self.responder.voice_source = self.voices.prompt_for  # sessions speak in the custom voices too
         if self.config.mcp.enabled:
             await loop.run_in_executor(None, mcp_client.preload)
         semantic = self.config.semantic_vad
@@ -162,6 +178,7 @@ class Gateway:
             await held.stop()
         self._vad_executor.shutdown(wait=False, cancel_futures=True)
         self._smart_turn_executor.shutdown(wait=False, cancel_futures=True)
+        await self.speech.aclose()
         for part in (self.responder, self.transcriber):
             close = getattr(part, "aclose", None)
             if close is not None:
@@ -237,7 +254,7 @@ class Gateway:
     def new_runner(self, session: Session, send: Send, playout: Playout | None = None) -> SessionRunner:
         """A runner for ``session`` on this gateway's responder, VAD model and trace (any transport)."""
         assert self._vad_model is not None and self.responder is not None
-        return SessionRunner(
+        runner = SessionRunner(
             session,
             self.responder,
             SileroVAD(self._vad_model),
@@ -248,6 +265,9 @@ class Gateway:
             transcriber=self.transcriber,
             smart_turn=self._smart_turn,
         )
+        if session.voices is not None and getattr(self.responder, "voice_source", None) is not None:
+            session.voices = SessionVoices(frozenset(session.voices), self.voices.store)
+        return runner
 
     def opened(self, runner: SessionRunner, how: str, end: End) -> None:
         """A session admitted (its slot taken) is running; ``end`` closes it from the server's side."""

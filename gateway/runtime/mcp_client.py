@@ -2,10 +2,13 @@
 ``mcp`` package), for the runner (gateway/runtime/session_runner.py).
 
 A client names the server, so every request is bounded ([mcp] in config.toml): the host must be one
-``allowed_hosts`` names or, with none named, resolve to public addresses only (checked here, before
-connecting; the transport follows no redirect off the server's origin); a listing and a call each have
-a deadline, connecting included; a response body or SSE event over ``max_response_bytes`` fails the
-operation, and a call's output is cut to ``max_output_chars``. Each operation opens its own connection
+``allowed_hosts`` names or, with none named, resolve to public addresses only (gateway/runtime/addresses.py's
+deny-list, checked here before connecting). The name is resolved once per operation, and the operation's
+connections go to the addresses that resolution gave (pinned: a second DNS answer cannot send them
+elsewhere), with the server's name kept in the Host header and the TLS handshake; a request to any other
+host (a redirect) fails. A listing and a call each have a deadline, connecting included; a response body
+or SSE event over ``max_response_bytes`` fails the operation, and a call's output is cut to
+``max_output_chars``. Each operation opens its own connection
 (one more round trip than a kept session, and nothing to go stale when a server restarts or dies).
 Failures never raise past this module's callers' boundary as anything but ``McpFailure``.
 """
@@ -15,16 +18,17 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import httpx2
 
 from gateway.config import McpConfig
 from gateway.realtime.outputs import McpError
 from gateway.realtime.tools import McpPolicy, McpServer, McpTool
+from gateway.runtime.addresses import special_purpose
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -61,21 +65,47 @@ class _Bounded(httpx2.AsyncByteStream):
         await self._stream.aclose()
 
 
-class _BoundedTransport(httpx2.AsyncBaseTransport):
-    """Every response body read through it is cut off (the operation fails) past ``limit`` bytes."""
+class _PinnedTransport(httpx2.AsyncBaseTransport):
+    """Sends every request for ``host`` to ``addresses`` (those the check approved, tried in order), never
+    asking DNS again; the Host header and the TLS server name stay ``host``. Every response body read
+    through it is cut off (the operation fails) past ``limit`` bytes."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, host: str, addresses: list[str], limit: int) -> None:
         self._inner = httpx2.AsyncHTTPTransport()
-        self._limit = limit
+        self._host, self._addresses, self._limit = host, addresses, limit
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        response = await self._inner.handle_async_request(request)
-        assert isinstance(response.stream, httpx2.AsyncByteStream)
-        response.stream = _Bounded(response.stream, self._limit, str(request.url.copy_with(query=None)))
-        return response
+        url = request.url
+        if url.host != self._host:
+            raise McpFailure(McpError("protocol_error", f"The MCP server at {self._host} sent the gateway to another "
+                                      f"host ({url.host}), which it does not follow.", CONNECTION_CLOSED))
+        extensions = dict(request.extensions)
+        if not _is_ip(self._host):
+            extensions["sni_hostname"] = self._host  # the certificate is checked against the name
+        for i, address in enumerate(self._addresses):
+            pinned = httpx2.Request(request.method, url.copy_with(host=address), headers=request.headers,
+                                    stream=request.stream, extensions=extensions)
+            try:
+                response = await self._inner.handle_async_request(pinned)
+            except httpx2.ConnectError:
+                if i == len(self._addresses) - 1:
+                    raise
+                continue  # nothing was sent: the next address the check approved
+            assert isinstance(response.stream, httpx2.AsyncByteStream)
+            response.stream = _Bounded(response.stream, self._limit, str(url.copy_with(query=None)))
+            return response
+        raise AssertionError("no address to connect to")  # _addresses is never empty
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 class McpClient:
@@ -131,9 +161,10 @@ class McpClient:
         where = f"MCP server '{server.server_label}'"
         try:
             async with asyncio.timeout(timeout_s):
-                await self._check_host(url)
+                host = httpx2.URL(url).host
+                addresses = await self._addresses(host)
                 http = httpx2.AsyncClient(headers=dict(server.headers), timeout=timeout_s,
-                                          transport=_BoundedTransport(self.config.max_response_bytes))
+                                          transport=_PinnedTransport(host, addresses, self.config.max_response_bytes))
                 transport = streamable_http_client(url, http_client=http,
                                                    max_sse_event_size=self.config.max_response_bytes)
                 async with http, Client(transport) as client:
@@ -152,20 +183,24 @@ class McpClient:
             raise McpFailure(McpError("protocol_error", f"{where} failed while {doing}: {_cause(exc)}"[:500],
                                       CONNECTION_CLOSED)) from exc
 
-    async def _check_host(self, url: str) -> None:
-        host = urlsplit(url).hostname or ""
-        if self.policy.allowed_hosts:
-            if not self.policy.host_listed(host):
-                raise McpFailure(McpError("protocol_error", f"MCP server host '{host}' is not allowed ([mcp] "
-                                          "allowed_hosts).", CONNECTION_CLOSED))
-            return
-        infos = await asyncio.get_running_loop().getaddrinfo(host, None)
-        for info in infos:
-            address = ipaddress.ip_address(info[4][0])
-            if not address.is_global:
-                raise McpFailure(McpError("protocol_error", f"MCP server host '{host}' resolves to {address}, "
-                                          "which is not a public address; an operator may allow it in [mcp] "
-                                          "allowed_hosts.", CONNECTION_CLOSED))
+    async def _addresses(self, host: str) -> list[str]:
+        """The addresses the operation may connect to for ``host``: its one resolution, checked (with no
+        ``allowed_hosts``, every address must be public: gateway/runtime/addresses.py)."""
+        if self.policy.allowed_hosts and not self.policy.host_listed(host):
+            raise McpFailure(McpError("protocol_error", f"MCP server host '{host}' is not allowed ([mcp] "
+                                      "allowed_hosts).", CONNECTION_CLOSED))
+        if _is_ip(host):
+            addresses = [host]
+        else:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        if not self.policy.allowed_hosts:
+            for address in addresses:
+                if (why := special_purpose(ipaddress.ip_address(address))) is not None:
+                    raise McpFailure(McpError("protocol_error", f"MCP server host '{host}' resolves to {address}, "
+                                              f"which is not a public address: it is in {why}; an operator may "
+                                              "allow the host in [mcp] allowed_hosts.", CONNECTION_CLOSED))
+        return addresses
 
 
 def _text(content: list[Any], structured: Any) -> str:

@@ -1,11 +1,12 @@
 """Serving the app: uvicorn on one listening socket, with TLS when configured and the WebSocket limits.
 
-uvicorn parses HTTP (h11: bounded request heads, 400 for malformed ones; gateway/server/protocols/http.py adds a
-deadline for them), the websockets library's
-sans-I/O protocol speaks WebSocket (gateway/server/protocols/websocket.py adds the send deadline and the inbound
-bound). The socket is bound here, before the server starts, so that a busy port is a clear error, and
-so that the worker processes of `serve --workers N` (gateway.server.workers) accept on one socket their parent
-bound.
+uvicorn parses HTTP (h11: bounded request heads, 400 for malformed ones; gateway/server/protocols/http.py adds
+deadlines for heads and bodies, header bounds before a WebSocket hand-over, and a connection budget per client
+address), the websockets library's sans-I/O protocol speaks WebSocket (gateway/server/protocols/websocket.py adds
+the send deadline, the inbound bound and the handshake's). Behind a proxy named in [server] forwarded_allow_ips,
+uvicorn takes the client's address from X-Forwarded-For; from anyone else, never. The socket is bound here,
+before the server starts, so that a busy port is a clear error, and so that the worker processes of
+`serve --workers N` (gateway.server.workers) accept on one socket their parent bound.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
+from uvicorn.middleware.proxy_headers import _TrustedHosts
 
 from gateway import __version__
 from gateway.config import Config, ConfigError
@@ -32,6 +34,7 @@ from gateway.runtime.gateway import Gateway
 from gateway.server.handoff import Handoff, adopt
 from gateway.server.protocols import http as http_protocol
 from gateway.server.protocols import websocket as ws_protocol
+from gateway.server.protocols.clients import ClientBudget
 from gateway.transports.app import create_app
 from gateway.transports.guard import is_loopback
 
@@ -90,15 +93,26 @@ def listen(host: str, port: int) -> socket.socket:
 
 def uvicorn_config(app: object, config: Config) -> uvicorn.Config:
     server = config.server
+    limits = http_protocol.HttpLimits(server.request_head_timeout_s, server.request_body_timeout_s,
+                                      server.request_idle_timeout_s, server.max_request_headers,
+                                      server.max_header_line_bytes)
+    # uvicorn's own reading of the list (its proxy-headers middleware rewrites the client's address with it):
+    # the connection budget exempts exactly the peers whose X-Forwarded-For that middleware believes.
+    proxies = _TrustedHosts(server.forwarded_allow_ips) if server.forwarded_allow_ips else None
     return uvicorn.Config(
         app,
-        http=http_protocol.protocol_class(server.request_head_timeout_s),
+        http=http_protocol.protocol_class(limits, ClientBudget(server.max_connections_per_client),
+                                          lambda peer: proxies is not None and peer in proxies),
         ws=ws_protocol.protocol_class(server.send_timeout_s, server.inbound_free_bytes, server.inbound_budget_bytes,
                           server.max_message_bytes),
         ws_max_size=server.max_message_bytes,
         ws_per_message_deflate=False,
         h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
         limit_concurrency=server.max_sessions + CONNECTION_HEADROOM,
+        # Off unless configured: uvicorn would otherwise believe X-Forwarded-For from loopback (its default),
+        # and any local client could pose as any address.
+        proxy_headers=bool(server.forwarded_allow_ips),
+        forwarded_allow_ips=server.forwarded_allow_ips or None,
         lifespan="on",
         server_header=False,
         access_log=False,

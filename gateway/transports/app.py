@@ -5,6 +5,9 @@
   POST   /v1/realtime/client_secrets, /v1/realtime/sessions, /v1/realtime/transcription_sessions
                                             ephemeral client secrets (gateway/transports/client_secrets.py)
   GET    /v1/realtime/sessions/{id}/turns   a live session's latency trace
+  POST   /v1/audio/speech                   text to speech (gateway/transports/speech.py)
+  /v1/audio/voice_consents, /v1/audio/voices, /v1/audio/capabilities
+                                            custom voices and their consents (gateway/transports/voices.py)
   GET    /healthz, /readyz, /metrics        liveness, readiness (neither needs a key), Prometheus metrics
   GET    /...                               the browser page (public: it holds no secret)
 
@@ -38,6 +41,8 @@ from gateway.runtime.trace import DRAINING, ENGINE_STREAMS_FREE, SESSION_SLOTS_F
 from gateway.transports.client_secrets import client_secret_routes
 from gateway.transports.guard import FrontDoor, Hosts, Origins
 from gateway.transports.rest import HttpError, authorize, error_response, http_error_response
+from gateway.transports.speech import speech_routes
+from gateway.transports.voices import voice_routes
 from gateway.transports.webrtc.signalling import Signalling, signalling_routes
 from gateway.transports.websocket import RealtimeEndpoint
 
@@ -55,8 +60,11 @@ class Pages:
 
     async def healthz(self, request: Request) -> Response:
         gateway = self.gateway
+        # Every worker's, from the counts they share (under `serve --workers N` any worker may answer).
+        capacity = gateway.capacity
         body = {"status": "ok" if gateway.ready else "starting", "version": __version__,
-                "active_sessions": len(gateway.sessions), "uptime_s": round(time.time() - self.started_at, 1),
+                "active_sessions": capacity.sessions, "active_sessions_by_worker": capacity.by_worker,
+                "uptime_s": round(time.time() - self.started_at, 1),
                 "webrtc": self.webrtc, "auth_required": gateway.auth.required,
                 "responder": describe_responder(gateway)}
         return Response(orjson.dumps(body), 200 if gateway.ready else 503, media_type="application/json",
@@ -141,6 +149,8 @@ def routes(gateway: Gateway, signalling: Signalling) -> list[BaseRoute]:
     for path in ("/v1/realtime", "/realtime"):
         table += [WebSocketRoute(path, realtime), Route(path, pages.upgrade_required, methods=["GET"])]
     table += client_secret_routes(gateway)
+    table += speech_routes(gateway)
+    table += voice_routes(gateway)
     table += signalling_routes(signalling)  # answers 404 while WebRTC is off
     table += [
         Route("/healthz", pages.healthz),
@@ -172,7 +182,8 @@ def create_app(config: Config, responder: Responder | None = None, gateway: Gate
     gateway = gateway if gateway is not None else Gateway(config, responder)
     server = config.server
     front_door = Middleware(FrontDoor, origins=Origins(server.allowed_origins),
-                            hosts=Hosts(server.allowed_hosts, server.host))
+                            hosts=Hosts(server.allowed_hosts, server.host), max_headers=server.max_request_headers,
+                            max_header_line_bytes=server.max_header_line_bytes)
     signalling = Signalling(gateway)
     app = Starlette(routes=routes(gateway, signalling), middleware=[front_door], lifespan=gateway.lifespan,
                     exception_handlers={HttpError: _http_error, HTTPException: _starlette_error})

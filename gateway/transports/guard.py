@@ -16,7 +16,8 @@ from gateway.runtime.auth import error_body
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # A longer request target is refused with 414, more header bytes with 431 (uvicorn refuses a request head
-# that has not ended within 16 KiB with 400, but takes a longer one that arrives whole).
+# that has not ended within 16 KiB with 400, but takes a longer one that arrives whole); so are more headers
+# or longer header lines than [server] max_request_headers and max_header_line_bytes (head_problem).
 MAX_TARGET_CHARS = 2048
 MAX_HEADER_BYTES = 16 * 1024
 # What the OpenAI SDKs send from a browser (fetch preflights name them); any other requested header is
@@ -97,6 +98,22 @@ class Hosts:
         )
 
 
+def head_problem(headers: list[tuple[bytes, bytes]], target: bytes, max_headers: int,
+                 max_line_bytes: int) -> tuple[int, str, str] | None:
+    """Why a request head is refused: (HTTP status, message, error code), or None. The one check of a head's
+    bounds, for HTTP requests here and for WebSocket upgrades before uvicorn hands them to the websockets
+    library (gateway/server/protocols/http.py)."""
+    if len(headers) > max_headers:
+        return 431, f"The request has too many headers (at most {max_headers}).", "headers_too_large"
+    if any(len(name) + 2 + len(value) > max_line_bytes for name, value in headers):
+        return 431, f"A request header line is too long (at most {max_line_bytes} bytes).", "headers_too_large"
+    if sum(len(name) + len(value) for name, value in headers) > MAX_HEADER_BYTES:
+        return 431, f"The request headers are too large (at most {MAX_HEADER_BYTES} bytes).", "headers_too_large"
+    if len(target) > MAX_TARGET_CHARS:
+        return 414, f"The request target is too long (at most {MAX_TARGET_CHARS} bytes).", "uri_too_long"
+    return None
+
+
 async def _refuse(send: Send, status: int, message: str, code: str) -> None:
     body = error_body(message, code)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -108,10 +125,13 @@ async def _refuse(send: Send, status: int, message: str, code: str) -> None:
 class FrontDoor:
     """Refuses what no handler should see, answers CORS preflights, and adds the response headers."""
 
-    def __init__(self, app: ASGIApp, origins: Origins, hosts: Hosts) -> None:
+    def __init__(self, app: ASGIApp, origins: Origins, hosts: Hosts, max_headers: int,
+                 max_header_line_bytes: int) -> None:
         self.app = app
         self.origins = origins
         self.hosts = hosts
+        self.max_headers = max_headers
+        self.max_header_line_bytes = max_header_line_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -119,20 +139,17 @@ class FrontDoor:
             return
         headers = Headers(scope=scope)
         answer = send if scope["type"] == "http" else _denial(send)
-        if sum(len(name) + len(value) for name, value in scope["headers"]) > MAX_HEADER_BYTES:
-            await _refuse(answer, 431, f"The request headers are too large (at most {MAX_HEADER_BYTES} bytes).",
-                          "headers_too_large")
+        query = scope["query_string"]
+        target = scope["raw_path"] + (b"?" + query if query else b"")
+        problem = head_problem(scope["headers"], target, self.max_headers, self.max_header_line_bytes)
+        if problem is not None:
+            await _refuse(answer, *problem)
             return
         if not self.hosts.allows(headers.get("host")):
             await _refuse(answer, 400, "Invalid host header.", "invalid_host")
             return
         if scope["type"] == "websocket":
             await self.app(scope, receive, send)  # the endpoint checks the Origin itself
-            return
-        target = len(scope["raw_path"]) + len(scope["query_string"])
-        if target > MAX_TARGET_CHARS:
-            await _refuse(send, 414, f"The request target is too long (at most {MAX_TARGET_CHARS} bytes).",
-                          "uri_too_long")
             return
         if any(c < " " for c in scope["path"]):
             await _refuse(send, 400, "The path has a control character.", "invalid_path")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from gateway.realtime.events import ProtocolError
+from gateway.realtime.values import parse_json
 from gateway.runtime.auth import AuthError, Credential, bearer, error_body
 from gateway.runtime.gateway import Gateway
 
@@ -67,11 +68,12 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
 
 
 def json_object(text: bytes | str, what: str, not_object_code: str) -> dict[str, Any]:
-    """A JSON object a client sent (``what`` names it in the 400 error), or HttpError."""
+    """A JSON object a client sent (``what`` names it in the 400 error), or HttpError. The one parser of
+    every way in (gateway.realtime.values.parse_json): the WebSocket's depth limit holds here too."""
     try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise HttpError(400, f"{what} is not valid JSON: {exc}.", "invalid_json") from None
+        value = parse_json(text, what)
+    except ProtocolError as exc:
+        raise HttpError(400, exc.message, exc.code) from None
     if not isinstance(value, dict):
         raise HttpError(400, f"{what} must be a JSON object.", not_object_code)
     return value

@@ -14,11 +14,13 @@ import pytest
 import torch
 
 from engine import checkpoint
+from engine.clone import prepare
 from engine.prompt import TextTokens, Voice
 from engine.runner import Runner, state_bytes, synthesize
 from engine.sampling import SamplingParams
 from engine.stream import Stream
-from tests.paths import TINY_CHECKPOINT
+from gateway.audio import decode_wav
+from tests.paths import DATA, ROOT, TINY_CHECKPOINT
 
 FIXTURE = Path(os.environ.get("QWEN3_TTS_FIXTURE", TINY_CHECKPOINT))
 DEVICE = os.environ.get("QWEN3_TTS_DEVICE", "cpu")
@@ -215,3 +217,56 @@ def test_state_bytes_counts_what_the_runner_allocates(ckpt: checkpoint.Checkpoin
     caches = [t for c in model.caches + model.predictor_caches for t in (c.k, c.v)]
     codec = [t for s in (decoder.state, decoder.stage) for t in (s.memory, s.keys, s.values, s.pos)]
     assert state_bytes(ckpt, 3, 40) == sum(t.nbytes for t in caches + codec)
+
+
+def test_voices_and_modes_share_a_batch() -> None:
+    """On a Base checkpoint, in-context and x-vector clones in different languages, one joining late and one
+    fed word by word; on a CustomVoice 1.7B one, a speaker with and without an instruction: one batch each,
+    and every stream makes the codes it makes alone (a voice changes only a stream's prompt)."""
+    base = checkpoint.load(str(DATA / "qwen3_tts_tiny_base"), device=DEVICE, dtype="float32")
+    instruct = checkpoint.load(str(DATA / "qwen3_tts_tiny_instruct"), device=DEVICE, dtype="float32")
+    audio, rate = decode_wav((ROOT / "tests" / "fixtures" / "one_sentence.wav").read_bytes())
+    icl = prepare(base, audio[:, 0], rate, "The quick brown fox jumps over the lazy dog.")
+    xvec = prepare(base, audio[:, 0], rate)
+    long = "Numbers like 42 and 2026 are read digit by digit, while speech synthesis streams audio."
+    cases = [
+        (base, [("Hello world, this is a test.", "english", {"clone": icl}),
+               ("How are you doing today?", "auto", {"clone": xvec}),
+               (long, "english", {"clone": icl}),  # joins late, its text read past the reference's frames
+               ("今天天气很好，我们去公园散步吧。", "chinese", {"clone": xvec})]),  # fed word by word
+        (instruct, [("Hello world, this is a test.", "english", {"speaker": "vivian", "instructions": "Whisper."}),
+                   ("Hello world, this is a test.", "english", {"speaker": "vivian"}),
+                   ("How are you doing today?", "auto", {"speaker": "ryan", "instructions": "Shout it."})]),
+    ]
+    for ckpt, prompts in cases:
+        params = SamplingParams.from_generation_config(ckpt.generation, greedy=True)
+        solo = [synthesize(ckpt, kw.get("speaker"), lang, text, params, max_frames=FRAMES,
+                           clone=kw.get("clone"), instructions=kw.get("instructions"))[0] for text, lang, kw in prompts]
+        tokens = TextTokens(ckpt.tokenizer)
+        runner = Runner(ckpt, len(prompts), FRAMES + 400, params, 4, cuda_graphs=False)
+        streams = [Stream(ckpt, tokens, Voice.resolve(ckpt.config, kw.get("speaker"), lang, tokens=tokens,
+                                                      clone=kw.get("clone"), instructions=kw.get("instructions")),
+                          0, 4, FRAMES) for _, lang, kw in prompts]
+        late, fed = (2, 3) if ckpt is base else (2, -1)
+        words = prompts[fed][0].split("，") if fed >= 0 else []
+        for i, s in enumerate(streams):
+            if i != late:
+                runner.add(s)
+            if i not in (late, fed):
+                s.add_text(prompts[i][0], final=True)
+        codes: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(prompts))}
+        steps = 0
+        while any(not s.done for s in streams) or runner.busy:
+            if steps == 2:
+                runner.add(streams[late])
+                streams[late].add_text(prompts[late][0], final=True)
+            if fed >= 0 and steps % 2 == 0 and words:
+                word = words.pop(0)
+                streams[fed].add_text(word + ("，" if words else ""), final=not words)
+            for stream, packet in runner.step():
+                if packet is not None:
+                    codes[streams.index(stream)].append(packet.codes)
+            steps += 1
+            assert steps < 100
+        for i in range(len(prompts)):
+            assert torch.equal(torch.cat(codes[i], dim=1).T, solo[i]), (ckpt.config.kind, i)

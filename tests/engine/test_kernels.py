@@ -242,19 +242,35 @@ def test_causal_conv_matches_the_official_padding() -> None:
     assert rel(out.transpose(1, 2), want) < 1e-6
 
 
-@pytest.mark.parametrize("top_k", [0, 5])
-@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
-def test_sample_matches_choose(top_k: int, ties: bool) -> None:
+@pytest.mark.parametrize(("top_k", "top_p", "ties"), [(0, 1.0, False), (5, 1.0, False), (0, 1.0, True),
+                                                     (5, 1.0, True), (0, 0.7, False), (20, 0.9, False)])
+def test_sample_matches_choose(top_k: int, top_p: float, ties: bool) -> None:
     """Ties at the k-th score stay in, as torch.topk's threshold keeps them; -inf scores (suppressed ids)
-    are never drawn."""
+    are never drawn. (Ties at top-p's boundary stay in too, where the reference drops some of them in its
+    sort's arbitrary order: not compared.)"""
     logits = torch.randint(-3, 4, (16, 100), device=DEVICE).float() if ties else 3 * randn(16, 100)
     logits[:, 90:] = float("-inf")
     u = torch.rand(16, device=DEVICE)
-    got = choose(logits, True, top_k, 1.0, 0.9, u)
-    want = reference(choose, logits, True, top_k, 1.0, 0.9, u)
+    got = choose(logits, True, top_k, top_p, 0.9, u)
+    want = reference(choose, logits, True, top_k, top_p, 0.9, u)
     # The inverse-CDF draw may land on the other side of a boundary by rounding: rare, never wholesale.
     assert (got == want).float().mean() >= 0.9
     assert (got < 90).all()
+
+
+def test_sample_takes_each_rows_own_parameters() -> None:
+    """One batch, every row with its own temperature, top-k and top-p (streams of several requests): the
+    same ids as each row sampled alone through the PyTorch code."""
+    logits = 3 * randn(12, 300)
+    u = torch.rand(12, device=DEVICE)
+    top_k = torch.tensor([0, 1, 5, 50, 0, 300, 7, 0, 2, 40, 0, 10], device=DEVICE).float()
+    top_p = torch.tensor([1.0, 1.0, 0.5, 0.9, 0.3, 1.0, 0.99, 0.05, 1.0, 0.8, 0.6, 1.0], device=DEVICE)
+    temperature = torch.tensor([0.9, 1.0, 0.5, 1.3, 0.7, 2.0, 0.2, 1.0, 0.9, 0.6, 1.1, 0.8], device=DEVICE)
+    got = choose(logits, True, top_k, top_p, temperature, u)
+    alone = [reference(choose, logits[i:i + 1], True, int(top_k[i]), float(top_p[i]), float(temperature[i]),
+                       u[i:i + 1]).item() for i in range(12)]
+    assert got.tolist() == alone
+    assert got[1] == logits[1].argmax()  # top-k 1 is greedy
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

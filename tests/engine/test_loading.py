@@ -12,9 +12,10 @@ from safetensors.torch import load_file, save_file
 
 from engine import checkpoint
 from engine.checkpoint import CheckpointError
-from tests.paths import TINY_CHECKPOINT
+from tests.paths import DATA, TINY_CHECKPOINT
 
 FIXTURE = TINY_CHECKPOINT
+BASE = DATA / "qwen3_tts_tiny_base"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -86,12 +87,56 @@ def test_config_that_does_not_match_the_weights(copy: Path) -> None:
         checkpoint.load(str(copy), device="cpu")
 
 
-def test_base_checkpoint_is_refused(copy: Path) -> None:
+def test_an_unknown_kind_is_refused(copy: Path) -> None:
+    config = json.loads((copy / "config.json").read_text())
+    config["tts_model_type"] = "voice_conversion"
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="'voice_conversion'; the engine runs custom_voice, voice_design, base"):
+        checkpoint.load(str(copy), device="cpu")
+
+
+def test_a_base_checkpoint_needs_its_speaker_encoder(copy: Path) -> None:
+    """A CustomVoice talker relabelled Base: no speaker_encoder_config, then no speaker encoder weights."""
     config = json.loads((copy / "config.json").read_text())
     config["tts_model_type"] = "base"
     (copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="custom_voice"):
+    with pytest.raises(CheckpointError, match="base checkpoint without speaker_encoder_config"):
         checkpoint.load(str(copy), device="cpu")
+    base = json.loads((BASE / "config.json").read_text())
+    config["speaker_encoder_config"] = base["speaker_encoder_config"]
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="missing tensors: speaker_encoder.asp.conv.bias"):
+        checkpoint.load(str(copy), device="cpu")
+
+
+@pytest.fixture
+def base_copy(tmp_path: Path) -> Path:
+    target = tmp_path / "base"
+    shutil.copytree(BASE, target)
+    return target
+
+
+def test_a_base_checkpoint_loads_both_encoders_in_float32(base_copy: Path) -> None:
+    ckpt = checkpoint.load(str(base_copy), device="cpu", dtype="bfloat16")
+    assert ckpt.config.kind == "base" and ckpt.speaker_encoder is not None and ckpt.encoder is not None
+    assert next(ckpt.model.parameters()).dtype == torch.bfloat16
+    for module in (ckpt.speaker_encoder, ckpt.encoder):
+        assert all(p.dtype == torch.float32 for p in module.state_dict().values() if p.is_floating_point())
+
+
+def test_a_base_checkpoint_missing_an_encoder_tensor(base_copy: Path) -> None:
+    name = "encoder.encoder_transformer.layers.1.mlp.fc1.weight"
+    _edit(base_copy / "speech_tokenizer" / "model.safetensors", lambda t: t.pop(name))
+    with pytest.raises(CheckpointError, match=f"speech_tokenizer.*missing tensors: {name}"):
+        checkpoint.load(str(base_copy), device="cpu")
+
+
+def test_a_speaker_encoder_narrower_than_the_talker(base_copy: Path) -> None:
+    config = json.loads((base_copy / "config.json").read_text())
+    config["speaker_encoder_config"]["enc_dim"] = 32
+    (base_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="enc_dim 32 is not the talker's hidden size 64"):
+        checkpoint.load(str(base_copy), device="cpu")
 
 
 def test_missing_folder_names_the_download_command(tmp_path: Path) -> None:

@@ -17,15 +17,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.api import TTSChunk, TTSError
+from engine.api import Sampling, TTSChunk, TTSError
 from engine.config import EngineConfig
 from engine.supervisor import EngineStartError, EngineSupervisor
 from engine.threaded import QwenTTSEngine
+from engine.voices import VoicePrompt
+from gateway.audio import decode_wav
+from gateway.config import VoiceConfig
 from gateway.realtime.responder import BackendError
 from gateway.responders.engine_client import EngineClient
 from tests.conftest import Served, audio_of, connect, load_pcm, make_config, silence
 from tests.fake_openai import FakeOpenAI
-from tests.paths import TINY_CHECKPOINT
+from tests.paths import DATA, FIXTURES, TINY_CHECKPOINT
 
 FIXTURE = TINY_CHECKPOINT
 CONFIG = EngineConfig(checkpoint=str(FIXTURE), device="cpu", mode="process", devices="cpu", max_frames=200,
@@ -57,8 +60,8 @@ async def collect(stream, timeout: float = 60) -> list[TTSChunk]:
         return [chunk async for chunk in stream]
 
 
-async def speak(engine, text: str) -> list[TTSChunk]:
-    stream = engine.open("alloy", "english")
+async def speak(engine, text: str, sampling: Sampling | None = None) -> list[TTSChunk]:
+    stream = engine.open("alloy", "english", sampling=sampling)
     stream.feed(text)
     stream.end()
     return await collect(stream)
@@ -80,9 +83,11 @@ async def settled(client: EngineClient, timeout: float = 10) -> dict:
 async def test_the_same_audio_as_the_in_process_engine(client: EngineClient) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    own = Sampling(seed=3, temperature=0.7, top_k=9, subtalker_top_p=0.9)  # a stream's own, through IPC
     local = QwenTTSEngine.from_config(dataclasses.replace(CONFIG, mode="thread"))
     try:
         expected = await speak(local, SHORT)
+        expected_own = await speak(local, SHORT, own)
     finally:
         local.close()
         torch.set_num_threads(threads)
@@ -90,6 +95,8 @@ async def test_the_same_audio_as_the_in_process_engine(client: EngineClient) -> 
     assert [c.text for c in got] == [c.text for c in expected] and "".join(c.text for c in got) == SHORT
     assert b"".join(c.pcm for c in got) == b"".join(c.pcm for c in expected)
     assert len(got) > 1 and got[0].pcm  # sampled (seed 0), several packets
+    got_own = b"".join(c.pcm for c in await speak(client, SHORT, own))
+    assert got_own == b"".join(c.pcm for c in expected_own) != b"".join(c.pcm for c in got)
 
 
 async def test_bad_input_is_refused_at_once(client: EngineClient) -> None:
@@ -97,6 +104,8 @@ async def test_bad_input_is_refused_at_once(client: EngineClient) -> None:
         client.open("nova")
     with pytest.raises(TTSError, match="unknown language"):
         client.open("alloy", "klingon")
+    with pytest.raises(TTSError, match="'seed' must be an integer from 0"):
+        client.open("alloy", sampling=Sampling(seed=-1))
     stream = client.open("alloy", "en")
     stream.feed("  ")
     with pytest.raises(TTSError, match="empty text"):
@@ -231,6 +240,106 @@ def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
     options = dataclasses.asdict(dataclasses.replace(CONFIG, checkpoint=str(tmp_path / "absent")))
     with pytest.raises(EngineStartError, match="huggingface-cli download"):
         EngineSupervisor(options, ["cpu"]).start(timeout=60)
+
+
+FAMILY = dataclasses.replace(CONFIG, checkpoint=f"{DATA / 'qwen3_tts_tiny_base'},{DATA / 'qwen3_tts_tiny_design'}",
+                             max_frames=12, max_streams=2)  # the [engine.voices] map goes unused
+REFERENCE = "The quick brown fox jumps over the lazy dog."
+
+
+@pytest.fixture(scope="module")
+def family_supervisor() -> Iterator[EngineSupervisor]:
+    """An engine process holding a Base and a VoiceDesign checkpoint."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
+        engines = EngineSupervisor(dataclasses.asdict(FAMILY), ["cpu"], heartbeat_ms=FAMILY.heartbeat_ms)
+        engines.start(timeout=120)
+        yield engines
+        engines.stop()
+
+
+async def test_voices_prepared_and_spoken_in_an_engine_process(family_supervisor: EngineSupervisor) -> None:
+    """A clone prepared over IPC is the one the in-process engine prepares, and it and a designed voice
+    speak as they do there."""
+    samples, rate = decode_wav((FIXTURES / "one_sentence.wav").read_bytes())
+    audio = samples[:, 0]
+    design = VoicePrompt.design("A warm, low female voice, speaking calmly.")
+    client = await asyncio.to_thread(EngineClient, family_supervisor.endpoints, HEARTBEAT_S)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    local = QwenTTSEngine.from_config(dataclasses.replace(FAMILY, mode="thread"))
+    try:
+        assert client.kinds == ["base", "voice_design"] and not client.voices
+        remote_clone = await client.prepare(audio, rate, REFERENCE)
+        local_clone = await local.prepare(audio, rate, REFERENCE)
+        assert remote_clone.key == local_clone.key
+        for voice in (remote_clone, design):
+            stream = client.open("mine", "english", prompt=voice)
+            stream.feed(SHORT)
+            stream.end()
+            got = await collect(stream)
+            expected = await speak_in(local, voice)
+            assert b"".join(c.pcm for c in got) == b"".join(c.pcm for c in expected) and got[0].pcm
+        with pytest.raises(TTSError, match="reference audio of 0.5 s"):
+            await client.prepare(audio[:rate // 2], rate)
+        stream = client.open("calm", prompt=design, instructions="Whisper.")
+        with pytest.raises(TTSError, match="takes no separate instructions"):
+            await collect(stream)
+    finally:
+        local.close()
+        torch.set_num_threads(threads)
+        await client.aclose()
+
+
+async def speak_in(engine: QwenTTSEngine, voice: VoicePrompt) -> list[TTSChunk]:
+    stream = engine.open("mine", "english", prompt=voice)
+    stream.feed(SHORT)
+    stream.end()
+    return await collect(stream)
+
+
+async def test_a_realtime_session_speaks_in_prepared_voices(family_supervisor: EngineSupervisor) -> None:
+    """The unmodified openai SDK over a real gateway: the configured default voice is a clone of a reference
+    recording ([voices.narrator]); {"id": "calm"} switches to a designed one ([voices.calm]); an unknown id
+    is refused, naming the field."""
+    async with FakeOpenAI(reply=SHORT, transcript="Hi.") as fake:
+        config = make_config(
+            responder__kind="pipeline", llm__base_url=fake.base_url, stt__base_url=fake.base_url,
+            tts__engine="qwen3", engine__mode="process", engine__endpoints=family_supervisor.endpoints[0],
+            engine__heartbeat_ms=FAMILY.heartbeat_ms, session__voice="narrator",
+        )
+        config.voices.named = {
+            "narrator": VoiceConfig(reference=str(FIXTURES / "one_sentence.wav"), transcript=REFERENCE),
+            "calm": VoiceConfig(description="A warm, low female voice, speaking calmly.")}
+        gateway = Served(config)
+        await gateway.start()
+        try:
+            spoken = {}
+            for voice in ("narrator", "calm"):  # a session's voice is fixed once it has spoken: one session each
+                async with connect(gateway) as client:
+                    assert client.received[0]["session"]["audio"]["output"]["voice"] == "narrator"
+                    if voice == "calm":
+                        await client.send({"type": "session.update", "session": {
+                            "type": "realtime", "audio": {"output": {"voice": {"id": "nobody"}}}}})
+                        error = (await client.until("error"))[-1]["error"]
+                        assert (error["code"], error["param"]) == ("invalid_value", "session.audio.output.voice")
+                        await client.send({"type": "session.update", "session": {
+                            "type": "realtime", "audio": {"output": {"voice": {"id": "calm"}}}}})
+                        await client.until("session.updated")
+                    await client.send({"type": "conversation.item.create", "item": {
+                        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi."}]}})
+                    await client.send({"type": "response.create"})
+                    events = await client.until("response.done", timeout=60)
+                    done = events[-1]["response"]
+                    assert done["status"] == "completed", done
+                    assert done["audio"]["output"]["voice"] == voice
+                    text = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
+                    assert text.strip() == SHORT
+                    spoken[voice] = audio_of(events)
+                    assert len(spoken[voice]) >= 48 * 80 * 2
+            assert spoken["narrator"] != spoken["calm"]
+        finally:
+            await gateway.stop()
 
 
 # Last: it kills the module's engine process (the supervisor starts it again).

@@ -12,6 +12,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from engine.api import Sampling
 from engine.sampling import SamplingParams, choose, repetition_penalty, uniform, warp
 
 
@@ -24,6 +25,16 @@ def test_warp_matches_transformers(top_k: int, top_p: float, temperature: float)
     if top_p < 1.0:
         expected = TopPLogitsWarper(top_p)(None, expected)
     assert torch.equal(warp(logits, top_k, top_p, temperature), expected)
+
+
+def test_warp_takes_each_rows_own_parameters() -> None:
+    """Rows of one batch with their own temperature, top-k and top-p warp as each would alone."""
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(3)) * 3
+    rows = [(50, 1.0, 0.9), (5, 0.8, 1.3), (0, 0.5, 0.7), (1, 1.0, 1.0)]
+    top_k, top_p, temperature = (torch.tensor(column, dtype=torch.float32) for column in zip(*rows, strict=True))
+    together = warp(logits, top_k, top_p, temperature)
+    for i, (k, p, t) in enumerate(rows):
+        assert torch.equal(together[i:i + 1], warp(logits[i:i + 1], k, p, t))
 
 
 def test_repetition_penalty_matches_transformers() -> None:
@@ -54,6 +65,14 @@ def test_uniform_is_a_function_of_seed_counter_and_index() -> None:
     assert 0 <= u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
     assert (u != uniform(torch.full_like(counter, 8), counter, 16)).float().mean() > 0.99
     assert (u[:, 0] != u[:, 1]).float().mean() > 0.99
+
+
+def test_a_streams_own_sampling_over_the_checkpoints() -> None:
+    params = SamplingParams.from_generation_config({"top_k": 50, "temperature": 0.9})
+    own = params.with_overrides(Sampling(seed=7, temperature=0.5, subtalker_top_k=3))
+    assert (own.temperature, own.top_k, own.sub_top_k, own.sub_temperature) == (0.5, 50, 3, 0.9)
+    assert params.with_overrides(None) is params
+    assert own.row() == [0.5, 50.0, 1.0, 1.05, 0.9, 3.0, 1.0]
 
 
 def test_generation_config_and_greedy() -> None:

@@ -13,12 +13,15 @@ import torch
 from prometheus_client import REGISTRY
 
 from engine import checkpoint
-from engine.api import TTSChunk, TTSError
+from engine.api import Sampling, TTSChunk, TTSError
 from engine.config import EngineConfig
 from engine.runner import synthesize
 from engine.sampling import SamplingParams
 from engine.threaded import QwenTTSEngine
-from tests.paths import TINY_CHECKPOINT
+from engine.voices import VoicePrompt
+from gateway.audio import decode_wav
+from gateway.responders.tts import SegmentedStream
+from tests.paths import DATA, ROOT, TINY_CHECKPOINT
 
 FIXTURE = TINY_CHECKPOINT
 REFS = json.loads((FIXTURE / "references.json").read_text())
@@ -202,7 +205,7 @@ def test_from_config(tmp_path: Path) -> None:
     engine = QwenTTSEngine.from_config(config)
     try:
         # The mapped OpenAI names and the checkpoint's own speakers: what a session may ask for.
-        assert engine.voices == {"alloy", *engine.ckpt.config.speakers}
+        assert engine.voices == {"alloy", *engine.models[0].ckpt.config.speakers}
     finally:
         engine.close()
     with pytest.raises(checkpoint.CheckpointError, match="no such speaker"):
@@ -248,3 +251,148 @@ async def test_a_short_first_packet(ckpt: checkpoint.Checkpoint, engine: QwenTTS
     assert chunks[-1].text and "".join(c.text for c in chunks) == TEXT
     a, b = (np.frombuffer(b"".join(c.pcm for c in r), dtype=np.int16).astype(np.float64) for r in (chunks, expected))
     assert np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-3  # other packet sizes: other float rounding
+
+
+@pytest.fixture(scope="module")
+def family() -> QwenTTSEngine:
+    """One engine holding a CustomVoice 1.7B, a Base and a VoiceDesign checkpoint ([engine] checkpoint lists them)."""
+    paths = ",".join(str(DATA / f"qwen3_tts_tiny_{kind}") for kind in ("instruct", "base", "design"))
+    eng = QwenTTSEngine.from_config(EngineConfig(checkpoint=paths, device="cpu", max_frames=FAMILY_FRAMES,
+                                                 greedy=True, max_streams=2, voices={"alloy": "vivian"}))
+    yield eng
+    eng.close()
+
+
+FAMILY_FRAMES = 12
+
+
+async def speak(engine: QwenTTSEngine, text: str, voice: str = "", language: str = "english", **kw) -> bytes:
+    stream = engine.open(voice, language, **kw)
+    stream.feed(text)
+    stream.end()
+    return b"".join(c.pcm for c in await collect(stream))
+
+
+def reference_audio() -> tuple[np.ndarray, int]:
+    samples, rate = decode_wav((ROOT / "tests" / "fixtures" / "one_sentence.wav").read_bytes())
+    return samples[:, 0], rate
+
+
+async def test_every_kind_in_one_engine(family: QwenTTSEngine) -> None:
+    """Named speakers with and without instructions, a clone prepared on the engine's thread, a designed
+    voice: each speaks what the same checkpoint makes alone."""
+    assert family.kinds == ["custom_voice", "base", "voice_design"] and family.follows_instructions
+    audio, rate = reference_audio()
+    icl = await family.prepare(audio, rate, "The quick brown fox jumps over the lazy dog.")
+    xvec = await family.prepare(audio, rate)
+    assert (icl.mode, xvec.mode) == ("icl", "x_vector")
+    design = VoicePrompt.design("A warm, low female voice, speaking calmly.")
+    text = "Hello world, this is a test."
+    got = await asyncio.gather(speak(family, text, "alloy"), speak(family, text, "vivian", instructions="Whisper."),
+                               speak(family, text, "icl", prompt=icl), speak(family, text, "xvec", prompt=xvec),
+                               speak(family, text, "calm", prompt=design))
+    # Checkpoints of their own: a runner sets up the model it runs (the engine's are in use).
+    custom, base, designer = (checkpoint.load(str(m.ckpt.folder), device="cpu") for m in family.models)
+    params = SamplingParams.from_generation_config(custom.generation, greedy=True)
+
+    def alone(ckpt: checkpoint.Checkpoint, speaker: str | None, **kw) -> bytes:
+        _, packets = synthesize(ckpt, speaker, "english", text, params, max_frames=FAMILY_FRAMES, **kw)
+        return b"".join(p.pcm for p in packets)
+
+    expected = [alone(custom, "vivian"), alone(custom, "vivian", instructions="Whisper."),
+                alone(base, None, clone=icl), alone(base, None, clone=xvec), alone(designer, None, clone=design)]
+    for a, b in zip(got, expected, strict=True):
+        x, y = (np.frombuffer(v, dtype=np.int16).astype(np.float64) for v in (a, b))
+        assert x.shape == y.shape and x.size
+        assert np.linalg.norm(x - y) / np.linalg.norm(y) < 1e-3  # a batch of 2 rounds differently in the codec
+    assert got[0] != got[1]  # the instruction changed the speech
+
+
+async def test_voices_the_engine_cannot_speak(family: QwenTTSEngine, engine: QwenTTSEngine) -> None:
+    audio, rate = reference_audio()
+    with pytest.raises(TTSError, match="needs a Base checkpoint"):
+        await engine.prepare(audio, rate)
+    with pytest.raises(TTSError, match="reference audio of 0.5 s"):
+        await family.prepare(audio[:rate // 2], rate)
+    clone = await family.prepare(audio, rate)
+    with pytest.raises(TTSError, match="a cloned voice needs a Base checkpoint"):
+        engine.open("mine", prompt=clone)
+    with pytest.raises(TTSError, match="a designed voice needs a VoiceDesign checkpoint"):
+        engine.open("calm", prompt=VoicePrompt.design("Calm."))
+    other = VoicePrompt(kind="clone", speaker=clone.speaker, model={**clone.model, "fingerprint": "0" * 16})
+    with pytest.raises(TTSError, match="prepared for another checkpoint"):
+        family.open("mine", prompt=other)
+    with pytest.raises(TTSError, match="takes no separate instructions"):
+        family.open("calm", prompt=VoicePrompt.design("Calm."), instructions="Whisper.")
+    with pytest.raises(TTSError, match="max_instructions_tokens"):
+        family.open("alloy", instructions="very " * 300)
+    # A 0.6B CustomVoice checkpoint ignores instructions, as the official code does.
+    assert await speak(engine, TEXT, "alloy", instructions="Whisper.") == await speak(engine, TEXT, "alloy")
+
+
+async def test_an_in_context_clone_waits_for_enough_text(family: QwenTTSEngine) -> None:
+    """Its prompt holds as many text tokens as the reference has frames: fed word by word, the stream
+    starts once the text is final (or that long) and makes what the whole text makes."""
+    audio, rate = reference_audio()
+    icl = await family.prepare(audio, rate, "The quick brown fox jumps over the lazy dog.")
+    text = "Hello world, this is a test."
+    whole = await speak(family, text, "icl", prompt=icl)
+    stream = family.open("icl", "english", prompt=icl)
+    reader = asyncio.create_task(collect(stream))
+    for word in text.split(" "):
+        stream.feed(word + " ")
+        await asyncio.sleep(0.02)
+    assert not reader.done()
+    stream.end()
+    assert b"".join(c.pcm for c in await reader) == whole
+
+
+async def test_each_stream_samples_with_its_own_seed_and_parameters(ckpt: checkpoint.Checkpoint) -> None:
+    """Streams sharing a batch, each with its own seed, temperature, top-k and top-p (the speech API's extra
+    fields): a stream's audio depends on its own parameters only, not on what shares its batch, and its seed
+    reproduces it."""
+    engine = QwenTTSEngine(ckpt, packet_frames=4, max_frames=24, max_streams=3, voices={"alloy": "vivian"})
+    try:
+        async def say(*samplings: Sampling | None) -> list[bytes]:
+            streams = [engine.open("alloy", "english", sampling=s) for s in samplings]
+            for stream in streams:
+                stream.feed(TEXT)
+                stream.end()
+            return [b"".join(c.pcm for c in chunks) for chunks in await asyncio.gather(*map(collect, streams))]
+
+        def same(a: bytes, b: bytes) -> bool:
+            # The same codes; the codec's batched decode may round a sample differently by one step.
+            x, y = np.frombuffer(a, "<i2").astype(int), np.frombuffer(b, "<i2").astype(int)
+            return len(x) == len(y) and np.abs(x - y).max() <= 1
+
+        own = Sampling(seed=11, temperature=0.6, top_k=5, top_p=0.8, subtalker_top_k=3)
+        alone, = await say(own)
+        shared = await say(Sampling(seed=11), own, None)
+        assert same(shared[1], alone)  # whatever shares the batch
+        assert not same(shared[0], alone) and not same(shared[2], alone)  # the parameters, the seed change it
+        assert not same((await say(Sampling(seed=12, temperature=0.6, top_k=5, top_p=0.8, subtalker_top_k=3)))[0],
+                        alone)
+        with pytest.raises(TTSError, match="'top_p' must be above 0"):
+            engine.open("alloy", "english", sampling=Sampling(top_p=0.0))
+    finally:
+        engine.close()
+
+
+async def test_a_segmented_clone_speaks_its_first_segment_at_once(family: QwenTTSEngine) -> None:
+    """What the pipeline does for an in-context clone: each segment its own utterance, so the first
+    segment's speech comes while the reply is still being written (the stream is not ended)."""
+    audio, rate = reference_audio()
+    icl = await family.prepare(audio, rate, "The quick brown fox jumps over the lazy dog.")
+    stream = SegmentedStream(family, voice="icl", language="english", prompt=icl)
+    chunks = aiter(stream)
+    stream.feed("Hello world,")
+    async with asyncio.timeout(60):
+        first = await anext(chunks)
+    assert first.text == "Hello world," and first.pcm
+    stream.feed("this is a test.")
+    stream.end()
+    async with asyncio.timeout(60):
+        rest = [chunk async for chunk in chunks]
+    assert [c.text for c in rest if c.text] == ["this is a test."]
+    second = rest[next(i for i, c in enumerate(rest) if c.text):]
+    assert b"".join(c.pcm for c in second) == await speak(family, "this is a test.", "icl", prompt=icl)

@@ -19,7 +19,7 @@ from openai import AsyncOpenAI
 
 from gateway.server.certs import make_certificate
 from tests.conftest import FIXTURES, load_pcm, silence
-from tests.paths import JS
+from tests.paths import DATA, JS, TINY_CHECKPOINT
 
 NODE = shutil.which("node")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -112,3 +112,26 @@ async def test_agents_sdk_in_chromium(transport, agents_page, start_gateway, mon
             break
         await asyncio.sleep(0.05)
     assert not gateway.sessions
+
+
+@needs_npm
+async def test_openai_npm_client_creates_a_voice_and_speaks_in_it(start_gateway, tmp_path, monkeypatch):
+    """The npm client's audio.voices.create (a prompt voice, tiny VoiceDesign checkpoint) and
+    audio.speech.create in that voice, its body streamed."""
+    monkeypatch.setenv("GATEWAY_API_KEYS", KEY)
+    checkpoints = f"{TINY_CHECKPOINT},{DATA / 'qwen3_tts_tiny_design'}"
+    gateway = await start_gateway(tts__engine="qwen3", engine__checkpoint=checkpoints, engine__device="cpu",
+                                  engine__voices={"alloy": "vivian"}, engine__max_frames=40,
+                                  voices__dir=str(tmp_path / "voices"))
+    process = await asyncio.create_subprocess_exec(
+        NODE, str(JS / "openai_speech.mjs"), f"http://127.0.0.1:{gateway.port}/v1", cwd=JS,
+        env={"PATH": "/usr/bin:/bin", "OPENAI_API_KEY": KEY}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, (out.decode(), err.decode())
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert result["voice"]["object"] == "audio.voice" and result["voice"]["type"] == "prompt"
+    assert result["voice"]["id"].startswith("voice_") and result["voice"]["name"] == "Calm"
+    speech = result["speech"]
+    assert speech["status"] == 200 and speech["type"] == "audio/wav" and speech["head"].startswith("RIFF")
+    assert speech["bytes"] > 44 + 1920 * 2

@@ -344,5 +344,6 @@ async def test_http_endpoints(gateway, path):
     if path == "/healthz":
         health = json.loads(body)
         assert health["status"] == "ok" and health["active_sessions"] == 0 and health["version"]
+        assert health["active_sessions_by_worker"] == [0]
     else:
         assert "gateway_turn_stage_seconds" in body

@@ -182,8 +182,20 @@ EXTRA_RESPONSE_BETA = [
     ("response.max_response_output_tokens", {"max_response_output_tokens": 5000}),
 ]
 
+# A realtime session's fields sent to a transcription session: of no use there, still checked.
+REALTIME_FIELDS_IN_TRANSCRIPTION = [(path, {**body, "type": "transcription"})
+                                    for path, body in cases(RealtimeSessionCreateRequest, "session")
+                                    if path != "session.type" and not path.startswith("session.audio.input")]
+BAD_TOOL_CHOICES: list[Any] = ["", {}, [], 0, False, "bogus", {"type": "function"}, {"type": "function", "name": ""}]
+
 SESSION_CASES = [
     *[(Dialect.GA, "session.update", path, body) for path, body in cases(RealtimeSessionCreateRequest, "session")],
+    *[(Dialect.GA, "session.update", path, body) for path, body in REALTIME_FIELDS_IN_TRANSCRIPTION],
+    *[(Dialect.GA, "session.update", "session.tool_choice", {**GA_SESSION, "tool_choice": choice})
+      for choice in BAD_TOOL_CHOICES],
+    *[(Dialect.GA, "session.update", "session.tool_choice", {"type": "transcription", "tool_choice": choice})
+      for choice in BAD_TOOL_CHOICES],
+    *[(Dialect.BETA, "session.update", "session.tool_choice", {"tool_choice": choice}) for choice in BAD_TOOL_CHOICES],
     *[(Dialect.GA, "session.update", path, body)
       for path, body in cases(RealtimeTranscriptionSessionCreateRequest, "session")],
     *[(Dialect.GA, "session.update", path, {**GA_SESSION, **body}) for path, body in EXTRA_SESSION],
@@ -194,6 +206,7 @@ SESSION_CASES = [
 RESPONSE_CASES = [
     *[(Dialect.GA, path, body) for path, body in cases(RealtimeResponseCreateParams, "response")],
     *[(Dialect.GA, path, body) for path, body in EXTRA_RESPONSE_GA],
+    *[(Dialect.GA, "response.tool_choice", {"tool_choice": choice}) for choice in BAD_TOOL_CHOICES],
     *[(Dialect.BETA, path, body) for path, body in cases(BetaResponse, "response")],
     *[(Dialect.BETA, path, body) for path, body in EXTRA_RESPONSE_BETA],
 ]
@@ -248,4 +261,41 @@ def test_an_invalid_response_field_is_refused_and_starts_nothing():
         # The same session still answers a valid request.
         if not any(isinstance(e, StartResponse) for e in session.handle(orjson.dumps({"type": "response.create"}))):
             problems.append(f"{path}: no response after the refusal")
+    assert [p for p in problems if p] == []
+
+
+# Where an id is expected, "" is an id that names nothing, not an absent one.
+EMPTY_IDS = [
+    ({"type": "conversation.item.create", "previous_item_id": "",
+      "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}},
+     "previous_item_id"),
+    ({"type": "conversation.item.create",
+      "item": {"id": "", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}},
+     "item.id"),
+    ({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "", "output": "x"}},
+     "item.call_id"),
+    ({"type": "conversation.item.create",
+      "item": {"type": "mcp_approval_response", "approval_request_id": "", "approve": True}},
+     "item.approval_request_id"),
+    ({"type": "conversation.item.retrieve", "item_id": ""}, "item_id"),
+    ({"type": "conversation.item.delete", "item_id": ""}, "item_id"),
+    ({"type": "conversation.item.truncate", "item_id": "", "content_index": 0, "audio_end_ms": 0}, "item_id"),
+    ({"type": "response.cancel", "response_id": ""}, "response_id"),
+]
+
+
+def test_an_empty_string_where_an_id_is_expected_is_refused():
+    config = make_config()
+    problems = []
+    for event, path in EMPTY_IDS:
+        session = Session(config)
+        session.handle(orjson.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "first"}]}}))
+        before = [item.data for item in session.conversation.items()]
+        problems.append(problem(session, event, path))
+        effects = session.handle(orjson.dumps({**event, "event_id": "again"}))
+        if effects[0].get("error", {}).get("code") != "invalid_value":
+            problems.append(f"{path}: refused as {effects[0]}, not as an empty value")
+        if [item.data for item in session.conversation.items()] != before:
+            problems.append(f"{path}: the conversation changed: {event}")
     assert [p for p in problems if p] == []

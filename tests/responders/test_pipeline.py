@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import io
 import logging
 import socket
@@ -14,7 +15,8 @@ from typing import Any
 import pytest
 
 from engine.api import TTSError
-from gateway.config import ConfigError, load_config
+from engine.voices import VoicePrompt
+from gateway.config import ConfigError, VoiceConfig, load_config
 from gateway.realtime.responder import (
     AudioOut,
     BackendError,
@@ -48,9 +50,12 @@ class RecordingEngine(ToneEngine):
         self.incremental = incremental
         self.streams: list[ToneStream] = []
         self.fed: list[str] = []
+        self.prompts: list[VoicePrompt | None] = []
 
-    def open(self, voice: str, language: str | None = None) -> ToneStream:
+    def open(self, voice: str, language: str | None = None, *, prompt: VoicePrompt | None = None,
+             instructions: str | None = None) -> ToneStream:
         stream = super().open(voice, language)
+        self.prompts.append(prompt)
         feed = stream.feed
 
         def recording_feed(text: str) -> None:
@@ -399,8 +404,8 @@ async def test_no_stt_backend(make: Make, fake: FakeOpenAI):
 
 async def test_tts_failure(make: Make, fake: FakeOpenAI):
     class BrokenEngine(RecordingEngine):
-        def open(self, voice: str, language: str | None = None) -> ToneStream:
-            stream = super().open(voice, language)
+        def open(self, voice: str, language: str | None = None, **kw: Any) -> ToneStream:
+            stream = super().open(voice, language, **kw)
 
             def feed(text: str) -> None:
                 raise TTSError("text too long")
@@ -496,6 +501,10 @@ def test_build_responder(monkeypatch: pytest.MonkeyPatch):
 
     config.responder.kind = "echo"
     assert isinstance(build_responder(config), EchoResponder)
+    config.voices.named = {"calm": VoiceConfig(description="Calm.")}
+    with pytest.raises(ConfigError, match="echo responder"):
+        build_responder(config)
+    config.voices.named = {}
 
     # What the options cannot do together is gateway.config.check's (tests/test_config.py), before any build.
     config.responder.kind = "pipeline"
@@ -503,6 +512,49 @@ def test_build_responder(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(build, "installed", lambda modules: False)
     with pytest.raises(ConfigError, match=r'tts.engine = "piper" needs the local models'):
         build_responder(config)
+
+
+def test_voices_config(tmp_path: Any) -> None:
+    """[voices.NAME] tables: a clone (reference, read from the config file's folder; transcript) or a design;
+    beside the store's options of [voices] itself."""
+    path = tmp_path / "config.toml"
+    path.write_text('[voices]\nmax_voices = 5\n[voices.Narrator]\nreference = "ref.wav"\ntranscript = "Hello."\n'
+                    '[voices.calm]\ndescription = "A calm, low voice."\n')
+    config = load_config(path, env={})
+    voices = config.voices.named
+    assert config.voices.max_voices == 5
+    assert voices == {"narrator": VoiceConfig(reference=str(tmp_path / "ref.wav"), transcript="Hello."),
+                      "calm": VoiceConfig(description="A calm, low voice.")}
+    for body, problem in [('[voices.x]\nreference = "a.wav"\ndescription = "b"\n', "either reference"),
+                          ("[voices.x]\n", "either reference"),
+                          ('[voices.x]\ndescription = "b"\ntranscript = "c"\n', "voices.x.transcript"),
+                          ('[voices.x]\ndescription = "b"\n[voices.X]\ndescription = "c"\n', "differ in more than"),
+                          ('[voices]\nx = "b"\n', "unknown option voices.x"),
+                          ('[voices]\nnamed = "b"\n', "unknown option voices.named"),
+                          ('[voices.x]\nvoice = "b"\n', "unknown option voices.x.voice")]:
+        path.write_text(body)
+        with pytest.raises(ConfigError, match=problem):
+            load_config(path, env={})
+
+
+async def test_prepared_voices(make: Make, fake: FakeOpenAI, tmp_path: Any) -> None:
+    """A designed voice is a name sessions may use, and reaches the engine with each of its streams; a clone
+    needs an engine that prepares voices; a voice may not take a name the engine has."""
+    engine = RecordingEngine()
+    engine.voices = frozenset({"alloy"})
+    responder = make(fake.base_url, engine)
+    responder.voice_configs = {"calm": VoiceConfig(description="A calm, low voice.")}
+    await responder.prepare()
+    assert responder.voices == {"alloy", "calm"}
+    for voice in ("calm", "alloy"):
+        await collect(respond(responder, dataclasses.replace(request(Message("i1", "user", text="Hi.")), voice=voice)))
+    assert [p and (p.mode, p.text) for p in engine.prompts] == [("design", "A calm, low voice."), None]
+    responder.voice_configs = {"alloy": VoiceConfig(description="Another.")}
+    with pytest.raises(ConfigError, match=r"\[voices.alloy\]: the TTS engine has a voice of that name"):
+        await responder.prepare()
+    responder.voice_configs = {"mine": VoiceConfig(reference=str(tmp_path / "absent.wav"))}
+    with pytest.raises(ConfigError, match=r"\[voices.mine\]: cloning a voice needs the qwen3 TTS engine"):
+        await responder.prepare()
 
 
 async def commit_by_hand(client: Any) -> None:

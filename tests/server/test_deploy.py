@@ -89,7 +89,7 @@ def test_each_variant_renders_with_kustomize(variant: str):
     rendered = subprocess.run(["kubectl", "kustomize", str(KUBE / variant)], capture_output=True, text=True,
                               check=True, timeout=60).stdout
     docs = [doc for doc in yaml.safe_load_all(rendered) if doc]
-    assert sorted(doc["kind"] for doc in docs) == ["ConfigMap", "Deployment", "Service"]
+    assert sorted(doc["kind"] for doc in docs) == ["ConfigMap", "Deployment", "PersistentVolumeClaim", "Service"]
     for doc in docs:
         kubernetes_validate.validate(doc, VERSIONS[-1], strict=True)
 
@@ -109,6 +109,22 @@ def test_the_configmap_is_a_config_the_gateway_loads(tmp_path: Path):
         secrets = {e["valueFrom"]["secretKeyRef"]["key"] for e in main["env"]
                    if "secretKeyRef" in e.get("valueFrom", {})}
         assert {"GATEWAY_API_KEYS", "GATEWAY_SIGNING_KEY", config.webrtc.turn_credential_env} <= secrets, variant
+
+
+def test_every_pod_mounts_the_shared_voices_where_the_config_keeps_them(tmp_path: Path):
+    """[voices] dir is a ReadWriteMany claim that every variant's pods mount read-write at that path, so a
+    voice made through one pod is spoken by all (the store reads the folder at every use)."""
+    _, config = cluster_config(tmp_path)
+    (claim,) = documents(KUBE / "common" / "voices-pvc.yaml")
+    assert claim["kind"] == "PersistentVolumeClaim" and claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert "voices-pvc.yaml" in documents(KUBE / "common" / "kustomization.yaml")[0]["resources"]
+    for variant, deployment in deployments().items():
+        spec = deployment["spec"]["template"]["spec"]
+        (volume,) = [v for v in spec["volumes"] if v.get("persistentVolumeClaim", {}).get("claimName")
+                     == claim["metadata"]["name"]]
+        assert not volume["persistentVolumeClaim"].get("readOnly"), variant
+        (mount,) = [m for m in container(deployment)["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["mountPath"] == config.voices.dir and not mount.get("readOnly"), variant
 
 
 def test_the_grace_period_outlasts_the_drain(tmp_path: Path):

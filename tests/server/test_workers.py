@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -68,6 +69,11 @@ class Gateway:
         pattern = rf"worker\[(\d+)\] gateway\.runtime\.gateway: session {session_id} opened"
         return int((await self.wait_for(pattern, timeout=60))[0][1])
 
+    async def healthz(self) -> dict:
+        """/healthz over a new connection (so that any worker may answer)."""
+        url = f"http://127.0.0.1:{self.port}/healthz"
+        return json.loads(await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read()))
+
     async def metric(self, name: str) -> float:
         url = f"http://127.0.0.1:{self.port}/metrics"
         text = (await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())).decode()
@@ -123,6 +129,11 @@ async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one
             # One worker's /metrics counts both workers' sessions: the live gauges added up, and the shared count.
             assert await gateway.metric("gateway_active_sessions") == 12
             assert await gateway.metric("gateway_sessions") == 12
+            # /healthz from whichever worker answers: the gateway's total, and each worker's share.
+            for _ in range(8):
+                health = await gateway.healthz()
+                assert health["active_sessions"] == 12, health
+                assert health["active_sessions_by_worker"] == [workers.count(0), workers.count(1)], health
             # An echo turn on a session of each worker.
             for client, worker in [next(s for s in first if s[1] == w) for w in (0, 1)]:
                 speech = load_pcm("one_sentence.wav")
@@ -140,6 +151,7 @@ async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one
             # The killed worker's live gauge is gone and its slot zeroed: the counts are worker 0's sessions.
             assert await gateway.metric("gateway_active_sessions") == workers.count(0)
             assert await gateway.metric("gateway_sessions") == workers.count(0)
+            assert (await gateway.healthz())["active_sessions_by_worker"] == [workers.count(0), 0]
             # New sessions work, on both workers again (the restarted one, empty, takes more), and the count adds up.
             async with sessions(gateway, 12) as second:
                 placed = [w for _, w in second]

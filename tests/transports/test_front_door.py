@@ -4,11 +4,14 @@ subprotocols, TLS, and the endpoint mounted in another app."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import socket
 import ssl
 import time
 import urllib.error
 import urllib.request
+import zlib
 from typing import Any
 
 import openai
@@ -274,6 +277,38 @@ async def test_client_secret_requests_are_checked(keys, start_gateway):
         if param is not None:
             assert refused.value.param == param
     assert "too large for a client secret" in str(refused.value)
+
+
+def readable_parts(secret: str) -> list[bytes]:
+    """Everything a holder of ``secret`` can read from it without the gateway's key: its bytes, and what
+    zlib inflates from any offset of them (a compressed payload need not start at byte 0)."""
+    body = secret.removeprefix("ek_")
+    raw = b"".join(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)) for part in body.split("."))
+    found = [raw]
+    for offset in range(len(raw)):
+        inflater = zlib.decompressobj()
+        with contextlib.suppress(zlib.error):
+            found.append(inflater.decompress(raw[offset:]))
+    return found
+
+
+async def test_a_client_secret_does_not_show_the_mcp_credentials_it_carries(keys, start_gateway):
+    gateway = await start_gateway()
+    mcp = {"type": "mcp", "server_label": "notes", "server_url": "https://mcp.example.com/mcp",
+           "authorization": "TOPSECRET-token", "headers": {"X-Api-Key": "HEADER-SECRET"}}
+    created = await sdk(gateway).realtime.client_secrets.create(session={"type": "realtime", "tools": [mcp]})
+    for part in readable_parts(created.value):
+        assert b"TOPSECRET" not in part and b"HEADER-SECRET" not in part and b"mcp.example.com" not in part
+    assert "TOPSECRET" not in created.model_dump_json()  # nor does the answer that shows the session
+    # The gateway still reads them: a session opened with the secret calls the server with them.
+    carried = gateway.gateway.auth.verify(created.value).session["tools"][0]
+    assert (carried["authorization"], carried["headers"]) == ("TOPSECRET-token", {"X-Api-Key": "HEADER-SECRET"})
+    # Changing any byte of it is caught before anything of it is read.
+    value = created.value
+    for i in (3, len(value) // 2, len(value) - 2):  # the last character may hold only padding bits
+        altered = value[:i] + ("A" if value[i] != "A" else "B") + value[i + 1:]
+        with pytest.raises(AuthError):
+            gateway.gateway.auth.verify(altered)
 
 
 def test_the_signing_key_is_shared_by_gateways_that_share_a_key():

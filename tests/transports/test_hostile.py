@@ -39,9 +39,10 @@ def no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
     assert problems == [], [r.getMessage() for r in problems]
 
 
-async def raw_http(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Send ``request`` as it is; the status, headers and body of the answer."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def raw_http(port: int, request: bytes, source: str = "127.0.0.1") -> tuple[int, dict[str, str], bytes]:
+    """Send ``request`` as it is (from the loopback address ``source``: another client); the status, headers
+    and body of the answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
     writer.write(request)
     await writer.drain()
     data = await asyncio.wait_for(reader.read(-1), 5)
@@ -94,6 +95,33 @@ async def test_bad_http_gets_a_short_4xx_and_no_traceback(start_gateway, caplog)
     no_tracebacks(caplog)
 
 
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+async def test_deep_json_is_a_400_on_every_way_in(start_gateway, caplog):
+    """The WebSocket's depth limit holds for every HTTP body and form part too: 300 levels of nesting is
+    a 400 naming the limit, not a 500 from the encoder that would echo it back."""
+    gateway = await start_gateway(webrtc__enabled=True)
+    deep = nested(300)
+    json_bodies = [
+        ("/v1/realtime/client_secrets", f'{{"session": {{"type": "realtime", "tools": {deep}}}}}'),
+        ("/v1/realtime/sessions", f'{{"tools": {deep}}}'),
+        ("/v1/realtime/transcription_sessions", f'{{"input_audio_transcription": {deep}}}'),
+        ("/v1/realtime/client_secrets", f'{{"session": {{"type": "realtime", "metadata": {nested(33)}}}}}'),
+    ]
+    requests = [get(path, "POST", "Content-Type: application/json\r\n", body.encode()) for path, body in json_bodies]
+    form = (f'--b\r\nContent-Disposition: form-data; name="sdp"\r\n\r\nv=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n'
+            f'--b\r\nContent-Disposition: form-data; name="session"\r\n\r\n{{"tools": {deep}}}\r\n--b--\r\n')
+    requests.append(offer_request(form.encode(), "multipart/form-data; boundary=b"))
+    for request in requests:
+        status, _, body = await raw_http(gateway.port, request)
+        error = orjson.loads(body)["error"]
+        assert (status, error["code"]) == (400, "invalid_json"), (request[:60], body)
+        assert "nested deeper than 32 levels" in error["message"]
+    no_tracebacks(caplog)
+
+
 def offer_request(sdp: bytes, content_type: str = "application/sdp") -> bytes:
     return get("/v1/realtime/calls", "POST", f"Content-Type: {content_type}\r\n", sdp)
 
@@ -104,7 +132,7 @@ async def test_bad_sdp_is_a_400_naming_the_problem(start_gateway, caplog):
     form = (b"--b\r\nContent-Disposition: form-data; name=\"sdp\"\r\n\r\n\xff\xfe\xfd\r\n--b--\r\n")
     cases = [
         (offer_request(b"v=0\r\n\xff\xfe bad bytes\r\nm=audio"), "not UTF-8"),
-        (offer_request(b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\nnonsense\r\n"), "cannot be used"),
+        (offer_request(b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\nnonsense\r\n"), "no DTLS fingerprint"),
         (offer_request(b"<html>hello</html>"), "not an SDP offer"),
         (offer_request(form, "multipart/form-data; boundary=b"), "not an SDP offer"),  # decoded with replacements
         (offer_request(b"--b\r\nbroken", "multipart/form-data; boundary=b"), ""),
@@ -142,6 +170,71 @@ async def test_a_flood_of_pending_calls_is_limited_and_reaped(start_gateway, cap
         await asyncio.sleep(0.1)
     assert not gateway.webrtc.calls  # reaped after connect_timeout_s
     assert (await raw_http(gateway.port, offer_request(await offer())))[0] == 201
+    no_tracebacks(caplog)
+
+
+async def aiortc_offer() -> str:
+    """A real offer (aiortc's, as a browser's: a data channel, one audio track), never connected."""
+    aiortc = pytest.importorskip("aiortc")
+    pc = aiortc.RTCPeerConnection(aiortc.RTCConfiguration(iceServers=[]))
+    pc.createDataChannel("oai-events")
+    pc.addTransceiver("audio")
+    await pc.setLocalDescription(await pc.createOffer())
+    await pc.close()
+    return pc.localDescription.sdp
+
+
+def without(sdp: str, prefix: str) -> str:
+    return "\r\n".join(line for line in sdp.split("\r\n") if not line.startswith(prefix))
+
+
+def replaced(sdp: str, prefix: str, line: str) -> str:
+    return "\r\n".join(line if old.startswith(prefix) else old for old in sdp.split("\r\n"))
+
+
+async def test_an_offer_without_what_dtls_and_ice_need_is_a_400(start_gateway, caplog):
+    """aiortc takes an offer with no DTLS fingerprint and fails later in a task of its own ("Task exception
+    was never retrieved ... AssertionError"): refused before any call exists."""
+    gateway = await start_gateway(webrtc__enabled=True)
+    offer = await aiortc_offer()
+    cases = [
+        (without(offer, "a=fingerprint:"), "no DTLS fingerprint"),
+        (without(offer, "a=setup:"), "no DTLS fingerprint and role"),
+        (replaced(offer, "a=fingerprint:", "a=fingerprint:md5 AB:CD"), "not a sha-256, sha-384, sha-512 hash"),
+        (replaced(offer, "a=fingerprint:", "a=fingerprint:sha-256 zz"), "not a sha-256"),
+        (without(offer, "a=ice-pwd:"), "ICE password"),
+        (replaced(offer, "a=ice-pwd:", "a=ice-pwd:short"), "ICE password"),
+        (without(offer, "a=ice-ufrag:"), "ICE username fragment"),
+        (replaced(offer, "a=setup:", "a=setup:sideways"), "cannot be used"),
+    ]
+    for sdp, message in cases:
+        status, _, body = await raw_http(gateway.port, offer_request(sdp.encode()))
+        assert status == 400, (message, body)
+        error = orjson.loads(body)["error"]
+        assert error["code"] == "invalid_offer" and message in error["message"], error
+    assert not gateway.webrtc.calls and not gateway.sessions
+    assert (await raw_http(gateway.port, offer_request(offer.encode())))[0] == 201  # the offer itself is fine
+    gc.collect()  # a task whose exception was never retrieved reports it when collected
+    await asyncio.sleep(0.5)
+    no_tracebacks(caplog)
+
+
+async def test_one_clients_pending_calls_do_not_lock_out_another(start_gateway, caplog):
+    gateway = await start_gateway(webrtc__enabled=True, webrtc__max_pending_calls=4,
+                                  webrtc__max_pending_calls_per_client=2, webrtc__connect_timeout_s=3.0)
+    mine = [await raw_http(gateway.port, offer_request((await aiortc_offer()).encode())) for _ in range(3)]
+    assert [status for status, _, _ in mine] == [201, 201, 429]
+    status, headers, body = mine[-1]
+    assert orjson.loads(body)["error"]["code"] == "too_many_pending_calls"
+    assert 1 <= int(headers["retry-after"]) <= 3  # when the first of them is dropped
+    # Another client still gets in, up to the total.
+    theirs = [await raw_http(gateway.port, offer_request((await aiortc_offer()).encode()), "127.0.0.2")
+              for _ in range(2)]
+    assert [status for status, _, _ in theirs] == [201, 201]
+    status, headers, _ = await raw_http(gateway.port, offer_request((await aiortc_offer()).encode()), "127.0.0.3")
+    assert status == 503 and 1 <= int(headers["retry-after"]) <= 3  # the total is full
+    await asyncio.sleep(int(headers["retry-after"]) + 0.5)  # Retry-After was right: there is room again
+    assert (await raw_http(gateway.port, offer_request((await aiortc_offer()).encode())))[0] == 201
     no_tracebacks(caplog)
 
 

@@ -1,63 +1,180 @@
-"""uvicorn's h11 HTTP protocol with a deadline for each request's head.
+"""uvicorn's h11 HTTP protocol with the limits it lacks, so that slow or malformed requests cannot hold the
+server's connections.
 
-uvicorn bounds a request head's size but not the time it takes to arrive, and every open connection
-counts against ``limit_concurrency``: a client that opens connections and sends their heads a byte at a
-time (slowloris) would hold them for ever and lock everyone out with 503s. Here a connection whose
-request line and headers are not complete ``[server] request_head_timeout_s`` after it opened (or after
-its previous response, on a kept-alive connection) is closed.
+uvicorn bounds a request head's size (h11: 16 KiB while it is incomplete) but not the time it takes to
+arrive, nor a body's, and every open connection counts against ``limit_concurrency`` (past it, 503s for
+everyone). Here:
+
+- Deadlines. A head (request line and headers) must be complete ``[server] request_head_timeout_s`` after
+  the connection opened (or after its previous response, on a kept-alive connection), a body
+  ``request_body_timeout_s`` after its head, and neither may pause longer than ``request_idle_timeout_s``
+  between two reads. A connection past a deadline is closed (an app reading the body sees the client
+  gone). A WebSocket handshake must be answered by its head's deadline (gateway/server/protocols/websocket.py).
+- Header bounds on the WebSocket path. uvicorn hands an upgrade's head to the websockets library's parser,
+  which fails a head of more than 128 headers or with a line over 8 KiB silently: the connection then
+  stayed open and unanswered for good. Such a head (over ``max_request_headers`` or
+  ``max_header_line_bytes``, or a target over the front door's limit) is answered 431 (414) here, before
+  the hand-over. Plain HTTP requests get the same bounds from the front door (gateway/transports/guard.py).
+- A budget per client address (gateway/server/protocols/clients.py): a connection from an address that holds
+  its share already is answered 429 and closed at once, before anything of it is read.
+
+It leans on uvicorn's h11 protocol internals (its scope, cycle, flow control and upgrade hand-over):
+pyproject.toml pins uvicorn's minor version, and tests/transports/test_slow_clients.py exercises each limit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+import h11
+from prometheus_client import Counter
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from gateway.server.protocols.clients import ClientBudget, Slot
+from gateway.server.protocols.refusal import raw_response
+from gateway.server.protocols.websocket import LimitedWebSocketProtocol
+from gateway.transports.guard import head_problem
 
-class HeadDeadlineProtocol(H11Protocol):
-    """Set by ``protocol_class``: the seconds a request head may take."""
+log = logging.getLogger(__name__)
+
+CUT = Counter("gateway_slow_requests_cut_total",
+              "Connections closed because a request head or body missed its deadline", ["part", "deadline"])
+TOO_MANY = raw_response(429, "This client address holds as many connections as it may ([server] "
+                        "max_connections_per_client); close some, or try again later.", "too_many_connections",
+                        (("retry-after", "1"),))
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """The ``[server]`` options this protocol applies."""
 
     head_timeout_s: float
+    body_timeout_s: float
+    idle_timeout_s: float
+    max_headers: int
+    max_header_line_bytes: int
+
+
+class GatewayHttpProtocol(H11Protocol):
+    """Set by ``protocol_class``: the limits, the process's client budget, and which peers are proxies
+    whose connections carry many clients (not counted against their own address)."""
+
+    limits: HttpLimits
+    budget: ClientBudget
+    is_proxy: Callable[[str], bool]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._head_deadline: asyncio.TimerHandle | None = None
-        self._armed_scope: object = None  # the last request's scope when the deadline was set
+        self._slot: Slot | None = None
+        self._part: str | None = None  # "head" or "body" while one is arriving under a deadline
+        self._deadline = 0.0  # loop time by which that part must be complete
+        self._head_deadline = 0.0  # the last head's (a WebSocket handshake must be answered by then too)
+        self._last_read = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._request_scope: object = None  # the scope of the last request whose head was complete
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm()
+        peer = self.client[0] if self.client else ""
+        if not self.is_proxy(peer):
+            self._slot = self.budget.take(peer)
+            if self._slot is None:
+                log.warning("refusing connections from %s: it holds %d already ([server] max_connections_per_client)",
+                            peer, self.budget.per_client)
+                transport.write(TOO_MANY)
+                transport.close()
+                self.connections.discard(self)  # nor does it count against the server's connections meanwhile
+                return
+        self._expect("head", self.limits.head_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop()
+        if self._slot is not None:
+            self._slot.release()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self.loop.time()
+        super().data_received(data)
 
     def handle_events(self) -> None:
         super().handle_events()
-        if self.scope is not self._armed_scope or self.transport.is_closing():
-            self._disarm()  # a new request's head is complete (or the connection was upgraded or closed)
+        if self.transport.is_closing() or self.transport.get_protocol() is not self:
+            self._stop()  # closed, or handed over to the WebSocket protocol
+        elif self.scope is not None and self.scope is not self._request_scope:  # a new request's head is complete
+            self._request_scope = self.scope
+            if self.conn.their_state is h11.SEND_BODY:
+                self._expect("body", self.limits.body_timeout_s)
+            else:
+                self._stop()
+        elif self._part == "body" and self.conn.their_state is not h11.SEND_BODY:
+            self._stop()  # the body is complete: the app's turn
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
         if not self.transport.is_closing():
-            self._arm()  # kept alive: the next request's head gets the same time
+            # Kept alive: the next head gets the same time (armed first: a pipelined request is handled next).
+            self._expect("head", self.limits.head_timeout_s)
+        super().on_response_complete()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-
-    def _arm(self) -> None:
-        self._disarm()
-        self._armed_scope = self.scope
-        self._head_deadline = self.loop.call_later(self.head_timeout_s, self._too_slow)
-
-    def _disarm(self) -> None:
-        if self._head_deadline is not None:
-            self._head_deadline.cancel()
-            self._head_deadline = None
-
-    def _too_slow(self) -> None:
-        self._head_deadline = None
-        if self.scope is self._armed_scope and not self.transport.is_closing():
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        limits = self.limits
+        problem = head_problem(self.headers, event.target, limits.max_headers, limits.max_header_line_bytes)
+        if problem is not None:
+            self.transport.write(raw_response(*problem))
             self.transport.close()
+            return
+        self._stop()
+        slot, self._slot = self._slot, None
+        super().handle_websocket_upgrade(event)
+        protocol = self.transport.get_protocol()
+        assert isinstance(protocol, LimitedWebSocketProtocol)
+        protocol.answer_by(self._head_deadline, slot)
+
+    # --- deadlines ---------------------------------------------------------------------------------
+
+    def _expect(self, part: str, seconds: float) -> None:
+        now = self.loop.time()
+        self._part, self._deadline, self._last_read = part, now + seconds, now
+        if part == "head":
+            self._head_deadline = self._deadline
+        self._schedule()
+
+    def _stop(self) -> None:
+        self._part = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _schedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_at(min(self._deadline, self._last_read + self.limits.idle_timeout_s), self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        if self._part is None or self.transport.is_closing():
+            return
+        now = self.loop.time()
+        if self.flow.read_paused:
+            self._last_read = now  # the server stopped reading (the app has not taken the body yet), not the client
+        if now >= self._deadline:
+            missed = "total"
+        elif now >= self._last_read + self.limits.idle_timeout_s:
+            missed = "idle"
+        else:
+            self._schedule()
+            return
+        CUT.labels(self._part, missed).inc()
+        self._stop()
+        self.transport.close()
 
 
-def protocol_class(head_timeout_s: float) -> type[HeadDeadlineProtocol]:
-    return type("GatewayHttpProtocol", (HeadDeadlineProtocol,), {"head_timeout_s": head_timeout_s})
+def protocol_class(limits: HttpLimits, budget: ClientBudget,
+                   is_proxy: Callable[[str], bool]) -> type[GatewayHttpProtocol]:
+    """The protocol class to give uvicorn (``http=``) for one process."""
+    return type("GatewayHttpProtocol", (GatewayHttpProtocol,),
+                {"limits": limits, "budget": budget, "is_proxy": staticmethod(is_proxy)})

@@ -16,9 +16,20 @@ client that never reads holds that much and no more. What it lacks, and this sub
   Peak memory of inbound messages, the copies made while handling them included: at most
   2 x inbound_budget_bytes + 3 x connections x (inbound_free_bytes + one socket read of 256 KiB).
 
-It leans on uvicorn's protocol internals (its queue, read_paused, writable) and on the websockets
-parser's (its buffer, its generator): pyproject.toml pins both, and tests/transports/test_hostile.py exercises
-both limits.
+And for the handshake, which uvicorn's protocol leaves open in three ways:
+
+- A handshake must be answered by its head's deadline (``answer_by``, from the HTTP protocol that hands
+  the connection over, with the connection's place in its client's budget, given back once answered);
+  one still unanswered then is closed.
+- A head the websockets parser refuses (a method other than GET, a body) is answered 400 and closed: uvicorn
+  would leave it open and unanswered for good.
+- A handshake refused with an HTTP response (401, 403, 503: the ASGI denial-response extension) counts as
+  answered: uvicorn logged each as an ERROR ("ASGI callable returned without completing handshake"),
+  which let anyone fill the log; the endpoint logs one INFO line instead.
+
+It leans on uvicorn's protocol internals (its queue, read_paused, writable, handshake flags) and on the
+websockets parser's (its buffer, its generator): pyproject.toml pins both, and tests/transports/test_hostile.py
+and test_slow_clients.py exercise these limits.
 """
 
 from __future__ import annotations
@@ -32,6 +43,9 @@ from prometheus_client import Counter
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
+
+from gateway.server.protocols.clients import Slot
+from gateway.server.protocols.refusal import raw_response
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +97,33 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._app_holds = 0  # size of the message the app is handling (until it asks for the next)
         self._parser_holds = 0  # size of the last message, still referenced by websockets' parser
         self._waiting_slot = False
+        self._client_slot: Slot | None = None  # its place in its client's budget, until the handshake is answered
+        self._answer_deadline: asyncio.TimerHandle | None = None
+
+    # --- the handshake ------------------------------------------------------------------------------
+
+    def answer_by(self, deadline: float, slot: Slot | None) -> None:
+        """The handshake must be answered by loop time ``deadline`` (its head's); ``slot`` is given back then."""
+        self._client_slot = slot
+        if self.handshake_complete:
+            self._answered()
+        else:
+            self._answer_deadline = self.loop.call_at(deadline, self._too_late)
+
+    def _too_late(self) -> None:
+        self._answer_deadline = None
+        if not self.handshake_complete and not self.transport.is_closing():
+            peer = self.client[0] if self.client else "a client"
+            log.info("closing %s: its WebSocket handshake was not answered by the head deadline", peer)
+            self.transport.close()
+
+    def _answered(self) -> None:
+        if self._answer_deadline is not None:
+            self._answer_deadline.cancel()
+            self._answer_deadline = None
+        if self._client_slot is not None:
+            self._client_slot.release()
+            self._client_slot = None
 
     # --- send deadline ------------------------------------------------------------------------------
 
@@ -95,6 +136,10 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
                             "messages to send")
                 raise ClientDisconnected from None
         await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
+            self.handshake_complete = True  # refused with a whole HTTP response: answered
+        if self.handshake_complete:
+            self._answered()
 
     def keepalive_timeout(self) -> None:
         super().keepalive_timeout()
@@ -125,6 +170,13 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
+        if self.conn.handshake_exc is not None and not self.handshake_initiated:
+            if not self.transport.is_closing():  # the parser refused the head: uvicorn would never answer
+                why = self.conn.handshake_exc.__cause__ or self.conn.handshake_exc
+                self.transport.write(raw_response(400, f"This is not a WebSocket handshake the server can take: "
+                                                       f"{why}.", "invalid_handshake"))
+                self.transport.close()
+            return
         self._drop_parsed_frame()
         self._check_held()
 
@@ -165,6 +217,7 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self._answered()
         self._waiting_slot = False
         self.budget.give_back(self)
 

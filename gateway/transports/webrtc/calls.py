@@ -7,8 +7,13 @@ events, and the agent's audio goes out on a paced outbound track that knows how 
 has played, so barge-in truncates at the point the listener actually reached.
 
 A call is pending from its answer until its peer connection is up: pending calls are limited by
-``[webrtc] max_pending_calls`` and dropped after ``connect_timeout_s``, apart from ``[server]
-max_sessions``, which counts a call only once it is connected.
+``[webrtc] max_pending_calls`` in all and ``max_pending_calls_per_client`` for one client address (so one
+client's unconnected offers cannot lock out the others), and dropped after ``connect_timeout_s``, apart
+from ``[server] max_sessions``, which counts a call only once it is connected. A refusal says when to try
+again: when the oldest of the pending calls in the way is dropped.
+
+An offer is checked before aiortc gets it (``sdp_problem``): aiortc accepts an offer without a DTLS
+fingerprint, or with an ICE password too short to be one, and fails later in a task of its own.
 
 Behind a balancer the answer names this node: ``[webrtc] advertised_host`` replaces the address of its
 host candidates (aiortc binds the interfaces' own addresses, private ones in a pod or behind 1:1 NAT), and
@@ -20,10 +25,12 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import math
 import os
 import re
 import secrets
 import socket
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,6 +45,7 @@ from aiortc import (
     RTCPeerConnection,
     RTCSessionDescription,
 )
+from aiortc.sdp import SessionDescription
 
 from gateway.audio import Upsampler2x
 from gateway.config import ConfigError
@@ -70,6 +78,7 @@ class WebRTCOptions(Protocol):
     """The ``[webrtc]`` config section (gateway.config.WebRtcConfig)."""
 
     max_pending_calls: int
+    max_pending_calls_per_client: int
     connect_timeout_s: float
     ice_servers: str
     turn_username: str
@@ -207,9 +216,11 @@ class OutboundAudio(PacedTrack):
 class Call:
     """One peer connection and its session; ``close`` frees both, whichever side ends the call."""
 
-    def __init__(self, registry: CallRegistry, session: Session) -> None:
+    def __init__(self, registry: CallRegistry, session: Session, client: str) -> None:
         self.id = "rtc_" + secrets.token_hex(12)
         self.registry = registry
+        self.client = client  # the address that made the offer (its pending calls are counted)
+        self.created = time.monotonic()
         self.pc = RTCPeerConnection(registry.rtc_configuration)
         self.session = session
         self.playout = OutboundAudio(self._on_playout)
@@ -349,6 +360,40 @@ class Call:
             channel.send(text)
 
 
+# --- offers ----------------------------------------------------------------------------------------
+
+# Hash functions of a DTLS fingerprint aiortc can check the peer's certificate against (RFC 8122).
+FINGERPRINT_HASHES = ("sha-256", "sha-384", "sha-512")
+_FINGERPRINT = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){19,63}$")
+# RFC 8839: ice-ufrag is 4 to 256 characters, ice-pwd 22 to 256.
+ICE_UFRAG_CHARS, ICE_PWD_CHARS = (4, 256), (22, 256)
+
+
+def sdp_problem(sdp: str) -> str | None:
+    """What makes an SDP offer unusable for a peer connection, in words (HTTP 400), or None. aiortc takes
+    some of these and fails later, in a task nobody awaits (a missing fingerprint: an AssertionError)."""
+    try:
+        description = SessionDescription.parse(sdp)
+    except (ValueError, KeyError, IndexError) as exc:  # aiortc's parser on a malformed attribute
+        return f"The SDP offer cannot be used: {type(exc).__name__}: {exc}"
+    if not description.media:
+        return "The offer has no media: it needs an audio track (m=audio) and/or a data channel (m=application)."
+    for index, media in enumerate(description.media):
+        where = f"media section {index} (m={media.kind})"
+        if media.dtls is None or not media.dtls.fingerprints:  # aiortc drops both without an a=setup
+            return f"The offer has no DTLS fingerprint and role (a=fingerprint, a=setup) for {where}."
+        if not any(f.algorithm.lower() in FINGERPRINT_HASHES and _FINGERPRINT.match(f.value)
+                   for f in media.dtls.fingerprints):
+            return (f"The offer's DTLS fingerprint for {where} is not a {', '.join(FINGERPRINT_HASHES)} hash "
+                    "(a=fingerprint:sha-256 AB:CD:...).")
+        ufrag, pwd = media.ice.usernameFragment or "", media.ice.password or ""
+        if not ICE_UFRAG_CHARS[0] <= len(ufrag) <= ICE_UFRAG_CHARS[1]:
+            return f"The offer's ICE username fragment (a=ice-ufrag) for {where} is missing or not 4-256 characters."
+        if not ICE_PWD_CHARS[0] <= len(pwd) <= ICE_PWD_CHARS[1]:
+            return f"The offer's ICE password (a=ice-pwd) for {where} is missing or not 22-256 characters."
+    return None
+
+
 # --- the calls -------------------------------------------------------------------------------------
 
 
@@ -425,18 +470,37 @@ class CallRegistry:
     def pending(self) -> int:
         return sum(not call.connected for call in self.calls.values())
 
-    def unavailable(self) -> Refusal | None:
-        """Why no call can start now (HTTP 503), or None."""
+    def unavailable(self, client: str) -> Refusal | None:
+        """Why no call from ``client`` (its address) can start now (HTTP 503, or 429 for this client's own
+        pending calls), or None."""
         if (refusal := self.gateway.unavailable()) is not None:
             return refusal
-        if self.pending >= self.options.max_pending_calls:
-            return Refusal("too_many_pending_calls", "Too many calls waiting to connect ([webrtc] max_pending_calls).")
+        pending = [call for call in self.calls.values() if not call.connected]
+        options = self.options
+        mine = [call for call in pending if call.client == client]
+        if len(mine) >= options.max_pending_calls_per_client:
+            return Refusal("too_many_pending_calls", "This client has too many calls waiting to connect ([webrtc] "
+                           "max_pending_calls_per_client).", self._retry_after(mine), 429)
+        if len(pending) >= options.max_pending_calls:
+            return Refusal("too_many_pending_calls", "Too many calls waiting to connect ([webrtc] "
+                           "max_pending_calls).", self._retry_after(pending))
         return None
 
-    async def answer(self, session: Session, offer_sdp: str) -> tuple[Call, str]:
-        """A new call for ``session`` and the SDP answer to ``offer_sdp``, naming the advertised address;
-        aiortc's error if it cannot use the offer, ConfigError if that address cannot be found."""
-        call = Call(self, session)
+    def offer_problem(self, sdp: str) -> str | None:
+        """What makes ``sdp`` unusable for a call (``sdp_problem``), for the signalling, which cannot import
+        this module (aiortc is an optional extra)."""
+        return sdp_problem(sdp)
+
+    def _retry_after(self, pending: list[Call]) -> int:
+        """Seconds until the oldest of ``pending`` is dropped for not connecting (the room a retry needs)."""
+        oldest = min(call.created for call in pending)
+        return max(1, math.ceil(oldest + self.options.connect_timeout_s - time.monotonic()))
+
+    async def answer(self, session: Session, offer_sdp: str, client: str) -> tuple[Call, str]:
+        """A new call from ``client`` for ``session`` and the SDP answer to ``offer_sdp``, naming the
+        advertised address; aiortc's error if it cannot use the offer, ConfigError if that address cannot be
+        found."""
+        call = Call(self, session, client)
         self.calls[call.id] = call
         try:
             address = await resolve_advertised(self.options.advertised_host)
@@ -466,4 +530,10 @@ class CallRegistry:
     def spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        # Retrieved here, so that no failure is left for the loop to report as "never retrieved".
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("closing a call failed", exc_info=exc)

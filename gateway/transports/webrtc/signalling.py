@@ -119,11 +119,13 @@ class Signalling:
         if calls is None:
             raise HttpError(404, "WebRTC is off on this gateway ([webrtc] enabled, and the webrtc extra).",
                             "webrtc_disabled")
-        if (refusal := calls.unavailable()) is not None:
-            raise HttpError(503, refusal.message, refusal.code, kind="server_error",
+        client = request.client.host if request.client else ""  # behind a trusted proxy, its X-Forwarded-For
+        if (refusal := calls.unavailable(client)) is not None:
+            raise HttpError(refusal.status, refusal.message, refusal.code,
+                            kind="server_error" if refusal.status >= 500 else "rate_limit_error",
                             headers={"Retry-After": str(refusal.retry_after_s)})
         offer, session_config = await read_offer(request)
-        if (problem := offer_problem(offer)) is not None:
+        if (problem := offer_problem(offer) or calls.offer_problem(offer)) is not None:
             raise HttpError(400, problem, "invalid_offer")
         try:
             session = self.gateway.new_session(dialect, server_playout=True, secret=credential.secret)
@@ -132,7 +134,7 @@ class Signalling:
         except SessionRefused as exc:
             raise HttpError(400, str(exc), "invalid_session") from None
         try:
-            call, answer = await calls.answer(session, offer)
+            call, answer = await calls.answer(session, offer, client)
         except ConfigError as exc:  # [webrtc] advertised_host does not resolve: this node's fault, not the offer's
             raise HttpError(503, str(exc), "unavailable", kind="server_error") from None
         except Exception as exc:  # aiortc raises ValueError and others on offers it cannot use

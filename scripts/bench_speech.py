@@ -1,0 +1,331 @@
+"""Speech API benchmark: POST /v1/audio/speech at several concurrencies, streamed, against the Qwen3-TTS engine.
+
+The gateway runs in its own process (this script with --serve: bench_gateway.py's gateway, its pipeline
+responder on the fake OpenAI-compatible server, so realtime sessions can share the engine; its probe records
+loop lag, CPU and the engine's counters once a second). The load generator is --clients processes of aiohttp
+clients: at concurrency C, C clients each make --requests requests back to back (closed loop), reading each
+answer as it streams (pcm by default: what the engine makes, nothing to decode). Each request's input is
+long enough that the answer runs to [engine] max_frames (--frames; random weights rarely say EOS), so every
+answer is --frames x 80 ms of audio.
+
+Voices: "speaker" (a CustomVoice speaker: [engine.voices] alloy) and "clone" (an in-context clone of
+tests/fixtures/one_sentence.wav with its transcript, prepared at start as [voices.bench]: needs a Base
+checkpoint among --checkpoint's). Reported per voice and level:
+
+  TTFB P50/P95        the client's request sent -> first audio byte
+  first audio P50/P95 the request's arrival -> the engine's first packet, as the gateway reports it
+                      (Server-Timing "audio"); queue = the wait for a place ([speech] max_streams)
+  HTTP P50/P95        TTFB - first audio, per request: what the HTTP path adds to the engine's first packet
+  RTF P50/max         request sent -> last byte, over the answer's audio duration
+  audio s/s           seconds of audio delivered per second of the level, all requests together
+  engine              mean batch, step busy share (and GPU busy on a GPU) over the level
+
+--sessions N also runs N realtime sessions (bench_gateway.py's pipeline scenario, Poisson arrivals over one
+scenario of 14 s, four times over) through the same engine; each speech level starts once all of them have
+started, and their stop -> first delta P50/P95 is reported beside it.
+
+    .venv/bin/python scripts/bench_speech.py --checkpoint tests/data/qwen3_tts_tiny,tests/data/qwen3_tts_tiny_base \\
+        --concurrency 1,2 --frames 20 --voices speaker,clone        # (GATEWAY_ENGINE_VOICES=alloy=vivian)
+    python3 scripts/bench_speech.py --checkpoint /tmp/q06,/tmp/f06b --max-streams 512 --concurrency 1,24,64,256 \\
+        --frames 125 --sessions 200
+
+--codecs measures the response formats' encoders alone (gateway/audio_codecs.py, PyAV) on this CPU: the CPU
+time per second of audio, and how much audio goes in before a format's first bytes come out, in 80 ms packets
+(the engine's first packet) of speech (tests/fixtures/two_turns.wav).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import platform
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench_gateway as bg  # noqa: E402 - the gateway process, its probe and the realtime load generator
+
+REFERENCE = ROOT / "tests" / "fixtures" / "one_sentence.wav"
+REFERENCE_TEXT = "The quick brown fox jumps over the lazy dog."
+# Longer than any answer's frames can speak (a token per 80 ms frame): the answer runs to max_frames.
+INPUT = ("Streaming speech keeps going while there is text to read, one frame after another, so that the "
+         "listener hears the first words long before the last ones are made. ") * 8
+FRAME_S = 0.08
+VOICES = {"speaker": "alloy", "clone": "bench"}
+# --sessions: each runs bench_gateway's pipeline scenario this many times; a speech level starts once all of
+# them have started (they arrive over one scenario), so it runs while they talk, if it ends within the rest.
+SESSION_CYCLES = 4
+SCENARIO_S = len(bg.scenario("pipeline")) / 48000
+
+
+# --- the gateway process ---------------------------------------------------------------------------
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from gateway.config import VoiceConfig  # noqa: PLC0415 - the gateway's modules in its own process only
+    from gateway.server.serve import GatewayServer  # noqa: PLC0415
+
+    config, _ = bg.gateway_config(args)
+    speech = config.speech
+    speech.max_streams, speech.max_waiting, speech.wait_timeout_s = args.max_streams or 0, 4096, 600.0
+    if "clone" in args.voices.split(","):
+        config.voices.named = {"bench": VoiceConfig(reference=str(REFERENCE), transcript=REFERENCE_TEXT)}
+    gateway = GatewayServer(config)
+    await gateway.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    task = asyncio.create_task(bg.probe(Path(args.stats_dir) / f"gateway-{os.getpid()}.jsonl",
+                                        getattr(gateway.gateway.responder, "tts_engine", None),
+                                        lambda: len(gateway.gateway.sessions)))
+    print("ready", flush=True)
+    await stop.wait()
+    task.cancel()
+    await gateway.stop()
+
+
+def start_gateway(args: argparse.Namespace, stats_dir: Path, fake_url: str) -> subprocess.Popen[str]:
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    cmd = [sys.executable, __file__, "--serve", "--port", str(args.port), "--stats-dir", str(stats_dir),
+           "--fake-url", fake_url, "--checkpoint", args.checkpoint, "--engine-mode", args.engine_mode,
+           "--engine-devices", args.engine_devices, "--max-streams", str(args.max_streams), "--frames",
+           str(args.frames), "--voices", args.voices]
+    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": pythonpath})
+    if server.stdout.readline().strip() != "ready":
+        server.terminate()
+        server.wait(60)
+        raise SystemExit(f"the gateway did not start (exit status {server.returncode})")
+    return server
+
+
+# --- the load generator ------------------------------------------------------------------------------
+
+
+async def one_request(http: aiohttp.ClientSession, url: str, voice: str, fmt: str, seed: int) -> dict[str, Any]:
+    body = {"model": "tts-1", "input": INPUT, "voice": voice, "response_format": fmt, "seed": seed}
+    sent = time.perf_counter()
+    first = None
+    size = 0
+    async with http.post(url, json=body) as answer:
+        if answer.status != 200:
+            return {"status": answer.status, "error": (await answer.text())[:200]}
+        timing = dict(p.strip().split(";dur=") for p in answer.headers.get("Server-Timing", "").split(",") if p)
+        async for chunk in answer.content.iter_any():
+            if first is None:
+                first = time.perf_counter()
+            size += len(chunk)
+    end = time.perf_counter()
+    return {"status": 200, "sent": sent, "first": first, "end": end, "bytes": size,
+            "audio_ms": float(timing.get("audio", "nan")), "queue_ms": float(timing.get("queue", "nan"))}
+
+
+def client_process(url: str, voice: str, fmt: str, workers: int, requests: int, seed: int) -> list[dict[str, Any]]:
+    """One load-generator process: `workers` clients, each making `requests` requests back to back."""
+
+    async def run() -> list[dict[str, Any]]:
+        rng = random.Random(seed)
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900)) as http:
+            async def worker() -> list[dict[str, Any]]:
+                return [await one_request(http, url, voice, fmt, rng.randrange(2**32)) for _ in range(requests)]
+
+            return [r for rows in await asyncio.gather(*(worker() for _ in range(workers))) for r in rows]
+
+    return asyncio.run(run())
+
+
+def run_speech(pool: concurrent.futures.Executor, clients: int, url: str, voice: str, args: argparse.Namespace,
+               concurrency: int) -> tuple[list[dict[str, Any]], float, float]:
+    shares = [concurrency // clients + (k < concurrency % clients) for k in range(clients)]
+    start = time.time()
+    futures = [pool.submit(client_process, url, voice, args.format, n, args.requests, 1000 * k + concurrency)
+               for k, n in enumerate(shares) if n]
+    rows = [r for f in futures for r in f.result()]
+    return rows, start, time.time()
+
+
+def bench_codecs() -> None:
+    import wave  # noqa: PLC0415 - this mode only
+
+    from gateway.audio_codecs import RESPONSE_FORMATS, SpeechEncoder  # noqa: PLC0415
+
+    with wave.open(str(ROOT / "tests" / "fixtures" / "two_turns.wav")) as w:
+        speech = w.readframes(w.getnframes()) * 4  # ~32 s
+    packet = 2 * 1920
+    print("| format | CPU ms per audio second | audio in before the first bytes out, ms |")
+    print("| --- | --- | --- |")
+    for fmt in RESPONSE_FORMATS:
+        encoder = SpeechEncoder(fmt)
+        first = None
+        cpu = time.process_time()
+        for offset in range(0, len(speech), packet):
+            if encoder.encode(speech[offset:offset + packet]) and first is None:
+                first = (offset + packet) / 48
+        encoder.finish()
+        cpu_ms = (time.process_time() - cpu) * 1000 / (len(speech) / 48000)
+        print(f"| {fmt} | {cpu_ms:.2f} | {first:.0f} |")
+
+
+# --- the report ---------------------------------------------------------------------------------------
+
+
+def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], start: float, end: float,
+              records: dict[int, list[dict]], sessions: bg.Result | None, args: argparse.Namespace) -> dict[str, Any]:
+    ok = [r for r in rows if r["status"] == 200 and r["first"] is not None]
+    bytes_per_s = 2 * 24000 if args.format == "pcm" else None
+    audio_s = [r["bytes"] / bytes_per_s for r in ok] if bytes_per_s else [args.frames * FRAME_S for _ in ok]
+    ttfb = [(r["first"] - r["sent"]) * 1000 for r in ok]
+    http = [t - r["audio_ms"] for t, r in zip(ttfb, ok, strict=True)]
+    rtf = [(r["end"] - r["sent"]) / a for r, a in zip(ok, audio_s, strict=True) if a > 0]
+    lag = [lag for rs in records.values() for rec in rs for lag in rec["lags_ms"]]
+    row = {
+        "voice": voice, "concurrency": concurrency, "requests": len(rows), "errors": len(rows) - len(ok),
+        "error_sample": [r.get("error") for r in rows if r["status"] != 200][:2],
+        "ttfb_p50_ms": bg.pct(ttfb, 50), "ttfb_p95_ms": bg.pct(ttfb, 95),
+        "first_audio_p50_ms": bg.pct([r["audio_ms"] for r in ok], 50),
+        "first_audio_p95_ms": bg.pct([r["audio_ms"] for r in ok], 95),
+        "queue_p95_ms": bg.pct([r["queue_ms"] for r in ok], 95),
+        "http_p50_ms": bg.pct(http, 50), "http_p95_ms": bg.pct(http, 95),
+        "rtf_p50": bg.pct(rtf, 50), "rtf_max": max(rtf, default=float("nan")),
+        "audio_s_per_s": sum(audio_s) / (end - start), "seconds": end - start,
+        "loop_lag_p99_ms": bg.pct(lag, 99), "engine": bg.engine_rates(records),
+    }
+    if sessions is not None:
+        row["sessions"] = args.sessions
+        row["session_first_delta_p50_ms"] = bg.pct(sessions.first_delta_ms, 50)
+        row["session_first_delta_p95_ms"] = bg.pct(sessions.first_delta_ms, 95)
+        statuses = list(sessions.responses.values())
+        row["session_responses"] = {s: statuses.count(s) for s in set(statuses)}
+    return row
+
+
+def print_report(rows: list[dict[str, Any]]) -> None:
+    head = ("| voice | conc. | requests (errors) | TTFB P50 / P95 ms | first audio P50 / P95 ms | HTTP P50 / P95 ms "
+            "| RTF P50 / max | audio s/s | mean batch | loop lag P99 ms | sessions: first delta P50 / P95 ms |")
+    print(head)
+    print("| --- " * (head.count("|") - 1) + "|")
+    for r in rows:
+        sessions = (f"{r['sessions']}: {r['session_first_delta_p50_ms']:.0f} / {r['session_first_delta_p95_ms']:.0f}"
+                    if "sessions" in r else "-")
+        print(f"| {r['voice']} | {r['concurrency']} | {r['requests']} ({r['errors']}) | {r['ttfb_p50_ms']:.1f} / "
+              f"{r['ttfb_p95_ms']:.1f} | {r['first_audio_p50_ms']:.1f} / {r['first_audio_p95_ms']:.1f} | "
+              f"{r['http_p50_ms']:.2f} / {r['http_p95_ms']:.2f} | {r['rtf_p50']:.3f} / {r['rtf_max']:.3f} | "
+              f"{r['audio_s_per_s']:.1f} | {r['engine'].get('batch_mean', float('nan')):.1f} | "
+              f"{r['loop_lag_p99_ms']:.1f} | {sessions} |")
+
+
+def write_json(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    if args.json:
+        args.json.write_text(json.dumps({"command": " ".join([Path(sys.executable).name, *sys.argv]),
+                                         "machine": f"{platform.node()}, {os.cpu_count()} cores",
+                                         "date": time.strftime("%Y-%m-%d %H:%M %Z"), "levels": rows}, indent=1))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", default="", help="[engine] checkpoint: a CustomVoice checkpoint, and a "
+                        "Base one for --voices clone (comma-separated)")
+    parser.add_argument("--codecs", action="store_true", help="measure the response formats' encoders alone")
+    parser.add_argument("--voices", default="speaker", help="speaker, clone, or both (comma-separated)")
+    parser.add_argument("--concurrency", default="1,24,64,256", help="comma-separated concurrent clients")
+    parser.add_argument("--requests", type=int, default=2, help="requests each client makes, back to back")
+    parser.add_argument("--frames", type=int, default=125, help="[engine] max_frames: each answer's length "
+                        "(80 ms a frame)")
+    parser.add_argument("--format", default="pcm", help="response_format (pcm: no encoding)")
+    parser.add_argument("--engine-mode", choices=["thread", "process"], default="thread")
+    parser.add_argument("--engine-devices", default="auto")
+    parser.add_argument("--max-streams", type=int, default=0, help="[engine] max_streams, and [speech] max_streams "
+                        "(0 = their defaults)")
+    parser.add_argument("--sessions", type=int, default=0, help="realtime sessions sharing the engine during "
+                        "each level (0 = none)")
+    parser.add_argument("--clients", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
+                        help="load-generator processes")
+    parser.add_argument("--time-budget", type=float, default=0, help="seconds: no new level starts past it")
+    parser.add_argument("--port", type=int, default=18775)
+    parser.add_argument("--json", type=Path, help="write every level's figures here")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--stats-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--fake-url", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    # What bench_gateway's gateway needs to know: the pipeline on the fake server, the Qwen3-TTS engine.
+    args.responder, args.tts, args.engine_max_frames, args.workers = "pipeline", "engine", args.frames, 1
+    if args.serve:
+        asyncio.run(serve(args))
+        return 0
+    if args.codecs:
+        bench_codecs()
+        return 0
+    if not args.checkpoint:
+        parser.error("--checkpoint is needed (or --codecs)")
+    started = time.monotonic()
+    stats_dir = Path(tempfile.mkdtemp(prefix="bench-speech-"))
+    fake = subprocess.Popen([sys.executable, "-m", "tests.fake_openai", "--port", str(args.port + 1), "--stt-ms",
+                             "100", "--ttft-ms", "80", "--reply", bg.REPLY],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    fake.stdout.readline()
+    fake_url = f"http://127.0.0.1:{args.port + 1}/v1"
+    speech_url = f"http://127.0.0.1:{args.port}/v1/audio/speech"
+    sessions_url = f"ws://127.0.0.1:{args.port}/v1/realtime"
+    background = concurrent.futures.ThreadPoolExecutor(1)
+    session_args = argparse.Namespace(spread=0.0, responder="pipeline", cycles=SESSION_CYCLES)
+    spawn = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(args.clients, mp_context=spawn)
+    session_pool = concurrent.futures.ProcessPoolExecutor(args.clients, mp_context=spawn) if args.sessions else None
+    server = None
+    rows: list[dict[str, Any]] = []
+    try:
+        server = start_gateway(args, stats_dir, fake_url)
+        for voice in [v.strip() for v in args.voices.split(",") if v.strip()]:
+            for concurrency in [int(c) for c in args.concurrency.split(",")]:
+                if args.time_budget and time.monotonic() - started > args.time_budget:
+                    print(f"out of time before {voice} at {concurrency}", flush=True)
+                    break
+                talking = None
+                if session_pool is not None:  # the sessions' level, in a thread, while the speech level runs
+                    talking = background.submit(bg.run_level, session_pool, args.clients, sessions_url,
+                                                args.sessions, session_args, False)
+                    # Until every session has started (they arrive over one scenario), then the speech level.
+                    time.sleep(bg.CONNECT_LEAD_S + 1.0 + args.sessions * 0.002 + SCENARIO_S)
+                result, start, end = run_speech(pool, args.clients, speech_url, VOICES[voice], args, concurrency)
+                sessions = talking.result()[0] if talking is not None else None
+                time.sleep(1.5)  # the probe's last records
+                rows.append(summarise(voice, concurrency, result, start, end,
+                                      bg.gateway_records(stats_dir, start, end), sessions, args))
+                r = rows[-1]
+                print(f"{voice} x {concurrency}: TTFB P95 {r['ttfb_p95_ms']:.1f} ms, HTTP P95 "
+                      f"{r['http_p95_ms']:.2f} ms, RTF max {r['rtf_max']:.3f}, {r['audio_s_per_s']:.1f} audio s/s, "
+                      f"errors {r['errors']}", flush=True)
+                write_json(args, rows)
+    finally:
+        pool.shutdown(cancel_futures=True)
+        background.shutdown(cancel_futures=True)
+        if session_pool is not None:
+            session_pool.shutdown(cancel_futures=True)
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
+        fake.terminate()
+        fake.wait(10)
+        shutil.rmtree(stats_dir, ignore_errors=True)
+    print_report(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

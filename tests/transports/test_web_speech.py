@@ -1,0 +1,102 @@
+"""The page's Speech tab in headless Chromium against the real gateway: a text spoken through
+/v1/audio/speech into the page's player with its first-byte time shown; and a voice made in the browser,
+its consent and sample recorded from the (fake) microphone, then spoken.
+
+Needs Debian's ``chromium`` and Playwright for Python (as tests/transports/test_web.py); the voice test
+also the local extra (piper's voice reads the consent phrase into the fake microphone; whisper hears it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+async_api = pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
+
+from gateway.audio import wav_bytes  # noqa: E402 - after the skip
+from tests import speakers  # noqa: E402
+from tests.paths import DATA, TINY_CHECKPOINT  # noqa: E402
+from tests.transports.test_web import CHROMIUM, chromium_args, until  # noqa: E402
+
+if CHROMIUM is None:
+    pytest.skip("chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True)
+
+
+async def open_speech_tab(browser, gateway, problems: list[str]):
+    page = await browser.new_page()
+    page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
+    await page.goto(f"http://127.0.0.1:{gateway.port}/")
+    await page.click("#tabs [data-tab='speech']")
+    await until(page, "window.__speech.capabilities !== null && document.querySelector('#speech-voice').options.length")
+    assert await page.is_hidden("#conversation-tab") and await page.is_visible("#speech-tab")
+    return page
+
+
+async def test_the_speech_tab_streams_into_the_player(start_gateway) -> None:
+    gateway = await start_gateway(tts__engine="tone")
+    problems: list[str] = []
+    async with async_api.async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM,
+                                                   args=chromium_args(speakers_wav(None)))
+        try:
+            page = await open_speech_tab(browser, gateway, problems)
+            assert await page.is_hidden("#speech-instructions-label")  # the tone engine follows none
+            await page.fill("#speech-text", "Hello from the page.")
+            await page.click("#speech-speak")
+            await until(page, "window.__speech.spoken === 1 && window.__speech.played > 0")
+            stats = await page.evaluate("() => window.__speech")
+            timing = await page.text_content("#speech-timing")
+        finally:
+            await browser.close()
+    assert problems == [] and stats["errors"] == []
+    assert stats["bytes"] == len("Hello from the page.") * 2 * 24000 * 60 // 1000  # the tone engine's 60 ms a character
+    assert 0 < stats["firstByteMs"] <= stats["totalMs"]
+    assert f"first byte after {round(stats['firstByteMs'])} ms" in timing
+
+
+@pytest.mark.skipif(speakers.missing() is not None, reason=speakers.missing() or "")
+async def test_a_voice_recorded_in_the_browser(start_gateway, tmp_path: Path) -> None:
+    """The fake microphone reads the consent phrase (piper's joe, then a pause, in a loop); the page records
+    it as the consent and again as the sample, creates the voice, and speaks in it."""
+    checkpoints = ",".join(str(p) for p in (TINY_CHECKPOINT, DATA / "qwen3_tts_tiny_base"))
+    gateway = await start_gateway(tts__engine="qwen3", engine__checkpoint=checkpoints, engine__device="cpu",
+                                  engine__voices={"alloy": "vivian"}, engine__max_frames=40, local__stt=True,
+                                  voices__dir=str(tmp_path / "voices"), voices__similarity_threshold=0.998)
+    microphone = speakers_wav(tmp_path)
+    loop_ms = (len(microphone.read_bytes()) - 44) // 48
+    problems: list[str] = []
+    async with async_api.async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=chromium_args(microphone))
+        try:
+            page = await open_speech_tab(browser, gateway, problems)
+            assert await page.text_content("#consent-phrase") == speakers.CONSENT_PHRASES["en"]
+            for what in ("consent", "sample"):
+                await page.click(f"#record-{what}")
+                await page.wait_for_timeout(2 * loop_ms)  # the phrase whole at least once, wherever the loop is
+                await page.click(f"#record-{what}")
+                await until(page, f"document.querySelector('#{what}-status').textContent.includes('recorded')")
+            await page.click("#create-voice")
+            await until(page, "window.__speech.created.length === 1 || window.__speech.errors.length > 0")
+            stats = await page.evaluate("() => window.__speech")
+            assert stats["errors"] == [], stats["errors"]
+            (voice,) = stats["created"]
+            assert await page.input_value("#speech-voice") == voice
+            await page.fill("#speech-text", "Hello.")
+            await page.click("#speech-speak")
+            await until(page, "window.__speech.spoken === 1 || window.__speech.errors.length > 0")
+            stats = await page.evaluate("() => window.__speech")
+        finally:
+            await browser.close()
+    assert problems == [] and stats["errors"] == [] and stats["bytes"] > 0
+    assert [v["id"] for v in stats["voices"]] == [voice]
+
+
+def speakers_wav(folder: Path | None) -> Path:
+    """The fake microphone's file: piper's joe reading the consent phrase, then 1.5 s of silence; without a
+    folder, the repository's fixture sentence (the speaking test records nothing)."""
+    if folder is None:
+        return DATA.parent / "fixtures" / "one_sentence.wav"
+    path = folder / "consent-phrase.wav"
+    path.write_bytes(wav_bytes(speakers.joe_consent()[44:] + bytes(48 * 1500)))
+    return path
