@@ -157,11 +157,12 @@ bench() {
     --engine-max-frames "${MAX_FRAMES:-250}" --profile "${PROFILE:-0}" --json "$OUT/bench-gateway-$1.json"
 }
 
-# random_checkpoint CONFIG DIR: real geometry, seeded random weights, written by the engine's own modules (no
-# official code: for the benchmarks, where only the geometry matters; CPU_CHECK: DIR is a tiny checkpoint).
+# random_checkpoint CONFIG DIR [SECONDS]: real geometry, seeded random weights, written by the engine's own
+# modules (no official code: for the benchmarks, where only the geometry matters; CPU_CHECK: DIR is a tiny
+# checkpoint).
 random_checkpoint() {
   [ -n "${CPU_CHECK:-}" ] || [ -f "$2/model.safetensors" ] && return 0
-  step 120 fixtures python3 scripts/make_random_checkpoint.py --config "$1" --out "$2"
+  step "${3:-120}" fixtures python3 scripts/make_random_checkpoint.py --config "$1" --out "$2"
 }
 
 # Issue 25's targets through the whole product, one size a call: the levels twice in a row (Poisson), then the
@@ -251,6 +252,15 @@ codec() {
     --json "$OUT/bench-engine-1.7b.json"
 }
 
+# engine_bench SIZE DIR STREAMS SECONDS RESERVE: bench_engine.py on DIR's checkpoint, the STREAMS levels opened
+# at once and staggered (one wave each), in SECONDS at most; no level starts in the last RESERVE seconds (the
+# step times at each batch size come after the levels).
+engine_bench() {
+  step "$4" engine python3 scripts/bench_engine.py --checkpoint "$2" --impl ours --device "$DEVICE" \
+    --frames "$FRAMES" --streams "$3" --eager-streams "" --runs 1 --staggered --time-budget $(($4 - $5)) \
+    --json "$OUT/bench-engine-$1.json"
+}
+
 # Issue 25, second call, 9 minutes at most. Files under $OUT (8): run.log, tests.log (each pytest run stops at
 # its first failure and prints it; unbuffered, so a timeout keeps what ran), codec.log + codec.json,
 # fixtures.log, engine.log + bench-engine-0.6b.json, bench-engine-1.7b.json. Triton caches its autotuning on
@@ -268,9 +278,7 @@ codec2() {
   # shellcheck disable=SC2086
   step "$CODEC_S" codec python3 scripts/bench_codec.py --label after $CODEC_ARGS --json "$OUT/codec.json"
   checkpoint 0.6b "$Q06" 2 "$FIXTURE_S"
-  step "$ENGINE_S" engine python3 scripts/bench_engine.py --checkpoint "$Q06" --impl ours --device "$DEVICE" \
-    --frames "$FRAMES" --streams "$STREAMS_06" --eager-streams "" --runs 1 --staggered \
-    --time-budget $((ENGINE_S - 60)) --json "$OUT/bench-engine-0.6b.json"
+  engine_bench 0.6b "$Q06" "$STREAMS_06" "$ENGINE_S" 60
   left=$((BUDGET - (SECONDS - start)))
   if [ "$left" -lt 150 ]; then
     log "1.7B skipped: ${left} s left"
@@ -279,9 +287,7 @@ codec2() {
   checkpoint 1.7b "$Q17" 2 $((left - 70))
   left=$((BUDGET - (SECONDS - start)))
   [ -f "$Q17/references.json" ] && [ "$left" -ge 60 ] || { log "1.7B skipped: ${left} s left"; return 0; }
-  step "$left" engine python3 scripts/bench_engine.py --checkpoint "$Q17" --impl ours --device "$DEVICE" \
-    --frames "$FRAMES" --streams "$STREAMS_17" --eager-streams "" --runs 1 --staggered \
-    --time-budget $((left - 35)) --json "$OUT/bench-engine-1.7b.json"
+  engine_bench 1.7b "$Q17" "$STREAMS_17" "$left" 35
 }
 
 prepare_codec() {
@@ -490,5 +496,5 @@ case "${1:-}" in
     rm -rf "$Q06" "$Q17"
     engine
     gateway ;;
-  *) sed -n 2,39p "$0"; exit 2 ;;
+  *) sed -n 2,57p "$0"; exit 2 ;;
 esac
