@@ -50,6 +50,12 @@
 #                                            #   .site-slim)
 #   scripts/gpu_capacity.sh speech-17        # issue 24, a second call: the same on 1.7B CustomVoice + 1.7B Base
 #   scripts/gpu_capacity.sh speech-check     # here: the speech call on the CPU with the tiny checkpoints, small
+#   scripts/gpu_capacity.sh final            # issue 25, the last call (~5 minutes; carry .whl .site-slim): a random
+#                                            #   real-geometry 0.6B CustomVoice checkpoint made here, bench_engine.py
+#                                            #   at 1 and 1024 streams opened at once and staggered; then, with 150 s
+#                                            #   or more left, a 0.6B Base made here and the speech API on both
+#                                            #   (bench_speech.py) at 1/24/64/256 in the time left
+#   scripts/gpu_capacity.sh final-check      # here: the final call on the CPU with the tiny checkpoints, small
 #   scripts/gpu_capacity.sh dry              # here: call B's gateway runs on the CPU, small (the tiny checkpoint
 #                                            #   of tests/data, 2 workers, 2 and 4 sessions)
 #   ORACLE_SITE=DIR scripts/gpu_capacity.sh check
@@ -290,6 +296,28 @@ codec2() {
   engine_bench 1.7b "$Q17" "$STREAMS_17" "$left" 35
 }
 
+# Issue 25's last call, BUDGET seconds in all (setup included): first audio P50/P95, RTF and stalls of 0.6B
+# CustomVoice at 1 and 1024 streams, opened at once and staggered, then (150 s or more left) the speech API.
+# The engine autotunes its kernels as it starts (no bench_codec before it), onto Triton's disk cache, which the
+# speech call's engine process reads. Files under $OUT: run.log, fixtures.log, engine.log +
+# bench-engine-0.6b.json, bench-speech-0.6b.log + .json.
+final() {
+  local start=$SECONDS left
+  setup
+  export TRITON_CACHE_AUTOTUNING=1
+  random_checkpoint real-0.6b "$Q06" "$FIXTURE_S"
+  engine_bench 0.6b "$Q06" "$STREAMS_06" "$ENGINE_S" "$RESERVE_S"
+  left=$((BUDGET - (SECONDS - start)))
+  if [ "$left" -lt 150 ]; then
+    log "speech skipped: ${left} s left"
+    return 0
+  fi
+  random_checkpoint real-0.6b-base "$F06B" "$FIXTURE_S"
+  [ -f "$Q06/config.json" ] && [ -f "$F06B/config.json" ] || { log "speech: a checkpoint is missing"; return 1; }
+  # What is left, less the 10 s a step may take past its limit to stop.
+  speech_bench 0.6b "$Q06" "$F06B" $((BUDGET - (SECONDS - start) - 10)) 0 "$SPEECH_LEVELS"
+}
+
 prepare_codec() {
   rm -rf .before-codec && mkdir .before-codec && git archive "${CODEC_BEFORE:-155a1c2}" engine | tar -x -C .before-codec
   echo ".before-codec/engine: $(git log -1 --format='%h %s' "${CODEC_BEFORE:-155a1c2}" | cut -c1-80)"
@@ -428,6 +456,19 @@ case "${1:-}" in
     ENGINE_S=170 CODEC_ARGS="--device cpu --config tests/data/codec_tiny/config.json --batches 1,2 --frames 4,1 --reps 2 --profile 1"
     export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
     codec2 ;;
+  final)
+    DEVICE=cuda Q06=/tmp/q06 F06B=/tmp/f06b FRAMES=125 STREAMS_06=${STREAMS_06:-1,1024} BUDGET=${BUDGET:-290}
+    FIXTURE_S=45 ENGINE_S=215 RESERVE_S=50 ENGINE_DEVICES=auto MAX_STREAMS=512 CLIENTS=${CLIENTS:-4}
+    SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256} PORT=18775
+    final ;;
+  final-check)
+    # The final call on this machine's CPU, with its budgets: the tiny CustomVoice and Base checkpoints of
+    # tests/data (nothing to make), 1 and 2 streams, the speech API at 1 and 2 (BUDGET=160: it is skipped).
+    CPU_CHECK=1 DEVICE=cpu Q06=$ROOT/tests/data/qwen3_tts_tiny F06B=$ROOT/tests/data/qwen3_tts_tiny_base FRAMES=20
+    STREAMS_06=1,2 BUDGET=${BUDGET:-290} FIXTURE_S=45 ENGINE_S=215 RESERVE_S=50 ENGINE_DEVICES=cpu MAX_STREAMS=4
+    CLIENTS=1 SPEECH_LEVELS=1,2 PORT=${PORT:-28775}
+    export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
+    final ;;
   capacity-0.6b|capacity-1.7b)
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 ENGINE_DEVICES=auto MAX_STREAMS=1024 WORKERS=${WORKERS:-12}
     CLIENTS=${CLIENTS:-4} CYCLES=1 PORT=18765 PROFILE=${PROFILE:-15} LIMIT=${LIMIT:-420}
@@ -496,5 +537,5 @@ case "${1:-}" in
     rm -rf "$Q06" "$Q17"
     engine
     gateway ;;
-  *) sed -n 2,57p "$0"; exit 2 ;;
+  *) sed -n 2,63p "$0"; exit 2 ;;
 esac
