@@ -31,6 +31,10 @@ except ImportError:  # CPU-only installs: every op takes its PyTorch path
     triton = None
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Autotuning compiles and times every candidate config of a kernel for each new shape (seconds on a first
+# call): serving wants the fastest config, a test run wants few compilations. QWEN3_TTS_AUTOTUNE=0 (the tests
+# set it) or set_autotune(False) runs each kernel with the first candidate that fits the shape instead.
+_autotune = os.environ.get("QWEN3_TTS_AUTOTUNE", "1") != "0"
 # Rows up to which a projection runs as the matrix-vector kernel; above it cuBLAS' GEMMs win
 # (scripts/bench_kernels.py on an H200).
 GEMV_MAX_ROWS = 2
@@ -41,6 +45,23 @@ def set_enabled(enabled: bool) -> None:
     """Fused kernels on (the default) or off (every op takes its PyTorch path; for A/B measurements)."""
     global _enabled
     _enabled = enabled
+
+
+def set_autotune(enabled: bool) -> None:
+    """Autotuning on (the default) or off (each kernel's first fitting config: fewer compilations)."""
+    global _autotune
+    _autotune = enabled
+
+
+def _launch(kernel, grid, args: tuple, meta: dict, fitting=lambda configs: configs[0]) -> None:
+    """Launch an autotuned kernel: autotuned, or with the config `fitting` picks from its candidates. grid(config)
+    is the launch grid of a config's meta-parameters."""
+    if _autotune:
+        kernel[lambda c: grid(c)](*args, **meta)
+        return
+    config = fitting(kernel.configs)
+    kernel.fn[grid(config.kwargs)](*args, **meta, **config.kwargs, num_warps=config.num_warps,
+                                   num_stages=config.num_stages)
 
 
 def available(x: torch.Tensor) -> bool:
@@ -173,7 +194,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, norm: tuple[torch.Tensor, floa
     if INTERPRET:  # no autotuning there (it times on a GPU); few, large programs (it runs them one by one)
         _gemv_kernel.fn[(triton.cdiv(n, 64),)](*args, **meta, BLOCK_N=64, BLOCK_K=128)
     else:
-        _gemv_kernel[lambda c: (triton.cdiv(n, c["BLOCK_N"]),)](*args, **meta)
+        _launch(_gemv_kernel, lambda c: (triton.cdiv(n, c["BLOCK_N"]),), args, meta)
     shape = residual.shape if residual is not None else (*x.shape[:-1], n)
     return out.view(shape)
 
@@ -372,18 +393,19 @@ def _conv(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor, taps: int, 
     residual = residual.contiguous() if residual is not None else None
     alpha, beta = act if act is not None else (bias, bias)
     args = (x, cache if cache is not None else x, packed, bias, residual if residual is not None else some,
-            out if keep else some, activated if act is not None else some, alpha, beta, cin, n, t, context, dilation,
-            phases, x.stride(0), x.stride(1), cache.stride(0) if cache is not None else 0,
+            out if keep else some, activated if act is not None else some, alpha, beta, cin, n, t, b * t, context,
+            dilation, phases, x.stride(0), x.stride(1), cache.stride(0) if cache is not None else 0,
             int(b * t * n >= 1 << 23))
     meta = dict(TAPS=taps, HAS_CACHE=cache is not None, HAS_RESIDUAL=residual is not None, KEEP=keep,
                 ACT=act is not None, PRECISION=_precision(x.dtype), F32_DOT=INTERPRET)
     if INTERPRET:  # no autotuning there; few, large programs
         block_t, block_n, block_ci = (max(16, min(cap, triton.next_power_of_2(v))) for v, cap in
-                                      ((t, 4096), (n, 64), (cin, 32)))
-        _conv_kernel.fn[(triton.cdiv(t, block_t), triton.cdiv(n, block_n), b)](
+                                      ((b * t, 4096), (n, 64), (cin, 32)))
+        _conv_kernel.fn[(triton.cdiv(b * t, block_t) * triton.cdiv(n, block_n),)](
             *args, **meta, BLOCK_T=block_t, BLOCK_N=block_n, BLOCK_CI=block_ci)
     else:
-        _conv_kernel[lambda c: (triton.cdiv(t, c["BLOCK_T"]), triton.cdiv(n, c["BLOCK_N"]), b)](*args, **meta)
+        _launch(_conv_kernel, lambda c: (triton.cdiv(b * t, c["BLOCK_T"]) * triton.cdiv(n, c["BLOCK_N"]),), args,
+                meta, lambda configs: _conv_prune(configs, {"N": n, "CIN": cin})[0])
     if cache is not None:
         shift_cache(cache, x)
     return out, activated
@@ -568,9 +590,9 @@ if triton is not None:
 
     @triton.autotune(configs=_conv_configs(), prune_configs_by={"early_config_prune": _conv_prune},
                      key=["CIN", "N", "TAPS", "HAS_CACHE", "HAS_RESIDUAL", "KEEP", "ACT", "MANY"])
-    @triton.jit(do_not_specialize=["T", "CONTEXT", "DILATION", "PHASES", "MANY"])
+    @triton.jit(do_not_specialize=["T", "ROWS", "CONTEXT", "DILATION", "PHASES", "MANY"])
     def _conv_kernel(x_ptr, cache_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, act_ptr, alpha_ptr, beta_ptr,
-                     CIN, N, T, CONTEXT, DILATION, PHASES, stride_xb, stride_xt, stride_cb, MANY,
+                     CIN, N, T, ROWS, CONTEXT, DILATION, PHASES, stride_xb, stride_xt, stride_cb, MANY,
                      TAPS: tl.constexpr, HAS_CACHE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, KEEP: tl.constexpr,
                      ACT: tl.constexpr, PRECISION: tl.constexpr, F32_DOT: tl.constexpr,
                      BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_CI: tl.constexpr):
@@ -579,17 +601,25 @@ if triton is not None:
         W[j * CIN + ci, n] * in[t + j * DILATION - CONTEXT, ci], where `in` is x preceded by the CONTEXT rows
         of the cache (or zeros). Column n is output channel n % COUT of output step t * PHASES + n // COUT
         (PHASES > 1: a transposed conv's interleaved phases), so out [B, T * PHASES, COUT] is [B, T, N].
-        Then + residual (stored when KEEP), and SnakeBeta(alpha, beta) of that (stored when ACT)."""
-        b = tl.program_id(2).to(tl.int64)
-        t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        Then + residual (stored when KEEP), and SnakeBeta(alpha, beta) of that (stored when ACT).
+        The GEMM's rows are the ROWS = B * T (stream, step) pairs, BLOCK_T of them per program: a tile spans
+        several streams where T is short (a streaming step's first layers have 1-16 steps), so no tile is
+        mostly padding. Programs run through the column tiles of a row tile first, so its input rows are read
+        from memory once and from the L2 cache for the other column tiles (the late layers' inputs are
+        hundreds of MB at large batches; their weights fit the cache)."""
+        n_tiles = tl.cdiv(N, BLOCK_N)
+        pid = tl.program_id(0)
+        r = (pid // n_tiles) * BLOCK_T + tl.arange(0, BLOCK_T)
+        n = (pid % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
         ci = tl.arange(0, BLOCK_CI)
         dt = x_ptr.dtype.element_ty
-        tmask = t < T
+        tmask = r < ROWS
         nmask = n < N
+        b = (r // T).to(tl.int64)
+        t = r % T
         # Tiles of pointers at tap offset 0 and channel chunk 0; each step of the loop adds a scalar.
-        x_tile = x_ptr + b * stride_xb + t[:, None] * stride_xt + ci[None, :]
-        cache_tile = cache_ptr + b * stride_cb + t[:, None] * CIN + ci[None, :]
+        x_tile = x_ptr + b[:, None] * stride_xb + t[:, None] * stride_xt + ci[None, :]
+        cache_tile = cache_ptr + b[:, None] * stride_cb + t[:, None] * CIN + ci[None, :]
         w_tile = w_ptr + ci[:, None] * N + n[None, :]
         chunks = tl.cdiv(CIN, BLOCK_CI)
         acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
@@ -613,7 +643,7 @@ if triton is not None:
                 acc = tl.dot(a, w, acc, input_precision=PRECISION)
         channel = n % (N // PHASES)
         y = (acc + tl.load(bias_ptr + channel, mask=nmask, other=0.0).to(tl.float32)[None, :]).to(dt)
-        offs = b * T * N + t[:, None] * N + n[None, :]
+        offs = r.to(tl.int64)[:, None] * N + n[None, :]  # out is [B, T, N], contiguous
         mask = tmask[:, None] & nmask[None, :]
         if HAS_RESIDUAL:  # rounded as the reference rounds: the conv's output, then the sum
             y = (y.to(tl.float32) + tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(dt)

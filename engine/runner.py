@@ -4,16 +4,23 @@ A `Runner` owns the model's rows. Streams join (`add`) and leave (`remove`) betw
 stay packed at [0, n) (a leaving stream's row takes the last stream), so a step over n streams is a step
 over rows [0, b) for the smallest captured batch size b >= n, and the rows past n are throwaway padding.
 A step prefills the streams that start (their prompts batched, right-padded to PREFILL_LEN positions; a
-longer prompt, such as an in-context clone's or an instructed one, runs eagerly),
-launches one frame for all rows (talker, sampling, the 15-step code predictor), then, while that frame runs
-on the device, takes the codes of the frame the previous step launched and decodes the packets now due in
-one batched codec step per packet size, padding a short last packet with frames whose samples are cut
-(the codec is causal, so they change nothing before them). Streams waiting for text sit it out.
+longer prompt, such as an in-context clone's or an instructed one, runs eagerly), launches one frame for all
+rows (talker, sampling, the 15-step code predictor), then, while that frame runs on the device, hands out
+the packets the previous step decoded, takes the codes of the frame the previous step launched, and queues
+the packets now due in one batched codec step per packet size, padding a short last packet with frames
+whose samples are cut (the codec is causal, so they change nothing before them). Streams waiting for text
+sit it out.
 
-Launching a frame before reading the previous one's codes keeps the device busy through the host's
-bookkeeping; the price is one frame of latency on each packet, and a stream that says EOS has made one
-more frame by then, which is dropped. Every device operation is ordered on one CUDA stream, so row moves,
-prefills and packet decodes queued after a launched frame see its results.
+The host waits for the device only for what it hands out, and the device always has the next frame queued
+behind it: launching a frame before reading the previous one's codes keeps the device busy through the
+host's bookkeeping, and a packet's samples reach the host memory behind the frame after it, so the host
+never waits on a packet with the device idle. The price is one frame of latency on each packet, and a
+stream that says EOS has made one more frame by then, which is dropped. A stream's first packet, when it
+holds one frame (`first_packet_frames` = 1), is decoded straight behind the frame that makes it, from the
+codes still on the device: that frame cannot be EOS (EOS is banned before two frames), so nothing waits for
+the host to read it, and first audio takes a prefill, a frame and a one-frame codec step. Every device
+operation is ordered on one CUDA stream, so row moves, prefills and packet decodes queued after a launched
+frame see its results.
 
 On a GPU each of these is captured at start-up as one CUDA graph per batch size (1, 2, 4, ... up to the
 rows, or `graph_max_batch`); a batch with no graph, a longer (non-streaming) prompt, and everything on a
@@ -60,11 +67,24 @@ STEPS = Counter("tts_engine_steps_total", "Batched steps by stage (prefill: new 
 
 @dataclass
 class _Launched:
-    """A frame on its way: the streams in it with their rows at launch, and its codes once `done`."""
+    """A frame on its way: the streams in it with their rows at launch, and its codes once `done`; `first`:
+    the streams whose one-frame first packet was decoded behind it, each with its row in `first_pcm`."""
 
     streams: list[tuple[Stream, int]]
     codes: torch.Tensor  # [b, 16] host memory
     done: torch.cuda.Event | None  # None on a CPU, where the copy is synchronous
+    first: dict[Stream, int]
+    first_pcm: torch.Tensor | None  # [n, samples] int16 host memory, ready after the first packets' event
+    first_done: torch.cuda.Event | None
+
+
+@dataclass
+class _Decoded:
+    """Packets on their way: each stream's packet (its pcm filled in once `done`), its row in `pcm` and frames."""
+
+    packets: list[tuple[Stream, Packet, int, int]]
+    pcm: torch.Tensor  # [b, samples] int16 host memory
+    done: torch.cuda.Event | None
 
 
 class Graphs:
@@ -117,10 +137,11 @@ def state_bytes(ckpt: Checkpoint, rows: int, max_len: int) -> int:
 class PacketDecoder:
     """Codec steps over the streams whose packet is due: their rows of one streaming state are gathered
     into a batch, decoded `frames` frames each (one buffer per packet size), and written back; pcm16
-    comes out on the device."""
+    comes out on the device, and is copied to host memory behind the step (`host`; `first_host`, two of
+    them, for the first packets decoded as a frame is launched)."""
 
     def __init__(self, codec: CodecDecoder, rows: int, sizes: list[int]) -> None:
-        self.codec = codec
+        self.codec, self.rows = codec, rows
         self.state = codec.new_state(rows + 1)  # row `rows` takes what the padding rows of a batch write
         self.stage = codec.new_state(rows)
         dev = self.state.pos.device
@@ -128,6 +149,9 @@ class PacketDecoder:
         q, spf = codec.cfg.num_quantizers, codec.samples_per_frame
         self.codes = {n: torch.zeros(rows, q, n, dtype=torch.long, device=dev) for n in sizes}
         self.pcm = {n: torch.zeros(rows, n * spf, dtype=torch.int16, device=dev) for n in sizes}
+        pinned = dev.type == "cuda"
+        self.host = {n: torch.zeros(rows, n * spf, dtype=torch.int16, pin_memory=pinned) for n in sizes}
+        self.first_host = [torch.zeros(rows, spf, dtype=torch.int16, pin_memory=pinned) for _ in range(2)]
         self.primed: OrderedDict[str, CodecState] = OrderedDict()  # per in-context voice, most recent last
 
     @torch.no_grad()
@@ -154,6 +178,14 @@ class PacketDecoder:
         stage.store_rows_(self.state, index)
         self.pcm[frames][:b] = (wav.clamp(-1, 1) * 32767).round().to(torch.int16)
 
+    def set_rows(self, rows: list[int], b: int) -> None:
+        """The state rows of a batch of b: `rows`, then the scratch row for the padding."""
+        self.index[:b].copy_(torch.tensor(rows + [self.rows] * (b - len(rows))), non_blocking=True)
+
+    def first_frames_of(self, codes: torch.Tensor, b: int) -> None:
+        """The one-frame packets of the batch's rows (set_rows) from the model's codes [rows, 16], on the device."""
+        self.codes[1][:b, :, 0] = codes.index_select(0, self.index[:b].clamp(max=self.rows - 1))
+
 
 class Runner:
     """Up to `rows` streams of up to `max_len` talker positions, sampled with `params` unless a stream
@@ -179,6 +211,7 @@ class Runner:
                             for _ in range(2)]
         self._launches = 0
         self._launched: _Launched | None = None
+        self._decoded: list[_Decoded] = []  # packets queued by the last step, handed out by the next
         # Counters since start (the engine's stats): steps that launched a frame, stream-frames launched, wall
         # time inside step(), and on a GPU the device time each step's work spans (CUDA events, read once done).
         self.steps = self.frames = 0
@@ -215,6 +248,8 @@ class Runner:
         self.streams.append(stream)
 
     def remove(self, stream: Stream) -> None:
+        """The stream leaves its row (it ended, or it was cancelled: then a packet of it still on its way is
+        dropped)."""
         row, last = stream.row, len(self.streams) - 1
         if row != last:
             moved = self.streams[last]
@@ -228,18 +263,22 @@ class Runner:
 
     @property
     def busy(self) -> bool:
-        """A launched frame's codes are still to be taken: the next step has work even if no stream runs."""
-        return self._launched is not None
+        """A launched frame's codes are still to be taken, or decoded packets to be handed out: the next step
+        has work even if no stream runs."""
+        return self._launched is not None or bool(self._decoded)
 
     @torch.no_grad()
     def step(self) -> list[tuple[Stream, Packet | None]]:
-        """Launch the next frame of every runnable stream, then take the codes of the frame launched by the
-        previous step. Returns the packets made, and (stream, None) for a stream that ended without one;
-        ended streams have left the runner."""
+        """Launch the next frame of every runnable stream, hand out the packets the previous step decoded,
+        then take the codes of the frame launched by the previous step and queue the packets now due.
+        Returns the packets handed out, and (stream, None) for a stream that ended without one, each stream's
+        in order; a stream whose last event this is has left the runner."""
         start = time.perf_counter()
         span = self._span_start()
         previous, self._launched = self._launched, self._launch()
-        events = self._take(previous) if previous is not None else []
+        events = self._hand_out()
+        if previous is not None:
+            events += self._take(previous)
         elapsed = time.perf_counter() - start
         self.step_seconds += elapsed
         if span is not None:
@@ -262,6 +301,14 @@ class Runner:
         span[0].record()
         return span
 
+    def _event(self) -> torch.cuda.Event | None:
+        """An event recorded behind the work queued so far (None on a CPU, where nothing is asynchronous)."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
     def _launch(self) -> _Launched | None:
         live = [s for s in self.streams if s.runnable]
         if not live:
@@ -279,36 +326,68 @@ class Runner:
         self.model.step_in[:, :b].copy_(torch.tensor([pos, text, on, first]), non_blocking=True)
         self.frame_graphs.run(b)
         # The codes go to host memory behind the frame, so the next frame may overwrite them on the device.
-        codes = self._codes_host[self._launches % 2][:b]
+        parity = self._launches % 2
         self._launches += 1
+        codes = self._codes_host[parity][:b]
         codes.copy_(self.model.codes[:b], non_blocking=True)
-        done = None
-        if self.device.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
-        return _Launched([(s, s.row) for s in live], codes, done)
+        done = self._event()
+        quick = [s for s in fresh if s.first_packet_frames == 1] if 1 in self.packet_sizes else []
+        if not quick:
+            return _Launched([(s, s.row) for s in live], codes, done, {}, None, None)
+        # Their first frame, still on the device, is their first packet: decoded now, read with the codes.
+        graphs = self.packet_graphs[1]
+        n = graphs.size(len(quick))
+        self.decoder.set_rows([s.row for s in quick], n)
+        self.decoder.first_frames_of(self.model.codes, n)
+        graphs.run(n)
+        pcm = self.decoder.first_host[parity][:len(quick)]
+        pcm.copy_(self.decoder.pcm[1][:len(quick)], non_blocking=True)
+        return _Launched([(s, s.row) for s in live], codes, done, {s: i for i, s in enumerate(quick)}, pcm,
+                         self._event())
+
+    def _hand_out(self) -> list[tuple[Stream, Packet]]:
+        """The packets the previous step queued, their samples read from host memory once they are there."""
+        events: list[tuple[Stream, Packet]] = []
+        for decoded in self._decoded:
+            if decoded.done is not None:
+                decoded.done.synchronize()
+            pcm = decoded.pcm.numpy()
+            for s, packet, i, frames in decoded.packets:
+                if s.row >= 0 or s.done:  # not cancelled meanwhile
+                    packet.pcm = pcm[i, :frames * self.samples_per_frame].tobytes()
+                    events.append((s, packet))
+        self._decoded = []
+        return events
 
     def _take(self, frame: _Launched) -> list[tuple[Stream, Packet | None]]:
         if frame.done is not None:
             frame.done.synchronize()
         codes = frame.codes.tolist()
         events: list[tuple[Stream, Packet | None]] = []
-        due = []
+        due, quick, ended = [], [], []
         for s, row in frame.streams:
             if s.done or s.row < 0:
                 continue  # it ended (EOS in the frame before) or left after this frame was launched
             if s.take(codes[row]):
-                due.append(s)
+                (quick if s in frame.first else due).append(s)
             elif s.done:
                 events.append((s, None))
+            if s.done:
+                ended.append(s)
+        if quick:
+            if frame.first_done is not None:
+                frame.first_done.synchronize()
+            pcm = frame.first_pcm.numpy()
+            first = torch.from_numpy(numpy.array([s.pending for s in quick], dtype=numpy.int64)).transpose(1, 2)
+            for s, frames in zip(quick, first, strict=True):  # frames [16, 1]
+                events.append((s, s.packet(pcm[frame.first[s], :self.samples_per_frame].tobytes(), frames)))
         for size in self.packet_sizes:
             batch = [s for s in due if len(s.pending) <= size]
             due = [s for s in due if len(s.pending) > size]
             if batch:
-                events += self._packets(batch, size)
-        for s, _ in events:
-            if s.done:
-                self.remove(s)
+                self._decoded.append(self._packets(batch, size))
+        for s in ended:  # its packets are on their way: their decode has read its row already
+            self.remove(s)
         return events
 
     def _prefill(self, fresh: list[Stream]) -> None:
@@ -316,15 +395,20 @@ class Runner:
         length = max(len(p) for p in prompts)
         graphed = length <= PREFILL_LEN  # streaming prompts; longer ones run eagerly
         b, length = (self.prefill_graphs.size(len(fresh)), PREFILL_LEN) if graphed else (len(fresh), length)
-        pad = b - len(fresh)
-        ids = [[p.text + [0] * (length - len(p)) for p in prompts] + [[0] * length] * pad,
-               [p.codec + [NO_CODEC] * (length - len(p)) for p in prompts] + [[NO_CODEC] * length] * pad]
-        meta = [[s.row for s in fresh] + [self.rows] * pad, [len(p) - 1 for p in prompts] + [0] * pad,
-                [s.seed for s in fresh] + [0] * pad, [s.min_frames for s in fresh] + [0] * pad]
-        self.model.prompt_ids[:, :b, :length].copy_(torch.tensor(ids), non_blocking=True)
-        self.model.prompt_meta[:, :b].copy_(torch.tensor(meta), non_blocking=True)
-        sampling = [(s.params or self.params).row() for s in fresh] + [self.params.row()] * pad
-        self.model.prompt_sampling[:, :b].copy_(torch.tensor(sampling).T, non_blocking=True)
+        ids = numpy.zeros((2, b, length), dtype=numpy.int64)
+        ids[1] = NO_CODEC
+        for i, p in enumerate(prompts):
+            ids[0, i, :len(p)] = p.text
+            ids[1, i, :len(p)] = p.codec
+        meta = numpy.zeros((4, b), dtype=numpy.int64)
+        meta[0] = self.rows
+        meta[:, :len(fresh)] = [[s.row for s in fresh], [len(p) - 1 for p in prompts], [s.seed for s in fresh],
+                                [s.min_frames for s in fresh]]
+        sampling = numpy.array([(s.params or self.params).row() for s in fresh]
+                               + [self.params.row()] * (b - len(fresh)), dtype=numpy.float32)
+        self.model.prompt_ids[:, :b, :length].copy_(torch.from_numpy(ids), non_blocking=True)
+        self.model.prompt_meta[:, :b].copy_(torch.from_numpy(meta), non_blocking=True)
+        self.model.prompt_sampling[:, :b].copy_(torch.from_numpy(sampling.T), non_blocking=True)
         vectors = self.vectors if graphed else self.vectors.new_zeros(b, length, self.vectors.shape[-1])
         self._write_vectors(vectors, prompts, graphed)
         if graphed:
@@ -332,7 +416,7 @@ class Runner:
         else:
             self.model.prefill(b, length, vectors)
             STEPS.labels("prefill", "eager").inc()
-        self.decoder.state.reset_(torch.tensor(meta[0][:len(fresh)], device=self.device))
+        self.decoder.state.reset_(torch.from_numpy(meta[0, :len(fresh)]).to(self.device))
         for s in fresh:
             if s.voice.icl and s.voice.clone is not None:
                 self.decoder.prime(s.row, s.voice.clone)
@@ -354,7 +438,7 @@ class Runner:
                 codes = torch.from_numpy(clone.codes).to(self.device)
                 vectors[i, p.codes_at:p.codes_at + len(codes)] = self.model.codes_embed_of(codes)[:, 0]
 
-    def _packets(self, due: list[Stream], n: int) -> list[tuple[Stream, Packet]]:
+    def _packets(self, due: list[Stream], n: int) -> _Decoded:
         graphs = self.packet_graphs[n]
         b = graphs.size(len(due))
         silence = [0] * self.decoder.codes[n].shape[1]
@@ -363,14 +447,14 @@ class Runner:
         # for 1024 streams' packets).
         rows = [s.pending + [silence] * (n - len(s.pending)) for s in due] + [[silence] * n] * (b - len(due))
         codes = torch.from_numpy(numpy.array(rows, dtype=numpy.int64)).transpose(1, 2)
-        index = [s.row for s in due] + [self.rows] * (b - len(due))
         frames = [len(s.pending) for s in due]
         self.decoder.codes[n][:b].copy_(codes, non_blocking=True)
-        self.decoder.index[:b].copy_(torch.tensor(index), non_blocking=True)
+        self.decoder.set_rows([s.row for s in due], b)
         graphs.run(b)
-        pcm = self.decoder.pcm[n][:len(due)].cpu().numpy()
-        return [(s, s.packet(pcm[i, :k * self.samples_per_frame].tobytes(), codes[i, :, :k]))
-                for i, (s, k) in enumerate(zip(due, frames, strict=True))]
+        pcm = self.decoder.host[n][:len(due)]
+        pcm.copy_(self.decoder.pcm[n][:len(due)], non_blocking=True)
+        packets = [(s, s.packet(b"", codes[i, :, :k]), i, k) for i, (s, k) in enumerate(zip(due, frames, strict=True))]
+        return _Decoded(packets, pcm, self._event())
 
 
 def synthesize(ckpt: Checkpoint, speaker: str | None, language: str | None, text: str, params: SamplingParams,
@@ -388,7 +472,7 @@ def synthesize(ckpt: Checkpoint, speaker: str | None, language: str | None, text
                     cuda_graphs=cuda_graphs)
     runner.add(stream)
     packets = []
-    while not stream.done:
+    while not stream.done or runner.busy:
         packets += [packet for _, packet in runner.step() if packet is not None]
     codes = torch.cat([p.codes for p in packets], dim=1).T if packets else torch.zeros(0, 16, dtype=torch.long)
     return codes, packets

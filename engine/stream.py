@@ -19,6 +19,7 @@ thread touches a stream.
 from __future__ import annotations
 
 import bisect
+import functools
 import random
 import unicodedata
 from dataclasses import dataclass
@@ -36,8 +37,10 @@ class Packet:
     pcm: bytes  # pcm16 mono 24 kHz
     text: str  # text whose speech starts in this packet
     codes: torch.Tensor  # [16, frames] the packet's codes
+    last: bool = False  # the stream's last packet
 
 
+@functools.lru_cache(maxsize=4096)  # called per character fed: the cache makes it a dictionary lookup
 def speech_frames(ch: str) -> float:
     """Rough speaking time of one character, in 80 ms frames (only used to place text in packets)."""
     code = ord(ch)
@@ -66,8 +69,11 @@ class Stream:
         self.text = ""  # everything fed so far (NFC)
         self.final = False
         self.ids: list[int] = []
+        self.starts: list[int] = []  # per token, the start of its span in self.text
         self.ends: list[int] = []  # per token, the end of its span in self.text
-        self.onsets: list[float] = []  # per token, the estimated frame where its speech starts
+        # Per token, the estimated frame where its speech starts: made as packets need them (`onsets_through`),
+        # off the path of a stream's first frame.
+        self.onsets: list[float] = []
         self.costed = 0  # characters counted into self.cost
         self.cost = 0.0
         self.tokenized = 0  # characters of self.text already tokenized
@@ -88,22 +94,37 @@ class Stream:
 
     # -- text side (the worker thread passes on what the event loop fed) --
     def add_text(self, fragment: str, final: bool) -> None:
+        """Take in fed text and tokenize what is ready (engine.batcher does the two halves for many streams
+        at once: `take_text`, one batched tokenizer call, `add_tokens`)."""
+        ready = self.take_text(fragment, final)
+        self.add_tokens(ready, *(self.tokens.encode(ready) if ready else ([], [])))
+
+    def take_text(self, fragment: str, final: bool) -> str:
+        """Append fed text; returns the text now ready to tokenize ('' for none), for `add_tokens`."""
         if not self.text:
             fragment = fragment.lstrip()  # leading blanks would merge with the role's newline token
         self.text += TextTokens.normalize(fragment)
         self.final = self.final or final
         ready = self.tokens.ready_prefix(self.text[self.tokenized:], self.final)
-        if ready:
-            ids, spans = self.tokens.encode(self.text[self.tokenized:self.tokenized + ready])
-            self.ids += ids
-            for start, end in spans:
-                self.cost += sum(speech_frames(ch) for ch in self.text[self.costed:self.tokenized + start])
-                self.costed = max(self.costed, self.tokenized + start)
-                self.onsets.append(self.cost)
-                self.ends.append(self.tokenized + end)
-            self.tokenized += ready
+        return self.text[self.tokenized:self.tokenized + ready]
+
+    def add_tokens(self, ready: str, ids: list[int], spans: list[tuple[int, int]]) -> None:
+        """The tokens of `ready` (what take_text returned) and their character spans in it."""
+        self.ids += ids
+        self.starts += [self.tokenized + start for start, _ in spans]
+        self.ends += [self.tokenized + end for _, end in spans]
+        self.tokenized += len(ready)
         if self.final and not self.ids:
             raise PromptError("empty text")
+
+    def onsets_through(self, n: int) -> list[float]:
+        """`onsets` of the first n tokens at least: the speaking time of the text before each token's start."""
+        while len(self.onsets) < n:
+            start = self.starts[len(self.onsets)]
+            self.cost += sum(map(speech_frames, self.text[self.costed:start]))
+            self.costed = max(self.costed, start)
+            self.onsets.append(self.cost)
+        return self.onsets
 
     @property
     def runnable(self) -> bool:
@@ -168,8 +189,8 @@ class Stream:
         if self.done:
             end = len(self.text)
         else:
-            started = bisect.bisect_left(self.onsets, self.frames, hi=self.next_token)
+            started = bisect.bisect_left(self.onsets_through(self.next_token), self.frames, hi=self.next_token)
             end = self.ends[started - 1] if started else 0
         text = self.text[self.spoken_text_end:end]
         self.spoken_text_end = max(self.spoken_text_end, end)
-        return Packet(pcm=pcm, text=text, codes=codes)
+        return Packet(pcm=pcm, text=text, codes=codes, last=self.done)

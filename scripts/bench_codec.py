@@ -145,8 +145,12 @@ def snr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
 @torch.no_grad()
 def numerics(codec_cls: type, config: dict, device: str, kernels, b: int = 8, frames: int = 12) -> dict:
     """The same streams, decoded in packets of 4 frames, through the kernels and through the PyTorch ops: in
-    bfloat16 each against float32 (TF32 off), and in float32 against each other."""
+    bfloat16 each against float32 (TF32 off), and in float32 against each other. The kernels run untuned
+    (one config per shape, where the engine tree has the switch): autotuning the float32 shapes, which
+    serving never runs, took minutes."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    if hasattr(kernels, "set_autotune"):
+        kernels.set_autotune(False)
 
     def stream(model: torch.nn.Module, fused: bool) -> torch.Tensor:
         kernels.set_enabled(fused)
@@ -166,6 +170,8 @@ def numerics(codec_cls: type, config: dict, device: str, kernels, b: int = 8, fr
            "bfloat16_fused_vs_float32_snr_db": snr_db(stream(bf16, fused=True), ref),
            "bfloat16_torch_vs_float32_snr_db": snr_db(stream(bf16, fused=False), ref)}
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True  # torch's defaults
+    if hasattr(kernels, "set_autotune"):
+        kernels.set_autotune(True)
     return out
 
 
@@ -215,13 +221,18 @@ def main() -> None:
     del model
     if gpu:
         torch.cuda.empty_cache()
+    print(f"{args.label}: codec step, ms per step (graph replay, median of {args.reps}):")
+    for key, row in result["steps"].items():
+        print(f"  {key}: {row['ms']} ms ({row.get('memory_mib', '-')} MiB)", flush=True)
+    save(args, result)  # the steps, whatever becomes of the numerics
     if not args.no_numerics:
         result["numerics"] = numerics(codec_cls, config, args.device, kernels)
         log(f"{args.label}: numerics {result['numerics']}")
+        save(args, result)
 
-    print(f"{args.label}: codec step, ms per step (graph replay, median of {args.reps}):")
-    for key, row in result["steps"].items():
-        print(f"  {key}: {row['ms']} ms ({row.get('memory_mib', '-')} MiB)")
+
+def save(args: argparse.Namespace, result: dict) -> None:
+    """This run's result under --label in the --json file (other labels' kept)."""
     if args.json:
         report = json.loads(args.json.read_text()) if args.json.exists() else {}
         report[args.label] = result

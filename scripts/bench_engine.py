@@ -12,11 +12,19 @@ in-context voice's first stream decodes its reference once, kept for its next st
 
 All read the same checkpoint, sample with its generation_config.json and make exactly --frames frames per
 stream (EOS is held off, so random weights give a fixed length). This engine is timed through QwenTTSEngine
-(worker thread, asyncio, pcm16 packets of --packet-frames frames): a wave opens N streams at once, feeds each
-the whole text, and times every stream from open() to its first and last packet. RTF = wall time / audio
-time, per stream. Each level runs one untimed wave first. The official code has no audio streaming, so its
-first audio is its whole generate + decode. A level is realtime when every stream's RTF < 1 and first
-audio P95 < 200 ms.
+(worker thread, asyncio, pcm16 packets of --packet-frames frames), each stream from open() to its first and
+last packet, in two ways per level N:
+- at once: a wave opens N streams in the same instant, feeds each the whole text (the worst case for first
+  audio: N prompts, N first frames and N first packets in the same steps);
+- staggered (--staggered): N clients each open a stream, read it to its end and open the next, starting
+  spread over one stream's duration, so that the streams timed (those opened after that ramp, for as long
+  again) join a batch that holds N - 1 running streams: the steady state of N concurrent streams.
+RTF = wall time / audio time, per stream; a stall is the time a listener playing each stream from its first
+packet on would wait for the next packet (no playout buffer). Each level runs one untimed wave first. The
+official code has no audio streaming, so its first audio is its whole generate + decode. A level is realtime
+when every stream's RTF < 1 and first audio P95 < 200 ms. The largest level's timed wave also records what
+the engine's loop did in its first passes (when each began, how long it took, how many streams it
+prefilled, how many packets it handed out).
 
 The official side needs qwen-tts and transformers 4.57.3, so it runs in a child process with
 --official-pythonpath prepended (this engine uses the gateway's transformers 5.x):
@@ -37,17 +45,17 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
 
 TEXT = "Hello world, this is a test of the voice gateway. How are you doing today?"
 SPEAKER, LANGUAGE = "vivian", "english"
 SAMPLE_RATE = 24000
-ROOT = Path(__file__).resolve().parent.parent
 # What the reference windows say (their transcript for in-context cloning): about as many words as 10 s hold.
 TRANSCRIPT = ("The quick brown fox jumps over the lazy dog. Could you tell me what the weather will be like "
               "tomorrow? Yes, and please book a table for two at seven.")
@@ -114,8 +122,8 @@ def prepare_times(engine, args: argparse.Namespace, runs: int = 5) -> dict:
 
 
 def bench_ours(args: argparse.Namespace, ckpt, graphs: bool, levels: list[int], modes: list[str]) -> list[dict]:
-    """Waves of N streams opened at once (the worst case for first audio), for each N in levels, in each mode's
-    voices (one result per mode)."""
+    """In each mode's voices (one result per mode), for each N in levels: waves of N streams opened at once (the
+    worst case for first audio), then (--staggered) N streams at all times."""
     from engine import kernels
     from engine.threaded import QwenTTSEngine
 
@@ -129,25 +137,36 @@ def bench_ours(args: argparse.Namespace, ckpt, graphs: bool, levels: list[int], 
     setup_s = time.perf_counter() - start
     log(f"{name}: engine ready in {setup_s:.1f} s (rows {max(levels)})")
 
-    async def one(stream, opened: float) -> tuple[float, float, float]:
-        first, samples = None, 0
-        async for chunk in stream:
-            if first is None:
-                first = time.perf_counter() - opened
-            samples += len(chunk.pcm) // 2
-        assert first is not None
-        return first, time.perf_counter() - opened, samples / SAMPLE_RATE
+    def open_stream(i: int, pool: list[tuple[str, dict]]):
+        """Stream i of a wave or a client: voice i of the pool, in one of two languages."""
+        voice, kw = pool[i % len(pool)]
+        stream = engine.open(voice, LANGUAGE if i % 2 == 0 else "auto", **kw)
+        stream.feed(TEXT)
+        stream.end()
+        return stream
 
-    async def wave(n: int, pool: list[tuple[str, dict]]) -> list[tuple[float, float, float]]:
+    async def wave(n: int, pool: list[tuple[str, dict]]) -> list[Timing]:
         tasks = []
         for i in range(n):
-            voice, kw = pool[i % len(pool)]
             opened = time.perf_counter()
-            stream = engine.open(voice, LANGUAGE if i % 2 == 0 else "auto", **kw)
-            stream.feed(TEXT)
-            stream.end()
-            tasks.append(one(stream, opened))
+            tasks.append(listen(open_stream(i, pool), opened))
         return await asyncio.gather(*tasks)
+
+    async def staggered(n: int, ramp: float, pool: list[tuple[str, dict]]) -> list[Timing]:
+        """n clients, each opening its next stream as soon as its last one ended, the first ones spread over
+        `ramp` seconds; the timings of the streams opened in the next `ramp` seconds (2 s at least)."""
+        t0 = time.perf_counter()
+        timed: list[Timing] = []
+
+        async def client(i: int) -> None:
+            await asyncio.sleep(ramp * i / n)
+            while (opened := time.perf_counter()) < t0 + ramp + max(ramp, 2.0):
+                timing = await listen(open_stream(i, pool), opened)
+                if opened >= t0 + ramp:
+                    timed.append(timing)
+
+        await asyncio.gather(*(client(i) for i in range(n)))
+        return timed
 
     results = []
     prep = prepare_times(engine, args) if ckpt.config.kind == "base" else None
@@ -162,22 +181,28 @@ def bench_ours(args: argparse.Namespace, ckpt, graphs: bool, levels: list[int], 
                 log(f"{label}: out of time before {n} streams")
                 break
             asyncio.run(wave(n, pool))  # untimed: the allocators, kernels and voices meet this batch size once first
+            trace = trace_passes(engine) if n == max(levels) else None
             t0 = time.perf_counter()
             runs = [r for _ in range(args.runs) for r in asyncio.run(wave(n, pool))]
             wall = (time.perf_counter() - t0) / args.runs
-            firsts = [r[0] for r in runs]
-            rtfs = [r[1] / r[2] for r in runs]
-            row = {"streams": n, "first_audio_p50_ms": round(percentile(firsts, 50) * 1000, 1),
-                   "first_audio_p95_ms": round(percentile(firsts, 95) * 1000, 1),
-                   "rtf_p50": round(percentile(rtfs, 50), 4), "rtf_max": round(max(rtfs), 4),
+            row = {"streams": n, "arrival": "at once", **summary(runs),
                    "ms_per_step": round(wall * 1000 / args.frames, 2)}
-            row["realtime"] = row["rtf_max"] < 1 and row["first_audio_p95_ms"] < 200
+            if trace is not None:
+                row["passes"] = trace()
             rows.append(row)
             log(f"{label}: {row}")
+            if args.staggered and time.perf_counter() < args.deadline:
+                ramp = statistics.mean(r.wall for r in runs)
+                timed = asyncio.run(staggered(n, ramp, pool))
+                if timed:
+                    row = {"streams": n, "arrival": "staggered", **summary(timed), "ramp_s": round(ramp, 2)}
+                    rows.append(row)
+                    log(f"{label}: {row}")
+        realtime = {arrival: max((r["streams"] for r in rows if r["realtime"] and r["arrival"] == arrival), default=0)
+                    for arrival in ("at once", "staggered")}
         results.append({"impl": label, "mode": mode, "voices": len(pool), "kind": ckpt.config.kind,
                         "dtype": str(next(ckpt.model.parameters()).dtype), "setup_s": round(setup_s, 1),
-                        "frames": args.frames, "runs": args.runs, "levels": rows,
-                        "max_realtime_streams": max((r["streams"] for r in rows if r["realtime"]), default=0)})
+                        "frames": args.frames, "runs": args.runs, "levels": rows, "max_realtime_streams": realtime})
     if prep:
         results[0]["prepare_ms"] = prep
     if torch.cuda.is_available():  # the weights, the rows' caches, the graphs' memory, the waves' peak
@@ -190,10 +215,85 @@ def bench_ours(args: argparse.Namespace, ckpt, graphs: bool, levels: list[int], 
     return results
 
 
+@dataclass
+class Timing:
+    first: float  # seconds from open() to the first packet
+    wall: float  # to the last
+    audio: float  # seconds of audio
+    stall: float  # seconds a listener would wait for packets after the first (no playout buffer)
+
+
+async def listen(stream, opened: float) -> Timing:
+    first = playing_until = None
+    samples = 0
+    stall = 0.0
+    async for chunk in stream:
+        now = time.perf_counter()
+        if first is None:
+            first, playing_until = now - opened, now
+        elif now > playing_until:
+            stall += now - playing_until
+            playing_until = now
+        seconds = len(chunk.pcm) / 2 / SAMPLE_RATE
+        playing_until += seconds
+        samples += len(chunk.pcm) // 2
+    assert first is not None
+    return Timing(first, time.perf_counter() - opened, samples / SAMPLE_RATE, stall)
+
+
+def summary(runs: list[Timing]) -> dict:
+    firsts = [r.first for r in runs]
+    rtfs = [r.wall / r.audio for r in runs]
+    stalls = [r.stall for r in runs]
+    row = {"timed": len(runs), "first_audio_p50_ms": round(percentile(firsts, 50) * 1000, 1),
+           "first_audio_p95_ms": round(percentile(firsts, 95) * 1000, 1),
+           "rtf_p50": round(percentile(rtfs, 50), 4), "rtf_max": round(max(rtfs), 4),
+           "stall_p95_ms": round(percentile(stalls, 95) * 1000, 1), "stall_max_ms": round(max(stalls) * 1000, 1)}
+    row["realtime"] = row["rtf_max"] < 1 and row["first_audio_p95_ms"] < 200
+    return row
+
+
+def trace_passes(engine, passes: int = 12):
+    """Record the engine loop's first `passes` passes from now on (when each began after this call and how
+    long it took, the part in the runner's step, streams it prefilled, packets it handed out); the returned
+    function stops recording and gives them."""
+    origin = time.perf_counter()
+    marks: list[dict] = []
+    runner = engine.models[0].runner
+    run_pass, step = engine.run_pass, runner.step
+
+    def traced_step():
+        fresh = sum(not s.started for s in runner.streams if s.runnable)
+        begin = time.perf_counter()
+        events = step()
+        if marks:
+            marks[-1].update(step_ms=round((time.perf_counter() - begin) * 1000, 1), prefilled=fresh,
+                             packets=sum(packet is not None for _, packet in events))
+        return events
+
+    def traced_pass():
+        begin = time.perf_counter()
+        if len(marks) < passes:
+            marks.append({"at_ms": round((begin - origin) * 1000, 1)})
+            run_pass()
+            marks[-1]["pass_ms"] = round((time.perf_counter() - begin) * 1000, 1)
+        else:
+            run_pass()
+
+    engine.run_pass, runner.step = traced_pass, traced_step
+
+    def stop() -> list[dict]:
+        del engine.run_pass, runner.step  # the instances' own methods again
+        return marks
+
+    return stop
+
+
 @torch.no_grad()
 def step_times(runner, args: argparse.Namespace, reps: int = 30) -> dict:
-    """One step alone at each captured batch size: the frame step (talker + 15-step code predictor, graph
-    replay), the packet step (codec, --packet-frames frames per stream), and the eager frame step at 1."""
+    """One step alone at each captured batch size (graph replay): the prefill (PREFILL_LEN positions per stream),
+    the frame step (talker + 15-step code predictor), the packet step (codec, --packet-frames frames per stream)
+    and a one-frame first packet; and the eager frame step at 1."""
     runner.model.step_in.zero_()  # no live row: nothing advances
     runner.decoder.index.fill_(runner.rows)  # every row decodes into the scratch row
     n = args.packet_frames
@@ -212,9 +312,13 @@ def step_times(runner, args: argparse.Namespace, reps: int = 30) -> dict:
         out["frame_b1_kernels"] = kernel_profile(lambda: runner.model.step(1))
         for b in sorted({1} | ({64, 128, 256} & set(runner.packet_graphs[n].graphs))):
             out[f"packet_b{b}_kernels"] = kernel_profile(lambda b=b: runner.decoder.decode(b, n), top=10)
+    runner.model.prompt_meta[0].fill_(runner.rows)  # prefills write the scratch row only
     for b in sorted(runner.frame_graphs.graphs):
+        out[f"prefill_b{b}"] = timed(lambda b=b: runner.prefill_graphs.graphs[b].replay())
         out[f"frame_b{b}"] = timed(lambda b=b: runner.frame_graphs.graphs[b].replay())
         out[f"packet_b{b}"] = timed(lambda b=b: runner.packet_graphs[n].graphs[b].replay())
+        if 1 in runner.packet_graphs and n != 1:  # a one-frame first packet
+            out[f"first_packet_b{b}"] = timed(lambda b=b: runner.packet_graphs[1].graphs[b].replay())
     return out
 
 
@@ -267,7 +371,7 @@ def numerics(ckpt, args: argparse.Namespace) -> dict:
             runner.add(stream)
             streams.append(stream)
         packets: dict[int, list] = {i: [] for i in range(len(prompts))}
-        while runner.streams:
+        while runner.streams or runner.busy:
             for stream, packet in runner.step():
                 if packet is not None:
                     packets[streams.index(stream)].append(packet)
@@ -374,6 +478,8 @@ def main() -> None:
     parser.add_argument("--voices", type=int, default=8, help="different voices per mode in each wave")
     parser.add_argument("--reference-s", type=float, default=10.0, help="seconds of each clone's reference")
     parser.add_argument("--eager-streams", default="1,8,32,64", help="concurrent streams, eager path ('' = none)")
+    parser.add_argument("--staggered", action="store_true", help="also N streams at all times, the timed ones "
+                        "joining N - 1 running streams (after each level's waves)")
     parser.add_argument("--runs", type=int, default=3, help="waves per level (the first audio and RTF of every "
                         "stream of every wave are pooled)")
     parser.add_argument("--official-runs", type=int, default=1)
@@ -381,10 +487,15 @@ def main() -> None:
     parser.add_argument("--no-fused-kernels", action="store_true",
                         help="this engine without engine.kernels (its PyTorch paths), for comparison")
     parser.add_argument("--time-budget", type=float, default=480, help="seconds; later levels are skipped past it")
+    parser.add_argument("--host-only", action="store_true", help="every device step (prefill, frame, codec) does "
+                        "nothing: the engine loop's host work alone (admission, tokenization, prompts, bookkeeping, "
+                        "delivery), e.g. on a CPU")
+    parser.add_argument("--engine-root", type=Path, default=ROOT, help="the tree whose engine/ is measured")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     args.deadline = time.perf_counter() + args.time_budget
 
+    sys.path.insert(0, str(args.engine_root.resolve()))  # engine/ is imported from there (lazily, from here on)
     if args.impl == "official":
         args.runs = args.official_runs
         print(json.dumps(bench_official(args)))
@@ -393,7 +504,13 @@ def main() -> None:
 
     kernels.set_enabled(not args.no_fused_kernels)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s")
+    log(f"engine from {Path(kernels.__file__).parent}")
     ckpt = checkpoint.load(args.checkpoint, device=args.device, dtype=args.dtype)
+    if args.host_only:
+        from engine import runner
+
+        runner.Graphs.run = lambda self, b: None
+        ckpt.model.prefill = lambda n, length, vectors: None
     levels = [int(n) for n in args.streams.split(",") if n]
     eager_levels = [int(n) for n in args.eager_streams.split(",") if n]
     modes = [m for m in args.modes.split(",") if m] or MODES[ckpt.config.kind]
@@ -422,19 +539,23 @@ def main() -> None:
             sys.stderr.write(out.stderr[-4000:])
             raise SystemExit("the official benchmark failed")
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"{report['machine']}; {args.frames} frames ({args.frames * 0.08:.1f} s of audio) per stream; "
-          f"streams opened at once; {args.runs} waves per level pooled")
-    print("| implementation | dtype | streams | first audio P50 ms | P95 ms | RTF P50 | RTF max | ms/step |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"{report['machine']}; {args.frames} frames ({args.frames * 0.08:.1f} s of audio) per stream; at once: "
+          f"{args.runs} waves per level pooled; staggered: N streams at all times, the timed ones joining N - 1")
+    print("| implementation | dtype | streams | arrival | first audio P50 ms | P95 ms | RTF P50 | RTF max "
+          "| stall P95 ms | ms/step |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         for row in r["levels"]:
-            print(f"| {r['impl']} | {r['dtype']} | {row['streams']} | {row['first_audio_p50_ms']} | "
-                  f"{row.get('first_audio_p95_ms', '')} | {row['rtf_p50']} | {row.get('rtf_max', '')} | "
-                  f"{row['ms_per_step']} |")
+            print(f"| {r['impl']} | {r['dtype']} | {row['streams']} | {row.get('arrival', 'alone')} | "
+                  f"{row['first_audio_p50_ms']} | {row.get('first_audio_p95_ms', '')} | {row['rtf_p50']} | "
+                  f"{row.get('rtf_max', '')} | {row.get('stall_p95_ms', '')} | {row.get('ms_per_step', '')} |")
     for r in results:
         if "max_realtime_streams" in r:
             print(f"{r['impl']}: at most {r['max_realtime_streams']} concurrent streams all realtime with first "
-                  f"audio P95 < 200 ms (of the levels run); start-up {r['setup_s']} s")
+                  f"audio P95 < 200 ms (of the levels run, by arrival); start-up {r['setup_s']} s")
+        for row in r["levels"]:
+            if "passes" in row:
+                print(f"{r['impl']}, {row['streams']} streams at once, the loop's first passes: {row['passes']}")
     if "prepare_ms" in results[0]:
         print(f"preparing a clone of a {args.reference_s:g} s reference, ms: {results[0]['prepare_ms']}")
     if "steps_ms" in results[0]:

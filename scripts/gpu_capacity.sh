@@ -22,6 +22,11 @@
 #                                            #   alone after and before (bench_codec.py), the engine alone: 0.6B at
 #                                            #   1/64/256/1024 streams, then 1.7B at 1/256/512 with the time left
 #   scripts/gpu_capacity.sh codec-check      # here: the codec call on the CPU, small (tiny checkpoint and codec)
+#   scripts/gpu_capacity.sh codec2           # issue 25, second call: the engine's GPU tests (kernels, codec, the
+#                                            #   runner on the tiny checkpoint), the codec step alone with its
+#                                            #   numerics, the engine alone: 0.6B at 1/256/512/1024 streams opened at
+#                                            #   once and staggered, then 1.7B at 1/256/512 with the time left
+#   scripts/gpu_capacity.sh codec2-check     # here: the codec2 call on the CPU, small
 #   scripts/gpu_capacity.sh family           # issue 23, call 1: random real-geometry 0.6B Base, 1.7B Base,
 #                                            #   1.7B VoiceDesign and 1.7B CustomVoice checkpoints through the
 #                                            #   official code, each one's float32 parity (tests/engine/test_family.py)
@@ -45,6 +50,12 @@
 #                                            #   .site-slim)
 #   scripts/gpu_capacity.sh speech-17        # issue 24, a second call: the same on 1.7B CustomVoice + 1.7B Base
 #   scripts/gpu_capacity.sh speech-check     # here: the speech call on the CPU with the tiny checkpoints, small
+#   scripts/gpu_capacity.sh final            # issue 25, the last call (~5 minutes; carry .whl .site-slim): a random
+#                                            #   real-geometry 0.6B CustomVoice checkpoint made here, bench_engine.py
+#                                            #   at 1 and 1024 streams opened at once and staggered; then, with 150 s
+#                                            #   or more left, a 0.6B Base made here and the speech API on both
+#                                            #   (bench_speech.py) at 1/24/64/256 in the time left
+#   scripts/gpu_capacity.sh final-check      # here: the final call on the CPU with the tiny checkpoints, small
 #   scripts/gpu_capacity.sh dry              # here: call B's gateway runs on the CPU, small (the tiny checkpoint
 #                                            #   of tests/data, 2 workers, 2 and 4 sessions)
 #   ORACLE_SITE=DIR scripts/gpu_capacity.sh check
@@ -152,11 +163,12 @@ bench() {
     --engine-max-frames "${MAX_FRAMES:-250}" --profile "${PROFILE:-0}" --json "$OUT/bench-gateway-$1.json"
 }
 
-# random_checkpoint CONFIG DIR: real geometry, seeded random weights, written by the engine's own modules (no
-# official code: for the benchmarks, where only the geometry matters; CPU_CHECK: DIR is a tiny checkpoint).
+# random_checkpoint CONFIG DIR [SECONDS]: real geometry, seeded random weights, written by the engine's own
+# modules (no official code: for the benchmarks, where only the geometry matters; CPU_CHECK: DIR is a tiny
+# checkpoint).
 random_checkpoint() {
   [ -n "${CPU_CHECK:-}" ] || [ -f "$2/model.safetensors" ] && return 0
-  step 120 fixtures python3 scripts/make_random_checkpoint.py --config "$1" --out "$2"
+  step "${3:-120}" fixtures python3 scripts/make_random_checkpoint.py --config "$1" --out "$2"
 }
 
 # Issue 25's targets through the whole product, one size a call: the levels twice in a row (Poisson), then the
@@ -244,6 +256,66 @@ codec() {
   step "$left" engine python3 scripts/bench_engine.py --checkpoint "$Q17" --impl ours --device "$DEVICE" \
     --frames "$FRAMES" --streams "$STREAMS_17" --eager-streams "" --runs 1 --time-budget $((left - 45)) \
     --json "$OUT/bench-engine-1.7b.json"
+}
+
+# engine_bench SIZE DIR STREAMS SECONDS RESERVE: bench_engine.py on DIR's checkpoint, the STREAMS levels opened
+# at once and staggered (one wave each), in SECONDS at most; no level starts in the last RESERVE seconds (the
+# step times at each batch size come after the levels).
+engine_bench() {
+  step "$4" engine python3 scripts/bench_engine.py --checkpoint "$2" --impl ours --device "$DEVICE" \
+    --frames "$FRAMES" --streams "$3" --eager-streams "" --runs 1 --staggered --time-budget $(($4 - $5)) \
+    --json "$OUT/bench-engine-$1.json"
+}
+
+# Issue 25, second call, 9 minutes at most. Files under $OUT (8): run.log, tests.log (each pytest run stops at
+# its first failure and prints it; unbuffered, so a timeout keeps what ran), codec.log + codec.json,
+# fixtures.log, engine.log + bench-engine-0.6b.json, bench-engine-1.7b.json. Triton caches its autotuning on
+# disk: the engine runs reuse what bench_codec chose for the codec's convs (batch 1 included, the engine's
+# small batches).
+codec2() {
+  setup
+  export TRITON_CACHE_AUTOTUNING=1
+  local start=$SECONDS left
+  # shellcheck disable=SC2086
+  step "$TESTS_S" tests python3 -m pytest -x -q --tb=short -rfE --durations=8 -p no:cacheprovider $TESTS_K \
+    tests/engine/test_kernels.py tests/engine/test_codec.py
+  QWEN3_TTS_DEVICE=$DEVICE step "$BATCHING_S" tests python3 -m pytest -x -q --tb=short -rfE -p no:cacheprovider \
+    tests/engine/test_batching.py
+  # shellcheck disable=SC2086
+  step "$CODEC_S" codec python3 scripts/bench_codec.py --label after $CODEC_ARGS --json "$OUT/codec.json"
+  checkpoint 0.6b "$Q06" 2 "$FIXTURE_S"
+  engine_bench 0.6b "$Q06" "$STREAMS_06" "$ENGINE_S" 60
+  left=$((BUDGET - (SECONDS - start)))
+  if [ "$left" -lt 150 ]; then
+    log "1.7B skipped: ${left} s left"
+    return 0
+  fi
+  checkpoint 1.7b "$Q17" 2 $((left - 70))
+  left=$((BUDGET - (SECONDS - start)))
+  [ -f "$Q17/references.json" ] && [ "$left" -ge 60 ] || { log "1.7B skipped: ${left} s left"; return 0; }
+  engine_bench 1.7b "$Q17" "$STREAMS_17" "$left" 35
+}
+
+# Issue 25's last call, BUDGET seconds in all (setup included): first audio P50/P95, RTF and stalls of 0.6B
+# CustomVoice at 1 and 1024 streams, opened at once and staggered, then (150 s or more left) the speech API.
+# The engine autotunes its kernels as it starts (no bench_codec before it), onto Triton's disk cache, which the
+# speech call's engine process reads. Files under $OUT: run.log, fixtures.log, engine.log +
+# bench-engine-0.6b.json, bench-speech-0.6b.log + .json.
+final() {
+  local start=$SECONDS left
+  setup
+  export TRITON_CACHE_AUTOTUNING=1
+  random_checkpoint real-0.6b "$Q06" "$FIXTURE_S"
+  engine_bench 0.6b "$Q06" "$STREAMS_06" "$ENGINE_S" "$RESERVE_S"
+  left=$((BUDGET - (SECONDS - start)))
+  if [ "$left" -lt 150 ]; then
+    log "speech skipped: ${left} s left"
+    return 0
+  fi
+  random_checkpoint real-0.6b-base "$F06B" "$FIXTURE_S"
+  [ -f "$Q06/config.json" ] && [ -f "$F06B/config.json" ] || { log "speech: a checkpoint is missing"; return 1; }
+  # What is left, less the 10 s a step may take past its limit to stop.
+  speech_bench 0.6b "$Q06" "$F06B" $((BUDGET - (SECONDS - start) - 10)) 0 "$SPEECH_LEVELS"
 }
 
 prepare_codec() {
@@ -371,6 +443,32 @@ case "${1:-}" in
     BEFORE_BATCHES=2 BEFORE_PROFILE=""
     export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
     codec ;;
+  codec2)
+    DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 FRAMES=125 STREAMS_06=${STREAMS_06:-1,256,512,1024}
+    STREAMS_17=${STREAMS_17:-1,256,512} TESTS_K="" BUDGET=${BUDGET:-525} TESTS_S=100 BATCHING_S=50 CODEC_S=140
+    FIXTURE_S=60 ENGINE_S=180 CODEC_ARGS="--batches 1,64,256,1024 --frames 4,1 --profile 256 --time-budget 100"
+    codec2 ;;
+  codec2-check)
+    # The codec2 call on this machine's CPU: the float32 kernel tests in Triton's interpreter, the runner's tests,
+    # the codec benchmark eager on the tiny codec, the engine on the committed tiny checkpoint (both sizes).
+    CPU_CHECK=1 DEVICE=cpu Q06=$ROOT/tests/data/qwen3_tts_tiny Q17=$ROOT/tests/data/qwen3_tts_tiny FRAMES=6
+    STREAMS_06=1,2 STREAMS_17=1,2 TESTS_K="-k f32" BUDGET=530 TESTS_S=300 BATCHING_S=120 CODEC_S=150 FIXTURE_S=60
+    ENGINE_S=170 CODEC_ARGS="--device cpu --config tests/data/codec_tiny/config.json --batches 1,2 --frames 4,1 --reps 2 --profile 1"
+    export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
+    codec2 ;;
+  final)
+    DEVICE=cuda Q06=/tmp/q06 F06B=/tmp/f06b FRAMES=125 STREAMS_06=${STREAMS_06:-1,1024} BUDGET=${BUDGET:-290}
+    FIXTURE_S=45 ENGINE_S=215 RESERVE_S=50 ENGINE_DEVICES=auto MAX_STREAMS=512 CLIENTS=${CLIENTS:-4}
+    SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256} PORT=18775
+    final ;;
+  final-check)
+    # The final call on this machine's CPU, with its budgets: the tiny CustomVoice and Base checkpoints of
+    # tests/data (nothing to make), 1 and 2 streams, the speech API at 1 and 2 (BUDGET=160: it is skipped).
+    CPU_CHECK=1 DEVICE=cpu Q06=$ROOT/tests/data/qwen3_tts_tiny F06B=$ROOT/tests/data/qwen3_tts_tiny_base FRAMES=20
+    STREAMS_06=1,2 BUDGET=${BUDGET:-290} FIXTURE_S=45 ENGINE_S=215 RESERVE_S=50 ENGINE_DEVICES=cpu MAX_STREAMS=4
+    CLIENTS=1 SPEECH_LEVELS=1,2 PORT=${PORT:-28775}
+    export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
+    final ;;
   capacity-0.6b|capacity-1.7b)
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 ENGINE_DEVICES=auto MAX_STREAMS=1024 WORKERS=${WORKERS:-12}
     CLIENTS=${CLIENTS:-4} CYCLES=1 PORT=18765 PROFILE=${PROFILE:-15} LIMIT=${LIMIT:-420}
@@ -439,5 +537,5 @@ case "${1:-}" in
     rm -rf "$Q06" "$Q17"
     engine
     gateway ;;
-  *) sed -n 2,39p "$0"; exit 2 ;;
+  *) sed -n 2,63p "$0"; exit 2 ;;
 esac

@@ -74,7 +74,7 @@ def test_streams_in_one_batch_make_their_solo_codes(ckpt: checkpoint.Checkpoint,
     streams[0].add_text(PROMPTS[0]["text"], final=True)
     first_word = PROMPTS[2]["text"].split(" ")[0]
     steps = 0
-    while any(not s.done for s in streams):
+    while any(not s.done for s in streams) or runner.busy:
         if steps == 2:
             runner.add(streams[1])
             streams[1].add_text(PROMPTS[1]["text"], final=True)
@@ -106,7 +106,7 @@ def test_a_stream_that_leaves_frees_its_row(ckpt: checkpoint.Checkpoint, greedy:
         got += [packet.codes for stream, packet in runner.step() if stream is streams[2] and packet]
     runner.remove(streams[0])
     assert streams[2].row == 0 and runner.streams == [streams[2], streams[1]]
-    while not streams[2].done:
+    while not streams[2].done or runner.busy:
         got += [packet.codes for stream, packet in runner.step() if stream is streams[2] and packet]
     assert torch.equal(torch.cat(got, dim=1).T, solo)
 
@@ -121,9 +121,60 @@ def test_sampled_streams_do_not_depend_on_their_batch(ckpt: checkpoint.Checkpoin
     for s, p in zip(streams, PROMPTS[1::-1], strict=True):
         runner.add(s)
         s.add_text(p["text"], final=True)
-    while not streams[1].done:
+    while not streams[1].done or runner.busy:
         got += [packet.codes for stream, packet in runner.step() if stream is streams[1] and packet]
     assert torch.equal(torch.cat(got, dim=1).T, solo)
+
+
+def test_a_one_frame_first_packet_is_decoded_with_its_frame(ckpt: checkpoint.Checkpoint,
+                                                            greedy: SamplingParams) -> None:
+    """first_packet_frames=1: the first packet is decoded as its frame is launched, so the step that takes
+    the frame's codes hands it out (a later packet comes a step after its last frame's codes); its audio is
+    the codec's decode of that frame, and the stream goes on to make its solo codes."""
+    solo = alone(ckpt, greedy, PROMPTS[0])
+    runner = Runner(ckpt, 2, FRAMES + 16, greedy, 4, first_packet_frames=1, cuda_graphs=False)
+    stream = Stream(ckpt, TextTokens(ckpt.tokenizer), Voice.resolve(ckpt.config, PROMPTS[0]["speaker"],
+                                                                     PROMPTS[0]["language"]), 0, 4, FRAMES,
+                    first_packet_frames=1)
+    stream.add_text(PROMPTS[0]["text"], final=True)
+    runner.add(stream)
+    assert runner.step() == []  # frame 0 launched, and its packet decoded behind it
+    (got, first), = runner.step()  # frame 1 launched, frame 0 taken: the first packet is out
+    assert got is stream and first.codes.shape == (16, 1) and torch.equal(first.codes[:, 0], solo[0])
+    pcm = torch.frombuffer(bytearray(first.pcm), dtype=torch.int16).double()
+    want = (ckpt.codec.decode(solo[:1].T[None].to(DEVICE))[0].cpu().clamp(-1, 1) * 32767).round()
+    assert pcm.shape == want.shape and (pcm - want).abs().max() <= 1
+    steps, packets = 2, [first]
+    while not stream.done or runner.busy:
+        events = runner.step()
+        steps += 1
+        packets += [packet for _, packet in events]
+        if steps == 6:  # frames 1-4 were taken by step 6: their packet is handed out by step 7
+            assert len(packets) == 1
+        if steps == 7:
+            assert [p.codes.shape[1] for p in packets] == [1, 4]
+    assert torch.equal(torch.cat([p.codes for p in packets], dim=1).T, solo)
+    assert packets[-1].last and not any(p.last for p in packets[:-1])
+
+
+def test_a_cancelled_stream_gets_no_packet_on_its_way(ckpt: checkpoint.Checkpoint, greedy: SamplingParams) -> None:
+    """A stream removed while its decoded packet waits to be handed out gets nothing more; the other stream's
+    packets and codes are untouched."""
+    solo = alone(ckpt, greedy, PROMPTS[1])
+    runner = Runner(ckpt, 2, FRAMES + 16, greedy, 4, cuda_graphs=False)
+    streams = [make(ckpt, PROMPTS[0]), make(ckpt, PROMPTS[1])]
+    for s, p in zip(streams, PROMPTS[:2], strict=True):
+        runner.add(s)
+        s.add_text(p["text"], final=True)
+    got = []
+    for _ in range(5):  # frames 0-3 taken by step 5: both streams' first packets decoded, not handed out
+        got += runner.step()
+    assert got == [] and runner.busy
+    runner.remove(streams[0])
+    while not streams[1].done or runner.busy:
+        got += runner.step()
+    assert all(s is streams[1] for s, _ in got)
+    assert torch.equal(torch.cat([p.codes for _, p in got], dim=1).T, solo)
 
 
 @pytest.mark.skipif(DEVICE != "cuda" or not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -205,7 +256,7 @@ def test_voices_and_modes_share_a_batch() -> None:
                 s.add_text(prompts[i][0], final=True)
         codes: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(prompts))}
         steps = 0
-        while any(not s.done for s in streams):
+        while any(not s.done for s in streams) or runner.busy:
             if steps == 2:
                 runner.add(streams[late])
                 streams[late].add_text(prompts[late][0], final=True)

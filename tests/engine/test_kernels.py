@@ -28,6 +28,16 @@ def on_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernels, "available", lambda x: kernels.triton is not None)
 
 
+@pytest.fixture(autouse=True)
+def exact_float32_references():
+    """float32 references in float32 on a GPU: cuDNN's convolutions default to TF32 (a 1x1 conv is a TF32
+    GEMM there), 10 mantissa bits against the kernels' full float32 products."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 def reference(fn, *args, **kwargs):
     """fn's PyTorch path."""
     kernels.set_enabled(False)
@@ -181,6 +191,43 @@ def test_causal_conv_transpose(k: int, stride: int, cached: bool, dtype: torch.d
     assert rel(out, want) < TOLERANCE[dtype] and rel(activated, want_activated) < TOLERANCE[dtype]
     if cache is not None:
         assert torch.equal(cache, cache_ref)
+
+
+GPU_ONLY = pytest.mark.skipif(DEVICE == "cpu", reason="configs apply to compiled kernels (the interpreter runs "
+                              "its own large blocks)")
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("config", range(len(kernels._conv_configs())) if kernels.triton else [])
+def test_every_conv_config(config: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each autotuning candidate of the conv kernel gives the reference's result (the tests above run one
+    config per shape): streams shorter than a tile (a tile spans several) and a cache longer than the input,
+    then a transposed conv."""
+    monkeypatch.setattr(kernels._conv_kernel, "configs", [kernels._conv_configs()[config]])
+    dtype = torch.bfloat16
+    x, weight, bias, act = conv_case(5, 3, 24, 24, 7, dtype)
+    cache = poisoned_cache(5, 18, 24, dtype)
+    cache_ref, residual = cache.clone(), randn(5, 3, 24, dtype=dtype)
+    out, activated = kernels.causal_conv(x, kernels.pack_conv(weight), bias, 7, 3, cache, residual, act)
+    want, want_activated = kernels.causal_conv_reference(x, weight, bias, 3, cache_ref, residual, act)
+    assert rel(out, want) < TOLERANCE[dtype] and rel(activated, want_activated) < TOLERANCE[dtype]
+    assert torch.equal(cache, cache_ref)
+    x, weight, bias, act = conv_case(3, 2, 24, 20, 16, dtype, stride=8)
+    out, activated = kernels.causal_conv_transpose(x, kernels.pack_conv_transpose(weight, 8), bias, 8, None, act)
+    want, want_activated = kernels.causal_conv_transpose_reference(x, weight, bias, 8, None, act)
+    assert rel(out, want) < TOLERANCE[dtype] and rel(activated, want_activated) < TOLERANCE[dtype]
+
+
+@GPU_ONLY
+@pytest.mark.parametrize("config", range(len(kernels._gemv_configs())) if kernels.triton else [])
+def test_every_gemv_config(config: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each autotuning candidate of the matrix-vector kernel, with its RMSNorm prologue and residual."""
+    monkeypatch.setattr(kernels._gemv_kernel, "configs", [kernels._gemv_configs()[config]])
+    dtype = torch.bfloat16
+    weight, x, residual = (randn(40, 2500) / 50).to(dtype), randn(2, 1, 2500, dtype=dtype), randn(2, 1, 40, dtype=dtype)
+    norm = ((1 + 0.1 * randn(2500)).to(dtype), 1e-6)
+    got = kernels.linear(x, weight, norm=norm, residual=residual)
+    assert rel(got, kernels.linear_reference(x, weight, norm=norm, residual=residual)) < TOLERANCE[dtype]
 
 
 def test_causal_conv_matches_the_official_padding() -> None:

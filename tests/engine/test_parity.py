@@ -65,6 +65,16 @@ def test_prompt_tokens_match_official(ckpt: checkpoint.Checkpoint, prompt: dict)
     assert tokens.role_ids + ids == prompt["input_ids"][:-5]
 
 
+def test_batched_tokenization_equals_the_tokenizer_call(ckpt: checkpoint.Checkpoint) -> None:
+    """The engine tokenizes every stream's new text in one call of the fast tokenizer's backend: the ids and
+    character spans of the transformers call on each text alone."""
+    tokens = TextTokens(ckpt.tokenizer)
+    texts = [p["text"] for p in REFS["prompts"]] + ["Hi!  ", "12,5 km/h -- ok?", "你好，世界"]
+    for text, (ids, spans) in zip(texts, tokens.encode_many(texts), strict=True):
+        enc = ckpt.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        assert ids == enc["input_ids"] and spans == [tuple(span) for span in enc["offset_mapping"]], text
+
+
 @pytest.mark.parametrize("prompt", REFS["prompts"], ids=[p["name"] for p in REFS["prompts"]])
 def test_greedy_codes_match_official(ckpt: checkpoint.Checkpoint, prompt: dict) -> None:
     params = SamplingParams.from_generation_config(ckpt.generation, greedy=True)
