@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import websockets
@@ -49,8 +50,9 @@ async def test_a_storm_of_refusals_writes_no_error_and_few_warnings(tmp_path: Pa
                                   stdout=out, stderr=subprocess.STDOUT)
     held: list[asyncio.StreamWriter] = []
     try:
-        while not (found := re.search(r"on http://127\.0\.0\.1:(\d+)", log.read_text())):
-            assert server.poll() is None, log.read_text()
+        deadline = time.monotonic() + 120
+        while not (found := re.search(r"ready: open http://127\.0\.0\.1:(\d+)/", log.read_text())):
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
             await asyncio.sleep(0.1)
         port = int(found[1])
         url = f"ws://127.0.0.1:{port}/v1/realtime"
