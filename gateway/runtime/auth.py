@@ -113,8 +113,8 @@ class Auth:
             signing_key = hmac.new(_DERIVE_LABEL, "\n".join(keys).encode(), hashlib.sha256).digest()
         else:
             signing_key = secrets.token_bytes(32)
-            log.info("client secrets are signed with a random key of this process (no GATEWAY_SIGNING_KEY or "
-                     "GATEWAY_API_KEYS): they verify only here")
+            log.info("client secrets are sealed with a random key of this process (no GATEWAY_SIGNING_KEY or "
+                     "GATEWAY_API_KEYS): they open only here")
         return cls(keys, signing_key)
 
     @property
