@@ -189,11 +189,16 @@ async def serve(args: argparse.Namespace) -> None:
     from gateway.server.serve import GatewayServer
 
     config, tone = gateway_config(args)
-    gateway = GatewayServer(config, tone_responder(config) if tone else None)
+    await serve_probed(GatewayServer(config, tone_responder(config) if tone else None), args.stats_dir)
+
+
+async def serve_probed(gateway: Any, stats_dir: str) -> None:
+    """Start `gateway` (a GatewayServer), say "ready" on stdout, and probe its stats into `stats_dir` until
+    SIGTERM; then stop it."""
     await gateway.start()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    task = asyncio.create_task(probe(Path(args.stats_dir) / f"gateway-{os.getpid()}.jsonl",
+    task = asyncio.create_task(probe(Path(stats_dir) / f"gateway-{os.getpid()}.jsonl",
                                      getattr(gateway.gateway.responder, "tts_engine", None),
                                      lambda: len(gateway.gateway.sessions)))
     print("ready", flush=True)
@@ -204,15 +209,21 @@ async def serve(args: argparse.Namespace) -> None:
 
 def start_gateway(args: argparse.Namespace, stats_dir: Path, fake_url: str) -> subprocess.Popen[str]:
     """The gateway process(es), started; returns once they serve."""
+    return spawn_serving([__file__, "--serve", "--port", str(args.port), "--stats-dir", str(stats_dir),
+                          "--responder", args.responder, "--fake-url", fake_url, "--tts", args.tts,
+                          "--checkpoint", args.checkpoint, "--engine-mode", args.engine_mode,
+                          "--engine-devices", args.engine_devices, "--max-streams", str(args.max_streams),
+                          "--engine-max-frames", str(args.engine_max_frames), "--workers", str(args.workers),
+                          "--worker-balance", args.worker_balance], args.workers)
+
+
+def spawn_serving(argv: list[str], processes: int = 1) -> subprocess.Popen[str]:
+    """`python argv...` with this checkout importable, started; returns once each of its `processes` serving
+    processes said "ready" (serve_probed)."""
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    cmd = [sys.executable, __file__, "--serve", "--port", str(args.port), "--stats-dir", str(stats_dir),
-           "--responder", args.responder, "--fake-url", fake_url, "--tts", args.tts,
-           "--checkpoint", args.checkpoint, "--engine-mode", args.engine_mode, "--engine-devices", args.engine_devices,
-           "--max-streams", str(args.max_streams), "--engine-max-frames", str(args.engine_max_frames),
-           "--workers", str(args.workers), "--worker-balance", args.worker_balance]
-    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    server = subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": pythonpath})
-    for _ in range(args.workers):  # each worker says "ready" once it serves
+    for _ in range(processes):
         if server.stdout.readline().strip() != "ready":
             server.terminate()
             server.wait(60)

@@ -86,32 +86,14 @@ async def serve(args: argparse.Namespace) -> None:
     speech.max_streams, speech.max_waiting, speech.wait_timeout_s = args.max_streams or 0, 4096, 600.0
     if "clone" in args.voices.split(","):
         config.voices.named = {"bench": VoiceConfig(reference=str(REFERENCE), transcript=REFERENCE_TEXT)}
-    gateway = GatewayServer(config)
-    await gateway.start()
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    task = asyncio.create_task(bg.probe(Path(args.stats_dir) / f"gateway-{os.getpid()}.jsonl",
-                                        getattr(gateway.gateway.responder, "tts_engine", None),
-                                        lambda: len(gateway.gateway.sessions)))
-    print("ready", flush=True)
-    await stop.wait()
-    task.cancel()
-    await gateway.stop()
+    await bg.serve_probed(GatewayServer(config), args.stats_dir)
 
 
 def start_gateway(args: argparse.Namespace, stats_dir: Path, fake_url: str) -> subprocess.Popen[str]:
-    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    cmd = [sys.executable, __file__, "--serve", "--port", str(args.port), "--stats-dir", str(stats_dir),
-           "--fake-url", fake_url, "--checkpoint", args.checkpoint, "--engine-mode", args.engine_mode,
-           "--engine-devices", args.engine_devices, "--max-streams", str(args.max_streams), "--frames",
-           str(args.frames), "--voices", args.voices]
-    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": pythonpath})
-    if server.stdout.readline().strip() != "ready":
-        server.terminate()
-        server.wait(60)
-        raise SystemExit(f"the gateway did not start (exit status {server.returncode})")
-    return server
+    return bg.spawn_serving([__file__, "--serve", "--port", str(args.port), "--stats-dir", str(stats_dir),
+                             "--fake-url", fake_url, "--checkpoint", args.checkpoint, "--engine-mode",
+                             args.engine_mode, "--engine-devices", args.engine_devices, "--max-streams",
+                             str(args.max_streams), "--frames", str(args.frames), "--voices", args.voices])
 
 
 # --- the load generator ------------------------------------------------------------------------------
