@@ -77,3 +77,18 @@ def json_object(text: bytes | str, what: str, not_object_code: str) -> dict[str,
     if not isinstance(value, dict):
         raise HttpError(400, f"{what} must be a JSON object.", not_object_code)
     return value
+
+
+def string_field(body: dict[str, Any], name: str, *, required: bool = False, limit: int | None = None) -> str | None:
+    """A JSON body's or a form's string field `name` (None when absent), or the 400 OpenAI gives."""
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise HttpError(400, f"Missing required parameter: '{name}'.", "missing_required_parameter", name)
+        return None
+    if not isinstance(value, str):
+        raise HttpError(400, f"'{name}' must be a string.", "invalid_type", name)
+    if limit is not None and len(value) > limit:
+        raise HttpError(400, f"'{name}' is longer than {limit} characters ({len(value)}).", "string_above_max_length",
+                        name)
+    return value

@@ -41,7 +41,7 @@ from gateway.responders.text_bridge import TextBridge
 from gateway.runtime.custom_voices import VoiceRefused
 from gateway.runtime.gateway import Gateway
 from gateway.runtime.speech import SpeechBusy, SpeechService
-from gateway.transports.rest import HttpError, authorize, read_json_object
+from gateway.transports.rest import HttpError, authorize, read_json_object, string_field
 
 log = logging.getLogger(__name__)
 
@@ -66,22 +66,8 @@ class SpeechRequest:
     sampling: Sampling | None
 
 
-def _string(body: dict[str, Any], name: str, *, required: bool = False, limit: int | None = None) -> str | None:
-    value = body.get(name)
-    if value is None:
-        if required:
-            raise HttpError(400, f"Missing required parameter: '{name}'.", "missing_required_parameter", name)
-        return None
-    if not isinstance(value, str):
-        raise HttpError(400, f"'{name}' must be a string.", "invalid_type", name)
-    if limit is not None and len(value) > limit:
-        raise HttpError(400, f"'{name}' is longer than {limit} characters ({len(value)}).", "string_above_max_length",
-                        name)
-    return value
-
-
 def _choice(body: dict[str, Any], name: str, choices: tuple[str, ...], default: str) -> str:
-    value = _string(body, name) or default
+    value = string_field(body, name) or default
     if value not in choices:
         raise HttpError(400, f"'{name}' must be one of {', '.join(choices)}; got {value!r}.", "invalid_value", name)
     return value
@@ -93,8 +79,8 @@ def parse_request(body: dict[str, Any], gateway: Gateway) -> SpeechRequest:
     unknown = sorted(set(body) - OPENAI_FIELDS - EXTRA_FIELDS)
     if unknown:
         raise HttpError(400, f"Unrecognized request argument supplied: {unknown[0]}.", "unknown_parameter", unknown[0])
-    model = _string(body, "model", required=True)
-    text = _string(body, "input", required=True, limit=config.max_input_chars)
+    model = string_field(body, "model", required=True)
+    text = string_field(body, "input", required=True, limit=config.max_input_chars)
     assert model is not None and text is not None
     if not text.strip():
         raise HttpError(400, "'input' is empty: give the text to speak.", "empty_input", "input")
@@ -104,7 +90,7 @@ def parse_request(body: dict[str, Any], gateway: Gateway) -> SpeechRequest:
         extra = sorted(set(voice) - {"id"})
         if extra:
             raise HttpError(400, f"Unknown field 'voice.{extra[0]}'.", "unknown_parameter", f"voice.{extra[0]}")
-        voice = _string(voice, "id", required=True)
+        voice = string_field(voice, "id", required=True)
         if voice is not None and not voice.strip():
             raise HttpError(400, "'voice.id' is empty.", "invalid_value", "voice.id")
     elif voice is None:
@@ -123,10 +109,10 @@ def parse_request(body: dict[str, Any], gateway: Gateway) -> SpeechRequest:
         sampling = Sampling(**given)
         if (problem := sampling.problem()) is not None:
             raise HttpError(400, problem[1] + ".", "invalid_value", problem[0])
-    language = _string(body, "language", limit=64)
+    language = string_field(body, "language", limit=64)
     return SpeechRequest(
         model=model, text=text, voice=voice, custom=custom,
-        instructions=_string(body, "instructions", limit=config.max_instructions_chars) or None,
+        instructions=string_field(body, "instructions", limit=config.max_instructions_chars) or None,
         response_format=_choice(body, "response_format", tuple(RESPONSE_FORMATS), "mp3"),
         speed=float(speed), sse=_choice(body, "stream_format", ("audio", "sse"), "audio") == "sse",
         language=language.strip() or None if language is not None else None, sampling=sampling)

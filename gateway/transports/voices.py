@@ -32,7 +32,7 @@ from starlette.routing import Route
 from gateway.runtime.consent import CONSENT_PHRASES
 from gateway.runtime.custom_voices import Upload, VoiceLibrary, VoiceRefused
 from gateway.runtime.gateway import Gateway
-from gateway.transports.rest import HttpError, authorize, json_object, read_body
+from gateway.transports.rest import HttpError, authorize, json_object, read_body, string_field
 
 STATUS = {"invalid": 400, "full": 400, "unsupported": 415, "too_large": 413, "not_found": 404, "unavailable": 501,
           "busy": 503}
@@ -89,17 +89,6 @@ class VoiceRoutes:
         return fields
 
     @staticmethod
-    def _text(fields: dict[str, Any], name: str, required: bool = True) -> str | None:
-        value = fields.get(name)
-        if value is None:
-            if required:
-                raise HttpError(400, f"Missing required parameter: '{name}'.", "missing_required_parameter", name)
-            return None
-        if not isinstance(value, str):
-            raise HttpError(400, f"'{name}' must be a string.", "invalid_type", name)
-        return value
-
-    @staticmethod
     def _upload(fields: dict[str, Any], name: str) -> Upload:
         value = fields.get(name)
         if value is None:
@@ -113,7 +102,8 @@ class VoiceRoutes:
     async def create_consent(self, request: Request) -> Response:
         authorize(request, self.gateway)
         fields = await self._form(request, "recording")
-        name, language = self._text(fields, "name"), self._text(fields, "language")
+        name = string_field(fields, "name", required=True)
+        language = string_field(fields, "language", required=True)
         assert name is not None and language is not None
         recording = self._upload(fields, "recording")
         try:
@@ -151,7 +141,7 @@ class VoiceRoutes:
                 await self.library.delete("consents", consent_id)
                 return JSONResponse({"id": consent_id, "object": "audio.voice_consent", "deleted": True})
             fields = await self._form(request, None)
-            name = self._text(fields, "name")
+            name = string_field(fields, "name", required=True)
             assert name is not None
             return JSONResponse(await self.library.rename_consent(consent_id, name))
         except VoiceRefused as exc:
@@ -162,22 +152,22 @@ class VoiceRoutes:
     async def create_voice(self, request: Request) -> Response:
         authorize(request, self.gateway)
         fields = await self._form(request, "audio_sample")
-        kind = self._text(fields, "type", required=False) or "audio_sample"
-        name = self._text(fields, "name")
+        kind = string_field(fields, "type") or "audio_sample"
+        name = string_field(fields, "name", required=True)
         assert name is not None
         try:
             if kind == "audio_sample":
                 sample = self._upload(fields, "audio_sample")
-                consent_id = self._text(fields, "consent")
+                consent_id = string_field(fields, "consent", required=True)
                 assert consent_id is not None
-                transcript = self._text(fields, "transcript", required=False)
+                transcript = string_field(fields, "transcript")
                 engine = await self.gateway.speech.engine()
                 made = await self.library.create_clone(name, sample, consent_id, engine, self.gateway.transcriber,
                                                        transcript)
             elif kind == "prompt":
-                prompt = self._text(fields, "prompt")
+                prompt = string_field(fields, "prompt", required=True)
                 assert prompt is not None
-                hint = self._text(fields, "script_hint", required=False)
+                hint = string_field(fields, "script_hint")
                 if hint is not None and not hint.strip():
                     raise HttpError(400, "'script_hint' is empty.", "invalid_value", "script_hint")
                 if hint is not None and len(hint) > self.config.max_prompt_chars:
@@ -185,7 +175,7 @@ class VoiceRoutes:
                                     "string_above_max_length", "script_hint")
                 engine = await self.gateway.speech.engine()
                 made = await self.library.create_design(name, prompt, engine, hint,
-                                                        self._text(fields, "model", required=False))
+                                                        string_field(fields, "model"))
             else:
                 raise HttpError(400, f"'type' must be 'audio_sample' or 'prompt'; got {kind!r}.", "invalid_value",
                                 "type")
