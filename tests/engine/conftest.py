@@ -7,8 +7,22 @@ every candidate for every new shape: minutes over these tests); test_kernels che
 
 import os
 
+import pytest
 import torch
 
 os.environ.setdefault("QWEN3_TTS_AUTOTUNE", "0")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # The tiny models are all per-op overhead: two intra-op threads on a shared 2-core box are ~20x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    # Parity is checked in float32; TF32 convolutions (cuDNN's default) would blur it on a GPU.
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.set_num_threads(threads)
+    torch.backends.cudnn.allow_tf32 = tf32

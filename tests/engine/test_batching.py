@@ -31,17 +31,6 @@ PROMPTS = [BY_NAME["vivian_en_stream"], BY_NAME["dylan_auto_dialect_stream"], BY
 FRAMES = 12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.set_num_threads(threads)
-    torch.backends.cudnn.allow_tf32 = tf32
-
-
 @pytest.fixture(scope="module")
 def ckpt() -> checkpoint.Checkpoint:
     return checkpoint.load(str(FIXTURE), device=DEVICE, dtype="float32")

@@ -39,15 +39,6 @@ def assert_informative(wav: torch.Tensor) -> None:
     assert (wav.abs() >= 1.0).float().mean() < 0.05
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's ops are microseconds each: fanning them out over threads only adds overhead."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def codec() -> CodecDecoder:
     model = CodecDecoder.from_config(json.loads((CODEC_TINY / "config.json").read_text())).eval()

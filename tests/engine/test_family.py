@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from engine import checkpoint
@@ -35,17 +34,6 @@ DEVICE = os.environ.get("QWEN3_TTS_DEVICE", "cpu")
 REFS = {f: json.loads((f / "references.json").read_text()) for f in [*FIXTURES, *COMMITTED]}
 CASES = [(f, p) for f in FIXTURES for p in REFS[f]["prompts"]]
 BASES = [f for f in FIXTURES if "references" in REFS[f]]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.set_num_threads(threads)
-    torch.backends.cudnn.allow_tf32 = tf32
 
 
 _loaded: dict[Path, checkpoint.Checkpoint] = {}

@@ -16,15 +16,6 @@ from tests.paths import DATA, TINY_CHECKPOINT
 
 FIXTURE = TINY_CHECKPOINT
 BASE = DATA / "qwen3_tts_tiny_base"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # The tiny model is all per-op overhead; two intra-op threads on a shared 2-core box are ~20x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 TENSOR = "talker.model.layers.1.self_attn.k_norm.weight"
 CODEC_TENSOR = "decoder.pre_conv.conv.weight"
 

@@ -27,17 +27,6 @@ FIXTURE = Path(os.environ.get("QWEN3_TTS_FIXTURE", COMMITTED))
 DEVICE = os.environ.get("QWEN3_TTS_DEVICE", "cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # The tiny model is all per-op overhead; two intra-op threads on a shared 2-core box are ~20x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    # Parity is checked in float32; TF32 convolutions (cuDNN's default) would blur it on a GPU.
-    tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.set_num_threads(threads)
-    torch.backends.cudnn.allow_tf32 = tf32
 REFS = json.loads((FIXTURE / "references.json").read_text())
 
 

@@ -29,15 +29,6 @@ TEXT = REFS["prompts"][0]["text"]  # vivian, english: 21 frames, then the frame 
 BYTES_PER_FRAME = 1920 * 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # The tiny model is all per-op overhead; two intra-op threads on a shared 2-core box are ~20x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def ckpt() -> checkpoint.Checkpoint:
     return checkpoint.load(str(FIXTURE), device="cpu")
