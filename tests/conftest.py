@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
 import asyncio  # noqa: E402
 import base64
 import wave
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -91,6 +91,16 @@ class Served(GatewayServer):
 
 
 StartGateway = Callable[..., Awaitable[Served]]
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """For modules that run the tiny checkpoints in this process: they are all per-op overhead, and more
+    intra-op threads on a shared 2-core box only slow them (`pytest.mark.usefixtures("one_torch_thread")`)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

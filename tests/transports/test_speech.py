@@ -31,6 +31,8 @@ from tests.conftest import Served, StartGateway, audio_of, connect
 from tests.fake_openai import FakeOpenAI
 from tests.paths import DATA, TINY_CHECKPOINT
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TEXT = "Hello there. This is the speech endpoint, streaming as it goes."
 # Samples a decoder yields beyond the audio: the encoder's priming (LAME's 1105-sample delay, AAC's 1024),
 # which a stream written before its length is known cannot tell the decoder to skip (Ogg Opus and FLAC
@@ -62,17 +64,6 @@ class AudioDelta(_Strict):
 class AudioDone(_Strict):
     type: Literal["speech.audio.done"]
     usage: Usage
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # The tiny checkpoint is all per-op overhead; more intra-op threads on a shared 2-core box only slow it.
-    import torch  # noqa: PLC0415 - only the engine's tests import torch at collection
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def sdk(gateway: Served) -> AsyncOpenAI:
@@ -249,7 +240,7 @@ async def test_a_client_that_leaves_frees_its_engine_stream(start_gateway: Start
 async def test_the_engine_processes_serve_speech(start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch) -> None:
     """[engine] mode = "process": the speech request's stream runs in an engine process, its sampling
     carried over IPC, the same samples as the in-process engine's for the seed."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as this process's (one_thread): the same float sums
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as this process's (one_torch_thread): the same float sums
     gateway = await start_gateway(**{**QWEN3, "engine__mode": "process", "engine__devices": "cpu",
                                      "engine__heartbeat_ms": 250.0})
     extra = {"seed": 3, "top_p": 0.8}

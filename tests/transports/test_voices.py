@@ -21,7 +21,8 @@ from tests.conftest import Served, StartGateway, audio_of, connect, make_config
 from tests.fake_openai import FakeOpenAI
 from tests.paths import DATA, TINY_CHECKPOINT
 
-pytestmark = pytest.mark.skipif(speakers.missing() is not None, reason=speakers.missing() or "")
+pytestmark = [pytest.mark.skipif(speakers.missing() is not None, reason=speakers.missing() or ""),
+              pytest.mark.usefixtures("one_torch_thread")]
 
 CHECKPOINTS = ",".join(str(p) for p in (TINY_CHECKPOINT, DATA / "qwen3_tts_tiny_base", DATA / "qwen3_tts_tiny_design"))
 # The tiny Base checkpoint's random speaker encoder puts every voice near cosine 1; 0.998 separates piper's joe
@@ -33,16 +34,6 @@ def family(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     return {"tts__engine": "qwen3", "engine__checkpoint": CHECKPOINTS, "engine__device": "cpu",
             "engine__voices": {"alloy": "vivian"}, "engine__max_frames": 40, "local__stt": True,
             "voices__dir": str(tmp_path / "voices"), "voices__similarity_threshold": TINY_THRESHOLD, **overrides}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    import torch  # noqa: PLC0415 - only the engine's tests import torch at collection
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def sdk(gateway: Served, key: str = "test-key") -> AsyncOpenAI:
