@@ -384,6 +384,8 @@ speech_bench() {
 # in the time left. Files under $OUT: run.log, tests.log, fixtures.log, bench-speech-*.log and .json.
 speech_size() {
   setup
+  # The first engine process autotunes its kernels onto Triton's disk cache; the sessions' one reads it.
+  export TRITON_CACHE_AUTOTUNING=1
   local size=$1 cv=$2 base=$3 start=$SECONDS left
   # Each stream's own sampling goes through the fused sampling kernel (per-row top-k, top-p, temperature):
   # its tests against the PyTorch code, on this GPU's Triton.
