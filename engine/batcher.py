@@ -161,7 +161,7 @@ class Batcher:
         weight = ckpts[0].codec.decoder.pre_conv.conv.weight
         if weight.is_cuda:
             positions = [PROMPT_POSITIONS + _room(c, max_reference_s, max_instructions_tokens) for c in ckpts]
-            need = sum(state_bytes(c, max_streams, max_frames + p) for c, p in zip(ckpts, positions, strict=True))
+            need = sum(state_bytes(c, max_streams, max_frames + p, p) for c, p in zip(ckpts, positions, strict=True))
             free = torch.cuda.mem_get_info(weight.device)[0]
             if need > free:
                 raise CheckpointError(
@@ -177,7 +177,7 @@ class Batcher:
             positions = PROMPT_POSITIONS + _room(ckpt, max_reference_s, max_instructions_tokens)
             params = SamplingParams.from_generation_config(ckpt.generation, greedy)
             runner = Runner(ckpt, max_streams, max_frames + positions, params, packet_frames, first_packet_frames,
-                            cuda_graphs=cuda_graphs, graph_max_batch=graph_max_batch)
+                            cuda_graphs=cuda_graphs, graph_max_batch=graph_max_batch, max_prompt=positions)
             self.models.append(Model(ckpt, TextTokens(ckpt.tokenizer), params, runner, positions))
         _freeze_what_lives()
         self.cond = threading.Condition()

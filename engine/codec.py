@@ -545,7 +545,7 @@ class CodecState:
             pos=self.pos.narrow(0, start, length),
         )
 
-    def copy_rows_(self, dst: Tensor, src: Tensor) -> None:
+    def copy_rows_(self, dst: int | Tensor, src: int | Tensor) -> None:
         """Move streams between rows in place (rows ``src`` -> rows ``dst``), e.g. to compact a batch."""
         self.memory[dst] = self.memory[src]
         self.keys[:, dst] = self.keys[:, src]
@@ -566,6 +566,27 @@ class CodecState:
         dst.keys.index_copy_(1, rows, self.keys)
         dst.values.index_copy_(1, rows, self.values)
         dst.pos.index_copy_(0, rows, self.pos)
+
+    def fill_rows_(self, dst: CodecState, rows: Tensor) -> None:
+        """Rows ``rows`` of ``dst`` become copies of this one-stream state (streams that start from the same
+        decoded context), in place. The rings must be the same size (``resized``)."""
+        n = rows.shape[0]
+        dst.memory.index_copy_(0, rows, self.memory.expand(n, -1))
+        dst.keys.index_copy_(1, rows, self.keys.expand(-1, n, -1, -1, -1))
+        dst.values.index_copy_(1, rows, self.values.expand(-1, n, -1, -1, -1))
+        dst.pos.index_copy_(0, rows, self.pos.expand(n))
+
+    def resized(self, slots: int, frames: int) -> CodecState:
+        """These streams, each `frames` frames in, with KV rings of `slots` slots: the keys and values of the
+        last min(frames, slots) frames move to their slots in the new ring (frame p in slot p % slots); the
+        conv caches and positions are shared with this state."""
+        ring = self.keys.shape[3]
+        kept = torch.arange(max(0, frames - slots), frames, device=self.pos.device)
+        shape = (*self.keys.shape[:3], slots, self.keys.shape[4])
+        keys, values = self.keys.new_zeros(shape), self.values.new_zeros(shape)
+        keys[:, :, :, kept % slots] = self.keys[:, :, :, kept % ring]
+        values[:, :, :, kept % slots] = self.values[:, :, :, kept % ring]
+        return CodecState(convs=self.convs, memory=self.memory, keys=keys, values=values, pos=self.pos)
 
     def reset_(self, rows: Tensor | None = None) -> None:
         """Start new streams in ``rows`` (bool mask or indices; all rows if None), in place."""
@@ -617,8 +638,9 @@ class CodecDecoder(nn.Module):
         self._check_codes(codes)
         return self.decoder(codes, None)
 
-    def new_state(self, batch_size: int) -> CodecState:
-        """Zeroed streaming state for ``batch_size`` streams, on the module's device and dtype."""
+    def new_state(self, batch_size: int, frames: int = STEP_FRAMES) -> CodecState:
+        """Zeroed streaming state for ``batch_size`` streams, on the module's device and dtype, whose KV rings
+        take steps of up to ``frames`` frames (``decode_step`` splits longer ones)."""
         weight = self.decoder.pre_conv.conv.weight
         dtype, device = weight.dtype, weight.device
         shapes = {module: module.cache_shape for module in self.modules()
@@ -635,7 +657,7 @@ class CodecDecoder(nn.Module):
             cfg.num_hidden_layers,
             batch_size,
             cfg.num_key_value_heads,
-            -(-(cfg.sliding_window - 1 + STEP_FRAMES) // 16) * 16,
+            -(-(cfg.sliding_window - 1 + frames) // 16) * 16,
             cfg.attn_head_dim,
         )
         return CodecState(

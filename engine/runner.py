@@ -3,13 +3,12 @@
 A `Runner` owns the model's rows. Streams join (`add`) and leave (`remove`) between steps; the rows in use
 stay packed at [0, n) (a leaving stream's row takes the last stream), so a step over n streams is a step
 over rows [0, b) for the smallest captured batch size b >= n, and the rows past n are throwaway padding.
-A step prefills the streams that start (their prompts batched, right-padded to PREFILL_LEN positions; a
-longer prompt, such as an in-context clone's or an instructed one, runs eagerly), launches one frame for all
-rows (talker, sampling, the 15-step code predictor), then, while that frame runs on the device, hands out
-the packets the previous step decoded, takes the codes of the frame the previous step launched, and queues
-the packets now due in one batched codec step per packet size, padding a short last packet with frames
-whose samples are cut (the codec is causal, so they change nothing before them). Streams waiting for text
-sit it out.
+A step prefills the streams that start (their prompts batched, right-padded to the next of PREFILL_LENS),
+launches one frame for all rows (talker, sampling, the 15-step code predictor), then, while that frame runs
+on the device, hands out the packets the previous step decoded, takes the codes of the frame the previous
+step launched, and queues the packets now due in one batched codec step per packet size, padding a short
+last packet with frames whose samples are cut (the codec is causal, so they change nothing before them).
+Streams waiting for text sit it out.
 
 The host waits for the device only for what it hands out, and the device always has the next frame queued
 behind it: launching a frame before reading the previous one's codes keeps the device busy through the
@@ -23,8 +22,15 @@ operation is ordered on one CUDA stream, so row moves, prefills and packet decod
 frame see its results.
 
 On a GPU each of these is captured at start-up as one CUDA graph per batch size (1, 2, 4, ... up to the
-rows, or `graph_max_batch`); a batch with no graph, a longer (non-streaming) prompt, and everything on a
-CPU run the same functions eagerly.
+rows, or `graph_max_batch`); the longer prompts (an in-context clone's reference, an instruction) are
+captured at the small batch sizes only, where launching a prefill's layers one by one would cost more than
+running them; a batch with no graph, a prompt longer than any captured one, and everything on a CPU run the
+same functions eagerly.
+
+A cloned voice reaches the prompt through the model's voice bank: its x-vector and its reference frames'
+summed code embeddings are written there once, on the device, when its first stream starts, and a prompt
+names bank rows, so a clone costs a prefill no more host work than a named speaker. An in-context clone's
+decoder state after its reference codes is kept beside them (`ClonedVoices`).
 """
 
 from __future__ import annotations
@@ -42,19 +48,24 @@ from prometheus_client import Counter, Histogram
 
 from engine.checkpoint import Checkpoint
 from engine.codec import CodecDecoder, CodecState
-from engine.prompt import NO_CODEC, Prompt, TextTokens, Voice
+from engine.prompt import NO_CODEC, Prompt, PromptError, TextTokens, Voice
 from engine.sampling import SamplingParams
 from engine.stream import Packet, Stream
+from engine.talker import Qwen3TTS
 from engine.voices import VoicePrompt
 
 log = logging.getLogger(__name__)
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024)
-# Prompt positions of a captured prefill: a streaming prompt takes 9 to 11 (role, control tags, first token).
+# Prompt positions of a captured prefill: a streaming prompt takes 9 to 11 (role, control tags, first token),
+# an in-context clone's 12.5 a second of reference and its transcript, an instructed one its instruction.
 PREFILL_LEN = 16
-# In-context voices whose decoder state after their reference codes is kept (about 2.5 MB each at bf16), and
-# the frames decoded per call when making one.
-PRIMED_VOICES, PRIME_CHUNK = 32, 64
+PREFILL_LENS = (PREFILL_LEN, 64, 128, 192, 256, 384, 512)
+# The batch sizes the longer prefills are captured at: a larger batch of long prompts is compute-bound, and
+# runs eagerly at its own length rather than padded to the next captured one.
+LONG_PREFILL_BATCH = 8
+# Frames decoded per call when priming the decoder with an in-context clone's reference codes.
+PRIME_CHUNK = 64
 STEP_SECONDS = Histogram("tts_engine_step_seconds", "Wall time of one engine step (every running stream makes a "
                          "frame; due packets decoded)", buckets=(.002, .004, .006, .008, .01, .015, .02, .03, .04,
                                                                  .06, .08, .1, .15, .25, .5))
@@ -119,11 +130,12 @@ class Graphs:
         STEPS.labels(self.stage, "eager" if graph is None else "graph").inc()
 
 
-def state_bytes(ckpt: Checkpoint, rows: int, max_len: int) -> int:
-    """Device memory of what a Runner preallocates for `rows` streams of up to `max_len` talker positions: the
-    talker's KV caches (a row more for scratch; positions rounded up to 16 as Qwen3TTS.setup does), the code
-    predictor's, and the codec's streaming state (twice: the streams' rows and a scratch row, and a batch
-    gathered from them).
+def state_bytes(ckpt: Checkpoint, rows: int, max_len: int, max_prompt: int = 0) -> int:
+    """Device memory of what a Runner preallocates for `rows` streams of up to `max_len` talker positions, and
+    of prompts of up to `max_prompt` (0: max_len): the talker's KV caches (a row more for scratch; positions
+    rounded up to 16 as Qwen3TTS.setup does), the code predictor's, the codec's streaming state (twice: the
+    streams' rows and a scratch row, and a batch gathered from them), and on a Base checkpoint what it keeps
+    of as many cloned voices as rows (ClonedVoices: bank slots, primed decoder states).
     The talker's caches dominate: 112 KiB a position for both released sizes (28 layers x 8 KV heads x 128)."""
     itemsize = next(ckpt.model.parameters()).element_size()
     talker, predictor = ckpt.config.talker, ckpt.config.predictor
@@ -131,7 +143,10 @@ def state_bytes(ckpt: Checkpoint, rows: int, max_len: int) -> int:
     positions += rows * predictor.layers * ckpt.config.code_groups * predictor.kv_heads * predictor.head_dim
     one = ckpt.codec.new_state(1)
     codec = sum(t.nbytes for t in (one.memory, one.keys, one.values, one.pos))
-    return 2 * positions * itemsize + (2 * rows + 1) * codec
+    total = 2 * positions * itemsize + (2 * rows + 1) * codec
+    if ckpt.config.kind == "base":
+        total += (1 + rows * (max_prompt or max_len)) * talker.hidden * itemsize + rows * codec
+    return total
 
 
 class PacketDecoder:
@@ -152,23 +167,15 @@ class PacketDecoder:
         pinned = dev.type == "cuda"
         self.host = {n: torch.zeros(rows, n * spf, dtype=torch.int16, pin_memory=pinned) for n in sizes}
         self.first_host = [torch.zeros(rows, spf, dtype=torch.int16, pin_memory=pinned) for _ in range(2)]
-        self.primed: OrderedDict[str, CodecState] = OrderedDict()  # per in-context voice, most recent last
 
     @torch.no_grad()
-    def prime(self, row: int, clone: VoicePrompt) -> None:
-        """Start `row` where decoding an in-context clone's reference codes leaves the decoder: the official
-        code decodes reference and new codes together and cuts the reference's audio off. The state is
-        kept for the voice's next streams (PRIMED_VOICES voices)."""
-        state = self.primed.pop(clone.key, None)
-        if state is None:
-            state = self.codec.new_state(1)
-            codes = torch.from_numpy(clone.codes).T[None].to(self.index.device)  # [1, 16, frames]
-            for part in codes.split(PRIME_CHUNK, dim=2):  # bounded activations, same result as one call
-                self.codec.decode_step(part, state)
-        self.primed[clone.key] = state
-        while len(self.primed) > PRIMED_VOICES:
-            self.primed.popitem(last=False)
-        state.store_rows_(self.state, torch.tensor([row], device=self.index.device))
+    def primed(self, codes: torch.Tensor) -> CodecState:
+        """The one-stream state that decoding an in-context clone's reference codes [frames, 16] leaves: the
+        official code decodes reference and new codes together and cuts the reference's audio off. Decoded
+        PRIME_CHUNK frames a call (bounded activations) on rings that wide, then moved to this decoder's."""
+        wide = self.codec.new_state(1, frames=PRIME_CHUNK)
+        self.codec.decode_step(codes.T[None], wide)
+        return wide.resized(self.state.keys.shape[3], codes.shape[0])
 
     @torch.no_grad()
     def decode(self, b: int, frames: int) -> None:
@@ -187,21 +194,60 @@ class PacketDecoder:
         self.codes[1][:b, :, 0] = codes.index_select(0, self.index[:b].clamp(max=self.rows - 1))
 
 
+class ClonedVoices:
+    """What a runner keeps of each cloned voice its streams speak in, most recent last, up to `capacity`
+    voices (its rows: every running stream may speak in its own, and none is dropped while a prefill names
+    it): a slot of `slot_rows` rows in the model's voice bank (the x-vector, then an in-context clone's
+    reference frames as summed code embeddings) and an in-context clone's primed decoder state. Both are made
+    on the device when the voice's first stream starts, without waiting for it."""
+
+    def __init__(self, model: Qwen3TTS, decoder: PacketDecoder, capacity: int, slot_rows: int) -> None:
+        self.model, self.decoder = model, decoder
+        self.capacity, self.slot_rows = capacity, slot_rows
+        self.kept: OrderedDict[str, tuple[int, CodecState | None]] = OrderedDict()
+
+    @torch.no_grad()
+    def get(self, clone: VoicePrompt) -> tuple[int, CodecState | None]:
+        """The voice's first bank row (its x-vector; its reference frames follow) and its primed decoder state
+        (None for an x-vector clone)."""
+        kept = self.kept.pop(clone.key, None)
+        if kept is None:
+            if clone.frames + 1 > self.slot_rows:
+                raise PromptError(f"the voice's reference of {clone.frames} frames is longer than this runner's "
+                                  f"prompts hold ({self.slot_rows} positions)")
+            if len(self.kept) < self.capacity:
+                row = 1 + len(self.kept) * self.slot_rows
+            else:
+                row = self.kept.popitem(last=False)[1][0]
+            bank = self.model.voice_bank
+            primed = None
+            if clone.speaker is not None:
+                bank[row] = torch.from_numpy(clone.speaker).to(bank.device, non_blocking=True)
+            if clone.codes is not None:
+                codes = torch.from_numpy(clone.codes).to(bank.device, non_blocking=True)
+                bank[row + 1:row + 1 + len(codes)] = self.model.codes_embed_of(codes)[:, 0]
+                primed = self.decoder.primed(codes)
+            kept = row, primed
+        self.kept[clone.key] = kept
+        return kept
+
+
 class Runner:
-    """Up to `rows` streams of up to `max_len` talker positions, sampled with `params` unless a stream
-    brings its own (Stream.params)."""
+    """Up to `rows` streams of up to `max_len` talker positions, with prompts of up to `max_prompt` (0:
+    max_len), sampled with `params` unless a stream brings its own (Stream.params)."""
 
     def __init__(self, ckpt: Checkpoint, rows: int, max_len: int, params: SamplingParams, packet_frames: int,
-                 first_packet_frames: int = 0, cuda_graphs: bool = True, graph_max_batch: int = 0) -> None:
+                 first_packet_frames: int = 0, cuda_graphs: bool = True, graph_max_batch: int = 0,
+                 max_prompt: int = 0) -> None:
         self.model, self.rows, self.params = ckpt.model, rows, params
-        self.model.setup(rows, max_len, params)
+        max_prompt = min(max_prompt or max_len, max_len)
+        clones = rows if ckpt.config.kind == "base" else 0
+        self.model.setup(rows, max_len, params, bank_rows=1 + clones * max_prompt)
         # Packets hold packet_frames frames; a stream's first may hold fewer (sooner audio); a last packet
         # is padded up to the next of these sizes.
         self.packet_sizes = sorted({first_packet_frames or packet_frames, packet_frames})
         self.decoder = PacketDecoder(ckpt.codec, rows, self.packet_sizes)
-        # The captured prefill's codec-track vectors (engine.talker.Qwen3TTS.prefill), zero but for clones.
-        self.vectors = self.model.first_input.new_zeros(rows, PREFILL_LEN, self.model.cfg.talker.hidden)
-        self._vectors_dirty = False
+        self.voices = ClonedVoices(self.model, self.decoder, clones, max_prompt)
         self.samples_per_frame = ckpt.codec.samples_per_frame
         self.streams: list[Stream] = []  # streams[i] holds row i
         self.device = self.model.seed.device
@@ -223,23 +269,32 @@ class Runner:
             limit = min(graph_max_batch or rows, rows)
             sizes = sorted({b for b in BATCH_SIZES if b < limit} | {limit})
             pool = torch.cuda.graph_pool_handle()
+        # The prefill lengths captured: the streaming prompt's, and the longer ones up to the first that holds
+        # the longest prompt.
+        lengths = [PREFILL_LEN]
+        for n in PREFILL_LENS[1:]:
+            if lengths[-1] < max_prompt and n <= self.model.max_len:
+                lengths.append(n)
         start = time.perf_counter()
-        prefill = partial(self.model.prefill, length=PREFILL_LEN, vectors=self.vectors)
         try:
-            self.prefill_graphs = Graphs("prefill", prefill, sizes, pool)
-            self.frame_graphs = Graphs("frame", self.model.step, sizes, pool)
-            self.packet_graphs = {n: Graphs("packet", partial(self.decoder.decode, frames=n), sizes, pool)
-                                  for n in self.packet_sizes}
+            self._capture(sizes, lengths, pool)
         except RuntimeError:  # a failed capture costs speed, never a session
             log.exception("CUDA graph capture failed; every step runs eagerly")
             sizes = []
-            self.prefill_graphs = Graphs("prefill", prefill, [], None)
-            self.frame_graphs = Graphs("frame", self.model.step, [], None)
-            self.packet_graphs = {n: Graphs("packet", partial(self.decoder.decode, frames=n), [], None)
-                                  for n in self.packet_sizes}
+            self._capture([], [PREFILL_LEN], None)
         if sizes:
-            log.info("captured %d CUDA graphs (batch sizes %s) in %.1f s", (2 + len(self.packet_sizes)) * len(sizes),
-                     sizes, time.perf_counter() - start)
+            count = sum(len(g.graphs) for g in [*self.prefill_graphs.values(), self.frame_graphs,
+                                                *self.packet_graphs.values()])
+            log.info("captured %d CUDA graphs (batch sizes %s, prefill lengths %s) in %.1f s", count, sizes,
+                     lengths, time.perf_counter() - start)
+
+    def _capture(self, sizes: list[int], lengths: list[int], pool: tuple | None) -> None:
+        small = [b for b in sizes if b <= LONG_PREFILL_BATCH]
+        self.prefill_graphs = {n: Graphs("prefill", partial(self.model.prefill, length=n),
+                                         sizes if n == PREFILL_LEN else small, pool) for n in lengths}
+        self.frame_graphs = Graphs("frame", self.model.step, sizes, pool)
+        self.packet_graphs = {n: Graphs("packet", partial(self.decoder.decode, frames=n), sizes, pool)
+                              for n in self.packet_sizes}
 
     def add(self, stream: Stream) -> None:
         if len(self.streams) >= self.rows:
@@ -253,9 +308,9 @@ class Runner:
         row, last = stream.row, len(self.streams) - 1
         if row != last:
             moved = self.streams[last]
+            # Python ints index the rows: a device tensor made from a host value would wait for the device.
             self.model.move_row_(last, row)
-            self.decoder.state.copy_rows_(torch.tensor([row], device=self.device),
-                                          torch.tensor([last], device=self.device))
+            self.decoder.state.copy_rows_(row, last)
             moved.row = row
             self.streams[row] = moved
         self.streams.pop()
@@ -391,15 +446,47 @@ class Runner:
         return events
 
     def _prefill(self, fresh: list[Stream]) -> None:
+        """Prefill the new streams' prompts, those of one captured length together, then start their decoder
+        rows: at zero, or where an in-context clone's reference codes leave the decoder."""
         prompts = [s.start() for s in fresh]
-        length = max(len(p) for p in prompts)
-        graphed = length <= PREFILL_LEN  # streaming prompts; longer ones run eagerly
-        b, length = (self.prefill_graphs.size(len(fresh)), PREFILL_LEN) if graphed else (len(fresh), length)
-        ids = numpy.zeros((2, b, length), dtype=numpy.int64)
+        groups: dict[int, list[int]] = {}
+        for i, p in enumerate(prompts):
+            groups.setdefault(next((n for n in self.prefill_graphs if n >= len(p)), 0), []).append(i)
+        for length, members in groups.items():
+            graphs = self.prefill_graphs.get(length)
+            if length != PREFILL_LEN and len(members) > LONG_PREFILL_BATCH:
+                graphs = None  # compute-bound: eager, at its own length
+            self._prefill_batch([fresh[i] for i in members], [prompts[i] for i in members], graphs, length)
+        rows = numpy.array([s.row for s in fresh], dtype=numpy.int64)
+        self.decoder.state.reset_(torch.from_numpy(rows).to(self.device, non_blocking=True))
+        primed: dict[str, tuple[CodecState, list[int]]] = {}
+        for s in fresh:
+            if s.voice.icl and s.voice.clone is not None:
+                state = self.voices.get(s.voice.clone)[1]
+                if state is not None:
+                    primed.setdefault(s.voice.clone.key, (state, []))[1].append(s.row)
+        for state, icl_rows in primed.values():
+            state.fill_rows_(self.decoder.state, torch.tensor(icl_rows).to(self.device, non_blocking=True))
+
+    def _prefill_batch(self, fresh: list[Stream], prompts: list[Prompt], graphs: Graphs | None, length: int) -> None:
+        """One prefill: replayed from `graphs` (its prompts right-padded to `length`), or eager at the
+        longest prompt's length."""
+        if graphs is not None:
+            b = graphs.size(len(fresh))
+        else:
+            b, length = len(fresh), max(len(p) for p in prompts)
+        ids = numpy.zeros((3, b, length), dtype=numpy.int64)
         ids[1] = NO_CODEC
         for i, p in enumerate(prompts):
             ids[0, i, :len(p)] = p.text
             ids[1, i, :len(p)] = p.codec
+            clone = p.voice.clone
+            if clone is not None and (p.speaker_at >= 0 or p.codes_at >= 0):
+                row = self.voices.get(clone)[0]
+                if p.speaker_at >= 0:
+                    ids[2, i, p.speaker_at] = row
+                if p.codes_at >= 0:
+                    ids[2, i, p.codes_at:p.codes_at + clone.frames] = numpy.arange(row + 1, row + 1 + clone.frames)
         meta = numpy.zeros((4, b), dtype=numpy.int64)
         meta[0] = self.rows
         meta[:, :len(fresh)] = [[s.row for s in fresh], [len(p) - 1 for p in prompts], [s.seed for s in fresh],
@@ -409,34 +496,11 @@ class Runner:
         self.model.prompt_ids[:, :b, :length].copy_(torch.from_numpy(ids), non_blocking=True)
         self.model.prompt_meta[:, :b].copy_(torch.from_numpy(meta), non_blocking=True)
         self.model.prompt_sampling[:, :b].copy_(torch.from_numpy(sampling.T), non_blocking=True)
-        vectors = self.vectors if graphed else self.vectors.new_zeros(b, length, self.vectors.shape[-1])
-        self._write_vectors(vectors, prompts, graphed)
-        if graphed:
-            self.prefill_graphs.run(b)
+        if graphs is not None:
+            graphs.run(b)
         else:
-            self.model.prefill(b, length, vectors)
+            self.model.prefill(b, length)
             STEPS.labels("prefill", "eager").inc()
-        self.decoder.state.reset_(torch.from_numpy(meta[0, :len(fresh)]).to(self.device))
-        for s in fresh:
-            if s.voice.icl and s.voice.clone is not None:
-                self.decoder.prime(s.row, s.voice.clone)
-
-    def _write_vectors(self, vectors: torch.Tensor, prompts: list[Prompt], reused: bool) -> None:
-        """The prompts' codec-track vectors (a clone's x-vector, an ICL clone's reference frames) into
-        `vectors` [b, length, hidden], zero elsewhere (`reused`: it holds the last prefill's)."""
-        cloned = [(i, p) for i, p in enumerate(prompts) if p.speaker_at >= 0 or p.codes_at >= 0]
-        if reused:
-            if self._vectors_dirty:
-                vectors.zero_()
-            self._vectors_dirty = bool(cloned)
-        for i, p in cloned:
-            clone = p.voice.clone
-            assert clone is not None
-            if p.speaker_at >= 0 and clone.speaker is not None:
-                vectors[i, p.speaker_at] = torch.from_numpy(clone.speaker).to(vectors)
-            if p.codes_at >= 0 and clone.codes is not None:
-                codes = torch.from_numpy(clone.codes).to(self.device)
-                vectors[i, p.codes_at:p.codes_at + len(codes)] = self.model.codes_embed_of(codes)[:, 0]
 
     def _packets(self, due: list[Stream], n: int) -> _Decoded:
         graphs = self.packet_graphs[n]
@@ -469,7 +533,7 @@ def synthesize(ckpt: Checkpoint, speaker: str | None, language: str | None, text
     stream.add_text(text, final=True)
     positions = voice.positions(ckpt.config, len(stream.ids), non_streaming)
     runner = Runner(ckpt, 1, max_frames + positions + 1, params, packet_frames, first_packet_frames,
-                    cuda_graphs=cuda_graphs)
+                    cuda_graphs=cuda_graphs, max_prompt=positions)
     runner.add(stream)
     packets = []
     while not stream.done or runner.busy:

@@ -223,9 +223,10 @@ class Qwen3TTS(nn.Module):
         self.fused = False
 
     @torch.no_grad()
-    def setup(self, rows: int, max_len: int, params: SamplingParams) -> None:
+    def setup(self, rows: int, max_len: int, params: SamplingParams, bank_rows: int = 1) -> None:
         """Preallocate `rows` streams of up to `max_len` talker positions; `params` says whether streams sample
-        (or take the argmax), and each stream's prefill brings its own temperature, top-k, top-p and penalty."""
+        (or take the argmax), and each stream's prefill brings its own temperature, top-k, top-p and penalty.
+        `bank_rows`: the rows of `voice_bank`, the codec-track vectors prompts can add (row 0 is zero)."""
         p = next(self.parameters())
         dev, dt = p.device, p.dtype
         if not self.fused:
@@ -260,9 +261,11 @@ class Qwen3TTS(nn.Module):
         self.sampling = torch.zeros(len(ROW_FIELDS), state_rows, device=dev)  # engine.sampling.ROW_FIELDS
         self.codes_embed = torch.zeros(state_rows, 1, t.hidden, dtype=dt, device=dev)  # codec part of next input
         self.first_input = torch.zeros(state_rows, 1, t.hidden, dtype=dt, device=dev)  # a prompt's last position
-        # Prefill inputs, written by the host: per new stream its prompt's text-track and codec-track ids
-        # (right-padded), and its row (default: scratch), last prompt position, seed and EOS-ban length.
-        self.prompt_ids = torch.zeros(2, rows, self.max_len, dtype=torch.long, device=dev)
+        # Prefill inputs, written by the host: per new stream its prompt's text-track ids, codec-track ids and
+        # voice_bank rows (right-padded), and its row (default: scratch), last prompt position, seed and
+        # EOS-ban length. The bank holds cloned voices' x-vectors and reference frames (engine.runner).
+        self.prompt_ids = torch.zeros(3, rows, self.max_len, dtype=torch.long, device=dev)
+        self.voice_bank = torch.zeros(bank_rows, t.hidden, dtype=dt, device=dev)
         self.prompt_meta = torch.zeros(4, rows, dtype=torch.long, device=dev)
         self.prompt_meta[0] = rows
         self.prompt_sampling = torch.zeros(len(ROW_FIELDS), rows, device=dev)  # each new stream's sampling
@@ -285,17 +288,16 @@ class Qwen3TTS(nn.Module):
         return F.embedding(codes + self.code_offsets, self.code_table).sum(1, keepdim=True)
 
     @torch.no_grad()
-    def prefill(self, n: int, length: int, vectors: torch.Tensor) -> None:
+    def prefill(self, n: int, length: int) -> None:
         """Start the streams described by the first n rows of `prompt_ids` / `prompt_meta`: embed their
-        prompts (`length` positions, right-padded; `vectors` [>= n, >= length, hidden] is added to the
-        codec track: a cloned voice's x-vector and reference frames, zero elsewhere), fill their rows'
-        caches, keep each prompt's last position as the input of its first step, and reset their sampling
-        state."""
-        text, codec = self.prompt_ids[:, :n, :length]
+        prompts (`length` positions, right-padded; the codec track adds the voice_bank rows the prompt names:
+        a cloned voice's x-vector and reference frames, row 0 (zero) elsewhere), fill their rows' caches,
+        keep each prompt's last position as the input of its first step, and reset their sampling state."""
+        text, codec, vector = self.prompt_ids[:, :n, :length]
         row, last, seed, min_frames = self.prompt_meta[:, :n]
         sampling = self.prompt_sampling[:, :n]
         x = (self.text_embed(text) + torch.where((codec >= 0)[..., None], self.codec_embed(codec.clamp(min=0)), 0)
-             + vectors[:n, :length])
+             + F.embedding(vector, self.voice_bank))
 
         def kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             # A new stream attends to its own prompt only. Positions from its last one on hold throwaway

@@ -291,11 +291,14 @@ def trace_passes(engine, passes: int = 12):
 
 @torch.no_grad()
 def step_times(runner, args: argparse.Namespace, reps: int = 30) -> dict:
-    """One step alone at each captured batch size (graph replay): the prefill (PREFILL_LEN positions per stream),
-    the frame step (talker + 15-step code predictor), the packet step (codec, --packet-frames frames per stream)
-    and a one-frame first packet; and the eager frame step at 1."""
+    """One step alone at each captured batch size (graph replay): the prefill (PREFILL_LEN positions per stream;
+    each longer captured length at its batch sizes), the frame step (talker + 15-step code predictor), the
+    packet step (codec, --packet-frames frames per stream) and a one-frame first packet; and the eager frame
+    step at 1."""
     runner.model.step_in.zero_()  # no live row: nothing advances
     runner.decoder.index.fill_(runner.rows)  # every row decodes into the scratch row
+    from engine.runner import PREFILL_LEN
+
     n = args.packet_frames
 
     def timed(fn) -> float:
@@ -313,8 +316,12 @@ def step_times(runner, args: argparse.Namespace, reps: int = 30) -> dict:
         for b in sorted({1} | ({64, 128, 256} & set(runner.packet_graphs[n].graphs))):
             out[f"packet_b{b}_kernels"] = kernel_profile(lambda b=b: runner.decoder.decode(b, n), top=10)
     runner.model.prompt_meta[0].fill_(runner.rows)  # prefills write the scratch row only
+    for length, graphs in runner.prefill_graphs.items():
+        if length != PREFILL_LEN:
+            for b in sorted(graphs.graphs):
+                out[f"prefill_{length}_b{b}"] = timed(lambda g=graphs.graphs[b]: g.replay())
     for b in sorted(runner.frame_graphs.graphs):
-        out[f"prefill_b{b}"] = timed(lambda b=b: runner.prefill_graphs.graphs[b].replay())
+        out[f"prefill_b{b}"] = timed(lambda b=b: runner.prefill_graphs[PREFILL_LEN].graphs[b].replay())
         out[f"frame_b{b}"] = timed(lambda b=b: runner.frame_graphs.graphs[b].replay())
         out[f"packet_b{b}"] = timed(lambda b=b: runner.packet_graphs[n].graphs[b].replay())
         if 1 in runner.packet_graphs and n != 1:  # a one-frame first packet
@@ -510,7 +517,7 @@ def main() -> None:
         from engine import runner
 
         runner.Graphs.run = lambda self, b: None
-        ckpt.model.prefill = lambda n, length, vectors: None
+        ckpt.model.prefill = lambda n, length: None
     levels = [int(n) for n in args.streams.split(",") if n]
     eager_levels = [int(n) for n in args.eager_streams.split(",") if n]
     modes = [m for m in args.modes.split(",") if m] or MODES[ckpt.config.kind]

@@ -38,6 +38,11 @@
 #                                            #   and 1.7B CustomVoice (named speakers, with and without instructions)
 #   scripts/gpu_capacity.sh family-check     # here: the three family calls on the CPU with tiny checkpoints
 #                                            #   (ORACLE_SITE as for check)
+#   scripts/gpu_capacity.sh icl              # issue 23, in-context clones (carry .whl): the runner's tests on the
+#                                            #   GPU, then bench_engine.py on random real-geometry 0.6B and (time
+#                                            #   left) 1.7B Base checkpoints, in-context and x-vector clones, 8
+#                                            #   voices a wave, 1/24/64/256 streams
+#   scripts/gpu_capacity.sh icl-check        # here: the icl call on the CPU, small (the tiny Base checkpoint)
 #   scripts/gpu_capacity.sh capacity-0.6b    # issue 25 (carry .whl .site-slim): 0.6B at 1000 sessions twice
 #                                            #   (Poisson), then 1000 aligned,
 #                                            #   12 workers, 1024 engine rows, CPU by stage (py-spy)
@@ -371,6 +376,33 @@ family_more() {
   family_bench 1.7b-instruct "$F17C" speaker,instruct
 }
 
+# clone_bench NAME DIR SECONDS: bench_engine.py on DIR's Base checkpoint, in-context and x-vector clones, in
+# SECONDS at most.
+clone_bench() {
+  step "$3" "bench-$1" python3 scripts/bench_engine.py --checkpoint "$2" --impl ours --device "$DEVICE" \
+    --frames "$FRAMES" --streams "$FAMILY_STREAMS" --eager-streams "" --runs 2 --voices "$VOICES" \
+    --modes icl,xvec --time-budget $(($3 - 60)) --json "$OUT/bench-$1.json"
+}
+
+# Issue 23's in-context clones, BUDGET seconds in all. Files under $OUT: run.log, tests.log, fixtures.log,
+# bench-0.6b-base.log + .json, bench-1.7b-base.log + .json.
+icl() {
+  local start=$SECONDS left
+  setup
+  QWEN3_TTS_DEVICE=$DEVICE step "$TESTS_S" tests python3 -m pytest -x -q --tb=short -rfE -p no:cacheprovider \
+    tests/engine/test_batching.py
+  random_checkpoint real-0.6b-base "$F06B" "$FIXTURE_S"
+  clone_bench 0.6b-base "$F06B" "$BENCH_S"
+  left=$((BUDGET - (SECONDS - start)))
+  if [ "$left" -lt 170 ]; then
+    log "1.7B skipped: ${left} s left"
+    return 0
+  fi
+  random_checkpoint real-1.7b-base "$F17B" "$FIXTURE_S"
+  left=$((BUDGET - (SECONDS - start)))
+  clone_bench 1.7b-base "$F17B" $((left - 10))
+}
+
 # speech_bench NAME CUSTOMVOICE BASE SECONDS SESSIONS LEVELS: bench_speech.py on one engine process holding
 # both checkpoints (SESSIONS realtime sessions share it during each level; 0 = none).
 speech_bench() {
@@ -499,6 +531,15 @@ case "${1:-}" in
       "$call"
       log "$call took $((SECONDS - start)) s"
     done ;;
+  icl)
+    DEVICE=cuda F06B=/tmp/f06b F17B=/tmp/f17b FRAMES=125 FAMILY_STREAMS=1,24,64,256 VOICES=8 BUDGET=${BUDGET:-540}
+    TESTS_S=90 FIXTURE_S=60 BENCH_S=250
+    icl ;;
+  icl-check)
+    CPU_CHECK=1 DEVICE=cpu F06B=$ROOT/tests/data/qwen3_tts_tiny_base F17B=$ROOT/tests/data/qwen3_tts_tiny_base
+    FRAMES=6 FAMILY_STREAMS=1,2 VOICES=2 BUDGET=540 TESTS_S=200 FIXTURE_S=60 BENCH_S=250
+    export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
+    icl ;;
   speech|speech-17)
     # The gateway in one process (the load is HTTP streams; bench_gateway's load generator runs the sessions)
     # and its engine process on the GPU; answers of 125 frames (10 s), two per client.
@@ -538,5 +579,5 @@ case "${1:-}" in
     rm -rf "$Q06" "$Q17"
     engine
     gateway ;;
-  *) sed -n 2,64p "$0"; exit 2 ;;
+  *) sed -n 2,74p "$0"; exit 2 ;;
 esac

@@ -19,6 +19,7 @@ from engine.prompt import TextTokens, Voice
 from engine.runner import Runner, state_bytes, synthesize
 from engine.sampling import SamplingParams
 from engine.stream import Stream
+from engine.voices import VoicePrompt
 from gateway.audio import decode_wav
 from tests.paths import DATA, ROOT, TINY_CHECKPOINT
 
@@ -177,6 +178,50 @@ def test_graph_replay_makes_the_eager_greedy_codes(ckpt: checkpoint.Checkpoint, 
                        **kw)[0]
     assert torch.equal(graph, eager)
     assert graph.tolist() == prompt["codes"]
+
+
+@pytest.mark.skipif(DEVICE != "cuda" or not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_graph_replay_of_a_long_prompt_makes_the_eager_codes() -> None:
+    """An in-context clone's prompt (its reference's frames and transcript) replays a captured longer prefill."""
+    base = checkpoint.load(str(DATA / "qwen3_tts_tiny_base"), device=DEVICE, dtype="float32")
+    params = SamplingParams.from_generation_config(base.generation, greedy=True)
+    icl = reference_clone(base, 0)
+    kw = {"max_frames": FRAMES, "clone": icl}
+    eager = synthesize(base, None, "english", "Hello world, this is a test.", params, **kw)
+    graph = synthesize(base, None, "english", "Hello world, this is a test.", params, cuda_graphs=True, **kw)
+    assert torch.equal(graph[0], eager[0])
+    assert b"".join(p.pcm for p in graph[1]) == b"".join(p.pcm for p in eager[1])
+
+
+def reference_clone(base: checkpoint.Checkpoint, start: float) -> VoicePrompt:
+    """An in-context clone of tests/fixtures/one_sentence.wav from `start` (a share of it) on."""
+    audio, rate = decode_wav((ROOT / "tests" / "fixtures" / "one_sentence.wav").read_bytes())
+    return prepare(base, audio[int(len(audio) * start):, 0], rate, "The quick brown fox jumps over the lazy dog.")
+
+
+def test_cloned_voices_past_the_rows_are_made_again() -> None:
+    """A runner keeps as many cloned voices as it has rows. One row, one stream at a time in voices A, B, A:
+    B's voice-bank slot and primed decoder state replace A's, A's are made again, and every stream makes the
+    codes and audio it makes alone."""
+    base = checkpoint.load(str(DATA / "qwen3_tts_tiny_base"), device=DEVICE, dtype="float32")
+    params = SamplingParams.from_generation_config(base.generation, greedy=True)
+    a, b = reference_clone(base, 0), reference_clone(base, 0.4)
+    text = "How are you doing today?"
+    solo = {c.key: synthesize(base, None, "english", text, params, max_frames=FRAMES, clone=c) for c in (a, b)}
+    tokens = TextTokens(base.tokenizer)
+    runner = Runner(base, 1, FRAMES + 400, params, 4, cuda_graphs=False)  # after them: it owns the model's rows
+    for clone in (a, b, a):
+        solo_codes, solo_packets = solo[clone.key]
+        stream = Stream(base, tokens, Voice.resolve(base.config, None, "english", tokens=tokens, clone=clone), 0, 4,
+                        FRAMES)
+        stream.add_text(text, final=True)
+        runner.add(stream)
+        packets = []
+        while not stream.done or runner.busy:
+            packets += [packet for _, packet in runner.step() if packet is not None]
+        assert torch.equal(torch.cat([p.codes for p in packets], dim=1).T, solo_codes)
+        assert b"".join(p.pcm for p in packets) == b"".join(p.pcm for p in solo_packets)
+        assert list(runner.voices.kept) == [clone.key]
 
 
 def test_engine_metrics(ckpt: checkpoint.Checkpoint, greedy: SamplingParams) -> None:
