@@ -299,14 +299,17 @@ class Batcher:
     def prepare_voice(self, audio: np.ndarray, sample_rate: int, text: str | None = None) -> VoicePrompt:
         """Clone the voice of a reference recording (float32 mono samples at `sample_rate`, with its
         transcript for in-context cloning) with the engine's (first) Base checkpoint (engine.clone.prepare).
-        Runs the encoders: call it on the loop's thread (a job: `submit`)."""
+        Runs the encoders: call it on the loop's thread (a job: `submit`). The voice's first stream on this
+        engine finds it ready on the device (engine.runner.ClonedVoices)."""
         base = next((m for m in self.models if m.kind == "base"), None)
         if base is None:
             raise TTSError("cloning a voice needs a Base checkpoint; the engine has none")
         try:
-            return clone.prepare(base.ckpt, audio, sample_rate, text, self.max_reference_s)
+            voice = clone.prepare(base.ckpt, audio, sample_rate, text, self.max_reference_s)
         except VoiceError as exc:
             raise TTSError(str(exc)) from None
+        base.runner.voices.get(voice)
+        return voice
 
     @property
     def load(self) -> int:

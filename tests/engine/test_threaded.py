@@ -277,6 +277,7 @@ async def test_every_kind_in_one_engine(family: QwenTTSEngine) -> None:
     icl = await family.prepare(audio, rate, "The quick brown fox jumps over the lazy dog.")
     xvec = await family.prepare(audio, rate)
     assert (icl.mode, xvec.mode) == ("icl", "x_vector")
+    assert list(family.models[1].runner.voices.kept) == [icl.key, xvec.key]  # ready for their first streams
     design = VoicePrompt.design("A warm, low female voice, speaking calmly.")
     text = "Hello world, this is a test."
     got = await asyncio.gather(speak(family, text, "alloy"), speak(family, text, "vivian", instructions="Whisper."),
