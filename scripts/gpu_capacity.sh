@@ -38,10 +38,11 @@
 #                                            #   and 1.7B CustomVoice (named speakers, with and without instructions)
 #   scripts/gpu_capacity.sh family-check     # here: the three family calls on the CPU with tiny checkpoints
 #                                            #   (ORACLE_SITE as for check)
-#   scripts/gpu_capacity.sh icl              # issue 23, in-context clones (carry .whl): the runner's tests on the
-#                                            #   GPU, then bench_engine.py on random real-geometry 0.6B and (time
-#                                            #   left) 1.7B Base checkpoints, in-context and x-vector clones, 8
-#                                            #   voices a wave, 1/24/64/256 streams
+#   scripts/gpu_capacity.sh icl              # issue 23, in-context clones (carry .whl): graph replay against eager
+#                                            #   on the GPU, bench_engine.py on a random real-geometry 0.6B Base
+#                                            #   checkpoint, in-context and x-vector clones, 8 voices a wave,
+#                                            #   1/24/64/256 streams; then issue 25's 0.6B CustomVoice at 1 and 1024
+#                                            #   streams, at once and staggered, in the time left
 #   scripts/gpu_capacity.sh icl-check        # here: the icl call on the CPU, small (the tiny Base checkpoint)
 #   scripts/gpu_capacity.sh capacity-0.6b    # issue 25 (carry .whl .site-slim): 0.6B at 1000 sessions twice
 #                                            #   (Poisson), then 1000 aligned,
@@ -384,23 +385,24 @@ clone_bench() {
     --modes icl,xvec --time-budget $(($3 - 60)) --json "$OUT/bench-$1.json"
 }
 
-# Issue 23's in-context clones, BUDGET seconds in all. Files under $OUT: run.log, tests.log, fixtures.log,
-# bench-0.6b-base.log + .json, bench-1.7b-base.log + .json.
+# Issue 23's in-context clones, then issue 25's 1024 streams opened at once, after the prefill's host waits
+# went: BUDGET seconds in all. Files under $OUT: run.log, tests.log, fixtures.log, bench-0.6b-base.log + .json,
+# engine.log + bench-engine-0.6b.json.
 icl() {
-  local start=$SECONDS left
+  local start=$SECONDS left fixtures
   setup
+  export TRITON_CACHE_AUTOTUNING=1
+  # The random checkpoints are CPU work: made while the GPU runs the tests.
+  { random_checkpoint real-0.6b-base "$F06B" "$FIXTURE_S"; random_checkpoint real-0.6b "$Q06" "$FIXTURE_S"; } &
+  fixtures=$!
+  # Graph replay against eager, the longer prefills (an in-context clone's prompt) included.
   QWEN3_TTS_DEVICE=$DEVICE step "$TESTS_S" tests python3 -m pytest -x -q --tb=short -rfE -p no:cacheprovider \
-    tests/engine/test_batching.py
-  random_checkpoint real-0.6b-base "$F06B" "$FIXTURE_S"
+    -k graph_replay tests/engine/test_batching.py
+  wait "$fixtures"
   clone_bench 0.6b-base "$F06B" "$BENCH_S"
   left=$((BUDGET - (SECONDS - start)))
-  if [ "$left" -lt 170 ]; then
-    log "1.7B skipped: ${left} s left"
-    return 0
-  fi
-  random_checkpoint real-1.7b-base "$F17B" "$FIXTURE_S"
-  left=$((BUDGET - (SECONDS - start)))
-  clone_bench 1.7b-base "$F17B" $((left - 10))
+  [ "$left" -ge 120 ] || { log "0.6B CustomVoice skipped: ${left} s left"; return 0; }
+  engine_bench 0.6b "$Q06" "$STREAMS_06" $((left - 10)) 40
 }
 
 # speech_bench NAME CUSTOMVOICE BASE SECONDS SESSIONS LEVELS: bench_speech.py on one engine process holding
@@ -532,12 +534,12 @@ case "${1:-}" in
       log "$call took $((SECONDS - start)) s"
     done ;;
   icl)
-    DEVICE=cuda F06B=/tmp/f06b F17B=/tmp/f17b FRAMES=125 FAMILY_STREAMS=1,24,64,256 VOICES=8 BUDGET=${BUDGET:-540}
-    TESTS_S=90 FIXTURE_S=60 BENCH_S=250
+    DEVICE=cuda F06B=/tmp/f06b Q06=/tmp/q06 FRAMES=125 FAMILY_STREAMS=1,24,64,256 VOICES=8 BUDGET=${BUDGET:-560}
+    STREAMS_06=${STREAMS_06:-1,1024} TESTS_S=90 FIXTURE_S=60 BENCH_S=230
     icl ;;
   icl-check)
-    CPU_CHECK=1 DEVICE=cpu F06B=$ROOT/tests/data/qwen3_tts_tiny_base F17B=$ROOT/tests/data/qwen3_tts_tiny_base
-    FRAMES=6 FAMILY_STREAMS=1,2 VOICES=2 BUDGET=540 TESTS_S=200 FIXTURE_S=60 BENCH_S=250
+    CPU_CHECK=1 DEVICE=cpu F06B=$ROOT/tests/data/qwen3_tts_tiny_base Q06=$ROOT/tests/data/qwen3_tts_tiny FRAMES=6
+    FAMILY_STREAMS=1,2 VOICES=2 STREAMS_06=1,2 BUDGET=560 TESTS_S=90 FIXTURE_S=60 BENCH_S=230
     export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
     icl ;;
   speech|speech-17)
@@ -579,5 +581,5 @@ case "${1:-}" in
     rm -rf "$Q06" "$Q17"
     engine
     gateway ;;
-  *) sed -n 2,74p "$0"; exit 2 ;;
+  *) sed -n 2,70p "$0"; exit 2 ;;
 esac
