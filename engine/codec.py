@@ -589,13 +589,14 @@ class CodecState:
         return CodecState(convs=self.convs, memory=self.memory, keys=keys, values=values, pos=self.pos)
 
     def reset_(self, rows: Tensor | None = None) -> None:
-        """Start new streams in ``rows`` (bool mask or indices; all rows if None), in place."""
+        """Start new streams in ``rows`` (indices; all rows if None), in place, without waiting for the device
+        (an indexed assignment of a number, ``memory[rows] = 0``, does: the number becomes a host tensor)."""
         if rows is None:
-            rows = torch.ones(self.batch_size, dtype=torch.bool, device=self.pos.device)
-        self.memory[rows] = 0
-        self.keys[:, rows] = 0
-        self.values[:, rows] = 0
-        self.pos[rows] = 0
+            rows = torch.arange(self.batch_size, device=self.pos.device)
+        self.memory.index_fill_(0, rows, 0)
+        self.keys.index_fill_(1, rows, 0)
+        self.values.index_fill_(1, rows, 0)
+        self.pos.index_fill_(0, rows, 0)
 
 
 class CodecDecoder(nn.Module):

@@ -128,7 +128,7 @@ def test_reset_rows_starts_a_new_stream(
     codes = reference["codes"]
     state = codec.new_state(2)
     first = codec.decode_step(codes[:, :, :6], state)
-    state.reset_(torch.tensor([False, True]))
+    state.reset_(torch.tensor([1]))
     assert state.pos.tolist() == [6, 0]
     fresh = codes[1:, :, :10]
     rest = codec.decode_step(torch.cat([codes[:1, :, 6:], fresh]), state)
