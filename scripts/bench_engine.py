@@ -316,6 +316,7 @@ def step_times(runner, args: argparse.Namespace, reps: int = 30) -> dict:
         for b in sorted({1} | ({64, 128, 256} & set(runner.packet_graphs[n].graphs))):
             out[f"packet_b{b}_kernels"] = kernel_profile(lambda b=b: runner.decoder.decode(b, n), top=10)
     runner.model.prompt_meta[0].fill_(runner.rows)  # prefills write the scratch row only
+    runner.model.prompt_meta[1].zero_()  # and read their first position (any captured length holds it)
     for length, graphs in runner.prefill_graphs.items():
         if length != PREFILL_LEN:
             for b in sorted(graphs.graphs):
