@@ -207,6 +207,30 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
 
 
+def qk_norm_rope_reference(qkv: torch.Tensor, qk_norm: torch.Tensor, eps: float, cos: torch.Tensor,
+                           signed_sin: torch.Tensor) -> torch.Tensor:
+    b, t, _ = qkv.shape
+    n, d = qk_norm.shape
+    return rotate(F.rms_norm(qkv.view(b, t, -1, d)[:, :, :n], (d,), eps=eps) * qk_norm, cos, signed_sin)
+
+
+def qk_norm_rope(qkv: torch.Tensor, qk_norm: torch.Tensor, eps: float, cos: torch.Tensor,
+                 signed_sin: torch.Tensor) -> torch.Tensor:
+    """The q and k heads of a prompt's fused projection outputs qkv [b, t, (heads + 2 kv_heads) * d], each
+    RMS-normalised with its weight (qk_norm [heads + kv_heads, d]) and rotated to its position (cos and
+    signed_sin [t, 1, d], positions 0..t-1): [b, t, heads + kv_heads, d]. One kernel for the reference's four
+    passes (norm, weight, and rotate's three)."""
+    b, t, _ = qkv.shape
+    n, d = qk_norm.shape
+    if (not available(qkv) or d & (d - 1) or not qkv.is_contiguous() or not qk_norm.is_contiguous()
+            or cos.stride(0) != d or signed_sin.stride(0) != d):
+        return qk_norm_rope_reference(qkv, qk_norm, eps, cos, signed_sin)
+    out = torch.empty(b, t, n, d, dtype=qkv.dtype, device=qkv.device)
+    _qk_norm_rope_kernel[(b * t,)](qkv, qk_norm, cos, signed_sin, out, t, qkv.stride(1), eps, N=n, D=d,
+                                   BLOCK_N=triton.next_power_of_2(n))
+    return out
+
+
 def decode_attention_reference(qkv: torch.Tensor, qk_norm: torch.Tensor, eps: float,
                                rope: tuple[torch.Tensor, torch.Tensor], cache_k: torch.Tensor,
                                cache_v: torch.Tensor, start: int, pos: torch.Tensor | None,
@@ -504,6 +528,31 @@ if triton is not None:
         if HAS_RESIDUAL:
             acc += tl.load(res_ptr + offs, mask=omask, other=0.0).to(tl.float32)
         tl.store(out_ptr + offs, acc.to(dt), mask=omask)
+
+    @triton.jit
+    def _qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, T, stride_t, eps, N: tl.constexpr,
+                             D: tl.constexpr, BLOCK_N: tl.constexpr):
+        """One program per prompt position: its N q and k heads normalised, weighted and rotated, rounded where
+        the reference rounds (as _decode_attention_kernel does)."""
+        i = tl.program_id(0)
+        t = i % T
+        dt = out_ptr.dtype.element_ty
+        r = tl.arange(0, BLOCK_N)[:, None]
+        d = tl.arange(0, D)[None, :]
+        dr = (d + D // 2) % D  # rotate_half's partner of each lane
+        mask = r < N
+        row = qkv_ptr + i * stride_t
+        x = tl.load(row + r * D + d, mask=mask, other=0.0).to(tl.float32)
+        xr = tl.load(row + r * D + dr, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, 1) / D + eps)[:, None]
+        w = tl.load(w_ptr + r * D + d, mask=mask, other=0.0).to(tl.float32)
+        wr = tl.load(w_ptr + r * D + dr, mask=mask, other=0.0).to(tl.float32)
+        xn = ((x * rstd).to(dt).to(tl.float32) * w).to(dt).to(tl.float32)
+        xnr = ((xr * rstd).to(dt).to(tl.float32) * wr).to(dt).to(tl.float32)
+        cos = tl.load(cos_ptr + t * D + d).to(tl.float32)
+        sin = tl.load(sin_ptr + t * D + d).to(tl.float32)
+        y = (xn * cos).to(dt).to(tl.float32) + xnr * sin
+        tl.store(out_ptr + i * N * D + r * D + d, y.to(dt), mask=mask)
 
     @triton.jit
     def _decode_attention_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, kc_ptr, vc_ptr, out_ptr, pos_ptr,

@@ -4,8 +4,8 @@ Every cache is preallocated as [rows, kv_heads, max_len, head_dim], one row per 
 writes its keys and values in place, so tensor shapes never change between steps and a step over rows
 [0, B) can be captured once per B in a CUDA graph. A block runs in one of two ways: `Decode` (the frame
 steps: a few new positions per row, attended over each row's cache up to them, by engine.kernels'
-fused attention on a GPU) or `Prefill` (prompts: the caller says how keys and values are written and read,
-and gives the mask). Parameter names follow the official checkpoint.
+fused attention on a GPU) or `Prefill` (prompts, attended causally: the caller says how keys and values are
+written and read). Parameter names follow the official checkpoint.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ class Decode:
 
 @dataclass(frozen=True)
 class Prefill:
+    """A prompt's positions, attended causally; `kv` writes their keys and values."""
+
     kv: KVAccess
-    mask: torch.Tensor | None
 
 
 class RMSNorm(nn.Module):
@@ -118,10 +119,10 @@ class Attention(nn.Module):
                                             self.q_norm.eps, rope, cache.k, cache.v, how.start, how.pos, self.heads)
         b, t, _ = qkv.shape
         h, g, d = self.heads, self.kv_heads, self.head_dim
-        qkv = qkv.view(b, t, h + 2 * g, d)
-        qk = kernels.rotate(F.rms_norm(qkv[:, :, :h + g], (d,), eps=self.q_norm.eps) * self.qk_norm_weight, *rope)
-        k, v = how.kv(cache, qk[:, :, h:].transpose(1, 2), qkv[:, :, h + g:].transpose(1, 2))
-        out = F.scaled_dot_product_attention(qk[:, :, :h].transpose(1, 2), k, v, attn_mask=how.mask,
+        qk = kernels.qk_norm_rope(qkv, self.qk_norm_weight, self.q_norm.eps, *rope)
+        v = qkv.view(b, t, h + 2 * g, d)[:, :, h + g:]
+        k, v = how.kv(cache, qk[:, :, h:].transpose(1, 2), v.transpose(1, 2))
+        out = F.scaled_dot_product_attention(qk[:, :, :h].transpose(1, 2), k, v, is_causal=True,
                                              enable_gqa=h != g)
         return out.transpose(1, 2).reshape(b, t, h * d)
 

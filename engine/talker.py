@@ -306,9 +306,8 @@ class Qwen3TTS(nn.Module):
             cache.v[row, :, :length] = v
             return k, v
 
-        mask = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
         cos, sin = self.rope
-        self.talker.model(x, self.caches, (cos[:length, None], sin[:length, None]), Prefill(kv, mask))
+        self.talker.model(x, self.caches, (cos[:length, None], sin[:length, None]), Prefill(kv))
         self.first_input.index_copy_(0, row, x.gather(1, last[:, None, None].expand(-1, 1, x.shape[-1])))
         # index_fill_/index_copy_: no host scalar to copy in, so the prefill can be captured in a CUDA graph.
         self.seen.index_fill_(0, row, False)

@@ -395,9 +395,10 @@ icl() {
   # The random checkpoints are CPU work: made while the GPU runs the tests.
   { random_checkpoint real-0.6b-base "$F06B" "$FIXTURE_S"; random_checkpoint real-0.6b "$Q06" "$FIXTURE_S"; } &
   fixtures=$!
-  # Graph replay against eager, the longer prefills (an in-context clone's prompt) included.
+  # The prefill's kernels against their references, and graph replay against eager, the longer prefills (an
+  # in-context clone's prompt) included.
   QWEN3_TTS_DEVICE=$DEVICE step "$TESTS_S" tests python3 -m pytest -x -q --tb=short -rfE -p no:cacheprovider \
-    -k graph_replay tests/engine/test_batching.py
+    -k "graph_replay or qk_norm_rope or decode_attention" tests/engine/test_kernels.py tests/engine/test_batching.py
   wait "$fixtures"
   clone_bench 0.6b-base "$F06B" "$BENCH_S"
   left=$((BUDGET - (SECONDS - start)))

@@ -135,6 +135,17 @@ def test_decode_attention(b: int, t: int, start: int, with_pos: bool, dtype: tor
     assert rel(k, k_ref) < TOLERANCE[dtype] and torch.equal(v, v_ref)
 
 
+@DTYPES
+@pytest.mark.parametrize("b,t", [(1, 1), (3, 5), (2, 16)])
+def test_qk_norm_rope(b: int, t: int, dtype: torch.dtype) -> None:
+    """A prompt's q and k heads normalised and rotated in one kernel, as the reference's passes round them."""
+    qkv, _, _, qk_norm, (cos, sin), _, _ = attention_case(b, t, 0, False, dtype)
+    got = kernels.qk_norm_rope(qkv, qk_norm, 1e-6, cos[:t, None], sin[:t, None])
+    want = kernels.qk_norm_rope_reference(qkv, qk_norm, 1e-6, cos[:t, None], sin[:t, None])
+    assert got.shape == want.shape == (b, t, qk_norm.shape[0], qk_norm.shape[1])
+    assert rel(got, want) < TOLERANCE[dtype]
+
+
 def conv_case(b: int, t: int, cin: int, cout: int, k: int, dtype: torch.dtype, stride: int = 0):
     """Input [b, t, cin], a conv's (stride 0) or a transposed conv's weight with a bias, and SnakeBeta's."""
     shape = (cin, cout, k) if stride else (cout, cin, k)
