@@ -549,7 +549,8 @@ case "${1:-}" in
     # The gateway as deployed, `serve --workers 8` (the load is HTTP streams; bench_gateway's load generator
     # runs the sessions), and its engine process on the GPU; answers of 125 frames (10 s), two per client.
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 F06B=/tmp/f06b F17B=/tmp/f17b FRAMES=125 ENGINE_DEVICES=auto MAX_STREAMS=512
-    SPEECH_WORKERS=${SPEECH_WORKERS:-8} CLIENTS=${CLIENTS:-4} SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256} SPEECH_SESSIONS=${SPEECH_SESSIONS:-200}
+    SPEECH_WORKERS=${SPEECH_WORKERS:-8}
+    CLIENTS=${CLIENTS:-4} SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256} SPEECH_SESSIONS=${SPEECH_SESSIONS:-200}
     SPEECH_SESSION_LEVELS=${SPEECH_SESSION_LEVELS:-24} SPEECH_LIMIT=300 BUDGET=520 PORT=18775
     if [ "$1" = speech ]; then speech_size 0.6b "$Q06" "$F06B"; else speech_size 1.7b "$Q17" "$F17B"; fi ;;
   speech-check)
