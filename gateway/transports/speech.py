@@ -251,7 +251,8 @@ class SpeechEndpoint:
                 if chunk.pcm and (data := await encode(chunk.pcm)):
                     yield frame(data)
                 chunk = await anext(chunks, None)
-            if tail := await loop.run_in_executor(pool, encoder.finish):
+            tail = encoder.finish() if encoder.passthrough else await loop.run_in_executor(pool, encoder.finish)
+            if tail:
                 yield frame(tail)
             if req.sse:
                 usage = {"input_tokens": len(req.text), "output_tokens": math.ceil(encoder.samples_in / FRAME_SAMPLES)}
