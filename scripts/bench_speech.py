@@ -2,11 +2,14 @@
 
 The gateway runs in its own process (this script with --serve: bench_gateway.py's gateway, its pipeline
 responder on the fake OpenAI-compatible server, so realtime sessions can share the engine; its probe records
-loop lag, CPU and the engine's counters once a second). The load generator is --clients processes of aiohttp
-clients: at concurrency C, C clients each make --requests requests back to back (closed loop), reading each
-answer as it streams (pcm by default: what the engine makes, nothing to decode). Each request's input is
-long enough that the answer runs to [engine] max_frames (--frames; random weights rarely say EOS), so every
-answer is --frames x 80 ms of audio.
+loop lag, CPU and the engine's counters once a second), or as `serve --workers N` runs it (--workers N: N
+worker processes on one port sharing the engine process, each probed; the worst one's loop lag is reported).
+The load generator is --clients processes of aiohttp clients: at concurrency C, C clients each open a
+connection, then make --requests requests back to back on it (closed loop), reading each answer as it streams
+(pcm by default: what the engine makes, nothing to decode); each process records its own loop lag (a late
+client inflates TTFB and so "HTTP"). One answer per voice, not counted, comes before its first level. Each
+request's input is long enough that the answer runs to [engine] max_frames (--frames; random weights rarely
+say EOS), so every answer is --frames x 80 ms of audio.
 
 Voices: "speaker" (a CustomVoice speaker: [engine.voices] alloy) and "clone" (an in-context clone of
 tests/fixtures/one_sentence.wav with its transcript, prepared at start as [voices.bench]: needs a Base
@@ -19,6 +22,7 @@ checkpoint among --checkpoint's). Reported per voice and level:
   RTF P50/max         request sent -> last byte, over the answer's audio duration
   audio s/s           seconds of audio delivered per second of the level, all requests together
   engine              mean batch, step busy share (and GPU busy on a GPU) over the level
+  loop lag P99        the gateway's (the worst worker's), and in brackets the load generator's
 
 --sessions N also runs N realtime sessions (bench_gateway.py's pipeline scenario, Poisson arrivals over one
 scenario of 14 s, four times over) through the same engine; each speech level starts once all of them have
@@ -27,7 +31,7 @@ started, and their stop -> first delta P50/P95 is reported beside it.
     .venv/bin/python scripts/bench_speech.py --checkpoint tests/data/qwen3_tts_tiny,tests/data/qwen3_tts_tiny_base \\
         --concurrency 1,2 --frames 20 --voices speaker,clone        # (GATEWAY_ENGINE_VOICES=alloy=vivian)
     python3 scripts/bench_speech.py --checkpoint /tmp/q06,/tmp/f06b --max-streams 512 --concurrency 1,24,64,256 \\
-        --frames 125 --sessions 200
+        --frames 125 --engine-mode process --workers 8 --sessions 200
 
 --codecs measures the response formats' encoders alone (gateway/audio_codecs.py, PyAV) on this CPU: the CPU
 time per second of audio, and how much audio goes in before a format's first bytes come out, in 80 ms packets
@@ -77,34 +81,49 @@ SCENARIO_S = len(bg.scenario("pipeline")) / 48000
 # --- the gateway process ---------------------------------------------------------------------------
 
 
-async def serve(args: argparse.Namespace) -> None:
-    from gateway.config import VoiceConfig  # noqa: PLC0415 - the gateway's modules in its own process only
-    from gateway.server.serve import GatewayServer  # noqa: PLC0415
+def speech_config(args: argparse.Namespace) -> Any:
+    from gateway.config import VoiceConfig  # noqa: PLC0415 - the gateway's modules in its own processes only
 
     config, _ = bg.gateway_config(args)
     speech = config.speech
+    # Each worker's share (with --workers N, in each): the engine's free rows are the limit of them all.
     speech.max_streams, speech.max_waiting, speech.wait_timeout_s = args.max_streams or 0, 4096, 600.0
     if "clone" in args.voices.split(","):
         config.voices.named = {"bench": VoiceConfig(reference=str(REFERENCE), transcript=REFERENCE_TEXT)}
-    await bg.serve_probed(GatewayServer(config), args.stats_dir)
+    return config
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from gateway.server.serve import GatewayServer  # noqa: PLC0415 - the gateway's modules in its own process only
+
+    await bg.serve_probed(GatewayServer(speech_config(args)), args.stats_dir)
+
+
+def serve_workers(args: argparse.Namespace) -> int:
+    """The gateway as `serve --workers N` runs it (bench_gateway.serve_workers, with this benchmark's config)."""
+    from gateway.server.workers import Hooks, Workers, worker_count  # noqa: PLC0415 - as serve's
+
+    config = speech_config(args)
+    config.server.workers = args.workers
+    return Workers(config, worker_count(config), hooks=Hooks(serving=bg.probe_worker)).run()
 
 
 def start_gateway(args: argparse.Namespace, stats_dir: Path, fake_url: str) -> subprocess.Popen[str]:
     return bg.spawn_serving([__file__, "--serve", "--port", str(args.port), "--stats-dir", str(stats_dir),
                              "--fake-url", fake_url, "--checkpoint", args.checkpoint, "--engine-mode",
                              args.engine_mode, "--engine-devices", args.engine_devices, "--max-streams",
-                             str(args.max_streams), "--frames", str(args.frames), "--voices", args.voices])
+                             str(args.max_streams), "--frames", str(args.frames), "--voices", args.voices,
+                             "--workers", str(args.workers)], args.workers)
 
 
 # --- the load generator ------------------------------------------------------------------------------
 
 
-async def one_request(http: aiohttp.ClientSession, url: str, voice: str, fmt: str, seed: int) -> dict[str, Any]:
-    body = {"model": "tts-1", "input": INPUT, "voice": voice, "response_format": fmt, "seed": seed}
+async def one_request(http: aiohttp.ClientSession, url: str, body: bytes) -> dict[str, Any]:
     sent = time.perf_counter()
     first = None
     size = 0
-    async with http.post(url, json=body) as answer:
+    async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as answer:
         if answer.status != 200:
             return {"status": answer.status, "error": (await answer.text())[:200]}
         timing = dict(p.strip().split(";dur=") for p in answer.headers.get("Server-Timing", "").split(",") if p)
@@ -117,29 +136,48 @@ async def one_request(http: aiohttp.ClientSession, url: str, voice: str, fmt: st
             "audio_ms": float(timing.get("audio", "nan")), "queue_ms": float(timing.get("queue", "nan"))}
 
 
-def client_process(url: str, voice: str, fmt: str, workers: int, requests: int, seed: int) -> list[dict[str, Any]]:
-    """One load-generator process: `workers` clients, each making `requests` requests back to back."""
+def client_process(url: str, voice: str, fmt: str, workers: int, requests: int,
+                   seed: int) -> tuple[list[dict[str, Any]], list[float]]:
+    """One load-generator process: `workers` clients, each making `requests` requests back to back on a kept-alive
+    connection (opened before the first: a connection's set-up is not the HTTP path's first packet); the rows,
+    and this process's own loop lags (ms: how late it is at reading what the gateway sent)."""
 
-    async def run() -> list[dict[str, Any]]:
+    async def run() -> tuple[list[dict[str, Any]], list[float]]:
         rng = random.Random(seed)
+        lags: list[float] = []
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900)) as http:
-            async def worker() -> list[dict[str, Any]]:
-                return [await one_request(http, url, voice, fmt, rng.randrange(2**32)) for _ in range(requests)]
+            async def connect() -> None:
+                async with http.get(url.replace("/v1/audio/speech", "/healthz")) as answer:
+                    await answer.read()
 
-            return [r for rows in await asyncio.gather(*(worker() for _ in range(workers))) for r in rows]
+            async def worker() -> list[dict[str, Any]]:
+                rows = []
+                for _ in range(requests):
+                    body = json.dumps({"model": "tts-1", "input": INPUT, "voice": voice, "response_format": fmt,
+                                       "seed": rng.randrange(2**32)}).encode()
+                    rows.append(await one_request(http, url, body))
+                return rows
+
+            await asyncio.gather(*(connect() for _ in range(workers)))
+            probe = asyncio.create_task(bg.lag_probe(lambda lag: lags.append(lag * 1000)))
+            try:
+                rows = [r for rs in await asyncio.gather(*(worker() for _ in range(workers))) for r in rs]
+            finally:
+                probe.cancel()
+            return rows, lags
 
     return asyncio.run(run())
 
 
 def run_speech(pool: concurrent.futures.Executor, clients: int, url: str, voice: str, args: argparse.Namespace,
-               concurrency: int) -> tuple[list[dict[str, Any]], float, float]:
+               concurrency: int) -> tuple[list[dict[str, Any]], list[float], float, float]:
     shares = [concurrency // clients + (k < concurrency % clients) for k in range(clients)]
     start = time.time()
     futures = [pool.submit(client_process, url, voice, args.format, n, args.requests, 1000 * k + concurrency)
                for k, n in enumerate(shares) if n]
-    rows = [r for f in futures for r in f.result()]
-    return rows, start, time.time()
+    results = [f.result() for f in futures]
+    return [r for rows, _ in results for r in rows], [lag for _, lags in results for lag in lags], start, time.time()
 
 
 def bench_codecs() -> None:
@@ -167,15 +205,17 @@ def bench_codecs() -> None:
 # --- the report ---------------------------------------------------------------------------------------
 
 
-def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], start: float, end: float,
-              records: dict[int, list[dict]], sessions: bg.Result | None, args: argparse.Namespace) -> dict[str, Any]:
+def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], client_lags: list[float], start: float,
+              end: float, records: dict[int, list[dict]], sessions: bg.Result | None,
+              args: argparse.Namespace) -> dict[str, Any]:
     ok = [r for r in rows if r["status"] == 200 and r["first"] is not None]
     bytes_per_s = 2 * 24000 if args.format == "pcm" else None
     audio_s = [r["bytes"] / bytes_per_s for r in ok] if bytes_per_s else [args.frames * FRAME_S for _ in ok]
     ttfb = [(r["first"] - r["sent"]) * 1000 for r in ok]
     http = [t - r["audio_ms"] for t, r in zip(ttfb, ok, strict=True)]
     rtf = [(r["end"] - r["sent"]) / a for r, a in zip(ok, audio_s, strict=True) if a > 0]
-    lag = [lag for rs in records.values() for rec in rs for lag in rec["lags_ms"]]
+    # Each gateway process's loop lag P99 (one per worker with --workers N): the worst one is reported.
+    lag_p99 = [bg.pct([lag for rec in rs for lag in rec["lags_ms"]], 99) for rs in records.values()]
     row = {
         "voice": voice, "concurrency": concurrency, "requests": len(rows), "errors": len(rows) - len(ok),
         "error_sample": [r.get("error") for r in rows if r["status"] != 200][:2],
@@ -186,7 +226,8 @@ def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], start: f
         "http_p50_ms": bg.pct(http, 50), "http_p95_ms": bg.pct(http, 95),
         "rtf_p50": bg.pct(rtf, 50), "rtf_max": max(rtf, default=float("nan")),
         "audio_s_per_s": sum(audio_s) / (end - start), "seconds": end - start,
-        "loop_lag_p99_ms": bg.pct(lag, 99), "engine": bg.engine_rates(records),
+        "loop_lag_p99_ms": max(lag_p99, default=float("nan")), "client_lag_p99_ms": bg.pct(client_lags, 99),
+        "engine": bg.engine_rates(records),
     }
     if sessions is not None:
         row["sessions"] = args.sessions
@@ -199,7 +240,8 @@ def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], start: f
 
 def print_report(rows: list[dict[str, Any]]) -> None:
     head = ("| voice | conc. | requests (errors) | TTFB P50 / P95 ms | first audio P50 / P95 ms | HTTP P50 / P95 ms "
-            "| RTF P50 / max | audio s/s | mean batch | loop lag P99 ms | sessions: first delta P50 / P95 ms |")
+            "| RTF P50 / max | audio s/s | mean batch | loop lag P99 ms (clients') "
+            "| sessions: first delta P50 / P95 ms |")
     print(head)
     print("| --- " * (head.count("|") - 1) + "|")
     for r in rows:
@@ -209,7 +251,7 @@ def print_report(rows: list[dict[str, Any]]) -> None:
               f"{r['ttfb_p95_ms']:.1f} | {r['first_audio_p50_ms']:.1f} / {r['first_audio_p95_ms']:.1f} | "
               f"{r['http_p50_ms']:.2f} / {r['http_p95_ms']:.2f} | {r['rtf_p50']:.3f} / {r['rtf_max']:.3f} | "
               f"{r['audio_s_per_s']:.1f} | {r['engine'].get('batch_mean', float('nan')):.1f} | "
-              f"{r['loop_lag_p99_ms']:.1f} | {sessions} |")
+              f"{r['loop_lag_p99_ms']:.1f} ({r['client_lag_p99_ms']:.1f}) | {sessions} |")
 
 
 def write_json(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
@@ -236,6 +278,8 @@ def main() -> int:
                         "(0 = their defaults)")
     parser.add_argument("--sessions", type=int, default=0, help="realtime sessions sharing the engine during "
                         "each level (0 = none)")
+    parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (`serve --workers N`, "
+                        "sharing the engine process; 1 = one process)")
     parser.add_argument("--clients", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
                         help="load-generator processes")
     parser.add_argument("--time-budget", type=float, default=0, help="seconds: no new level starts past it")
@@ -246,8 +290,10 @@ def main() -> int:
     parser.add_argument("--fake-url", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     # What bench_gateway's gateway needs to know: the pipeline on the fake server, the Qwen3-TTS engine.
-    args.responder, args.tts, args.engine_max_frames, args.workers = "pipeline", "engine", args.frames, 1
+    args.responder, args.tts, args.engine_max_frames = "pipeline", "engine", args.frames
     if args.serve:
+        if args.workers > 1:
+            return serve_workers(args)
         asyncio.run(serve(args))
         return 0
     if args.codecs:
@@ -274,6 +320,8 @@ def main() -> int:
     try:
         server = start_gateway(args, stats_dir, fake_url)
         for voice in [v.strip() for v in args.voices.split(",") if v.strip()]:
+            # One answer first, not counted: the voice's and the gateway's first use are not a level's.
+            pool.submit(client_process, speech_url, VOICES[voice], args.format, 1, 1, 0).result()
             for concurrency in [int(c) for c in args.concurrency.split(",")]:
                 if args.time_budget and time.monotonic() - started > args.time_budget:
                     print(f"out of time before {voice} at {concurrency}", flush=True)
@@ -284,10 +332,11 @@ def main() -> int:
                                                 args.sessions, session_args, False)
                     # Until every session has started (they arrive over one scenario), then the speech level.
                     time.sleep(bg.CONNECT_LEAD_S + 1.0 + args.sessions * 0.002 + SCENARIO_S)
-                result, start, end = run_speech(pool, args.clients, speech_url, VOICES[voice], args, concurrency)
+                result, client_lags, start, end = run_speech(pool, args.clients, speech_url, VOICES[voice], args,
+                                                             concurrency)
                 sessions = talking.result()[0] if talking is not None else None
                 time.sleep(1.5)  # the probe's last records
-                rows.append(summarise(voice, concurrency, result, start, end,
+                rows.append(summarise(voice, concurrency, result, client_lags, start, end,
                                       bg.gateway_records(stats_dir, start, end), sessions, args))
                 r = rows[-1]
                 print(f"{voice} x {concurrency}: TTFB P95 {r['ttfb_p95_ms']:.1f} ms, HTTP P95 "

@@ -51,7 +51,8 @@
 #   scripts/gpu_capacity.sh capacity-check   # here: both on the CPU, small (tiny checkpoint, 2 workers)
 #   scripts/gpu_capacity.sh speech           # issue 24, one call: /v1/audio/speech (bench_speech.py) on random
 #                                            #   real-geometry 0.6B CustomVoice + 0.6B Base checkpoints in one engine
-#                                            #   process: a speaker and an in-context clone at 1/24/64/256 concurrent
+#                                            #   process, the gateway as `serve --workers 8` (SPEECH_WORKERS): a
+#                                            #   speaker and an in-context clone at 1/24/64/256 concurrent
 #                                            #   requests (pcm, 10 s answers), then at 24 while 200 realtime sessions
 #                                            #   share the engine (random checkpoints made here; carry .whl and
 #                                            #   .site-slim)
@@ -407,10 +408,12 @@ icl() {
 }
 
 # speech_bench NAME CUSTOMVOICE BASE SECONDS SESSIONS LEVELS: bench_speech.py on one engine process holding
-# both checkpoints (SESSIONS realtime sessions share it during each level; 0 = none).
+# both checkpoints (SESSIONS realtime sessions share it during each level; 0 = none), the gateway in
+# SPEECH_WORKERS worker processes (`serve --workers N`; default 1).
 speech_bench() {
   step "$4" "bench-speech-$1" python3 scripts/bench_speech.py --checkpoint "$2,$3" --voices speaker,clone \
     --concurrency "$6" --requests 2 --frames "$FRAMES" --max-streams "$MAX_STREAMS" --engine-mode process \
+    --workers "${SPEECH_WORKERS:-1}" \
     --engine-devices "$ENGINE_DEVICES" --clients "$CLIENTS" --sessions "$5" --time-budget $(($4 - 60)) \
     --port "$PORT" --json "$OUT/bench-speech-$1.json"
 }
@@ -544,16 +547,17 @@ case "${1:-}" in
     export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
     icl ;;
   speech|speech-17)
-    # The gateway in one process (the load is HTTP streams; bench_gateway's load generator runs the sessions)
-    # and its engine process on the GPU; answers of 125 frames (10 s), two per client.
+    # The gateway as deployed, `serve --workers 8` (the load is HTTP streams; bench_gateway's load generator
+    # runs the sessions), and its engine process on the GPU; answers of 125 frames (10 s), two per client.
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 F06B=/tmp/f06b F17B=/tmp/f17b FRAMES=125 ENGINE_DEVICES=auto MAX_STREAMS=512
+    SPEECH_WORKERS=${SPEECH_WORKERS:-8}
     CLIENTS=${CLIENTS:-4} SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256} SPEECH_SESSIONS=${SPEECH_SESSIONS:-200}
     SPEECH_SESSION_LEVELS=${SPEECH_SESSION_LEVELS:-24} SPEECH_LIMIT=300 BUDGET=520 PORT=18775
     if [ "$1" = speech ]; then speech_size 0.6b "$Q06" "$F06B"; else speech_size 1.7b "$Q17" "$F17B"; fi ;;
   speech-check)
     # The speech call on this machine's CPU: the tiny CustomVoice and Base checkpoints of tests/data (nothing
     # to make), two levels, 2 sessions; the tiny checkpoint's speakers stand in for the voices.
-    CPU_CHECK=1 DEVICE=cpu ENGINE_DEVICES=cpu MAX_STREAMS=4 FRAMES=20 CLIENTS=1 SPEECH_LEVELS=1,2
+    CPU_CHECK=1 DEVICE=cpu ENGINE_DEVICES=cpu MAX_STREAMS=4 FRAMES=20 CLIENTS=1 SPEECH_LEVELS=1,2 SPEECH_WORKERS=2
     SPEECH_SESSIONS=2 SPEECH_SESSION_LEVELS=2 SPEECH_LIMIT=300 BUDGET=520 PORT=${PORT:-28775}
     export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
     speech_size 0.6b "$ROOT/tests/data/qwen3_tts_tiny" "$ROOT/tests/data/qwen3_tts_tiny_base" ;;

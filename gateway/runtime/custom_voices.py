@@ -191,6 +191,8 @@ class VoiceLibrary:
     async def prompt_for(self, voice_id: str, engine: TTSEngine) -> VoicePrompt | None:
         """The voice `voice_id` as `engine` speaks it (prepared again from its sample when it was prepared for
         another checkpoint), or None when there is no such voice."""
+        if not valid_id(voice_id, VOICE_PREFIX):
+            return None  # a voice name (every speech request asks): no need to look in the store, off the loop
         meta = await asyncio.to_thread(self.store.get, "voices", voice_id)
         if meta is None:
             return None

@@ -23,14 +23,15 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
 
 from engine.api import Sampling, TTSChunk, TTSEngine, TTSError, TTSStream
 from engine.voices import VoicePrompt
@@ -49,7 +50,6 @@ OPENAI_FIELDS = frozenset({"model", "input", "voice", "instructions", "response_
 SAMPLING_FIELDS = frozenset(f.name for f in fields(Sampling))
 EXTRA_FIELDS = frozenset({"language"}) | SAMPLING_FIELDS
 FRAME_SAMPLES = SAMPLE_RATE * 80 // 1000  # one 12 Hz codec frame: what usage counts as an output token
-T = TypeVar("T")
 
 
 @dataclass
@@ -156,37 +156,41 @@ class SpeechEndpoint:
                             headers={"Retry-After": "5"})
         engine = await self.service.engine()
         prompt = await self._prompt(req, engine)
+        watch = _Watch(request.receive)  # the body is read: from here on, a client that leaves stops the request
+        stream = chunks = admitted = None
         try:
-            await _unless_gone(request, self.service.acquire())
+            await self.service.acquire()
             admitted = time.perf_counter()
-        except SpeechBusy as exc:
-            raise HttpError(503, str(exc), "speech_capacity_reached", kind="server_error",
-                            headers={"Retry-After": str(exc.retry_after_s)}) from None
-        except _ClientGone:
-            return Response(status_code=499)
-        stream = chunks = None
-        try:
             stream = self._open(engine, req, prompt)
             chunks = aiter(stream)
-            first = await _unless_gone(request, anext(chunks, None))
+            first = await anext(chunks, None)
         except BaseException as exc:
+            watch.stop()
             await _stop(stream, chunks)
-            self.service.release()
+            if admitted is not None:
+                self.service.release()
+            if isinstance(exc, asyncio.CancelledError) and watch.caused(exc):
+                return Response(status_code=499)
+            if isinstance(exc, SpeechBusy):
+                raise HttpError(503, str(exc), "speech_capacity_reached", kind="server_error",
+                                headers={"Retry-After": str(exc.retry_after_s)}) from None
             if isinstance(exc, TTSError):
                 raise _input_error(exc, req) from None
             if isinstance(exc, BackendError):
                 raise _backend_error(exc) from None
-            if isinstance(exc, _ClientGone):
-                return Response(status_code=499)
             raise
         # When the request waited for a place and when the engine's first audio came, from its arrival (the
         # standard Server-Timing header): what the HTTP path adds is a client's first byte less "audio".
         audio_ms = (time.perf_counter() - received) * 1000
         timing = f"queue;dur={(admitted - received) * 1000:.1f}, audio;dur={audio_ms:.1f}"
-        body_iter = self._respond(req, encoder, stream, first, chunks)
         media_type = "text/event-stream" if req.sse else encoder.content_type
-        return StreamingResponse(body_iter, media_type=media_type,
-                                 headers={"Cache-Control": "no-cache", "Server-Timing": timing})
+
+        async def close() -> None:
+            await _stop(stream, chunks)  # a client gone mid-stream frees the engine stream at once
+            self.service.release()
+
+        return _SpeechStream(self._respond(req, encoder, first, chunks), watch, close, media_type,
+                             {"Cache-Control": "no-cache", "Server-Timing": timing})
 
     async def _prompt(self, req: SpeechRequest, engine: TTSEngine) -> VoicePrompt | None:
         """The voice's prompt: a voice prepared at start ([voices.NAME]) or a custom voice of the deployment
@@ -225,8 +229,8 @@ class SpeechEndpoint:
             raise
         return stream
 
-    async def _respond(self, req: SpeechRequest, encoder: SpeechEncoder, stream: TTSStream, first: TTSChunk | None,
-                       chunks: AsyncIterator[TTSChunk]) -> AsyncIterator[bytes]:
+    async def _respond(self, req: SpeechRequest, encoder: SpeechEncoder, first: TTSChunk | None,
+                       chunks: AsyncIterator[TTSChunk]) -> AsyncGenerator[bytes]:
         loop = asyncio.get_running_loop()
         pool = self.service.codec_pool
 
@@ -247,7 +251,8 @@ class SpeechEndpoint:
                 if chunk.pcm and (data := await encode(chunk.pcm)):
                     yield frame(data)
                 chunk = await anext(chunks, None)
-            if tail := await loop.run_in_executor(pool, encoder.finish):
+            tail = encoder.finish() if encoder.passthrough else await loop.run_in_executor(pool, encoder.finish)
+            if tail:
                 yield frame(tail)
             if req.sse:
                 usage = {"input_tokens": len(req.text), "output_tokens": math.ceil(encoder.samples_in / FRAME_SAMPLES)}
@@ -257,9 +262,35 @@ class SpeechEndpoint:
             # Headers are sent: the response can only stop short, which the client sees as a broken stream.
             log.warning("speech request stopped: %s", exc)
             raise
+
+
+class _SpeechStream(Response):
+    """The streamed answer (an ASGI response, as Starlette's StreamingResponse), on the request's own task:
+    its _Watch cancels it when the client leaves, where StreamingResponse starts a task group (anyio's, a
+    second task and a listener per request) to learn that. `close` runs once it ends, however it ends."""
+
+    body_iterator: AsyncGenerator[bytes]
+
+    def __init__(self, body: AsyncGenerator[bytes], watch: _Watch, close: Callable[[], Awaitable[None]],
+                 media_type: str, headers: dict[str, str]) -> None:
+        self.body_iterator, self.watch, self.close = body, watch, close
+        self.status_code, self.media_type, self.background = 200, media_type, None
+        self.init_headers(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with contextlib.aclosing(self.body_iterator) as body:
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                async for data in body:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+        except asyncio.CancelledError as exc:
+            if not self.watch.caused(exc):
+                raise
+            return  # the client is gone: nothing more to send
         finally:
-            await _stop(stream, chunks)  # a client gone mid-stream frees the engine stream at once
-            self.service.release()
+            self.watch.stop()
+            await self.close()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _stop(stream: TTSStream | None, chunks: AsyncIterator[TTSChunk] | None) -> None:
@@ -271,26 +302,28 @@ async def _stop(stream: TTSStream | None, chunks: AsyncIterator[TTSChunk] | None
             await close()
 
 
-class _ClientGone(Exception):
-    """The client disconnected before its answer started."""
+class _Watch:
+    """Cancels the request's task when its client disconnects, until stopped. The body has been read, so the
+    next message of the connection can only be its disconnect: one listener, no task beside the request's."""
 
+    def __init__(self, receive: Receive) -> None:
+        self.task = asyncio.current_task()
+        self.gone = False
+        self._listener = asyncio.ensure_future(receive())
+        self._listener.add_done_callback(self._heard)
 
-async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
-    """`work`'s result; _ClientGone (and `work` cancelled) when the client disconnects first. The body has
-    been read, so the next message of the connection can only be its disconnect."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(request.receive())
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not gone.done():
-            gone.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
-    raise _ClientGone
+    def _heard(self, listener: asyncio.Future[Message]) -> None:
+        if not listener.cancelled() and self.task is not None:
+            self.gone = True
+            self.task.cancel()
+
+    def stop(self) -> None:
+        self._listener.remove_done_callback(self._heard)
+        self._listener.cancel()
+
+    def caused(self, exc: asyncio.CancelledError) -> bool:
+        """Whether `exc` is the client's leaving (then the cancellation is taken back), not the server's."""
+        return self.gone and self.task is not None and self.task.uncancel() == 0
 
 
 def speech_routes(gateway: Gateway) -> list[Route]:

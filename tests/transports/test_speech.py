@@ -237,6 +237,33 @@ async def test_a_client_that_leaves_frees_its_engine_stream(start_gateway: Start
     assert engine.counters()["frames"] - before == frames < 500  # stopped, long before the text's end
 
 
+async def test_a_client_that_leaves_before_its_first_audio_frees_its_place(start_gateway: StartGateway) -> None:
+    """One place: a client that gives up while its request waits for it, and one that gives up while the
+    engine has not spoken yet, each free what they held at once; the next request is served in full."""
+    engine = ToneEngine(first_audio_ms=1500, realtime=True)
+    responder = PipelineResponder(LlmClient("http://127.0.0.1:9", "none", timeout_s=1), engine, BridgeSettings())
+    gateway = await start_gateway(responder, speech__max_streams=1, speech__wait_timeout_s=20.0)
+    service = gateway.gateway.speech
+    url = f"http://127.0.0.1:{gateway.port}/v1/audio/speech"
+    body = {"model": "tts-1", "voice": "alloy", "input": "Hello world.", "response_format": "pcm"}
+
+    async def give_up(after_s: float) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=after_s)) as session:
+            with pytest.raises(TimeoutError):
+                async with session.post(url, json=body) as answer:
+                    await answer.read()
+
+    await asyncio.gather(give_up(0.5), give_up(0.3))  # one holds the place, the other waits for it
+    started = time.monotonic()
+    while service.running and time.monotonic() - started < 1.0:
+        await asyncio.sleep(0.01)
+    assert service.running == 0
+    engine.first_audio_ms = 0
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as answer:
+        assert answer.status == 200 and await answer.read() == tone_pcm("Hello world.")
+    await responder.aclose()
+
+
 async def test_the_engine_processes_serve_speech(start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch) -> None:
     """[engine] mode = "process": the speech request's stream runs in an engine process, its sampling
     carried over IPC, the same samples as the in-process engine's for the seed."""
