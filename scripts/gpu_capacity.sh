@@ -586,5 +586,5 @@ case "${1:-}" in
     rm -rf "$Q06" "$Q17"
     engine
     gateway ;;
-  *) sed -n 2,70p "$0"; exit 2 ;;
+  *) sed -n 2,71p "$0"; exit 2 ;;
 esac
