@@ -57,6 +57,9 @@
 #                                            #   share the engine (random checkpoints made here; carry .whl and
 #                                            #   .site-slim)
 #   scripts/gpu_capacity.sh speech-17        # issue 24, a second call: the same on 1.7B CustomVoice + 1.7B Base
+#   scripts/gpu_capacity.sh speech-clones    # issues 24 and 23 in one call: `speech` on 0.6B without its sessions'
+#                                            #   level, then the 0.6B Base clones' benchmark of `icl`
+#   scripts/gpu_capacity.sh speech-clones-check  # here: the same on the CPU, small
 #   scripts/gpu_capacity.sh speech-check     # here: the speech call on the CPU with the tiny checkpoints, small
 #   scripts/gpu_capacity.sh final            # issue 25, the last call (~5 minutes; carry .whl .site-slim): a random
 #                                            #   real-geometry 0.6B CustomVoice checkpoint made here, bench_engine.py
@@ -441,6 +444,13 @@ speech_size() {
   speech_bench "$size-sessions" "$cv" "$base" "$((left - 10))" "$SPEECH_SESSIONS" "$SPEECH_SESSION_LEVELS"
 }
 
+# The speech API on 0.6B (issue 24, as `speech` without the sessions' level), then the 0.6B Base clones' benchmark
+# (issue 23), its engine starting from the kernels the speech call's engine tuned.
+speech_clones() {
+  speech_size 0.6b "$Q06" "$F06B"
+  clone_bench 0.6b-base "$F06B" "$BENCH_S"
+}
+
 wheels() {
   local platforms="--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform manylinux_2_24_x86_64"
@@ -554,6 +564,16 @@ case "${1:-}" in
     CLIENTS=${CLIENTS:-4} SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256} SPEECH_SESSIONS=${SPEECH_SESSIONS:-200}
     SPEECH_SESSION_LEVELS=${SPEECH_SESSION_LEVELS:-24} SPEECH_LIMIT=300 BUDGET=520 PORT=18775
     if [ "$1" = speech ]; then speech_size 0.6b "$Q06" "$F06B"; else speech_size 1.7b "$Q17" "$F17B"; fi ;;
+  speech-clones)
+    DEVICE=cuda Q06=/tmp/q06 F06B=/tmp/f06b FRAMES=125 ENGINE_DEVICES=auto MAX_STREAMS=512 SPEECH_WORKERS=8 CLIENTS=4
+    SPEECH_LEVELS=1,24,64,256 SPEECH_LIMIT=250 BUDGET=0 PORT=18775 FAMILY_STREAMS=1,24,64,256 VOICES=8 BENCH_S=170
+    speech_clones ;;
+  speech-clones-check)
+    CPU_CHECK=1 DEVICE=cpu ENGINE_DEVICES=cpu MAX_STREAMS=4 FRAMES=20 CLIENTS=1 SPEECH_LEVELS=1,2 SPEECH_WORKERS=2
+    SPEECH_LIMIT=300 BUDGET=0 PORT=${PORT:-28775} Q06=$ROOT/tests/data/qwen3_tts_tiny
+    F06B=$ROOT/tests/data/qwen3_tts_tiny_base FAMILY_STREAMS=1,2 VOICES=2 BENCH_S=170
+    export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
+    speech_clones ;;
   speech-check)
     # The speech call on this machine's CPU: the tiny CustomVoice and Base checkpoints of tests/data (nothing
     # to make), two levels, 2 sessions; the tiny checkpoint's speakers stand in for the voices.
@@ -586,5 +606,5 @@ case "${1:-}" in
     rm -rf "$Q06" "$Q17"
     engine
     gateway ;;
-  *) sed -n 2,71p "$0"; exit 2 ;;
+  *) sed -n 2,74p "$0"; exit 2 ;;
 esac
