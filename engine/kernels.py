@@ -529,7 +529,8 @@ if triton is not None:
             acc += tl.load(res_ptr + offs, mask=omask, other=0.0).to(tl.float32)
         tl.store(out_ptr + offs, acc.to(dt), mask=omask)
 
-    @triton.jit
+    # A prompt's length varies with every prefill group: not specialised on, so it never compiles on a stream's path.
+    @triton.jit(do_not_specialize=["T"])
     def _qk_norm_rope_kernel(qkv_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, T, stride_t, eps, N: tl.constexpr,
                              D: tl.constexpr, BLOCK_N: tl.constexpr):
         """One program per prompt position: its N q and k heads normalised, weighted and rotated, rounded where
