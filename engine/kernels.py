@@ -238,14 +238,14 @@ def decode_attention_reference(qkv: torch.Tensor, qk_norm: torch.Tensor, eps: fl
     b, t, _ = qkv.shape
     g, d = cache_k.shape[1], cache_k.shape[3]
     h = heads
-    qkv = qkv.view(b, t, h + 2 * g, d)
     cos, sin = rope
     if pos is None:
         cos, sin = cos[start:start + t, None], sin[start:start + t, None]
     else:
         cos, sin = cos[pos][:, None, None], sin[pos][:, None, None]
     # q and k heads normalised and rotated together: the same arithmetic as one head at a time.
-    qk = rotate(F.rms_norm(qkv[:, :, :h + g], (d,), eps=eps) * qk_norm, cos, sin)
+    qk = qk_norm_rope_reference(qkv, qk_norm, eps, cos, sin)
+    qkv = qkv.view(b, t, h + 2 * g, d)
     q, k, v = qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2), qkv[:, :, h + g:].transpose(1, 2)
     if pos is None:
         cache_k[:b, :, start:start + t] = k

@@ -449,6 +449,9 @@ class Runner:
         """Prefill the new streams' prompts, those of one captured length together, then start their decoder
         rows: at zero, or where an in-context clone's reference codes leave the decoder."""
         prompts = [s.start() for s in fresh]
+        # Each cloned voice of these streams: its bank row and primed decoder state, made on its first use.
+        voices = {p.voice.clone.key: self.voices.get(p.voice.clone) for p in prompts
+                  if p.voice.clone is not None and p.voice.clone.kind == "clone"}
         groups: dict[int, list[int]] = {}
         for i, p in enumerate(prompts):
             groups.setdefault(next((n for n in self.prefill_graphs if n >= len(p)), 0), []).append(i)
@@ -456,21 +459,21 @@ class Runner:
             graphs = self.prefill_graphs.get(length)
             if length != PREFILL_LEN and len(members) > LONG_PREFILL_BATCH:
                 graphs = None  # compute-bound: eager, at its own length
-            self._prefill_batch([fresh[i] for i in members], [prompts[i] for i in members], graphs, length)
+            self._prefill_batch([fresh[i] for i in members], [prompts[i] for i in members], graphs, length, voices)
         rows = numpy.array([s.row for s in fresh], dtype=numpy.int64)
         self.decoder.state.reset_(torch.from_numpy(rows).to(self.device, non_blocking=True))
-        primed: dict[str, tuple[CodecState, list[int]]] = {}
+        icl: dict[str, list[int]] = {}  # each in-context voice's rows
         for s in fresh:
             if s.voice.icl and s.voice.clone is not None:
-                state = self.voices.get(s.voice.clone)[1]
-                if state is not None:
-                    primed.setdefault(s.voice.clone.key, (state, []))[1].append(s.row)
-        for state, icl_rows in primed.values():
-            state.fill_rows_(self.decoder.state, torch.tensor(icl_rows).to(self.device, non_blocking=True))
+                icl.setdefault(s.voice.clone.key, []).append(s.row)
+        for key, icl_rows in icl.items():
+            if (state := voices[key][1]) is not None:
+                state.fill_rows_(self.decoder.state, torch.tensor(icl_rows).to(self.device, non_blocking=True))
 
-    def _prefill_batch(self, fresh: list[Stream], prompts: list[Prompt], graphs: Graphs | None, length: int) -> None:
+    def _prefill_batch(self, fresh: list[Stream], prompts: list[Prompt], graphs: Graphs | None, length: int,
+                       voices: dict[str, tuple[int, CodecState | None]]) -> None:
         """One prefill: replayed from `graphs` (its prompts right-padded to `length`), or eager at the
-        longest prompt's length."""
+        longest prompt's length; `voices`: the bank rows of its cloned voices (by key)."""
         if graphs is not None:
             b = graphs.size(len(fresh))
         else:
@@ -482,7 +485,7 @@ class Runner:
             ids[1, i, :len(p)] = p.codec
             clone = p.voice.clone
             if clone is not None and (p.speaker_at >= 0 or p.codes_at >= 0):
-                row = self.voices.get(clone)[0]
+                row = voices[clone.key][0]
                 if p.speaker_at >= 0:
                     ids[2, i, p.speaker_at] = row
                 if p.codes_at >= 0:

@@ -344,11 +344,13 @@ family_checkpoint() {
     --out "$2" --device "$DEVICE" --dtype float32 --frames "$3"
 }
 
-# family_bench NAME DIR [MODES]: bench_engine.py in the voices of DIR's checkpoint (default: its kind's).
+# family_bench NAME DIR [MODES [SECONDS]]: bench_engine.py in the voices of DIR's checkpoint (default: its
+# kind's), in SECONDS at most (270).
 family_bench() {
-  step 270 "bench-$1" python3 scripts/bench_engine.py --checkpoint "$2" --impl ours --device "$DEVICE" \
+  local limit=${4:-270}
+  step "$limit" "bench-$1" python3 scripts/bench_engine.py --checkpoint "$2" --impl ours --device "$DEVICE" \
     --frames "$FRAMES" --streams "$FAMILY_STREAMS" --eager-streams "" --runs 2 --voices "$VOICES" \
-    --modes "${3:-}" --time-budget 200 --json "$OUT/bench-$1.json"
+    --modes "${3:-}" --time-budget $((limit - 70)) --json "$OUT/bench-$1.json"
 }
 
 family() {
@@ -381,14 +383,6 @@ family_more() {
   family_bench 1.7b-instruct "$F17C" speaker,instruct
 }
 
-# clone_bench NAME DIR SECONDS: bench_engine.py on DIR's Base checkpoint, in-context and x-vector clones, in
-# SECONDS at most.
-clone_bench() {
-  step "$3" "bench-$1" python3 scripts/bench_engine.py --checkpoint "$2" --impl ours --device "$DEVICE" \
-    --frames "$FRAMES" --streams "$FAMILY_STREAMS" --eager-streams "" --runs 2 --voices "$VOICES" \
-    --modes icl,xvec --time-budget $(($3 - 60)) --json "$OUT/bench-$1.json"
-}
-
 # Issue 23's in-context clones, then issue 25's 1024 streams opened at once, after the prefill's host waits
 # went: BUDGET seconds in all. Files under $OUT: run.log, tests.log, fixtures.log, bench-0.6b-base.log + .json,
 # engine.log + bench-engine-0.6b.json.
@@ -404,7 +398,7 @@ icl() {
   QWEN3_TTS_DEVICE=$DEVICE step "$TESTS_S" tests python3 -m pytest -x -q --tb=short -rfE -p no:cacheprovider \
     -k "graph_replay or qk_norm_rope or decode_attention" tests/engine/test_kernels.py tests/engine/test_batching.py
   wait "$fixtures"
-  clone_bench 0.6b-base "$F06B" "$BENCH_S"
+  family_bench 0.6b-base "$F06B" icl,xvec "$BENCH_S"
   left=$((BUDGET - (SECONDS - start)))
   [ "$left" -ge 120 ] || { log "0.6B CustomVoice skipped: ${left} s left"; return 0; }
   engine_bench 0.6b "$Q06" "$STREAMS_06" $((left - 10)) 40
@@ -448,7 +442,7 @@ speech_size() {
 # (issue 23), its engine starting from the kernels the speech call's engine tuned.
 speech_clones() {
   speech_size 0.6b "$Q06" "$F06B"
-  clone_bench 0.6b-base "$F06B" "$BENCH_S"
+  family_bench 0.6b-base "$F06B" icl,xvec "$BENCH_S"
 }
 
 wheels() {
