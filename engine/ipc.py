@@ -8,7 +8,8 @@ client -> engine                                 engine -> client
   HELLO  json {pid}                                HELLO  json {instance, voices, languages, kinds, ...}
   PING                                             PONG   instance, load (streams held, ASCII)
   OPEN   sid, voice, language ("" = auto)          PACKET sid, text, pcm
-         [, prompt, instructions, sampling]        DONE   sid
+         [, prompt, instructions, sampling         DONE   sid
+          [, text [, END]]]
   FEED   sid, text                                 ERROR  sid, INPUT | ENGINE, message
   END    sid                                       STATS  token, json
   CANCEL sid                                       RESET  reason (this client's streams here are gone)
@@ -17,7 +18,8 @@ client -> engine                                 engine -> client
   BYE
 
 OPEN's optional frames: a prepared voice (engine.voices.VoicePrompt.to_bytes, "" = none), instructions
-("" = none) and the stream's own sampling (engine.api.Sampling's fields that are set, as JSON; "" = none).
+("" = none), the stream's own sampling (engine.api.Sampling's fields that are set, as JSON; "" = none), then
+the text fed before the OPEN left and END when the stream's end came too: as FEED and END would say them.
 PREPARE clones a voice from reference audio (float32 little-endian mono samples at `rate`, ASCII; `text` its
 transcript, "" = none); VOICE answers it.
 

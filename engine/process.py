@@ -110,6 +110,9 @@ class EngineServer:
                 client.streams[sid] = self.batcher.admit(utterance)
             except (TTSError, VoiceError) as exc:
                 self._send(client, [ipc.ERROR, sid, ipc.INPUT, str(exc).encode()])
+                return
+            if len(args) > 6:  # the text fed, and the end given, before the OPEN left
+                self._text(utterance, args[6].decode(), end=len(args) > 7 and args[7] == ipc.END)
         elif kind == ipc.PREPARE:
             token, rate, text = args[0], int(args[2]), args[3].decode()
             audio = np.frombuffer(args[1], dtype="<f4")
@@ -119,14 +122,7 @@ class EngineServer:
             utterance = client.streams.get(args[0])
             if utterance is None:
                 return  # a stream that already ended or was cancelled
-            try:
-                if kind == ipc.FEED:
-                    utterance.feed(args[1].decode())
-                else:
-                    utterance.end()
-            except TTSError as exc:
-                utterance.cancel()
-                utterance.deliver(exc)
+            self._text(utterance, args[1].decode() if kind == ipc.FEED else None, end=kind == ipc.END)
         elif kind == ipc.CANCEL:
             utterance = client.streams.pop(args[0], None)
             if utterance is not None:
@@ -139,6 +135,18 @@ class EngineServer:
             self._drop(client, "said goodbye")
         else:
             raise ValueError("unknown kind")
+
+    @staticmethod
+    def _text(utterance: Utterance, text: str | None, *, end: bool) -> None:
+        """Feed `text` (None: none), then end the utterance when `end`; bad input fails it with the TTSError."""
+        try:
+            if text is not None:
+                utterance.feed(text)
+            if end:
+                utterance.end()
+        except TTSError as exc:
+            utterance.cancel()
+            utterance.deliver(exc)
 
     def hello(self) -> dict[str, Any]:
         b = self.batcher

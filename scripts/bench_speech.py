@@ -15,10 +15,13 @@ Voices: "speaker" (a CustomVoice speaker: [engine.voices] alloy) and "clone" (an
 tests/fixtures/one_sentence.wav with its transcript, prepared at start as [voices.bench]: needs a Base
 checkpoint among --checkpoint's). Reported per voice and level:
 
-  TTFB P50/P95        the client's request sent -> first audio byte
+  TTFB P50/P95        the client's request sent (written to its socket) -> first audio byte
   first audio P50/P95 the request's arrival -> the engine's first packet, as the gateway reports it
                       (Server-Timing "audio"); queue = the wait for a place ([speech] max_streams)
   HTTP P50/P95        TTFB - first audio, per request: what the HTTP path adds to the engine's first packet
+  HTTP in, out P95    its two ends (each gateway process times the requests the benchmark tags, X-Bench-Id):
+                      request sent -> the app called (uvicorn parsing it, and waiting behind the requests that
+                      came with it), and the first audio bytes sent -> the client has them
   RTF P50/max         request sent -> last byte, over the answer's audio duration
   audio s/s           seconds of audio delivered per second of the level, all requests together
   engine              mean batch, step busy share (and GPU busy on a GPU) over the level
@@ -93,10 +96,50 @@ def speech_config(args: argparse.Namespace) -> Any:
     return config
 
 
+def timed_app(app: Any) -> Any:
+    """This benchmark's middleware in each gateway process: for each request it tagged (X-Bench-Id), when the
+    app was called and when its first body bytes went to the socket (time.perf_counter, CLOCK_MONOTONIC: one
+    clock for every process on the host), appended to the stats folder's http-PID.jsonl once a second."""
+    out = Path(os.environ["BENCH_SPEECH_STATS"]) / f"http-{os.getpid()}.jsonl"
+    pending: list[str] = []
+    flusher: asyncio.Task[None] | None = None
+
+    async def flush() -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if pending:
+                with out.open("a") as f:
+                    f.write("".join(pending))
+                pending.clear()
+
+    async def timed(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal flusher
+        tag = dict(scope["headers"]).get(b"x-bench-id") if scope["type"] == "http" else None
+        if tag is None:
+            await app(scope, receive, send)
+            return
+        if flusher is None:
+            flusher = asyncio.get_running_loop().create_task(flush())
+        called, first = time.perf_counter(), None
+
+        async def first_body(message: Any) -> None:
+            nonlocal first
+            await send(message)
+            if first is None and message["type"] == "http.response.body":
+                first = time.perf_counter()
+                pending.append(json.dumps({"id": tag.decode(), "called": called, "first": first}) + "\n")
+
+        await app(scope, receive, first_body)
+
+    return timed
+
+
 async def serve(args: argparse.Namespace) -> None:
     from gateway.server.serve import GatewayServer  # noqa: PLC0415 - the gateway's modules in its own process only
 
-    await bg.serve_probed(GatewayServer(speech_config(args)), args.stats_dir)
+    server = GatewayServer(speech_config(args))
+    server.app = timed_app(server.app)
+    await bg.serve_probed(server, args.stats_dir)
 
 
 def serve_workers(args: argparse.Namespace) -> int:
@@ -105,7 +148,7 @@ def serve_workers(args: argparse.Namespace) -> int:
 
     config = speech_config(args)
     config.server.workers = args.workers
-    return Workers(config, worker_count(config), hooks=Hooks(serving=bg.probe_worker)).run()
+    return Workers(config, worker_count(config), hooks=Hooks(serving=bg.probe_worker, app=timed_app)).run()
 
 
 def start_gateway(args: argparse.Namespace, stats_dir: Path, fake_url: str) -> subprocess.Popen[str]:
@@ -119,11 +162,16 @@ def start_gateway(args: argparse.Namespace, stats_dir: Path, fake_url: str) -> s
 # --- the load generator ------------------------------------------------------------------------------
 
 
-async def one_request(http: aiohttp.ClientSession, url: str, body: bytes) -> dict[str, Any]:
-    sent = time.perf_counter()
+async def body_sent(_: aiohttp.ClientSession, context: Any, __: Any) -> None:
+    context.trace_request_ctx["sent"] = time.perf_counter()
+
+
+async def one_request(http: aiohttp.ClientSession, url: str, body: bytes, tag: str) -> dict[str, Any]:
+    sent: dict[str, float] = {}  # when aiohttp wrote the request (body_sent): its own work before is not HTTP's
     first = None
     size = 0
-    async with http.post(url, data=body, headers={"Content-Type": "application/json"}) as answer:
+    async with http.post(url, data=body, headers={"Content-Type": "application/json", "X-Bench-Id": tag},
+                         trace_request_ctx=sent) as answer:
         if answer.status != 200:
             return {"status": answer.status, "error": (await answer.text())[:200]}
         timing = dict(p.strip().split(";dur=") for p in answer.headers.get("Server-Timing", "").split(",") if p)
@@ -132,7 +180,7 @@ async def one_request(http: aiohttp.ClientSession, url: str, body: bytes) -> dic
                 first = time.perf_counter()
             size += len(chunk)
     end = time.perf_counter()
-    return {"status": 200, "sent": sent, "first": first, "end": end, "bytes": size,
+    return {"status": 200, "id": tag, "sent": sent["sent"], "first": first, "end": end, "bytes": size,
             "audio_ms": float(timing.get("audio", "nan")), "queue_ms": float(timing.get("queue", "nan"))}
 
 
@@ -146,23 +194,26 @@ def client_process(url: str, voice: str, fmt: str, workers: int, requests: int,
         rng = random.Random(seed)
         lags: list[float] = []
         connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900)) as http:
+        tracing = aiohttp.TraceConfig()
+        tracing.on_request_chunk_sent.append(body_sent)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900),
+                                         trace_configs=[tracing]) as http:
             async def connect() -> None:
                 async with http.get(url.replace("/v1/audio/speech", "/healthz")) as answer:
                     await answer.read()
 
-            async def worker() -> list[dict[str, Any]]:
+            async def worker(k: int) -> list[dict[str, Any]]:
                 rows = []
-                for _ in range(requests):
+                for n in range(requests):
                     body = json.dumps({"model": "tts-1", "input": INPUT, "voice": voice, "response_format": fmt,
                                        "seed": rng.randrange(2**32)}).encode()
-                    rows.append(await one_request(http, url, body))
+                    rows.append(await one_request(http, url, body, f"{voice}-{seed}-{k}-{n}"))
                 return rows
 
             await asyncio.gather(*(connect() for _ in range(workers)))
             probe = asyncio.create_task(bg.lag_probe(lambda lag: lags.append(lag * 1000)))
             try:
-                rows = [r for rs in await asyncio.gather(*(worker() for _ in range(workers))) for r in rs]
+                rows = [r for rs in await asyncio.gather(*(worker(k) for k in range(workers))) for r in rs]
             finally:
                 probe.cancel()
             return rows, lags
@@ -205,14 +256,25 @@ def bench_codecs() -> None:
 # --- the report ---------------------------------------------------------------------------------------
 
 
+def server_times(stats_dir: Path) -> dict[str, dict[str, float]]:
+    """timed_app's records, every gateway process's, by request tag."""
+    return {r["id"]: r for path in stats_dir.glob("http-*.jsonl") for r in map(json.loads, path.open())}
+
+
 def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], client_lags: list[float], start: float,
-              end: float, records: dict[int, list[dict]], sessions: bg.Result | None,
-              args: argparse.Namespace) -> dict[str, Any]:
+              end: float, records: dict[int, list[dict]], times: dict[str, dict[str, float]],
+              sessions: bg.Result | None, args: argparse.Namespace) -> dict[str, Any]:
     ok = [r for r in rows if r["status"] == 200 and r["first"] is not None]
     bytes_per_s = 2 * 24000 if args.format == "pcm" else None
     audio_s = [r["bytes"] / bytes_per_s for r in ok] if bytes_per_s else [args.frames * FRAME_S for _ in ok]
     ttfb = [(r["first"] - r["sent"]) * 1000 for r in ok]
     http = [t - r["audio_ms"] for t, r in zip(ttfb, ok, strict=True)]
+    # HTTP's two ends, from timed_app's records: request sent -> the app called (the client's write, the
+    # kernel, uvicorn's parsing, and the wait behind the requests that came with it), and the first body bytes
+    # sent -> the client has them (the kernel, the client's parsing and its own wait in a burst).
+    timed = [(r, times[r["id"]]) for r in ok if r["id"] in times]
+    http_in = [(t["called"] - r["sent"]) * 1000 for r, t in timed]
+    http_out = [(r["first"] - t["first"]) * 1000 for r, t in timed]
     rtf = [(r["end"] - r["sent"]) / a for r, a in zip(ok, audio_s, strict=True) if a > 0]
     # Each gateway process's loop lag P99 (one per worker with --workers N): the worst one is reported.
     lag_p99 = [bg.pct([lag for rec in rs for lag in rec["lags_ms"]], 99) for rs in records.values()]
@@ -224,6 +286,8 @@ def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], client_l
         "first_audio_p95_ms": bg.pct([r["audio_ms"] for r in ok], 95),
         "queue_p95_ms": bg.pct([r["queue_ms"] for r in ok], 95),
         "http_p50_ms": bg.pct(http, 50), "http_p95_ms": bg.pct(http, 95),
+        "http_in_p50_ms": bg.pct(http_in, 50), "http_in_p95_ms": bg.pct(http_in, 95),
+        "http_out_p50_ms": bg.pct(http_out, 50), "http_out_p95_ms": bg.pct(http_out, 95),
         "rtf_p50": bg.pct(rtf, 50), "rtf_max": max(rtf, default=float("nan")),
         "audio_s_per_s": sum(audio_s) / (end - start), "seconds": end - start,
         "loop_lag_p99_ms": max(lag_p99, default=float("nan")), "client_lag_p99_ms": bg.pct(client_lags, 99),
@@ -240,7 +304,7 @@ def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], client_l
 
 def print_report(rows: list[dict[str, Any]]) -> None:
     head = ("| voice | conc. | requests (errors) | TTFB P50 / P95 ms | first audio P50 / P95 ms | HTTP P50 / P95 ms "
-            "| RTF P50 / max | audio s/s | mean batch | loop lag P99 ms (clients') "
+            "| HTTP in, out P95 ms | RTF P50 / max | audio s/s | mean batch | loop lag P99 ms (clients') "
             "| sessions: first delta P50 / P95 ms |")
     print(head)
     print("| --- " * (head.count("|") - 1) + "|")
@@ -249,7 +313,8 @@ def print_report(rows: list[dict[str, Any]]) -> None:
                     if "sessions" in r else "-")
         print(f"| {r['voice']} | {r['concurrency']} | {r['requests']} ({r['errors']}) | {r['ttfb_p50_ms']:.1f} / "
               f"{r['ttfb_p95_ms']:.1f} | {r['first_audio_p50_ms']:.1f} / {r['first_audio_p95_ms']:.1f} | "
-              f"{r['http_p50_ms']:.2f} / {r['http_p95_ms']:.2f} | {r['rtf_p50']:.3f} / {r['rtf_max']:.3f} | "
+              f"{r['http_p50_ms']:.2f} / {r['http_p95_ms']:.2f} | "
+              f"{r['http_in_p95_ms']:.2f}, {r['http_out_p95_ms']:.2f} | {r['rtf_p50']:.3f} / {r['rtf_max']:.3f} | "
               f"{r['audio_s_per_s']:.1f} | {r['engine'].get('batch_mean', float('nan')):.1f} | "
               f"{r['loop_lag_p99_ms']:.1f} ({r['client_lag_p99_ms']:.1f}) | {sessions} |")
 
@@ -292,6 +357,7 @@ def main() -> int:
     # What bench_gateway's gateway needs to know: the pipeline on the fake server, the Qwen3-TTS engine.
     args.responder, args.tts, args.engine_max_frames = "pipeline", "engine", args.frames
     if args.serve:
+        os.environ["BENCH_SPEECH_STATS"] = args.stats_dir  # timed_app's, in this process and its workers
         if args.workers > 1:
             return serve_workers(args)
         asyncio.run(serve(args))
@@ -337,7 +403,8 @@ def main() -> int:
                 sessions = talking.result()[0] if talking is not None else None
                 time.sleep(1.5)  # the probe's last records
                 rows.append(summarise(voice, concurrency, result, client_lags, start, end,
-                                      bg.gateway_records(stats_dir, start, end), sessions, args))
+                                      bg.gateway_records(stats_dir, start, end), server_times(stats_dir), sessions,
+                                      args))
                 r = rows[-1]
                 print(f"{voice} x {concurrency}: TTFB P95 {r['ttfb_p95_ms']:.1f} ms, HTTP P95 "
                       f"{r['http_p95_ms']:.2f} ms, RTF max {r['rtf_max']:.3f}, {r['audio_s_per_s']:.1f} audio s/s, "

@@ -43,19 +43,37 @@ log = logging.getLogger(__name__)
 
 
 class RemoteStream(QueuedStream):
-    """One utterance in an engine process; the engine.api.TTSStream protocol."""
+    """One utterance in an engine process; the engine.api.TTSStream protocol.
 
-    def __init__(self, link: EngineLink, sid: bytes, max_chars: int) -> None:
+    Its OPEN leaves at the end of the loop's current pass, with the text fed and the end given by then: a
+    speech request's whole input is one message, not three (each message wakes ZeroMQ's I/O thread, a cost
+    that queues up when hundreds of requests come at once). Text fed later goes as FEED and END."""
+
+    def __init__(self, link: EngineLink, sid: bytes, max_chars: int, opening: list[bytes]) -> None:
         super().__init__(max_chars)
         self._link, self.sid = link, sid
+        self._opening: list[bytes] | None = opening
+        self._early: list[str] = []
+        asyncio.get_running_loop().call_soon(self._send_open)
+
+    def _send_open(self) -> None:
+        opening, self._opening = self._opening, None
+        if opening is None or self.sid not in self._link.streams:
+            return  # cancelled, failed, or refused here before it left
+        if self._early or self.ended:
+            opening += ["".join(self._early).encode(), *([ipc.END] if self.ended else [])]
+        self._link.send(opening)
 
     def feed(self, text: str) -> None:
         if super().feed(text):
-            self._link.send([ipc.FEED, self.sid, text.encode()])
+            if self._opening is not None:
+                self._early.append(text)
+            else:
+                self._link.send([ipc.FEED, self.sid, text.encode()])
 
     def end(self) -> None:
         try:
-            if super().end():
+            if super().end() and self._opening is None:
                 self._link.send([ipc.END, self.sid])
         except TTSError:
             self._stop()
@@ -66,8 +84,11 @@ class RemoteStream(QueuedStream):
             self._stop()
 
     def _stop(self) -> None:
-        self._link.send([ipc.CANCEL, self.sid])
-        self._link.streams.pop(self.sid, None)
+        # Only a stream the engine may still hold is cancelled there: not one that has not left yet, nor
+        # one the engine finished (DONE or ERROR) or this side failed.
+        if self._link.streams.pop(self.sid, None) is not None and self._opening is None:
+            self._link.send([ipc.CANCEL, self.sid])
+        self._opening = None
         self.put(None)
 
 
@@ -176,11 +197,12 @@ class EngineClient:
             raise TTSError(problem[1])
         link = self._pick()
         link.opened += 1
-        stream = RemoteStream(link, ipc.sid_bytes(next(self._ids)), self._max_chars)
-        link.streams[stream.sid] = stream
-        link.send([ipc.OPEN, stream.sid, voice.encode(), b"" if lang == "auto" else lang.encode(),
-                   b"" if prompt is None else prompt.to_bytes(), (instructions or "").encode(),
-                   b"" if sampling is None else ipc.sampling_bytes(sampling)])
+        sid = ipc.sid_bytes(next(self._ids))
+        stream = RemoteStream(link, sid, self._max_chars,
+                              [ipc.OPEN, sid, voice.encode(), b"" if lang == "auto" else lang.encode(),
+                               b"" if prompt is None else prompt.to_bytes(), (instructions or "").encode(),
+                               b"" if sampling is None else ipc.sampling_bytes(sampling)])
+        link.streams[sid] = stream
         return stream
 
     async def prepare(self, audio: np.ndarray, sample_rate: int, text: str | None = None,

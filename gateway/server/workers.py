@@ -53,6 +53,8 @@ from gateway.server.handoff import Dispatcher, Handoff, Loads, handoff_pair
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from starlette.types import ASGIApp
+
     from gateway.realtime.responder import Responder
     from gateway.server.serve import GatewayServer
 
@@ -98,6 +100,7 @@ class Hooks:
 
     responder: Callable[[Config], Responder | None] | None = None  # the worker's responder (None: configured)
     serving: Callable[[GatewayServer], Awaitable[None]] | None = None  # runs while the worker serves
+    app: Callable[[ASGIApp], ASGIApp] | None = None  # middleware around the worker's app (None: the app as it is)
 
 
 @dataclasses.dataclass
@@ -300,6 +303,8 @@ def _worker_main(slot: int, config: Config, auth: Auth, sock: socket.socket | No
         responder = hooks.responder(config) if hooks.responder is not None else None
         server = GatewayServer(config, responder, sock=sock, handoff=handoff, auth=auth,
                                capacity=Capacity(config.server.max_sessions, counts, slot))
+        if hooks.app is not None:
+            server.app = hooks.app(server.app)
         return await run_server(server, serving)
 
     exit_now(asyncio.run(serve()))

@@ -137,6 +137,26 @@ async def test_cancel_takes_effect_within_a_step(client: EngineClient) -> None:
     assert after["streams"] == after["waiting"] == 0
 
 
+async def test_text_goes_with_the_open_or_after_it(client: EngineClient) -> None:
+    before = (await counters(client))["opened"]
+    gone = client.open("alloy", "english")
+    gone.feed(SHORT)
+    gone.cancel()  # before its OPEN left: the engine never hears of it
+    assert await collect(gone, timeout=1) == []
+    at_once = await speak(client, SHORT)  # text and end in the OPEN
+    later = client.open("alloy", "english")
+    await asyncio.sleep(0.05)  # the OPEN leaves alone; the text follows as FEEDs, then END
+    later.feed(SHORT[:12])
+    await asyncio.sleep(0.01)
+    later.feed(SHORT[12:])
+    later.end()
+    fed = await collect(later)
+    assert "".join(c.text for c in at_once) == "".join(c.text for c in fed) == SHORT
+    assert b"".join(c.pcm for c in at_once) and b"".join(c.pcm for c in fed)
+    stats = await settled(client)
+    assert stats["opened"] - before == 2 and stats["streams"] == 0
+
+
 async def test_streams_go_to_the_least_loaded_engine(supervisor: EngineSupervisor) -> None:
     """Two links to the one engine process stand for two engines: new streams alternate between them, and
     one that is down gets none."""
