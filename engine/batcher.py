@@ -168,7 +168,6 @@ class Batcher:
                     f"[engine] max_streams = {max_streams} streams of up to max_frames = {max_frames} frames need "
                     f"{need / 2**30:.1f} GiB of preallocated caches and {weight.device} has {free / 2**30:.1f} GiB "
                     "free: lower max_streams or max_frames")
-        if weight.is_cuda:
             # cuDNN's attention makes an execution plan for each new shape before it runs it, and a prefill's
             # batch and length (and a new voice's reference length, when priming the codec) keep changing;
             # the flash and memory-efficient kernels run any shape at once.

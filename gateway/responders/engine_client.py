@@ -53,7 +53,7 @@ class RemoteStream(QueuedStream):
         super().__init__(max_chars)
         self._link, self.sid = link, sid
         self._opening: list[bytes] | None = opening
-        self._early: list[str] = []
+        self._early = ""  # text fed before the OPEN left
         asyncio.get_running_loop().call_soon(self._send_open)
 
     def _send_open(self) -> None:
@@ -61,13 +61,13 @@ class RemoteStream(QueuedStream):
         if opening is None or self.sid not in self._link.streams:
             return  # cancelled, failed, or refused here before it left
         if self._early or self.ended:
-            opening += ["".join(self._early).encode(), *([ipc.END] if self.ended else [])]
+            opening += [self._early.encode(), *([ipc.END] if self.ended else [])]
         self._link.send(opening)
 
     def feed(self, text: str) -> None:
         if super().feed(text):
             if self._opening is not None:
-                self._early.append(text)
+                self._early += text
             else:
                 self._link.send([ipc.FEED, self.sid, text.encode()])
 
