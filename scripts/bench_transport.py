@@ -3,8 +3,10 @@ machine shared with other work still gives comparable figures (scripts/bench_gat
 latencies do not, there).
 
 20 sessions at once, VAD off; each sends 500 appends of 20 ms audio, commits, asks for a response and
-reads the echo (pace 0: 250 deltas of 40 ms) to response.done; three times per server process. TREE is a
-checkout of the gateway, whose own code is served, so that two commits can be compared with one venv:
+reads the echo (pace 0: 250 deltas of 40 ms) to response.done; three times per server process. Then plain
+HTTP: 32 clients on kept-alive connections, 150 requests each, GET /healthz and POST
+/v1/realtime/client_secrets (a JSON body in, a JSON answer out) in turn; the server's CPU per request. TREE is
+a checkout of the gateway, whose own code is served, so that two commits can be compared with one venv:
 
     .venv/bin/python scripts/bench_transport.py .
     git archive main | tar -x -C /tmp/main && .venv/bin/python scripts/bench_transport.py /tmp/main
@@ -20,17 +22,22 @@ import subprocess
 import sys
 import time
 
+import aiohttp
 import orjson
 import websockets
 
 SESSIONS, APPENDS, ROUNDS = 20, 500, 3
+HTTP_CLIENTS, HTTP_REQUESTS = 32, 150
 
 # Runs in the server process, inside TREE: the gateway as that commit serves it (the one-port server,
 # or the websockets server before it), reporting its process CPU time on each line read from stdin.
 SERVER = """
 import asyncio, sys, time
 from gateway.config import load_config
-from gateway.realtime.responder import EchoResponder
+try:
+    from gateway.responders.echo import EchoResponder
+except ImportError:  # a tree from before the layered layout
+    from gateway.realtime.responder import EchoResponder
 
 async def main():
     config = load_config(env={})
@@ -75,6 +82,25 @@ async def load(url: str, appends: list[str]) -> int:
     return sum(await asyncio.gather(*(session(url, appends) for _ in range(SESSIONS))))
 
 
+async def http_load(base: str) -> int:
+    """HTTP_CLIENTS clients making HTTP_REQUESTS requests each; how many were answered 200."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async def client() -> int:
+            ok = 0
+            for n in range(HTTP_REQUESTS):
+                if n % 2:
+                    answer = http.post(base + "/v1/realtime/client_secrets",
+                                       json={"session": {"type": "realtime", "instructions": "Be brief."}})
+                else:
+                    answer = http.get(base + "/healthz")
+                async with answer as got:
+                    await got.read()
+                    ok += got.status == 200
+            return ok
+
+        return sum(await asyncio.gather(*(client() for _ in range(HTTP_CLIENTS))))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("tree", help="a checkout of the gateway to serve")
@@ -82,7 +108,8 @@ def main() -> int:
     server = subprocess.Popen([sys.executable, "-c", SERVER], cwd=tree, env={**os.environ, "PYTHONPATH": tree},
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert server.stdin is not None and server.stdout is not None
-    url = f"ws://127.0.0.1:{int(server.stdout.readline())}/v1/realtime"
+    port = int(server.stdout.readline())
+    url = f"ws://127.0.0.1:{port}/v1/realtime"
     chunk = base64.b64encode(bytes(960)).decode()
     appends = ['{"type":"input_audio_buffer.append","audio":"' + chunk + '"}'] * APPENDS
 
@@ -96,6 +123,12 @@ def main() -> int:
         deltas = asyncio.run(load(url, appends))
         print(f"{tree}: server CPU {cpu() - start_cpu:.2f} s (wall {time.time() - start:.1f} s) for "
               f"{SESSIONS * APPENDS} appends in, {deltas} deltas out", flush=True)
+    for _ in range(ROUNDS):
+        start_cpu, start = cpu(), time.time()
+        ok = asyncio.run(http_load(f"http://127.0.0.1:{port}"))
+        print(f"{tree}: server CPU {(cpu() - start_cpu) / (HTTP_CLIENTS * HTTP_REQUESTS) * 1e6:.0f} µs per HTTP "
+              f"request (wall {time.time() - start:.1f} s; {ok} of {HTTP_CLIENTS * HTTP_REQUESTS} answered 200)",
+              flush=True)
     server.stdin.close()
     server.wait(30)
     return 0

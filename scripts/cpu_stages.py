@@ -5,7 +5,7 @@ counted against the stage its stack is in.
 
 A sample's stage is decided by its innermost frame of the gateway's own code (its module says which stage:
 the VAD and its batcher, Smart Turn, the backend clients, the responders, the transport, the protocol core
-and the session runner), else by the library it is in (openai/aiohttp: backends; websockets/uvicorn/h11:
+and the session runner), else by the library it is in (openai/aiohttp: backends; websockets/uvicorn/httptools:
 transport), else it is the event loop itself or the hand-off of executor results. Samples whose innermost
 frame waits (epoll, a condition, a queue) are idle, not CPU. scripts/bench_gateway.py --profile runs this
 on a gateway process during each level and reports CPU seconds per session-minute by stage.
@@ -32,7 +32,7 @@ GATEWAY_STAGES = (
 )
 LIBRARY_STAGES = (
     ("backends", ("openai/", "aiohttp/", "httpx", "zmq/")),
-    ("transport", ("websockets/", "uvicorn/", "starlette/", "h11/")),
+    ("transport", ("websockets/", "uvicorn/", "starlette/", "httptools/")),
 )
 WAITING = ("EpollSelector.select", "Condition.wait", "Event.wait", "SimpleQueue.get",
            "_worker (concurrent/futures/thread.py:")

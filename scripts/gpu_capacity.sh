@@ -93,6 +93,7 @@ GATEWAY_WHEELS="websockets==15.0.1 orjson==3.13.0 soxr==1.1.0 pyzmq==27.3.0
   pydantic==2.14.3 pydantic-core==2.50.4 typing-inspection==0.4.5 annotated-types==0.8.0
   typing-extensions==4.16.0 anyio==4.16.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4
   frozenlist==1.8.0 aiosignal==1.4.0 aiohappyeyeballs==2.7.1 attrs==26.1.0 starlette==1.10.0 uvicorn==0.54.0
+  httptools==0.9.0
   py-spy==0.4.3 cryptography==50.0.2 cffi==2.0.0 pycparser==2.23"
 SLIM_WHEELS="silero-vad==6.2.3 pipecat-ai==1.14.0"
 SMART_TURN_FILE=pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx

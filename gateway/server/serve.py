@@ -1,12 +1,13 @@
 """Serving the app: uvicorn on one listening socket, with TLS when configured and the WebSocket limits.
 
-uvicorn parses HTTP (h11: bounded request heads, 400 for malformed ones; gateway/server/protocols/http.py adds
-deadlines for heads and bodies, header bounds before a WebSocket hand-over, and a connection budget per client
-address), the websockets library's sans-I/O protocol speaks WebSocket (gateway/server/protocols/websocket.py adds
-the send deadline, the inbound bound and the handshake's). Behind a proxy named in [server] forwarded_allow_ips,
-uvicorn takes the client's address from X-Forwarded-For; from anyone else, never. The socket is bound here,
-before the server starts, so that a busy port is a clear error, and so that the worker processes of
-`serve --workers N` (gateway.server.workers) accept on one socket their parent bound.
+uvicorn parses HTTP (httptools: 400 for malformed requests; gateway/server/protocols/http.py adds the bound on
+a head's size, deadlines for heads and bodies, header bounds before a WebSocket hand-over, and a connection
+budget per client address), the websockets library's sans-I/O protocol speaks WebSocket
+(gateway/server/protocols/websocket.py adds the send deadline, the inbound bound and the handshake's). Behind a
+proxy named in [server] forwarded_allow_ips, uvicorn takes the client's address from X-Forwarded-For; from
+anyone else, never. The socket is bound here, before the server starts, so that a busy port is a clear error,
+and so that the worker processes of `serve --workers N` (gateway.server.workers) accept on one socket their
+parent bound.
 """
 
 from __future__ import annotations
@@ -42,8 +43,6 @@ from gateway.transports.guard import is_loopback
 
 log = logging.getLogger(__name__)
 
-# Request heads (request line and headers) longer than this are refused with 400 (h11's own bound).
-MAX_REQUEST_HEAD_BYTES = 16 * 1024
 # HTTP requests and handshakes in flight beyond the sessions themselves; past that, new ones get 503.
 CONNECTION_HEADROOM = 256
 GRACEFUL_SHUTDOWN_S = 5
@@ -109,7 +108,6 @@ def uvicorn_config(app: object, config: Config) -> uvicorn.Config:
                           server.max_message_bytes),
         ws_max_size=server.max_message_bytes,
         ws_per_message_deflate=False,
-        h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
         limit_concurrency=server.max_sessions + CONNECTION_HEADROOM,
         # Off unless configured: uvicorn would otherwise believe X-Forwarded-For from loopback (its default),
         # and any local client could pose as any address.

@@ -15,9 +15,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.runtime.auth import error_body
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-# A longer request target is refused with 414, more header bytes with 431 (uvicorn refuses a request head
-# that has not ended within 16 KiB with 400, but takes a longer one that arrives whole); so are more headers
-# or longer header lines than [server] max_request_headers and max_header_line_bytes (head_problem).
+# A longer request target is refused with 414, more header bytes with 431 (the server's protocol refuses a
+# head still incomplete past its own bound, but takes a longer one that arrives in one read); so are more
+# headers or longer header lines than [server] max_request_headers and max_header_line_bytes (head_problem).
 MAX_TARGET_CHARS = 2048
 MAX_HEADER_BYTES = 16 * 1024
 # What the OpenAI SDKs send from a browser (fetch preflights name them); any other requested header is
@@ -101,14 +101,21 @@ class Hosts:
 def head_problem(headers: list[tuple[bytes, bytes]], target: bytes, max_headers: int,
                  max_line_bytes: int) -> tuple[int, str, str] | None:
     """Why a request head is refused: (HTTP status, message, error code), or None. The one check of a head's
-    bounds, for HTTP requests here and for WebSocket upgrades before uvicorn hands them to the websockets
-    library (gateway/server/protocols/http.py)."""
+    bounds and its Host headers, for HTTP requests here and for WebSocket upgrades before uvicorn hands them to
+    the websockets library (gateway/server/protocols/http.py)."""
     if len(headers) > max_headers:
         return 431, f"The request has too many headers (at most {max_headers}).", "headers_too_large"
-    if any(len(name) + 2 + len(value) > max_line_bytes for name, value in headers):
-        return 431, f"A request header line is too long (at most {max_line_bytes} bytes).", "headers_too_large"
-    if sum(len(name) + len(value) for name, value in headers) > MAX_HEADER_BYTES:
+    total = hosts = 0
+    for name, value in headers:
+        size = len(name) + len(value)
+        if size + 2 > max_line_bytes:
+            return 431, f"A request header line is too long (at most {max_line_bytes} bytes).", "headers_too_large"
+        total += size
+        hosts += name == b"host"
+    if total > MAX_HEADER_BYTES:
         return 431, f"The request headers are too large (at most {MAX_HEADER_BYTES} bytes).", "headers_too_large"
+    if hosts > 1:  # which one names the site is ambiguous (RFC 9112, 3.2: a 400)
+        return 400, "The request has more than one Host header.", "invalid_host"
     if len(target) > MAX_TARGET_CHARS:
         return 414, f"The request target is too long (at most {MAX_TARGET_CHARS} bytes).", "uri_too_long"
     return None
@@ -145,7 +152,11 @@ class FrontDoor:
         if problem is not None:
             await _refuse(answer, *problem)
             return
-        if not self.hosts.allows(headers.get("host")):
+        host = headers.get("host")
+        if host is None and scope["http_version"] == "1.1":
+            await _refuse(answer, 400, "The request has no Host header.", "invalid_host")
+            return
+        if not self.hosts.allows(host):
             await _refuse(answer, 400, "Invalid host header.", "invalid_host")
             return
         if scope["type"] == "websocket":

@@ -66,8 +66,13 @@ async def test_bad_http_gets_a_short_4xx_and_no_traceback(start_gateway, caplog)
     cases = [
         (b"GARBAGE\r\n\r\n", 400),
         (get("/", extra="X-Big: " + "a" * 20_000 + "\r\n"), 431),
-        (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20_000, 400),  # a head that does not end
+        (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20_000, 431),  # a head that does not end
         (get("/" + "a" * 3000), 414),
+        (get("/healthz", extra="Host: evil.example\r\n"), 400),  # two Host headers: which site is it?
+        (b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n", 400),  # HTTP/1.1 without a Host
+        # request smuggling: a length and chunks, two lengths
+        (get("/healthz", "POST", "Transfer-Encoding: chunked\r\n", b"0\r\n\r\n"), 400),
+        (get("/healthz", "POST", "Content-Length: 5\r\n", b"{}"), 400),
         (get("/%00"), 400),
         (get("/" + "a" * 300), 404),
         (get("/nope/../../etc/passwd"), 404),

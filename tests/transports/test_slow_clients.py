@@ -138,6 +138,50 @@ async def test_slow_bodies_are_cut_at_their_total_and_idle_deadlines(start_gatew
     assert status == 200
 
 
+async def test_a_head_growing_past_its_bound_in_pieces_is_refused_and_pipelined_requests_are_answered(
+        start_gateway):
+    """A head that keeps coming in pieces is answered 431 once past 16 KiB, not held until its deadline; a
+    head of 12 KiB in pieces is served. Requests pipelined on one connection are answered in order, and the
+    connection is kept to its head deadline afterwards, not cut while they run."""
+    gateway = await start_gateway(server__request_head_timeout_s=30.0, server__request_idle_timeout_s=5.0)
+
+    async def in_pieces(header_bytes: int) -> tuple[int, int]:
+        """Header lines of 1000 bytes, 20 ms apart, until the server answers or they reach `header_bytes`; the
+        answer's status and the header bytes sent by then."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+        writer.write(HEALTHZ_HEAD)
+        answer = b""
+        try:
+            for n in range(0, header_bytes, 1000):
+                writer.write(f"X-Piece-{n}: {'a' * 980}\r\n".encode())
+                with contextlib.suppress(TimeoutError):
+                    answer = await asyncio.wait_for(reader.read(65536), 0.02)
+                    break  # answered before the head ended: stop sending (more would be reset)
+            else:
+                writer.write(b"Connection: close\r\n\r\n")
+                answer = await asyncio.wait_for(reader.read(65536), 10)
+        finally:
+            writer.close()
+        return int(answer.split()[1]), n + 1000
+
+    assert (await in_pieces(12_000))[0] == 200
+    status, sent = await in_pieces(40_000)
+    assert status == 431 and sent <= 18_000  # refused as it passed 16 KiB, before the head ended
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 2
+                     + b"POST /v1/realtime/client_secrets HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}")
+        answers = b""
+        while answers.count(b"HTTP/1.1 200") < 3:
+            answers += await asyncio.wait_for(reader.read(65536), 5)
+        assert answers.count(b"HTTP/1.1 200") == 3 and b"expires_at" in answers.split(b"HTTP/1.1 200")[3]
+        writer.write(HEALTHZ_HEAD + b"Connection: close\r\n\r\n")  # kept alive: a fourth request is served
+        assert (await asyncio.wait_for(reader.read(-1), 5)).startswith(b"HTTP/1.1 200")
+    finally:
+        writer.close()
+
+
 async def test_upgrade_heads_the_handshake_parser_cannot_take_are_answered_and_closed(start_gateway):
     """websockets' parser, which uvicorn hands an upgrade's head to, refuses more than 128 headers, an 8 KiB
     line, a method other than GET: such a connection was left open and unanswered for good."""

@@ -1,25 +1,33 @@
-"""uvicorn's h11 HTTP protocol with the limits it lacks, so that slow or malformed requests cannot hold the
-server's connections.
+"""uvicorn's HTTP protocol (httptools: llhttp's parser) with the limits it lacks, so that slow or malformed
+requests cannot hold the server's connections.
 
-uvicorn bounds a request head's size (h11: 16 KiB while it is incomplete) but not the time it takes to
-arrive, nor a body's, and every open connection counts against ``limit_concurrency`` (past it, 503s for
-everyone). Here:
+uvicorn bounds neither the time a request head or body takes to arrive nor, with httptools, a head's size,
+and every open connection counts against ``limit_concurrency`` (past it, 503s for everyone). Here:
 
-- Deadlines. A head (request line and headers) must be complete ``[server] request_head_timeout_s`` after
-  the connection opened (or after its previous response, on a kept-alive connection), a body
-  ``request_body_timeout_s`` after its head, and neither may pause longer than ``request_idle_timeout_s``
-  between two reads. A connection past a deadline is closed (an app reading the body sees the client
-  gone). A WebSocket handshake must be answered by its head's deadline (gateway/server/protocols/websocket.py).
+- A head's size. A head (request line and headers) still incomplete after ``MAX_HEAD_BYTES`` is answered 431
+  and the connection closed (counted from the read that started it: a head that starts in the middle of a
+  read, after a pipelined request, is counted from the next one). llhttp keeps no head in memory, but
+  httptools holds a header line until it ends, and uvicorn every header. The front door
+  (gateway/transports/guard.py) bounds a complete head's headers, lines and target.
+- Deadlines. A head must be complete ``[server] request_head_timeout_s`` after the connection opened (or
+  after its previous response, on a kept-alive connection), a body ``request_body_timeout_s`` after its
+  head, and neither may pause longer than ``request_idle_timeout_s`` between two reads. A connection past a
+  deadline is closed (an app reading the body sees the client gone). A WebSocket handshake must be answered
+  by its head's deadline (gateway/server/protocols/websocket.py).
 - Header bounds on the WebSocket path. uvicorn hands an upgrade's head to the websockets library's parser,
   which fails a head of more than 128 headers or with a line over 8 KiB silently: the connection then
   stayed open and unanswered for good. Such a head (over ``max_request_headers`` or
   ``max_header_line_bytes``, or a target over the front door's limit) is answered 431 (414) here, before
-  the hand-over. Plain HTTP requests get the same bounds from the front door (gateway/transports/guard.py).
+  the hand-over. Plain HTTP requests get the same bounds from the front door.
 - A budget per client address (gateway/server/protocols/clients.py): a connection from an address that holds
   its share already is answered 429 and closed at once, before anything of it is read.
 
-It leans on uvicorn's h11 protocol internals (its scope, cycle, flow control and upgrade hand-over):
-pyproject.toml pins uvicorn's minor version, and tests/transports/test_slow_clients.py exercises each limit.
+Why httptools rather than h11: in a burst of requests, each gateway process parses its share one after
+another, and h11 (pure Python) cost the gateway about 80 µs more CPU per request and response
+(scripts/bench_transport.py; bench/RESULTS.md). httptools also takes what h11 refused itself: two Host
+headers and an HTTP/1.1 request without one are the front door's 400s. This leans on uvicorn's httptools
+protocol internals (its parser callbacks, scope, cycle, flow control and upgrade hand-over): pyproject.toml
+pins uvicorn's minor version, and tests/transports/test_slow_clients.py exercises each limit.
 """
 
 from __future__ import annotations
@@ -30,22 +38,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import h11
 from prometheus_client import Counter
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.server.protocols.clients import ClientBudget, Slot
 from gateway.server.protocols.refusal import raw_response
 from gateway.server.protocols.websocket import LimitedWebSocketProtocol
-from gateway.transports.guard import head_problem
+from gateway.transports.guard import MAX_HEADER_BYTES, head_problem
 
 log = logging.getLogger(__name__)
 
+# A head not complete within this many bytes is refused (the front door's bound on a complete head's headers).
+MAX_HEAD_BYTES = MAX_HEADER_BYTES
 CUT = Counter("gateway_slow_requests_cut_total",
               "Connections closed because a request head or body missed its deadline", ["part", "deadline"])
 TOO_MANY = raw_response(429, "This client address holds as many connections as it may ([server] "
                         "max_connections_per_client); close some, or try again later.", "too_many_connections",
                         (("retry-after", "1"),))
+HEAD_TOO_LARGE = raw_response(431, f"The request head is too large (at most {MAX_HEAD_BYTES} bytes).",
+                              "headers_too_large")
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,7 @@ class HttpLimits:
     max_header_line_bytes: int
 
 
-class GatewayHttpProtocol(H11Protocol):
+class GatewayHttpProtocol(HttpToolsProtocol):
     """Set by ``protocol_class``: the limits, the process's client budget, and which peers are proxies
     whose connections carry many clients (not counted against their own address)."""
 
@@ -73,9 +84,10 @@ class GatewayHttpProtocol(H11Protocol):
         self._part: str | None = None  # "head" or "body" while one is arriving under a deadline
         self._deadline = 0.0  # loop time by which that part must be complete
         self._head_deadline = 0.0  # the last head's (a WebSocket handshake must be answered by then too)
+        self._in_head = True  # the parser is between requests or in a head: what comes is a head's
+        self._head_bytes = 0  # read since that head began
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
-        self._request_scope: object = None  # the scope of the last request whose head was complete
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -99,49 +111,63 @@ class GatewayHttpProtocol(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
+        if self._in_head:
+            self._head_bytes += len(data)
         super().data_received(data)
-
-    def handle_events(self) -> None:
-        super().handle_events()
         if self.transport.is_closing() or self.transport.get_protocol() is not self:
             self._stop()  # closed, or handed over to the WebSocket protocol
-        elif self.scope is not None and self.scope is not self._request_scope:  # a new request's head is complete
-            self._request_scope = self.scope
-            if self.conn.their_state is h11.SEND_BODY:
-                self._expect("body", self.limits.body_timeout_s)
-            else:
-                self._stop()
-        elif self._part == "body" and self.conn.their_state is not h11.SEND_BODY:
-            self._stop()  # the body is complete: the app's turn
+        elif self._in_head and self._head_bytes > MAX_HEAD_BYTES:
+            self._stop()
+            self.transport.write(HEAD_TOO_LARGE)
+            self.transport.close()
+        elif self._part is not None and self._timer is None:
+            self._schedule()  # a part still arriving after this read
+
+    # --- the parser's callbacks: where a request's parts begin and end ---------------------------------
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        super().on_headers_complete()
+        # The body's deadline, armed after the read unless the body came whole with its head.
+        self._expect("body", self.limits.body_timeout_s, arm=False)
+
+    def on_message_complete(self) -> None:
+        self._in_head, self._head_bytes = True, 0
+        super().on_message_complete()
+        self._stop()  # the app's turn
 
     def on_response_complete(self) -> None:
-        if not self.transport.is_closing():
-            # Kept alive: the next head gets the same time (armed first: a pipelined request is handled next).
+        if not self.transport.is_closing() and not self.pipeline:
+            # Kept alive with no pipelined request waiting: the next head gets the same time.
             self._expect("head", self.limits.head_timeout_s)
         super().on_response_complete()
 
-    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+    def handle_websocket_upgrade(self) -> None:
         limits = self.limits
-        problem = head_problem(self.headers, event.target, limits.max_headers, limits.max_header_line_bytes)
+        problem = head_problem(self.headers, self.url, limits.max_headers, limits.max_header_line_bytes)
         if problem is not None:
             self.transport.write(raw_response(*problem))
             self.transport.close()
             return
         self._stop()
         slot, self._slot = self._slot, None
-        super().handle_websocket_upgrade(event)
+        super().handle_websocket_upgrade()
         protocol = self.transport.get_protocol()
         assert isinstance(protocol, LimitedWebSocketProtocol)
         protocol.answer_by(self._head_deadline, slot)
 
     # --- deadlines ---------------------------------------------------------------------------------
 
-    def _expect(self, part: str, seconds: float) -> None:
+    def _expect(self, part: str, seconds: float, *, arm: bool = True) -> None:
         now = self.loop.time()
         self._part, self._deadline, self._last_read = part, now + seconds, now
         if part == "head":
             self._head_deadline = self._deadline
-        self._schedule()
+        if arm:
+            self._schedule()
+        elif self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _stop(self) -> None:
         self._part = None
