@@ -32,7 +32,6 @@ imports neither torch nor zmq: the client's side uses it too.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 from engine.api import Sampling, TTSError
@@ -58,7 +57,7 @@ def sid_bytes(n: int) -> bytes:
 
 
 def sampling_bytes(sampling: Sampling) -> bytes:
-    return json.dumps({k: v for k, v in dataclasses.asdict(sampling).items() if v is not None}).encode()
+    return json.dumps({k: v for k, v in vars(sampling).items() if v is not None}).encode()
 
 
 def sampling_from_bytes(data: bytes) -> Sampling:

@@ -22,6 +22,7 @@ import itertools
 import json
 import logging
 import os
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -165,6 +166,9 @@ class EngineClient:
         self._tasks: list[asyncio.Task[None]] = []
         self._stats: dict[bytes, asyncio.Future[dict[str, Any]]] = {}
         self._voices: dict[bytes, asyncio.Future[VoicePrompt]] = {}
+        # Each voice's wire form, made once: a clone's OPEN carries its prompt, and a burst of requests for one
+        # voice would serialise it again for each.
+        self._prompt_bytes: weakref.WeakKeyDictionary[VoicePrompt, bytes] = weakref.WeakKeyDictionary()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineClient:
@@ -200,10 +204,16 @@ class EngineClient:
         sid = ipc.sid_bytes(next(self._ids))
         stream = RemoteStream(link, sid, self._max_chars,
                               [ipc.OPEN, sid, voice.encode(), b"" if lang == "auto" else lang.encode(),
-                               b"" if prompt is None else prompt.to_bytes(), (instructions or "").encode(),
+                               b"" if prompt is None else self._wire(prompt), (instructions or "").encode(),
                                b"" if sampling is None else ipc.sampling_bytes(sampling)])
         link.streams[sid] = stream
         return stream
+
+    def _wire(self, prompt: VoicePrompt) -> bytes:
+        data = self._prompt_bytes.get(prompt)
+        if data is None:
+            data = self._prompt_bytes[prompt] = prompt.to_bytes()
+        return data
 
     async def prepare(self, audio: np.ndarray, sample_rate: int, text: str | None = None,
                       timeout: float = 60.0) -> VoicePrompt:
