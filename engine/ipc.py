@@ -7,9 +7,8 @@ client, 8 bytes, unique per connection. Text is UTF-8, audio pcm16 mono 24 kHz, 
 client -> engine                                 engine -> client
   HELLO  json {pid}                                HELLO  json {instance, voices, languages, kinds, ...}
   PING                                             PONG   instance, load (streams held, ASCII)
-  OPEN   sid, voice, language ("" = auto)          PACKET sid, text, pcm
-         [, prompt, instructions, sampling         DONE   sid
-          [, text [, END]]]
+  OPEN   sid, json {voice, ...} [, prompt]         PACKET sid, text, pcm
+                                                   DONE   sid
   FEED   sid, text                                 ERROR  sid, INPUT | ENGINE, message
   END    sid                                       STATS  token, json
   CANCEL sid                                       RESET  reason (this client's streams here are gone)
@@ -17,9 +16,11 @@ client -> engine                                 engine -> client
   PREPARE token, audio, rate, text
   BYE
 
-OPEN's optional frames: a prepared voice (engine.voices.VoicePrompt.to_bytes, "" = none), instructions
-("" = none), the stream's own sampling (engine.api.Sampling's fields that are set, as JSON; "" = none), then
-the text fed before the OPEN left and END when the stream's end came too: as FEED and END would say them.
+OPEN's JSON object holds the voice and, when there are any, "language", "instructions", "sampling" (the
+stream's own: engine.api.Sampling's fields that are set), "text" (fed before the OPEN left) and "end" (true
+when the stream's end came too): as FEED and END would say them. Its optional last frame is a prepared voice
+(engine.voices.VoicePrompt.to_bytes). One object, not a frame per field: a burst of requests opens hundreds
+of streams at once, and every frame costs the sending event loop a few microseconds.
 PREPARE clones a voice from reference audio (float32 little-endian mono samples at `rate`, ASCII; `text` its
 transcript, "" = none); VOICE answers it.
 
@@ -33,6 +34,8 @@ imports neither torch nor zmq: the client's side uses it too.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Any
 
 from engine.api import Sampling, TTSError
 
@@ -56,14 +59,46 @@ def sid_bytes(n: int) -> bytes:
     return n.to_bytes(8, "big")
 
 
-def sampling_bytes(sampling: Sampling) -> bytes:
-    return json.dumps({k: v for k, v in vars(sampling).items() if v is not None}).encode()
+@dataclass(frozen=True)
+class Open:
+    """What an OPEN opens: the stream's voice (a name, or with `prompt` a prepared voice's) and its own
+    settings."""
+
+    voice: str
+    language: str | None = None  # None: the engine's automatic choice
+    prompt: bytes = b""  # engine.voices.VoicePrompt.to_bytes; b"" = none
+    instructions: str | None = None
+    sampling: Sampling | None = None
 
 
-def sampling_from_bytes(data: bytes) -> Sampling:
-    """OPEN's sampling frame; TTSError for anything but an object of Sampling's fields."""
+def open_frames(sid: bytes, spec: Open, text: str = "", end: bool = False) -> list[bytes]:
+    """The OPEN message for stream `sid`, carrying the text fed and the end given before it left."""
+    header: dict[str, Any] = {"voice": spec.voice}
+    if spec.language:
+        header["language"] = spec.language
+    if spec.instructions:
+        header["instructions"] = spec.instructions
+    if spec.sampling is not None:
+        header["sampling"] = {k: v for k, v in vars(spec.sampling).items() if v is not None}
+    if text:
+        header["text"] = text
+    if end:
+        header["end"] = True
+    return [OPEN, sid, json.dumps(header).encode(), *([spec.prompt] if spec.prompt else [])]
+
+
+def read_open(args: list[bytes]) -> tuple[Open, str, bool]:
+    """An OPEN's frames after its sid: what it opens, its text ("" = none) and whether it ends the stream;
+    TTSError for a header that is not what open_frames writes."""
     try:
-        fields = json.loads(data)
-        return Sampling(**fields)
-    except (ValueError, TypeError):
-        raise TTSError("the stream's sampling is not an object of engine.api.Sampling's fields") from None
+        header = json.loads(args[1])
+        voice, language, instructions = header["voice"], header.get("language"), header.get("instructions")
+        text, end, sampling = header.get("text", ""), header.get("end", False), header.get("sampling")
+        if not all(isinstance(v, str) for v in (voice, text)) or not isinstance(end, bool) or any(
+                v is not None and not isinstance(v, str) for v in (language, instructions)):
+            raise TypeError
+        spec = Open(voice, language or None, args[2] if len(args) > 2 else b"", instructions or None,
+                    None if sampling is None else Sampling(**sampling))
+    except (ValueError, TypeError, KeyError):
+        raise TTSError("the stream's OPEN is not engine.ipc.open_frames's") from None
+    return spec, text, end

@@ -98,21 +98,18 @@ class EngineServer:
         elif kind == ipc.HELLO:
             self._send(client, [ipc.HELLO, json.dumps(self.hello()).encode()])
         elif kind == ipc.OPEN:
-            sid, voice, language = args[0], args[1].decode(), args[2].decode()
-            prompt = args[3] if len(args) > 3 else b""
-            instructions = args[4].decode() if len(args) > 4 else ""
-            sampling = args[5] if len(args) > 5 else b""
+            sid = args[0]
             try:
-                voice_prompt = VoicePrompt.from_bytes(prompt) if prompt else None
-                target = self.batcher.resolve(voice, language or None, voice_prompt, instructions or None)
-                utterance = Utterance(self.batcher, target, partial(self._deliver, client, sid),
-                                      ipc.sampling_from_bytes(sampling) if sampling else None)
+                spec, text, end = ipc.read_open(args)
+                voice_prompt = VoicePrompt.from_bytes(spec.prompt) if spec.prompt else None
+                target = self.batcher.resolve(spec.voice, spec.language, voice_prompt, spec.instructions)
+                utterance = Utterance(self.batcher, target, partial(self._deliver, client, sid), spec.sampling)
                 client.streams[sid] = self.batcher.admit(utterance)
             except (TTSError, VoiceError) as exc:
                 self._send(client, [ipc.ERROR, sid, ipc.INPUT, str(exc).encode()])
                 return
-            if len(args) > 6:  # the text fed, and the end given, before the OPEN left
-                self._text(utterance, args[6].decode(), end=len(args) > 7 and args[7] == ipc.END)
+            if text or end:  # the text fed, and the end given, before the OPEN left
+                self._text(utterance, text or None, end=end)
         elif kind == ipc.PREPARE:
             token, rate, text = args[0], int(args[2]), args[3].decode()
             audio = np.frombuffer(args[1], dtype="<f4")

@@ -50,10 +50,10 @@ class RemoteStream(QueuedStream):
     speech request's whole input is one message, not three (each message wakes ZeroMQ's I/O thread, a cost
     that queues up when hundreds of requests come at once). Text fed later goes as FEED and END."""
 
-    def __init__(self, link: EngineLink, sid: bytes, max_chars: int, opening: list[bytes]) -> None:
+    def __init__(self, link: EngineLink, sid: bytes, max_chars: int, opening: ipc.Open) -> None:
         super().__init__(max_chars)
         self._link, self.sid = link, sid
-        self._opening: list[bytes] | None = opening
+        self._opening: ipc.Open | None = opening
         self._early = ""  # text fed before the OPEN left
         asyncio.get_running_loop().call_soon(self._send_open)
 
@@ -61,9 +61,7 @@ class RemoteStream(QueuedStream):
         opening, self._opening = self._opening, None
         if opening is None or self.sid not in self._link.streams:
             return  # cancelled, failed, or refused here before it left
-        if self._early or self.ended:
-            opening += [self._early.encode(), *([ipc.END] if self.ended else [])]
-        self._link.send(opening)
+        self._link.send(ipc.open_frames(self.sid, opening, self._early, self.ended))
 
     def feed(self, text: str) -> None:
         if super().feed(text):
@@ -203,9 +201,8 @@ class EngineClient:
         link.opened += 1
         sid = ipc.sid_bytes(next(self._ids))
         stream = RemoteStream(link, sid, self._max_chars,
-                              [ipc.OPEN, sid, voice.encode(), b"" if lang == "auto" else lang.encode(),
-                               b"" if prompt is None else self._wire(prompt), (instructions or "").encode(),
-                               b"" if sampling is None else ipc.sampling_bytes(sampling)])
+                              ipc.Open(voice, None if lang == "auto" else lang,
+                                       b"" if prompt is None else self._wire(prompt), instructions, sampling))
         link.streams[sid] = stream
         return stream
 

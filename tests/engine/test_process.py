@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine import ipc
 from engine.api import Sampling, TTSChunk, TTSError
 from engine.config import EngineConfig
 from engine.supervisor import EngineStartError, EngineSupervisor
@@ -155,6 +156,19 @@ async def test_text_goes_with_the_open_or_after_it(client: EngineClient) -> None
     assert b"".join(c.pcm for c in at_once) and b"".join(c.pcm for c in fed)
     stats = await settled(client)
     assert stats["opened"] - before == 2 and stats["streams"] == 0
+
+
+def test_an_open_reads_back_as_written_and_a_malformed_one_is_an_input_error() -> None:
+    spec = ipc.Open("ryan", "english", b"voice bytes", "Whisper.", Sampling(seed=7, top_k=20))
+    frames = ipc.open_frames(ipc.sid_bytes(3), spec, "Hello.", end=True)
+    assert frames[0] == ipc.OPEN and len(frames) == 4  # kind, sid, the JSON object, the prompt
+    assert ipc.read_open(frames[1:]) == (spec, "Hello.", True)
+    plain = ipc.Open("alloy")
+    assert ipc.read_open(ipc.open_frames(b"x" * 8, plain)[1:]) == (plain, "", False)
+    for header in (b"{not json", b"[]", b'{"language": "en"}', b'{"voice": 3}', b'{"voice": "a", "end": "yes"}',
+                   b'{"voice": "a", "sampling": {"nucleus": 1}}', b'{"voice": "a", "sampling": 5}'):
+        with pytest.raises(TTSError, match="not engine.ipc.open_frames's"):
+            ipc.read_open([b"x" * 8, header])
 
 
 async def test_streams_go_to_the_least_loaded_engine(supervisor: EngineSupervisor) -> None:
