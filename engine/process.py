@@ -108,8 +108,7 @@ class EngineServer:
             except (TTSError, VoiceError) as exc:
                 self._send(client, [ipc.ERROR, sid, ipc.INPUT, str(exc).encode()])
                 return
-            if text or end:  # the text fed, and the end given, before the OPEN left
-                self._text(utterance, text or None, end=end)
+            self._text(utterance, text or None, end=end)  # the text fed, and the end given, before it left
         elif kind == ipc.PREPARE:
             token, rate, text = args[0], int(args[2]), args[3].decode()
             audio = np.frombuffer(args[1], dtype="<f4")

@@ -4,7 +4,7 @@ requests cannot hold the server's connections.
 uvicorn bounds neither the time a request head or body takes to arrive nor, with httptools, a head's size,
 and every open connection counts against ``limit_concurrency`` (past it, 503s for everyone). Here:
 
-- A head's size. A head (request line and headers) still incomplete after ``MAX_HEAD_BYTES`` is answered 431
+- A head's size. A head (request line and headers) still incomplete after 16 KiB is answered 431
   and the connection closed (counted from the read that started it: a head that starts in the middle of a
   read, after a pipelined request, is counted from the next one). llhttp keeps no head in memory, but
   httptools holds a header line until it ends, and uvicorn every header. The front door
@@ -48,14 +48,13 @@ from gateway.transports.guard import MAX_HEADER_BYTES, head_problem
 
 log = logging.getLogger(__name__)
 
-# A head not complete within this many bytes is refused (the front door's bound on a complete head's headers).
-MAX_HEAD_BYTES = MAX_HEADER_BYTES
 CUT = Counter("gateway_slow_requests_cut_total",
               "Connections closed because a request head or body missed its deadline", ["part", "deadline"])
 TOO_MANY = raw_response(429, "This client address holds as many connections as it may ([server] "
                         "max_connections_per_client); close some, or try again later.", "too_many_connections",
                         (("retry-after", "1"),))
-HEAD_TOO_LARGE = raw_response(431, f"The request head is too large (at most {MAX_HEAD_BYTES} bytes).",
+# A head still incomplete past the front door's bound on a complete head's headers is refused.
+HEAD_TOO_LARGE = raw_response(431, f"The request head is too large (at most {MAX_HEADER_BYTES} bytes).",
                               "headers_too_large")
 
 
@@ -116,7 +115,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().data_received(data)
         if self.transport.is_closing() or self.transport.get_protocol() is not self:
             self._stop()  # closed, or handed over to the WebSocket protocol
-        elif self._in_head and self._head_bytes > MAX_HEAD_BYTES:
+        elif self._in_head and self._head_bytes > MAX_HEADER_BYTES:
             self._stop()
             self.transport.write(HEAD_TOO_LARGE)
             self.transport.close()
