@@ -4,12 +4,12 @@ The gateway runs in its own process (this script with --serve: bench_gateway.py'
 responder on the fake OpenAI-compatible server, so realtime sessions can share the engine; its probe records
 loop lag, CPU and the engine's counters once a second), or as `serve --workers N` runs it (--workers N: N
 worker processes on one port sharing the engine process, each probed; the worst one's loop lag is reported).
-The load generator is --clients processes of aiohttp clients: at concurrency C, C clients each open a
-connection, then make --requests requests back to back on it (closed loop), reading each answer as it streams
-(pcm by default: what the engine makes, nothing to decode); each process records its own loop lag (a late
-client inflates TTFB and so "HTTP"). One answer per voice, not counted, comes before its first level. Each
-request's input is long enough that the answer runs to [engine] max_frames (--frames; random weights rarely
-say EOS), so every answer is --frames x 80 ms of audio.
+The load generator is --clients processes of HTTP/1.1 clients (asyncio protocols, httptools' parser): at
+concurrency C, C clients each open a connection, then make --requests requests back to back on it (closed
+loop), reading each answer as it streams (pcm by default: what the engine makes, nothing to decode); each
+process records its own loop lag (a late client inflates TTFB and so "HTTP"). One answer per voice, not
+counted, comes before its first level. Each request's input is long enough that the answer runs to [engine]
+max_frames (--frames; random weights rarely say EOS), so every answer is --frames x 80 ms of audio.
 
 Voices: "speaker" (a CustomVoice speaker: [engine.voices] alloy) and "clone" (an in-context clone of
 tests/fixtures/one_sentence.wav with its transcript, prepared at start as [voices.bench]: needs a Base
@@ -59,8 +59,9 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-import aiohttp
+import httptools
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -162,26 +163,69 @@ def start_gateway(args: argparse.Namespace, stats_dir: Path, fake_url: str) -> s
 # --- the load generator ------------------------------------------------------------------------------
 
 
-async def body_sent(_: aiohttp.ClientSession, context: Any, __: Any) -> None:
-    context.trace_request_ctx["sent"] = time.perf_counter()
+class Answers(asyncio.Protocol):
+    """One kept-alive connection of the load generator, one request at a time, its answers parsed by httptools
+    (uvicorn's parser). Not aiohttp: each of its answers cost a load-generator process ~100 µs of its own work,
+    and with 64 answers starting at once in one process that queue was most of what was measured as the
+    outbound end. Here an answer's first audio byte is timed as its bytes are read, before anything else of it."""
 
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.answer: asyncio.Future[dict[str, Any]] | None = None
+        self.row: dict[str, Any] = {}
+        self.error = bytearray()
 
-async def one_request(http: aiohttp.ClientSession, url: str, body: bytes, tag: str) -> dict[str, Any]:
-    sent: dict[str, float] = {}  # when aiohttp wrote the request (body_sent): its own work before is not HTTP's
-    first = None
-    size = 0
-    async with http.post(url, data=body, headers={"Content-Type": "application/json", "X-Bench-Id": tag},
-                         trace_request_ctx=sent) as answer:
-        if answer.status != 200:
-            return {"status": answer.status, "error": (await answer.text())[:200]}
-        timing = dict(p.strip().split(";dur=") for p in answer.headers.get("Server-Timing", "").split(",") if p)
-        async for chunk in answer.content.iter_any():
-            if first is None:
-                first = time.perf_counter()
-            size += len(chunk)
-    end = time.perf_counter()
-    return {"status": 200, "id": tag, "sent": sent["sent"], "first": first, "end": end, "bytes": size,
-            "audio_ms": float(timing.get("audio", "nan")), "queue_ms": float(timing.get("queue", "nan"))}
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def ask(self, head: bytes, body: bytes, tag: str) -> asyncio.Future[dict[str, Any]]:
+        assert self.transport is not None
+        self.answer = asyncio.get_running_loop().create_future()
+        self.row, self.error = {"id": tag, "first": None, "bytes": 0}, bytearray()
+        self.transport.write(head + body)
+        self.row["sent"] = time.perf_counter()  # written to the socket: the client's own work before is not HTTP's
+        return self.answer
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._finish(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish(exc or ConnectionError("the gateway closed the connection"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"server-timing":
+            timing = dict(p.strip().split(";dur=") for p in value.decode().split(",") if p)
+            self.row["audio_ms"] = float(timing.get("audio", "nan"))
+            self.row["queue_ms"] = float(timing.get("queue", "nan"))
+
+    def on_headers_complete(self) -> None:
+        self.row["status"] = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        if self.row["status"] != 200:
+            self.error += body[:200]
+        elif self.row["first"] is None:
+            self.row["first"] = time.perf_counter()
+        self.row["bytes"] += len(body)
+
+    def on_message_complete(self) -> None:
+        self.row["end"] = time.perf_counter()
+        if self.row["status"] != 200:
+            self.row = {"status": self.row["status"], "error": self.error.decode(errors="replace")[:200]}
+        self._finish(None)
+
+    def _finish(self, exc: Exception | None) -> None:
+        answer, self.answer = self.answer, None
+        if answer is not None and not answer.done():
+            if exc is None:
+                answer.set_result(self.row)
+            else:
+                answer.set_exception(exc)
 
 
 def client_process(url: str, voice: str, fmt: str, workers: int, requests: int,
@@ -189,44 +233,46 @@ def client_process(url: str, voice: str, fmt: str, workers: int, requests: int,
     """One load-generator process: `workers` clients, each making `requests` requests back to back on a kept-alive
     connection (opened before the first: a connection's set-up is not the HTTP path's first packet); the rows,
     and this process's own loop lags (ms: how late it is at reading what the gateway sent)."""
+    address = urlsplit(url)
+    assert address.hostname is not None and address.port is not None
 
     async def run() -> tuple[list[dict[str, Any]], list[float]]:
+        loop = asyncio.get_running_loop()
         rng = random.Random(seed)
         lags: list[float] = []
-        connector = aiohttp.TCPConnector(limit=0)
-        tracing = aiohttp.TraceConfig()
-        tracing.on_request_chunk_sent.append(body_sent)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900),
-                                         trace_configs=[tracing]) as http:
-            async def connect() -> None:
-                async with http.get(url.replace("/v1/audio/speech", "/healthz")) as answer:
-                    await answer.read()
 
-            async def worker(k: int) -> list[dict[str, Any]]:
-                rows = []
-                for n in range(requests):
-                    body = json.dumps({"model": "tts-1", "input": INPUT, "voice": voice, "response_format": fmt,
-                                       "seed": rng.randrange(2**32)}).encode()
-                    rows.append(await one_request(http, url, body, f"{voice}-{seed}-{k}-{n}"))
-                return rows
+        async def worker(k: int, connection: Answers) -> list[dict[str, Any]]:
+            rows = []
+            for n in range(requests):
+                body = json.dumps({"model": "tts-1", "input": INPUT, "voice": voice, "response_format": fmt,
+                                   "seed": rng.randrange(2**32)}).encode()
+                head = (f"POST {address.path} HTTP/1.1\r\nHost: {address.netloc}\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(body)}\r\nX-Bench-Id: {voice}-{seed}-{k}-{n}\r\n\r\n").encode()
+                rows.append(await asyncio.wait_for(connection.ask(head, body, f"{voice}-{seed}-{k}-{n}"), 900))
+            return rows
 
-            await asyncio.gather(*(connect() for _ in range(workers)))
-            probe = asyncio.create_task(bg.lag_probe(lambda lag: lags.append(lag * 1000)))
-            try:
-                rows = [r for rs in await asyncio.gather(*(worker(k) for k in range(workers))) for r in rs]
-            finally:
-                probe.cancel()
-            return rows, lags
+        connections = [c for _, c in await asyncio.gather(
+            *(loop.create_connection(Answers, address.hostname, address.port) for _ in range(workers)))]
+        probe = asyncio.create_task(bg.lag_probe(lambda lag: lags.append(lag * 1000)))
+        try:
+            rows = [r for rs in await asyncio.gather(*(worker(k, c) for k, c in enumerate(connections))) for r in rs]
+        finally:
+            probe.cancel()
+            for connection in connections:
+                if connection.transport is not None:
+                    connection.transport.close()
+        return rows, lags
 
     return asyncio.run(run())
 
 
 def run_speech(pool: concurrent.futures.Executor, clients: int, url: str, voice: str, args: argparse.Namespace,
-               concurrency: int) -> tuple[list[dict[str, Any]], list[float], float, float]:
+               concurrency: int, level: int) -> tuple[list[dict[str, Any]], list[float], float, float]:
     shares = [concurrency // clients + (k < concurrency % clients) for k in range(clients)]
     start = time.time()
-    futures = [pool.submit(client_process, url, voice, args.format, n, args.requests, 1000 * k + concurrency)
-               for k, n in enumerate(shares) if n]
+    # Each level's seeds, and so its requests' tags, are its own: a level may repeat another's concurrency.
+    futures = [pool.submit(client_process, url, voice, args.format, n, args.requests,
+                           1_000_000 * level + 1000 * k + concurrency) for k, n in enumerate(shares) if n]
     results = [f.result() for f in futures]
     return [r for rows, _ in results for r in rows], [lag for _, lags in results for lag in lags], start, time.time()
 
@@ -385,6 +431,10 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     try:
         server = start_gateway(args, stats_dir, fake_url)
+        # Every load-generator process started before the first level: one starting during a level (a spawn
+        # imports this script) would spread that level's burst of requests over its start.
+        for spawned in [pool.submit(time.sleep, 0.5) for _ in range(args.clients)]:
+            spawned.result()
         for voice in [v.strip() for v in args.voices.split(",") if v.strip()]:
             # One answer first, not counted: the voice's and the gateway's first use are not a level's.
             pool.submit(client_process, speech_url, VOICES[voice], args.format, 1, 1, 0).result()
@@ -399,7 +449,7 @@ def main() -> int:
                     # Until every session has started (they arrive over one scenario), then the speech level.
                     time.sleep(bg.CONNECT_LEAD_S + 1.0 + args.sessions * 0.002 + SCENARIO_S)
                 result, client_lags, start, end = run_speech(pool, args.clients, speech_url, VOICES[voice], args,
-                                                             concurrency)
+                                                             concurrency, len(rows) + 1)
                 sessions = talking.result()[0] if talking is not None else None
                 time.sleep(1.5)  # the probe's last records
                 rows.append(summarise(voice, concurrency, result, client_lags, start, end,

@@ -51,12 +51,15 @@
 #   scripts/gpu_capacity.sh capacity-check   # here: both on the CPU, small (tiny checkpoint, 2 workers)
 #   scripts/gpu_capacity.sh speech           # issue 24, one call: /v1/audio/speech (bench_speech.py) on random
 #                                            #   real-geometry 0.6B CustomVoice + 0.6B Base checkpoints in one engine
-#                                            #   process, the gateway as `serve --workers 8` (SPEECH_WORKERS): a
+#                                            #   process, the gateway as `serve --workers 12` (SPEECH_WORKERS): a
 #                                            #   speaker and an in-context clone at 1/24/64/256 concurrent
 #                                            #   requests (pcm, 10 s answers), then at 24 while 200 realtime sessions
 #                                            #   share the engine (random checkpoints made here; carry .whl and
 #                                            #   .site-slim)
 #   scripts/gpu_capacity.sh speech-17        # issue 24, a second call: the same on 1.7B CustomVoice + 1.7B Base
+#   scripts/gpu_capacity.sh speech-burst     # issue 24: the 1.7B speaker, 256 requests at once three times, per
+#                                            #   gateway setup (BURST_SETUPS: workers:clients each)
+#   scripts/gpu_capacity.sh speech-burst-check  # here: the same on the CPU, small
 #   scripts/gpu_capacity.sh speech-clones    # issues 24 and 23 in one call: `speech` on 0.6B without its sessions'
 #                                            #   level, then the 0.6B Base clones' benchmark of `icl`
 #   scripts/gpu_capacity.sh speech-clones-check  # here: the same on the CPU, small
@@ -131,7 +134,7 @@ setup() {
         --target /tmp/site-oracle .whl-oracle/*.whl || exit 1
     fi
     { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; \
-      nproc; free -g; git log -1 --format='%H %s' 2>/dev/null; } >>"$OUT/run.log" 2>&1
+      nproc; uname -r; free -g; git log -1 --format='%H %s' 2>/dev/null; } >>"$OUT/run.log" 2>&1
   fi
   if [ -z "${CPU_CHECK:-}" ]; then
     cp -r .site-slim/silero_vad /tmp/site/
@@ -439,6 +442,23 @@ speech_size() {
   speech_bench "$size-sessions" "$cv" "$base" "$((left - 10))" "$SPEECH_SESSIONS" "$SPEECH_SESSION_LEVELS"
 }
 
+# speech_burst SIZE CUSTOMVOICE: the speaker at BURST_LEVELS (256 at once, three times) with one gateway per
+# setup of BURST_SETUPS, each WORKERS:CLIENTS (gateway workers, load-generator processes); each setup's
+# figures go to $OUT/speech-burst-SIZE-WORKERS-CLIENTS.json as its levels end.
+speech_burst() {
+  setup
+  export TRITON_CACHE_AUTOTUNING=1  # the first engine process tunes its kernels; the others read them
+  local size=$1 cv=$2 setup_ workers clients
+  random_checkpoint "real-$size" "$cv"
+  for setup_ in $BURST_SETUPS; do
+    IFS=: read -r workers clients <<<"$setup_"
+    step "$BURST_LIMIT" "bench-speech-burst" python3 scripts/bench_speech.py --checkpoint "$cv" --voices speaker \
+      --concurrency "$BURST_LEVELS" --requests 2 --frames "$FRAMES" --max-streams "$MAX_STREAMS" --engine-mode process \
+      --workers "$workers" --engine-devices "$ENGINE_DEVICES" --clients "$clients" --port "$PORT" \
+      --json "$OUT/speech-burst-$size-$workers-$clients.json"
+  done
+}
+
 # The speech API on 0.6B (issue 24, as `speech` without the sessions' level), then the 0.6B Base clones' benchmark
 # (issue 23), its engine starting from the kernels the speech call's engine tuned.
 speech_clones() {
@@ -552,13 +572,25 @@ case "${1:-}" in
     export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
     icl ;;
   speech|speech-17)
-    # The gateway as deployed, `serve --workers 8` (the load is HTTP streams; bench_gateway's load generator
-    # runs the sessions), and its engine process on the GPU; answers of 125 frames (10 s), two per client.
+    # The gateway as deployed, `serve --workers 12` (the load is HTTP streams; bench_gateway's load generator
+    # runs the sessions), and its engine process on the GPU; answers of 125 frames (10 s), two per client; 256
+    # at once three times. 12 workers: `serve`'s own choice here is 14 (16 cores less two for the engine
+    # process), less two for the 4 load-generator processes on the same cores.
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 F06B=/tmp/f06b F17B=/tmp/f17b FRAMES=125 ENGINE_DEVICES=auto MAX_STREAMS=512
-    SPEECH_WORKERS=${SPEECH_WORKERS:-8}
-    CLIENTS=${CLIENTS:-4} SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256} SPEECH_SESSIONS=${SPEECH_SESSIONS:-200}
+    SPEECH_WORKERS=${SPEECH_WORKERS:-12}
+    CLIENTS=${CLIENTS:-4} SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256,256,256} SPEECH_SESSIONS=${SPEECH_SESSIONS:-200}
     SPEECH_SESSION_LEVELS=${SPEECH_SESSION_LEVELS:-24} SPEECH_LIMIT=300 BUDGET=520 PORT=18775
     if [ "$1" = speech ]; then speech_size 0.6b "$Q06" "$F06B"; else speech_size 1.7b "$Q17" "$F17B"; fi ;;
+  speech-burst)
+    # The HTTP path in a burst: the 1.7B speaker, 256 requests at once three times, per gateway setup.
+    DEVICE=cuda Q17=/tmp/q17 FRAMES=125 ENGINE_DEVICES=auto MAX_STREAMS=512 PORT=18775
+    BURST_LIMIT=${BURST_LIMIT:-150} BURST_LEVELS=${BURST_LEVELS:-1,256,256,256} BURST_SETUPS=${BURST_SETUPS:-8:4 12:4 14:4}
+    speech_burst 1.7b "$Q17" ;;
+  speech-burst-check)
+    CPU_CHECK=1 DEVICE=cpu ENGINE_DEVICES=cpu MAX_STREAMS=4 FRAMES=20 PORT=${PORT:-28775} BURST_LIMIT=150
+    BURST_LEVELS=1,2,2 BURST_SETUPS="2:1 1:1"
+    export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
+    speech_burst 0.6b "$ROOT/tests/data/qwen3_tts_tiny" ;;
   speech-clones)
     DEVICE=cuda Q06=/tmp/q06 F06B=/tmp/f06b FRAMES=125 ENGINE_DEVICES=auto MAX_STREAMS=512 SPEECH_WORKERS=8 CLIENTS=4
     SPEECH_LEVELS=1,24,64,256 SPEECH_LIMIT=250 BUDGET=0 PORT=18775 FAMILY_STREAMS=1,24,64,256 VOICES=8 BENCH_S=170
