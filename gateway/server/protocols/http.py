@@ -22,10 +22,6 @@ and every open connection counts against ``limit_concurrency`` (past it, 503s fo
 - A budget per client address (gateway/server/protocols/clients.py): a connection from an address that holds
   its share already is answered 429 and closed at once, before anything of it is read.
 
-A response's head leaves with its first body bytes, in one write (HeadWithBody): uvicorn writes them apart,
-and each write is a system call, and a packet the client reads on its own, at the moment a streamed answer's
-first audio is most awaited.
-
 Why httptools rather than h11: in a burst of requests, each gateway process parses its share one after
 another, and h11 (pure Python) cost the gateway 80 to 100 µs more CPU per request and response
 (scripts/bench_transport.py; bench/RESULTS.md). httptools also takes what h11 refused itself: two Host
@@ -71,40 +67,6 @@ class HttpLimits:
     idle_timeout_s: float
     max_headers: int
     max_header_line_bytes: int
-
-
-class HeadWithBody:
-    """The connection's transport as one response sees it: its first write (the head, or a 100 Continue) waits
-    for the next one, which a Starlette response makes in the same step, and both leave as one; a head with no
-    body after it leaves at the end of the loop's pass. Everything else is the transport's."""
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._held: bytes | None = None
-        self._first = True
-
-    def write(self, data: bytes) -> None:
-        if self._first:
-            self._first = False
-            self._held = data
-            self._loop.call_soon(self.flush)
-            return
-        if self._held is not None:
-            data, self._held = self._held + data, None
-        self._transport.write(data)
-
-    def flush(self) -> None:
-        held, self._held = self._held, None
-        if held is not None and not self._transport.is_closing():
-            self._transport.write(held)
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
@@ -164,10 +126,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        previous = self.cycle
         super().on_headers_complete()
-        if self.cycle is not previous:  # a request to answer (not a WebSocket upgrade)
-            self.cycle.transport = HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
         # The body's deadline, armed after the read unless the body came whole with its head.
         self._expect("body", self.limits.body_timeout_s, arm=False)
 
