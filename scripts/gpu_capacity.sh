@@ -261,7 +261,7 @@ codec() {
     --frames "$FRAMES" --streams "$STREAMS_06" --eager-streams "" --runs 1 --time-budget 100 \
     --json "$OUT/bench-engine-0.6b.json"
   left=$((BUDGET - (SECONDS - start)))
-  if [ "$left" -lt 150 ]; then
+  if [ "$SPEECH_SESSIONS" = 0 ] || [ "$left" -lt 150 ]; then
     log "1.7B skipped: ${left} s left"
     return 0
   fi
@@ -321,7 +321,7 @@ final() {
   random_checkpoint real-0.6b "$Q06" "$FIXTURE_S"
   engine_bench 0.6b "$Q06" "$STREAMS_06" "$ENGINE_S" "$RESERVE_S"
   left=$((BUDGET - (SECONDS - start)))
-  if [ "$left" -lt 150 ]; then
+  if [ "$SPEECH_SESSIONS" = 0 ] || [ "$left" -lt 150 ]; then
     log "speech skipped: ${left} s left"
     return 0
   fi
@@ -435,7 +435,7 @@ speech_size() {
   [ -f "$cv/config.json" ] && [ -f "$base/config.json" ] || { log "speech $size: a checkpoint is missing"; return 1; }
   speech_bench "$size" "$cv" "$base" "$SPEECH_LIMIT" 0 "$SPEECH_LEVELS"
   left=$((BUDGET - (SECONDS - start)))
-  if [ "$left" -lt 150 ]; then
+  if [ "$SPEECH_SESSIONS" = 0 ] || [ "$left" -lt 150 ]; then
     log "speech $size with sessions skipped: ${left} s left"
     return 0
   fi
@@ -579,7 +579,7 @@ case "${1:-}" in
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 F06B=/tmp/f06b F17B=/tmp/f17b FRAMES=125 ENGINE_DEVICES=auto MAX_STREAMS=512
     SPEECH_WORKERS=${SPEECH_WORKERS:-12}
     CLIENTS=${CLIENTS:-4} SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256,256,256} SPEECH_SESSIONS=${SPEECH_SESSIONS:-200}
-    SPEECH_SESSION_LEVELS=${SPEECH_SESSION_LEVELS:-24} SPEECH_LIMIT=300 BUDGET=520 PORT=18775
+    SPEECH_SESSION_LEVELS=${SPEECH_SESSION_LEVELS:-24} SPEECH_LIMIT=${SPEECH_LIMIT:-360} BUDGET=520 PORT=18775
     if [ "$1" = speech ]; then speech_size 0.6b "$Q06" "$F06B"; else speech_size 1.7b "$Q17" "$F17B"; fi ;;
   speech-burst)
     # The HTTP path in a burst: the 1.7B speaker, 256 requests at once three times, per gateway setup.
