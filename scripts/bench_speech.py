@@ -393,6 +393,8 @@ def main() -> int:
                         "sharing the engine process; 1 = one process)")
     parser.add_argument("--clients", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
                         help="load-generator processes")
+    parser.add_argument("--client-cpus", type=int, default=0, help="pin the load generator to this many cores of "
+                        "its own, the gateway and its engine processes to the rest (0 = share them all)")
     parser.add_argument("--time-budget", type=float, default=0, help="seconds: no new level starts past it")
     parser.add_argument("--port", type=int, default=18775)
     parser.add_argument("--json", type=Path, help="write every level's figures here")
@@ -414,6 +416,15 @@ def main() -> int:
     if not args.checkpoint:
         parser.error("--checkpoint is needed (or --codecs)")
     started = time.monotonic()
+    pinned: dict[str, Any] = {}
+    if args.client_cpus:
+        # As if the load generator ran on another host: its processes on the last --client-cpus cores, and
+        # this process, so the gateway it starts (its workers and engine processes), on the others.
+        cpus = sorted(os.sched_getaffinity(0))
+        if not 0 < args.client_cpus < len(cpus):
+            parser.error(f"--client-cpus must leave the gateway a core of the {len(cpus)}")
+        os.sched_setaffinity(0, cpus[:-args.client_cpus])
+        pinned = {"initializer": os.sched_setaffinity, "initargs": (0, cpus[-args.client_cpus:])}
     stats_dir = Path(tempfile.mkdtemp(prefix="bench-speech-"))
     fake = subprocess.Popen([sys.executable, "-m", "tests.fake_openai", "--port", str(args.port + 1), "--stt-ms",
                              "100", "--ttft-ms", "80", "--reply", bg.REPLY],
@@ -425,8 +436,9 @@ def main() -> int:
     background = concurrent.futures.ThreadPoolExecutor(1)
     session_args = argparse.Namespace(spread=0.0, responder="pipeline", cycles=SESSION_CYCLES)
     spawn = multiprocessing.get_context("spawn")
-    pool = concurrent.futures.ProcessPoolExecutor(args.clients, mp_context=spawn)
-    session_pool = concurrent.futures.ProcessPoolExecutor(args.clients, mp_context=spawn) if args.sessions else None
+    pool = concurrent.futures.ProcessPoolExecutor(args.clients, mp_context=spawn, **pinned)
+    session_pool = (concurrent.futures.ProcessPoolExecutor(args.clients, mp_context=spawn, **pinned)
+                    if args.sessions else None)
     server = None
     rows: list[dict[str, Any]] = []
     try:

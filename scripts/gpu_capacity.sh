@@ -58,7 +58,8 @@
 #                                            #   .site-slim)
 #   scripts/gpu_capacity.sh speech-17        # issue 24, a second call: the same on 1.7B CustomVoice + 1.7B Base
 #   scripts/gpu_capacity.sh speech-burst     # issue 24: the 1.7B speaker, 256 requests at once three times, per
-#                                            #   gateway setup (BURST_SETUPS: workers:clients each)
+#                                            #   gateway setup (BURST_SETUPS: workers:clients[:cores of the load
+#                                            #   generator's own] each)
 #   scripts/gpu_capacity.sh speech-burst-check  # here: the same on the CPU, small
 #   scripts/gpu_capacity.sh speech-clones    # issues 24 and 23 in one call: `speech` on 0.6B without its sessions'
 #                                            #   level, then the 0.6B Base clones' benchmark of `icl`
@@ -443,19 +444,20 @@ speech_size() {
 }
 
 # speech_burst SIZE CUSTOMVOICE: the speaker at BURST_LEVELS (256 at once, three times) with one gateway per
-# setup of BURST_SETUPS, each WORKERS:CLIENTS (gateway workers, load-generator processes); each setup's
-# figures go to $OUT/speech-burst-SIZE-WORKERS-CLIENTS.json as its levels end.
+# setup of BURST_SETUPS, each WORKERS:CLIENTS[:CPUS] (gateway workers, load-generator processes, and the
+# cores the load generator has to itself, the gateway the rest); each setup's figures go to
+# $OUT/speech-burst-SIZE-WORKERS-CLIENTS[-CPUS].json as its levels end.
 speech_burst() {
   setup
   export TRITON_CACHE_AUTOTUNING=1  # the first engine process tunes its kernels; the others read them
-  local size=$1 cv=$2 setup_ workers clients
+  local size=$1 cv=$2 setup_ workers clients cpus
   random_checkpoint "real-$size" "$cv"
   for setup_ in $BURST_SETUPS; do
-    IFS=: read -r workers clients <<<"$setup_"
+    IFS=: read -r workers clients cpus <<<"$setup_"
     step "$BURST_LIMIT" "bench-speech-burst" python3 scripts/bench_speech.py --checkpoint "$cv" --voices speaker \
       --concurrency "$BURST_LEVELS" --requests 2 --frames "$FRAMES" --max-streams "$MAX_STREAMS" --engine-mode process \
-      --workers "$workers" --engine-devices "$ENGINE_DEVICES" --clients "$clients" --port "$PORT" \
-      --json "$OUT/speech-burst-$size-$workers-$clients.json"
+      --workers "$workers" --engine-devices "$ENGINE_DEVICES" --clients "$clients" --client-cpus "${cpus:-0}" \
+      --port "$PORT" --json "$OUT/speech-burst-$size-$workers-$clients${cpus:+-$cpus}.json"
   done
 }
 
@@ -588,7 +590,7 @@ case "${1:-}" in
     speech_burst 1.7b "$Q17" ;;
   speech-burst-check)
     CPU_CHECK=1 DEVICE=cpu ENGINE_DEVICES=cpu MAX_STREAMS=4 FRAMES=20 PORT=${PORT:-28775} BURST_LIMIT=150
-    BURST_LEVELS=1,2,2 BURST_SETUPS="2:1 1:1"
+    BURST_LEVELS=1,2,2 BURST_SETUPS="2:1 1:1:1"
     export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
     speech_burst 0.6b "$ROOT/tests/data/qwen3_tts_tiny" ;;
   speech-clones)
