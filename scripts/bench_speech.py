@@ -165,9 +165,9 @@ def start_gateway(args: argparse.Namespace, stats_dir: Path, fake_url: str) -> s
 
 class Answers(asyncio.Protocol):
     """One kept-alive connection of the load generator, one request at a time, its answers parsed by httptools
-    (uvicorn's parser). Not aiohttp: each of its answers cost a load-generator process ~100 µs of its own work,
-    and with 64 answers starting at once in one process that queue was most of what was measured as the
-    outbound end. Here an answer's first audio byte is timed as its bytes are read, before anything else of it."""
+    (uvicorn's parser). Not aiohttp: its own work on each answer, with 64 answers starting at once in one
+    process, queued up and was measured as the gateway's outbound end (bench/RESULTS.md). Here an answer's
+    first audio byte is timed as its bytes are read, before anything else of it."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -246,9 +246,10 @@ def client_process(url: str, voice: str, fmt: str, workers: int, requests: int,
             for n in range(requests):
                 body = json.dumps({"model": "tts-1", "input": INPUT, "voice": voice, "response_format": fmt,
                                    "seed": rng.randrange(2**32)}).encode()
+                tag = f"{voice}-{seed}-{k}-{n}"
                 head = (f"POST {address.path} HTTP/1.1\r\nHost: {address.netloc}\r\nContent-Type: application/json\r\n"
-                        f"Content-Length: {len(body)}\r\nX-Bench-Id: {voice}-{seed}-{k}-{n}\r\n\r\n").encode()
-                rows.append(await asyncio.wait_for(connection.ask(head, body, f"{voice}-{seed}-{k}-{n}"), 900))
+                        f"Content-Length: {len(body)}\r\nX-Bench-Id: {tag}\r\n\r\n").encode()
+                rows.append(await asyncio.wait_for(connection.ask(head, body, tag), 900))
             return rows
 
         connections = [c for _, c in await asyncio.gather(

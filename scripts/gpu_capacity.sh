@@ -262,7 +262,7 @@ codec() {
     --frames "$FRAMES" --streams "$STREAMS_06" --eager-streams "" --runs 1 --time-budget 100 \
     --json "$OUT/bench-engine-0.6b.json"
   left=$((BUDGET - (SECONDS - start)))
-  if [ "$SPEECH_SESSIONS" = 0 ] || [ "$left" -lt 150 ]; then
+  if [ "$left" -lt 150 ]; then
     log "1.7B skipped: ${left} s left"
     return 0
   fi
@@ -322,7 +322,7 @@ final() {
   random_checkpoint real-0.6b "$Q06" "$FIXTURE_S"
   engine_bench 0.6b "$Q06" "$STREAMS_06" "$ENGINE_S" "$RESERVE_S"
   left=$((BUDGET - (SECONDS - start)))
-  if [ "$SPEECH_SESSIONS" = 0 ] || [ "$left" -lt 150 ]; then
+  if [ "$left" -lt 150 ]; then
     log "speech skipped: ${left} s left"
     return 0
   fi
@@ -436,7 +436,7 @@ speech_size() {
   [ -f "$cv/config.json" ] && [ -f "$base/config.json" ] || { log "speech $size: a checkpoint is missing"; return 1; }
   speech_bench "$size" "$cv" "$base" "$SPEECH_LIMIT" 0 "$SPEECH_LEVELS"
   left=$((BUDGET - (SECONDS - start)))
-  if [ "$SPEECH_SESSIONS" = 0 ] || [ "$left" -lt 150 ]; then
+  if [ "${SPEECH_SESSIONS:-0}" = 0 ] || [ "$left" -lt 150 ]; then
     log "speech $size with sessions skipped: ${left} s left"
     return 0
   fi
