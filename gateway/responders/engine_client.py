@@ -206,6 +206,11 @@ class EngineClient:
         link.streams[sid] = stream
         return stream
 
+    async def connect(self) -> None:
+        """Open the links to the engine processes now, not at the first stream: until a link heartbeats,
+        this process's free streams are the hello's, blind to what the other gateway processes hold there."""
+        self._start()
+
     def _wire(self, prompt: VoicePrompt) -> bytes:
         data = self._prompt_bytes.get(prompt)
         if data is None:

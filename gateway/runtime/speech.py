@@ -60,7 +60,7 @@ class SpeechService:
         configured one (the others load at the first request)."""
         self._building = asyncio.Lock()
         if engine is not None:
-            self._set(engine, owned=False)
+            await self._set(engine, owned=False)
         elif tts_kind(self.config) == "qwen3":
             await self.engine()
 
@@ -70,13 +70,15 @@ class SpeechService:
             async with self._building:
                 if self._engine is None:
                     built = await asyncio.get_running_loop().run_in_executor(None, build_tts_engine, self.config)
-                    self._set(built, owned=True)
+                    await self._set(built, owned=True)
                     log.info("speech API: %s", getattr(built, "model_name", type(built).__name__))
         assert self._engine is not None
         return self._engine
 
-    def _set(self, engine: TTSEngine, owned: bool) -> None:
+    async def _set(self, engine: TTSEngine, owned: bool) -> None:
         self._engine, self._owned = engine, owned
+        if (connect := getattr(engine, "connect", None)) is not None:
+            await connect()  # engine processes: linked, and their load known, before the first request
         if not self.max_streams:
             rows = getattr(engine, "free_streams", None)
             # Half the engine's streams: the realtime sessions keep the other half.

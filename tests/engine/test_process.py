@@ -270,6 +270,26 @@ async def test_free_streams_follow_what_the_engine_reports(client: EngineClient)
     assert client.free_streams == rows
 
 
+async def test_a_gateway_links_to_the_engine_at_start(client: EngineClient, supervisor: EngineSupervisor) -> None:
+    """A gateway process is linked to the engine process once started, before any request of its own: its
+    free streams count the ones another process holds there (a worker's /readyz and its speech admission)."""
+    rows = client.links[0].hello["rows"]
+    held = client.open("alloy", "english")  # another gateway process's stream, waiting for its text
+    config = make_config(tts__engine="qwen3", engine__mode="process", engine__endpoints=supervisor.endpoints[0],
+                         engine__heartbeat_ms=CONFIG.heartbeat_ms)
+    gateway = Served(config)
+    await gateway.start()
+    try:
+        engine = await gateway.gateway.speech.engine()
+        deadline = time.monotonic() + 10
+        while engine.free_streams != rows - 1 and time.monotonic() < deadline:
+            await asyncio.sleep(HEARTBEAT_S)
+        assert engine.free_streams == rows - 1
+    finally:
+        held.cancel()
+        await gateway.stop()
+
+
 def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
     options = dataclasses.asdict(dataclasses.replace(CONFIG, checkpoint=str(tmp_path / "absent")))
     with pytest.raises(EngineStartError, match="huggingface-cli download"):
