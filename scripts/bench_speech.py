@@ -21,7 +21,9 @@ checkpoint among --checkpoint's). Reported per voice and level:
   HTTP P50/P95        TTFB - first audio, per request: what the HTTP path adds to the engine's first packet
   HTTP in, out P95    its two ends (each gateway process times the requests the benchmark tags, X-Bench-Id):
                       request sent -> the app called (uvicorn parsing it, and waiting behind the requests that
-                      came with it), and the first audio bytes sent -> the client has them
+                      came with it), and the first audio bytes sent -> the client has them; the progress
+                      lines and --json also give HTTP P95 (and its inbound end's) for each client's first
+                      request (all at once) and its later ones (each as the answer before it ends)
   RTF P50/max         request sent -> last byte, over the answer's audio duration
   audio s/s           seconds of audio delivered per second of the level, all requests together
   engine              mean batch, step busy share (and GPU busy on a GPU) over the level
@@ -322,6 +324,12 @@ def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], client_l
     timed = [(r, times[r["id"]]) for r in ok if r["id"] in times]
     http_in = [(t["called"] - r["sent"]) * 1000 for r, t in timed]
     http_out = [(r["first"] - t["first"]) * 1000 for r, t in timed]
+    # A level's first requests arrive at once; each client's next one when its answer ends (answers of one
+    # length, started together, end together): HTTP added and its inbound end, P95, for each of the two.
+    first = [r["id"].endswith("-0") for r in ok]
+    waves = {name: ([h for h, f in zip(http, first, strict=True) if f == is_first],
+                    [(t["called"] - r["sent"]) * 1000 for r, t in timed if r["id"].endswith("-0") == is_first])
+             for name, is_first in (("first", True), ("later", False))}
     rtf = [(r["end"] - r["sent"]) / a for r, a in zip(ok, audio_s, strict=True) if a > 0]
     # Each gateway process's loop lag P99 (one per worker with --workers N): the worst one is reported.
     lag_p99 = [bg.pct([lag for rec in rs for lag in rec["lags_ms"]], 99) for rs in records.values()]
@@ -335,6 +343,8 @@ def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], client_l
         "http_p50_ms": bg.pct(http, 50), "http_p95_ms": bg.pct(http, 95),
         "http_in_p50_ms": bg.pct(http_in, 50), "http_in_p95_ms": bg.pct(http_in, 95),
         "http_out_p50_ms": bg.pct(http_out, 50), "http_out_p95_ms": bg.pct(http_out, 95),
+        **{f"http_{name}_p95_ms": bg.pct(h, 95) for name, (h, _) in waves.items()},
+        **{f"http_in_{name}_p95_ms": bg.pct(i, 95) for name, (_, i) in waves.items()},
         "rtf_p50": bg.pct(rtf, 50), "rtf_max": max(rtf, default=float("nan")),
         "audio_s_per_s": sum(audio_s) / (end - start), "seconds": end - start,
         "loop_lag_p99_ms": max(lag_p99, default=float("nan")), "client_lag_p99_ms": bg.pct(client_lags, 99),
@@ -470,7 +480,8 @@ def main() -> int:
                                       args))
                 r = rows[-1]
                 print(f"{voice} x {concurrency}: TTFB P95 {r['ttfb_p95_ms']:.1f} ms, HTTP P95 "
-                      f"{r['http_p95_ms']:.2f} ms, RTF max {r['rtf_max']:.3f}, {r['audio_s_per_s']:.1f} audio s/s, "
+                      f"{r['http_p95_ms']:.2f} ms (first requests {r['http_first_p95_ms']:.2f}, later "
+                      f"{r['http_later_p95_ms']:.2f}), RTF max {r['rtf_max']:.3f}, {r['audio_s_per_s']:.1f} audio s/s, "
                       f"errors {r['errors']}", flush=True)
                 write_json(args, rows)
     finally:

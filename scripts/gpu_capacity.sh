@@ -51,7 +51,8 @@
 #   scripts/gpu_capacity.sh capacity-check   # here: both on the CPU, small (tiny checkpoint, 2 workers)
 #   scripts/gpu_capacity.sh speech           # issue 24, one call: /v1/audio/speech (bench_speech.py) on random
 #                                            #   real-geometry 0.6B CustomVoice + 0.6B Base checkpoints in one engine
-#                                            #   process, the gateway as `serve --workers 12` (SPEECH_WORKERS): a
+#                                            #   process, the gateway as `serve --workers 10` (SPEECH_WORKERS) on
+#                                            #   12 cores, the load generator on the other 4 (CLIENT_CPUS): a
 #                                            #   speaker and an in-context clone at 1/24/64/256 concurrent
 #                                            #   requests (pcm, 10 s answers), then at 24 while 200 realtime sessions
 #                                            #   share the engine (random checkpoints made here; carry .whl and
@@ -411,11 +412,12 @@ icl() {
 
 # speech_bench NAME CUSTOMVOICE BASE SECONDS SESSIONS LEVELS: bench_speech.py on one engine process holding
 # both checkpoints (SESSIONS realtime sessions share it during each level; 0 = none), the gateway in
-# SPEECH_WORKERS worker processes (`serve --workers N`; default 1).
+# SPEECH_WORKERS worker processes (`serve --workers N`; default 1), the load generator on CLIENT_CPUS cores of
+# its own (default 0: sharing them all).
 speech_bench() {
   step "$4" "bench-speech-$1" python3 scripts/bench_speech.py --checkpoint "$2,$3" --voices speaker,clone \
     --concurrency "$6" --requests 2 --frames "$FRAMES" --max-streams "$MAX_STREAMS" --engine-mode process \
-    --workers "${SPEECH_WORKERS:-1}" \
+    --workers "${SPEECH_WORKERS:-1}" --client-cpus "${CLIENT_CPUS:-0}" \
     --engine-devices "$ENGINE_DEVICES" --clients "$CLIENTS" --sessions "$5" --time-budget $(($4 - 60)) \
     --port "$PORT" --json "$OUT/bench-speech-$1.json"
 }
@@ -574,12 +576,12 @@ case "${1:-}" in
     export PATH=$ROOT/.venv/bin:$PATH OMP_NUM_THREADS=1
     icl ;;
   speech|speech-17)
-    # The gateway as deployed, `serve --workers 12` (the load is HTTP streams; bench_gateway's load generator
+    # The gateway as deployed, `serve --workers N` (the load is HTTP streams; bench_gateway's load generator
     # runs the sessions), and its engine process on the GPU; answers of 125 frames (10 s), two per client; 256
-    # at once three times. 12 workers: `serve`'s own choice here is 14 (16 cores less two for the engine
-    # process), less two for the 4 load-generator processes on the same cores.
+    # at once three times. The load generator has 4 cores of its own, as if on another host; on the other 12,
+    # 10 workers: `serve`'s own choice for 12 cores (two left to the engine process).
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 F06B=/tmp/f06b F17B=/tmp/f17b FRAMES=125 ENGINE_DEVICES=auto MAX_STREAMS=512
-    SPEECH_WORKERS=${SPEECH_WORKERS:-12}
+    SPEECH_WORKERS=${SPEECH_WORKERS:-10} CLIENT_CPUS=${CLIENT_CPUS:-4}
     CLIENTS=${CLIENTS:-4} SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256,256,256} SPEECH_SESSIONS=${SPEECH_SESSIONS:-200}
     SPEECH_SESSION_LEVELS=${SPEECH_SESSION_LEVELS:-24} SPEECH_LIMIT=${SPEECH_LIMIT:-360} BUDGET=520 PORT=18775
     if [ "$1" = speech ]; then speech_size 0.6b "$Q06" "$F06B"; else speech_size 1.7b "$Q17" "$F17B"; fi ;;
@@ -607,7 +609,7 @@ case "${1:-}" in
     # The speech call on this machine's CPU: the tiny CustomVoice and Base checkpoints of tests/data (nothing
     # to make), two levels, 2 sessions; the tiny checkpoint's speakers stand in for the voices.
     CPU_CHECK=1 DEVICE=cpu ENGINE_DEVICES=cpu MAX_STREAMS=4 FRAMES=20 CLIENTS=1 SPEECH_LEVELS=1,2 SPEECH_WORKERS=2
-    SPEECH_SESSIONS=2 SPEECH_SESSION_LEVELS=2 SPEECH_LIMIT=300 BUDGET=520 PORT=${PORT:-28775}
+    CLIENT_CPUS=1 SPEECH_SESSIONS=2 SPEECH_SESSION_LEVELS=2 SPEECH_LIMIT=300 BUDGET=520 PORT=${PORT:-28775}
     export PATH=$ROOT/.venv/bin:$PATH GATEWAY_ENGINE_VOICES=alloy=vivian OMP_NUM_THREADS=1
     speech_size 0.6b "$ROOT/tests/data/qwen3_tts_tiny" "$ROOT/tests/data/qwen3_tts_tiny_base" ;;
   engine|gateway|more|frontdoor|layout)
