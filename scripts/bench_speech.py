@@ -23,7 +23,8 @@ checkpoint among --checkpoint's). Reported per voice and level:
                       request sent -> the app called (uvicorn parsing it, and waiting behind the requests that
                       came with it), and the first audio bytes sent -> the client has them; the progress
                       lines and --json also give HTTP P95 (and its inbound end's) for each client's first
-                      request (all at once) and its later ones (each as the answer before it ends)
+                      request (all at once) and its later ones (each as the answer before it ends), and
+                      each gateway process's share of the requests and its inbound end's P95
   RTF P50/max         request sent -> last byte, over the answer's audio duration
   audio s/s           seconds of audio delivered per second of the level, all requests together
   engine              mean batch, step busy share (and GPU busy on a GPU) over the level
@@ -256,6 +257,11 @@ def client_process(url: str, voice: str, fmt: str, workers: int, requests: int,
 
         connections = [c for _, c in await asyncio.gather(
             *(loop.create_connection(Answers, address.hostname, address.port) for _ in range(workers)))]
+        # A connection is complete once the kernel has it, and the gateway's once a worker has it (`serve`'s
+        # parent accepts each and hands it over): one answer on each first, so that a level's requests do not
+        # wait for that, which is the connection's set-up.
+        ready = f"GET /healthz HTTP/1.1\r\nHost: {address.netloc}\r\n\r\n".encode()
+        await asyncio.gather(*(c.ask(ready, b"", "ready") for c in connections))
         probe = asyncio.create_task(bg.lag_probe(lambda lag: lags.append(lag * 1000)))
         try:
             rows = [r for rs in await asyncio.gather(*(worker(k, c) for k, c in enumerate(connections))) for r in rs]
@@ -306,8 +312,9 @@ def bench_codecs() -> None:
 
 
 def server_times(stats_dir: Path) -> dict[str, dict[str, float]]:
-    """timed_app's records, every gateway process's, by request tag."""
-    return {r["id"]: r for path in stats_dir.glob("http-*.jsonl") for r in map(json.loads, path.open())}
+    """timed_app's records, every gateway process's (its "pid"), by request tag."""
+    return {r["id"]: {**r, "pid": path.stem}
+            for path in stats_dir.glob("http-*.jsonl") for r in map(json.loads, path.open())}
 
 
 def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], client_lags: list[float], start: float,
@@ -330,6 +337,10 @@ def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], client_l
     waves = {name: ([h for h, f in zip(http, first, strict=True) if f == is_first],
                     [(t["called"] - r["sent"]) * 1000 for r, t in timed if r["id"].endswith("-0") == is_first])
              for name, is_first in (("first", True), ("later", False))}
+    # Each gateway process's share of the level's requests and its inbound end's P95: a balance to check.
+    workers: dict[str, list[float]] = {}
+    for r, t in timed:
+        workers.setdefault(t["pid"], []).append((t["called"] - r["sent"]) * 1000)
     rtf = [(r["end"] - r["sent"]) / a for r, a in zip(ok, audio_s, strict=True) if a > 0]
     # Each gateway process's loop lag P99 (one per worker with --workers N): the worst one is reported.
     lag_p99 = [bg.pct([lag for rec in rs for lag in rec["lags_ms"]], 99) for rs in records.values()]
@@ -345,6 +356,8 @@ def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], client_l
         "http_out_p50_ms": bg.pct(http_out, 50), "http_out_p95_ms": bg.pct(http_out, 95),
         **{f"http_{name}_p95_ms": bg.pct(h, 95) for name, (h, _) in waves.items()},
         **{f"http_in_{name}_p95_ms": bg.pct(i, 95) for name, (_, i) in waves.items()},
+        "worker_requests": sorted(len(ins) for ins in workers.values()),
+        "worker_in_p95_ms": sorted(round(bg.pct(ins, 95), 2) for ins in workers.values()),
         "rtf_p50": bg.pct(rtf, 50), "rtf_max": max(rtf, default=float("nan")),
         "audio_s_per_s": sum(audio_s) / (end - start), "seconds": end - start,
         "loop_lag_p99_ms": max(lag_p99, default=float("nan")), "client_lag_p99_ms": bg.pct(client_lags, 99),
@@ -481,7 +494,10 @@ def main() -> int:
                 r = rows[-1]
                 print(f"{voice} x {concurrency}: TTFB P95 {r['ttfb_p95_ms']:.1f} ms, HTTP P95 "
                       f"{r['http_p95_ms']:.2f} ms (first requests {r['http_first_p95_ms']:.2f}, later "
-                      f"{r['http_later_p95_ms']:.2f}), RTF max {r['rtf_max']:.3f}, {r['audio_s_per_s']:.1f} audio s/s, "
+                      f"{r['http_later_p95_ms']:.2f}; its inbound end's in the worst worker "
+                      f"{max(r['worker_in_p95_ms'], default=float('nan')):.2f}, requests per worker "
+                      f"{min(r['worker_requests'], default=0)}-{max(r['worker_requests'], default=0)}), "
+                      f"RTF max {r['rtf_max']:.3f}, {r['audio_s_per_s']:.1f} audio s/s, "
                       f"errors {r['errors']}", flush=True)
                 write_json(args, rows)
     finally:
