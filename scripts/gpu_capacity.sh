@@ -51,8 +51,8 @@
 #   scripts/gpu_capacity.sh capacity-check   # here: both on the CPU, small (tiny checkpoint, 2 workers)
 #   scripts/gpu_capacity.sh speech           # issue 24, one call: /v1/audio/speech (bench_speech.py) on random
 #                                            #   real-geometry 0.6B CustomVoice + 0.6B Base checkpoints in one engine
-#                                            #   process, the gateway as `serve --workers 10` (SPEECH_WORKERS) on
-#                                            #   12 cores, the load generator on the other 4 (CLIENT_CPUS): a
+#                                            #   process, the gateway as `serve --workers 12` (SPEECH_WORKERS) on
+#                                            #   14 cores, the load generator on the other 2 (CLIENT_CPUS): a
 #                                            #   speaker and an in-context clone at 1/24/64/256 concurrent
 #                                            #   requests (pcm, 10 s answers), then at 24 while 200 realtime sessions
 #                                            #   share the engine (random checkpoints made here; carry .whl and
@@ -578,11 +578,11 @@ case "${1:-}" in
   speech|speech-17)
     # The gateway as deployed, `serve --workers N` (the load is HTTP streams; bench_gateway's load generator
     # runs the sessions), and its engine process on the GPU; answers of 125 frames (10 s), two per client; 256
-    # at once three times. The load generator has 4 cores of its own, as if on another host; on the other 12,
-    # 10 workers: `serve`'s own choice for 12 cores (two left to the engine process).
+    # at once five times. The load generator (2 processes) has 2 cores of its own, as if on another host; on
+    # the other 14, 12 workers: `serve`'s own choice for 14 cores (two left to the engine process).
     DEVICE=cuda Q06=/tmp/q06 Q17=/tmp/q17 F06B=/tmp/f06b F17B=/tmp/f17b FRAMES=125 ENGINE_DEVICES=auto MAX_STREAMS=512
-    SPEECH_WORKERS=${SPEECH_WORKERS:-10} CLIENT_CPUS=${CLIENT_CPUS:-4}
-    CLIENTS=${CLIENTS:-4} SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256,256,256} SPEECH_SESSIONS=${SPEECH_SESSIONS:-200}
+    SPEECH_WORKERS=${SPEECH_WORKERS:-12} CLIENT_CPUS=${CLIENT_CPUS:-2} CLIENTS=${CLIENTS:-2}
+    SPEECH_LEVELS=${SPEECH_LEVELS:-1,24,64,256,256,256,256,256} SPEECH_SESSIONS=${SPEECH_SESSIONS:-200}
     SPEECH_SESSION_LEVELS=${SPEECH_SESSION_LEVELS:-24} SPEECH_LIMIT=${SPEECH_LIMIT:-360} BUDGET=520 PORT=18775
     if [ "$1" = speech ]; then speech_size 0.6b "$Q06" "$F06B"; else speech_size 1.7b "$Q17" "$F17B"; fi ;;
   speech-burst)
