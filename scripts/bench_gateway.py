@@ -47,6 +47,7 @@ import asyncio
 import base64
 import concurrent.futures
 import dataclasses
+import gc
 import json
 import multiprocessing
 import os
@@ -108,23 +109,47 @@ async def lag_probe(record: Callable[[float], None]) -> None:
 # --- the gateway process ---------------------------------------------------------------------------
 
 
+def run_queue_wait_s() -> float:
+    """How long this process's main thread (its event loop) has waited for a core, in all (Linux's
+    /proc/self/schedstat; 0 where there is none)."""
+    try:
+        return int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 async def probe(path: Path, engine: Any, sessions: Callable[[], int]) -> None:
-    """Once a second, append this process's loop lags, CPU time, sessions and (when `engine` has stats()) the
-    TTS engine's counters to `path`, as one JSON line; until cancelled."""
+    """Once a second, append this process's loop lags, CPU time, sessions, its wait for a core and its longest
+    garbage collection over that second, and (when `engine` has stats()) the TTS engine's counters to `path`,
+    as one JSON line; until cancelled."""
     lags: list[float] = []
     task = asyncio.create_task(lag_probe(lambda lag: lags.append(round(lag * 1000, 3))))
     stats = getattr(engine, "stats", None)
+    collecting, gc_max = 0.0, 0.0
+
+    def timed_gc(phase: str, info: dict[str, int]) -> None:
+        nonlocal collecting, gc_max
+        if phase == "start":
+            collecting = time.perf_counter()
+        else:
+            gc_max = max(gc_max, time.perf_counter() - collecting)
+
+    gc.callbacks.append(timed_gc)
+    waited = run_queue_wait_s()
     try:
         with path.open("a", buffering=1) as out:
             while True:
                 await asyncio.sleep(1.0)
+                now_waited = run_queue_wait_s()
                 record = {"t": time.time(), "pid": os.getpid(), "lags_ms": lags, "cpu_s": time.process_time(),
-                          "sessions": sessions()}
-                lags = []
+                          "sessions": sessions(), "core_wait_ms": round((now_waited - waited) * 1000, 3),
+                          "gc_max_ms": round(gc_max * 1000, 3)}
+                lags, waited, gc_max = [], now_waited, 0.0
                 if stats is not None:
                     record["engine"] = await stats()
                 out.write(json.dumps(record) + "\n")
     finally:
+        gc.callbacks.remove(timed_gc)
         task.cancel()
 
 

@@ -24,7 +24,9 @@ checkpoint among --checkpoint's). Reported per voice and level:
                       came with it), and the first audio bytes sent -> the client has them; the progress
                       lines and --json also give HTTP P95 (and its inbound end's) for each client's first
                       request (all at once) and its later ones (each as the answer before it ends), and
-                      each gateway process's share of the requests and its inbound end's P95
+                      each gateway process's share of the requests and its inbound end's P95, and the
+                      worst second of any of them: its event loop's wait for a core (Linux's schedstat), and
+                      its longest garbage collection
   RTF P50/max         request sent -> last byte, over the answer's audio duration
   audio s/s           seconds of audio delivered per second of the level, all requests together
   engine              mean batch, step busy share (and GPU busy on a GPU) over the level
@@ -344,6 +346,7 @@ def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], client_l
     rtf = [(r["end"] - r["sent"]) / a for r, a in zip(ok, audio_s, strict=True) if a > 0]
     # Each gateway process's loop lag P99 (one per worker with --workers N): the worst one is reported.
     lag_p99 = [bg.pct([lag for rec in rs for lag in rec["lags_ms"]], 99) for rs in records.values()]
+    probed = [rec for rs in records.values() for rec in rs]
     row = {
         "voice": voice, "concurrency": concurrency, "requests": len(rows), "errors": len(rows) - len(ok),
         "error_sample": [r.get("error") for r in rows if r["status"] != 200][:2],
@@ -358,6 +361,9 @@ def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], client_l
         **{f"http_in_{name}_p95_ms": bg.pct(i, 95) for name, (_, i) in waves.items()},
         "worker_requests": sorted(len(ins) for ins in workers.values()),
         "worker_in_p95_ms": sorted(round(bg.pct(ins, 95), 2) for ins in workers.values()),
+        # The worst second of any gateway process: its loop's wait for a core, and its longest collection.
+        "core_wait_max_ms": max((rec.get("core_wait_ms", 0.0) for rec in probed), default=float("nan")),
+        "gc_max_ms": max((rec.get("gc_max_ms", 0.0) for rec in probed), default=float("nan")),
         "rtf_p50": bg.pct(rtf, 50), "rtf_max": max(rtf, default=float("nan")),
         "audio_s_per_s": sum(audio_s) / (end - start), "seconds": end - start,
         "loop_lag_p99_ms": max(lag_p99, default=float("nan")), "client_lag_p99_ms": bg.pct(client_lags, 99),
@@ -496,7 +502,9 @@ def main() -> int:
                       f"{r['http_p95_ms']:.2f} ms (first requests {r['http_first_p95_ms']:.2f}, later "
                       f"{r['http_later_p95_ms']:.2f}; its inbound end's in the worst worker "
                       f"{max(r['worker_in_p95_ms'], default=float('nan')):.2f}, requests per worker "
-                      f"{min(r['worker_requests'], default=0)}-{max(r['worker_requests'], default=0)}), "
+                      f"{min(r['worker_requests'], default=0)}-{max(r['worker_requests'], default=0)}; a worker's "
+                      f"worst second: {r['core_wait_max_ms']:.1f} ms waiting for a core, a {r['gc_max_ms']:.1f} ms "
+                      f"collection), "
                       f"RTF max {r['rtf_max']:.3f}, {r['audio_s_per_s']:.1f} audio s/s, "
                       f"errors {r['errors']}", flush=True)
                 write_json(args, rows)
