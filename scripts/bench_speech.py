@@ -336,13 +336,14 @@ def summarise(voice: str, concurrency: int, rows: list[dict[str, Any]], client_l
     # A level's first requests arrive at once; each client's next one when its answer ends (answers of one
     # length, started together, end together): HTTP added and its inbound end, P95, for each of the two.
     first = [r["id"].endswith("-0") for r in ok]
+    timed_first = [r["id"].endswith("-0") for r, _ in timed]
     waves = {name: ([h for h, f in zip(http, first, strict=True) if f == is_first],
-                    [(t["called"] - r["sent"]) * 1000 for r, t in timed if r["id"].endswith("-0") == is_first])
+                    [i for i, f in zip(http_in, timed_first, strict=True) if f == is_first])
              for name, is_first in (("first", True), ("later", False))}
     # Each gateway process's share of the level's requests and its inbound end's P95: a balance to check.
     workers: dict[str, list[float]] = {}
-    for r, t in timed:
-        workers.setdefault(t["pid"], []).append((t["called"] - r["sent"]) * 1000)
+    for (_, t), inbound in zip(timed, http_in, strict=True):
+        workers.setdefault(t["pid"], []).append(inbound)
     rtf = [(r["end"] - r["sent"]) / a for r, a in zip(ok, audio_s, strict=True) if a > 0]
     # Each gateway process's loop lag P99 (one per worker with --workers N): the worst one is reported.
     lag_p99 = [bg.pct([lag for rec in rs for lag in rec["lags_ms"]], 99) for rs in records.values()]
