@@ -30,10 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # A process that lived this long before it died is restarted after the shortest pause.
 STABLE_S = 60.0
 FIRST_PAUSE_S, LONGEST_PAUSE_S = 1.0, 30.0
-# The cores an engine process takes: its step loop with its CUDA launches, and its text tokenizer's threads
-# (`serve --workers` leaves them to it). Uncapped, the tokenizer (Rust, a Rayon pool as large as the host)
-# spreads a burst of openings over every core, under the gateway workers that are taking that very burst.
-ENGINE_CORES = 2
 
 
 class EngineStartError(RuntimeError):
@@ -139,7 +135,6 @@ class EngineSupervisor:
     def _spawn(self, engine: _Engine) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        env.setdefault("RAYON_NUM_THREADS", str(ENGINE_CORES))
         options = dict(self.options)
         if engine.device.startswith("cuda"):
             # One visible GPU per process: its CUDA graphs, streams and allocations all land on it.

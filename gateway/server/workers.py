@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 # Nothing imported here may import prometheus_client: a worker imports this module before it sets
 # PROMETHEUS_MULTIPROC_DIR, which prometheus_client reads once, when first imported. So the server itself
 # (gateway.server.serve, whose metrics do) is imported in the functions that use it.
-from engine.supervisor import ENGINE_CORES, EngineStartError, EngineSupervisor, resolve_devices
+from engine.supervisor import EngineStartError, EngineSupervisor, resolve_devices
 from gateway.config import Config, ConfigError, check
 from gateway.logs import configure_logging
 from gateway.responders.build import tts_kind
@@ -75,8 +75,8 @@ def cpu_count() -> int:
 
 def worker_count(config: Config) -> int:
     """[server] workers, 0 (auto) resolved: with a Qwen3-TTS engine in engine processes on a GPU, one per
-    CPU core less two per engine process (engine.supervisor.ENGINE_CORES); otherwise 1. The options are
-    checked first (gateway.config.check)."""
+    CPU core less two per engine process (its step loop and its CUDA launches); otherwise 1. The options
+    are checked first (gateway.config.check)."""
     check(config)
     workers, engine = config.server.workers, config.engine
     qwen3 = tts_kind(config) == "qwen3"
@@ -90,7 +90,7 @@ def worker_count(config: Config) -> int:
             return 1
         engine.devices = ",".join(devices)  # resolved once (it asks torch in a child process)
         engines = len(devices)
-    return max(1, cpu_count() - ENGINE_CORES * engines)
+    return max(1, cpu_count() - 2 * engines)
 
 
 @dataclasses.dataclass
