@@ -59,6 +59,10 @@ ISO_LANGUAGES = {"zh": "chinese", "en": "english", "de": "german", "it": "italia
 # Talker positions a prompt takes before its first frame, beyond an instruction's tokens and a clone's
 # reference frames (role 3, control <= 6, first text 1).
 PROMPT_POSITIONS = 16
+# Characters of a stream's text tokenized at a time. Tokenizing is CPU work on the loop's thread and its
+# tokenizer's threads, before the step that needs it: a burst of streams with long texts, tokenized whole,
+# delays every stream's first frame by all of it, though a frame reads one token (a few characters).
+TEXT_WINDOW = 128
 
 
 @dataclass
@@ -125,7 +129,8 @@ class Batcher:
     bans EOS before that many frames (benchmarks hold EOS off with it; 2 is the official minimum).
     `first_packet_frames` (0 = the same as packet_frames) makes a stream's first packet shorter, so its audio
     starts sooner. A Base checkpoint's rows hold a reference of up to `max_reference_s`, and a checkpoint
-    that follows instructions (VoiceDesign, CustomVoice 1.7B) `max_instructions_tokens` of them. On a GPU
+    that follows instructions (VoiceDesign, CustomVoice 1.7B) `max_instructions_tokens` of them. A stream
+    tokenizes a long text `text_window` characters at a time, as its frames come near them. On a GPU
     the runners capture their CUDA graphs here, before serving (`cuda_graphs`, `graph_max_batch`: see
     engine.runner).
     """
@@ -134,7 +139,8 @@ class Batcher:
                  max_text_chars: int = 2000, seed: int | None = 0, greedy: bool = False,
                  voices: dict[str, str] | None = None, max_streams: int = 4, min_frames: int = 2,
                  first_packet_frames: int = 0, cuda_graphs: bool = True, graph_max_batch: int = 0,
-                 max_reference_s: float = 30.0, max_instructions_tokens: int = 256) -> None:
+                 max_reference_s: float = 30.0, max_instructions_tokens: int = 256,
+                 text_window: int = TEXT_WINDOW) -> None:
         for name, value in (("packet_frames", packet_frames), ("max_frames", max_frames),
                             ("max_text_chars", max_text_chars), ("max_streams", max_streams),
                             ("max_instructions_tokens", max_instructions_tokens)):
@@ -148,7 +154,7 @@ class Batcher:
             raise CheckpointError("[engine] checkpoint: none given")
         self.packet_frames, self.max_frames, self.max_text_chars = packet_frames, max_frames, max_text_chars
         self.seed, self.min_frames, self.max_streams = seed, min_frames, max_streams
-        self.first_packet_frames = first_packet_frames
+        self.first_packet_frames, self.text_window = first_packet_frames, text_window
         self.max_reference_s, self.max_instructions_tokens = max_reference_s, max_instructions_tokens
         speakers = {s for c in ckpts for s in c.config.speakers}
         self._voice_map = {k.lower(): v.lower() for k, v in (voices or {}).items()} if speakers else {}
@@ -345,7 +351,7 @@ class Batcher:
                 return True
             if any(s.cancelled or s.model.active < self.max_streams for s in self._waiting):
                 return True
-            return any(s.cancelled or s.incoming or (s.ended and not core.final) or core.runnable
+            return any(s.cancelled or s.incoming or (s.ended and not core.final) or core.runnable or core.wants_text
                        for core, s in self._active.items())
 
     def run_pass(self) -> None:
@@ -364,21 +370,21 @@ class Batcher:
             work = [(s, s.incoming, s.ended, s.cancelled) for s in self._active.values()]
             for s in self._active.values():
                 s.incoming = []
-        ready: list[tuple[Utterance, str]] = []
+        ready: list[tuple[Utterance, tuple[str, bool]]] = []
         for stream, fragments, ended, cancelled in work:
             if cancelled:
                 self._release(stream)
-            elif fragments or (ended and not stream.core.final):
+            elif fragments or (ended and not stream.core.final) or stream.core.wants_text:
                 self._guard(stream, lambda s=stream, f=fragments, e=ended:
                             ready.append((s, s.core.take_text("".join(f), e))))
         # Each checkpoint's new text in one tokenizer call (1024 streams opened at once: ~10x faster).
         for model in self.models:
-            mine = [(s, text) for s, text in ready if s.model is model]
-            texts = [text for _, text in mine if text]
-            encoded = iter(model.tokens.encode_many(texts) if texts else [])
-            for stream, text in mine:
-                ids, spans = next(encoded) if text else ([], [])
-                self._guard(stream, lambda s=stream, t=text, i=ids, p=spans: s.core.add_tokens(t, i, p))
+            mine = [(s, text, whole) for s, (text, whole) in ready if s.model is model]
+            texts = [(text, whole) for _, text, whole in mine if text]
+            encoded = iter(model.tokens.encode_ready([t for t, _ in texts], [w for _, w in texts]) if texts else [])
+            for stream, text, _ in mine:
+                tokens = next(encoded) if text else (0, [], [])
+                self._guard(stream, lambda s=stream, t=tokens: s.core.add_tokens(*t))
         for model in self.models:
             if model.active or model.runner.busy:
                 self._step(model)
@@ -430,7 +436,8 @@ class Batcher:
             seed = self.seed if own is None or own.seed is None else own.seed
             stream.core = Stream(model.ckpt, model.tokens, stream.voice, seed, self.packet_frames,
                                  self.max_frames, self.min_frames, first_packet_frames=self.first_packet_frames,
-                                 params=None if own is None else model.params.with_overrides(own))
+                                 params=None if own is None else model.params.with_overrides(own),
+                                 text_window=self.text_window)
             model.runner.add(stream.core)
             model.active += 1
             self._active[stream.core] = stream

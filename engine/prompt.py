@@ -225,36 +225,40 @@ def build(cfg: ModelConfig, voice: Voice, role_ids: list[int], text_ids: list[in
 class TextTokens:
     """The text tokenizer as the prompt needs it, plus incremental tokenization of a live text feed.
 
-    Text arriving in fragments is tokenized up to the last pre-token boundary only (the Qwen2 pre-tokenizer
-    splits words, numbers and punctuation runs; BPE never merges across those splits), so a word cut in two
-    by the feed is not tokenized before its end arrives. Text fed whole tokenizes exactly as the official
-    tokenizer call on the full prompt.
+    Text arriving in fragments, or taken from a long text a window at a time, is tokenized up to its last
+    pre-token only (the Qwen2 pre-tokenizer splits words, numbers and punctuation runs; BPE never merges
+    across those splits), so a word cut in two is not tokenized before its end arrives. Either way the
+    tokens are those of the official tokenizer call on the whole text.
     """
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.pre_tokenizer = tokenizer.backend_tokenizer.pre_tokenizer
         self.role_ids = self.encode(ROLE)[0]
         if len(self.role_ids) != 3:
             raise PromptError(f"the tokenizer splits {ROLE!r} into {len(self.role_ids)} tokens, not 3")
 
     def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids and their character spans in `text`."""
-        return self.encode_many([text])[0]
+        _, ids, spans = self.encode_ready([text], [True])[0]
+        return ids, spans
 
-    def encode_many(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
-        """`encode` of each text, in one call of the fast tokenizer's backend (what the transformers call runs,
-        without its per-text conversions; the Rust side takes the batch in parallel, off the GIL: per-call
-        overhead dominates a fragment's tokenization)."""
+    def encode_ready(self, texts: list[str], whole: list[bool]) -> list[tuple[int, list[int], list[tuple[int, int]]]]:
+        """The tokens of each text that are ready: all of a `whole` one's; of any other, those before its last
+        pre-token (which the text that follows could still change). Per text: the characters they cover,
+        their ids and their character spans. One call of the fast tokenizer's backend for them all (what the
+        transformers call runs, without its per-text conversions; the Rust side takes the batch in parallel,
+        off the GIL: per-call overhead dominates a fragment's tokenization)."""
         encodings = self.tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
-        return [(encoding.ids, encoding.offsets) for encoding in encodings]
-
-    def ready_prefix(self, text: str, final: bool) -> int:
-        """How many leading characters of `text` can be tokenized now (all of it once the text is final)."""
-        if final:
-            return len(text)
-        pieces = self.pre_tokenizer.pre_tokenize_str(text) if self.pre_tokenizer is not None else []
-        return pieces[-1][1][0] if len(pieces) > 1 else 0
+        ready = []
+        for text, complete, encoding in zip(texts, whole, encodings, strict=True):
+            if complete:
+                ready.append((len(text), encoding.ids, encoding.offsets))
+                continue
+            words = encoding.word_ids
+            last = words.index(words[-1]) if words else 0  # the first token of the last pre-token
+            spans = encoding.offsets if last else []
+            ready.append((spans[last][0] if last else 0, encoding.ids[:last], spans[:last]))
+        return ready
 
     @staticmethod
     def normalize(text: str) -> str:

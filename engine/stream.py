@@ -31,6 +31,10 @@ from engine.checkpoint import Checkpoint
 from engine.prompt import Prompt, PromptError, TextTokens, Voice
 from engine.sampling import SamplingParams
 
+# A stream taking a long text a window at a time takes its next window when fewer than this many of its
+# tokens are left unread (a frame reads one, and the window is tokenized before the step that reads it).
+TEXT_LEAD = 8
+
 
 @dataclass
 class Packet:
@@ -56,7 +60,7 @@ def speech_frames(ch: str) -> float:
 class Stream:
     def __init__(self, ckpt: Checkpoint, tokens: TextTokens, voice: Voice, seed: int | None, packet_frames: int,
                  max_frames: int, min_frames: int = 2, non_streaming: bool = False,
-                 first_packet_frames: int = 0, params: SamplingParams | None = None) -> None:
+                 first_packet_frames: int = 0, params: SamplingParams | None = None, text_window: int = 0) -> None:
         self.tokens, self.voice = tokens, voice
         self.model = ckpt.model
         self.seed = seed if seed is not None else random.getrandbits(32)
@@ -77,6 +81,7 @@ class Stream:
         self.costed = 0  # characters counted into self.cost
         self.cost = 0.0
         self.tokenized = 0  # characters of self.text already tokenized
+        self.text_window = text_window  # characters tokenized at a time (0: all that is ready)
         self.next_token = 0  # the text token the next frame reads
         self.leftover: list[int] = []  # transcript tokens an ICL clone's prompt could not hold, read first
         self.eos_read = False
@@ -96,26 +101,53 @@ class Stream:
     def add_text(self, fragment: str, final: bool) -> None:
         """Take in fed text and tokenize what is ready (engine.batcher does the two halves for many streams
         at once: `take_text`, one batched tokenizer call, `add_tokens`)."""
-        ready = self.take_text(fragment, final)
-        self.add_tokens(ready, *(self.tokens.encode(ready) if ready else ([], [])))
+        text, whole = self.take_text(fragment, final)
+        if text:
+            self.add_tokens(*self.tokens.encode_ready([text], [whole])[0])
 
-    def take_text(self, fragment: str, final: bool) -> str:
-        """Append fed text; returns the text now ready to tokenize ('' for none), for `add_tokens`."""
+    def take_text(self, fragment: str, final: bool) -> tuple[str, bool]:
+        """Append fed text; returns the text to tokenize now ('' for none) and whether it is whole (all of
+        the text, final), for TextTokens.encode_ready and then `add_tokens`. With a `text_window`, a longer
+        rest is taken a window at a time, as the frames come near it (`wants_text`)."""
         if not self.text:
             fragment = fragment.lstrip()  # leading blanks would merge with the role's newline token
         self.text += TextTokens.normalize(fragment)
         self.final = self.final or final
-        ready = self.tokens.ready_prefix(self.text[self.tokenized:], self.final)
-        return self.text[self.tokenized:self.tokenized + ready]
+        rest = self.text[self.tokenized:]
+        window = self.text_window
+        if window and not self.started:  # the prompt's own text first (an ICL clone's is longer)
+            window = max(window, 8 * (self.voice.text_needed() - len(self.ids)))
+        if window and len(rest) > window:
+            return rest[:window], False
+        return rest, self.final
 
-    def add_tokens(self, ready: str, ids: list[int], spans: list[tuple[int, int]]) -> None:
-        """The tokens of `ready` (what take_text returned) and their character spans in it."""
+    def add_tokens(self, taken: int, ids: list[int], spans: list[tuple[int, int]]) -> None:
+        """The tokens of the first `taken` characters of what take_text returned, and their spans in it."""
         self.ids += ids
         self.starts += [self.tokenized + start for start, _ in spans]
         self.ends += [self.tokenized + end for _, end in spans]
-        self.tokenized += len(ready)
-        if self.final and not self.ids:
+        self.tokenized += taken
+        if self.text_window and not taken and len(self.text) - self.tokenized > self.text_window:
+            self.text_window *= 2  # a window holding no whole pre-token (a long run of CJK, say) grows
+        if self.text_done and not self.ids:
             raise PromptError("empty text")
+
+    @property
+    def text_done(self) -> bool:
+        """All of the text is in and tokenized."""
+        return self.final and self.tokenized == len(self.text)
+
+    @property
+    def wants_text(self) -> bool:
+        """Text a window left waits, and the frames come near it: the next tokens (all of them for a
+        non-streaming prompt, the prompt's own before it starts)."""
+        rest = len(self.text) - self.tokenized
+        if not self.text_window or rest <= (0 if self.final else self.text_window):
+            return False
+        if self.non_streaming:
+            return True
+        need = TEXT_LEAD if self.started else self.voice.text_needed()
+        return len(self.ids) - self.next_token < need
 
     def onsets_through(self, n: int) -> list[float]:
         """`onsets` of the first n tokens at least: the speaking time of the text before each token's start."""
@@ -131,16 +163,16 @@ class Stream:
         if self.done or (self.started and self.launched >= self.frame_cap):
             return False
         if self.non_streaming:
-            return self.final
+            return self.text_done
         if not self.started:  # an ICL clone's prompt holds more than the first token
-            return bool(self.ids) and (self.final or len(self.ids) >= self.voice.text_needed())
-        return self.leftover != [] or self.next_token < len(self.ids) or self.final
+            return bool(self.ids) and (self.text_done or len(self.ids) >= self.voice.text_needed())
+        return self.leftover != [] or self.next_token < len(self.ids) or self.text_done
 
     # -- model side (called by engine.runner.Runner) --
     def start(self) -> Prompt:
         """The stream's prompt (engine.prompt.build); the runner prefills it."""
         built = prompt.build(self.model.cfg, self.voice, self.tokens.role_ids, self.ids, self.non_streaming,
-                             final=self.final)
+                             final=self.text_done)
         self.next_token, self.leftover, self.eos_read = built.text_read, built.leftover, built.eos_read
         self.started = True
         self.pos = len(built) - 1  # the last prompt position is the first step's input

@@ -20,6 +20,7 @@ from engine import checkpoint
 from engine.prompt import PromptError, TextTokens, Voice
 from engine.runner import synthesize
 from engine.sampling import SamplingParams
+from engine.stream import Stream
 from tests.paths import TINY_CHECKPOINT
 
 COMMITTED = TINY_CHECKPOINT
@@ -59,9 +60,33 @@ def test_batched_tokenization_equals_the_tokenizer_call(ckpt: checkpoint.Checkpo
     character spans of the transformers call on each text alone."""
     tokens = TextTokens(ckpt.tokenizer)
     texts = [p["text"] for p in REFS["prompts"]] + ["Hi!  ", "12,5 km/h -- ok?", "你好，世界"]
-    for text, (ids, spans) in zip(texts, tokens.encode_many(texts), strict=True):
+    for text, (taken, ids, spans) in zip(texts, tokens.encode_ready(texts, [True] * len(texts)), strict=True):
         enc = ckpt.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        assert ids == enc["input_ids"] and spans == [tuple(span) for span in enc["offset_mapping"]], text
+        assert taken == len(text) and ids == enc["input_ids"], text
+        assert spans == [tuple(span) for span in enc["offset_mapping"]], text
+
+
+@pytest.mark.parametrize("window", [0, 1, 5, 32])
+def test_text_in_fragments_and_windows_tokenizes_as_a_whole(ckpt: checkpoint.Checkpoint, window: int) -> None:
+    """A stream's text fed in fragments cut anywhere, and taken `window` characters at a time: the ids and
+    spans of the tokenizer call on the whole text (a window holding no whole pre-token grows)."""
+    tokens = TextTokens(ckpt.tokenizer)
+    voice = Voice.resolve(ckpt.config, REFS["prompts"][0]["speaker"], None)
+    texts = [p["text"] for p in REFS["prompts"]] + [
+        "Hi!  It's 12,5 km/h -- ok?\n\nYes:   fine...  ", "今天天气很好我们去公园散步吧，好吗？",
+        "naïve café, " + "x" * 40 + " end"]
+    for text in texts:
+        for size in (len(text), 7, 2, 1):
+            stream = Stream(ckpt, tokens, voice, 0, 4, 100, text_window=window)
+            for start in range(0, len(text), size):
+                stream.add_text(text[start:start + size], final=False)
+            for _ in range(len(text) + 1):
+                if stream.text_done:
+                    break
+                stream.add_text("", final=True)
+            ids, spans = tokens.encode(stream.text)
+            assert stream.text_done and stream.text == text
+            assert (stream.ids, list(zip(stream.starts, stream.ends, strict=True))) == (ids, spans), (text, size)
 
 
 @pytest.mark.parametrize("prompt", REFS["prompts"], ids=[p["name"] for p in REFS["prompts"]])

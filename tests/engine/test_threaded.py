@@ -244,6 +244,28 @@ async def test_a_short_first_packet(ckpt: checkpoint.Checkpoint, engine: QwenTTS
     assert np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-3  # other packet sizes: other float rounding
 
 
+async def test_a_long_text_taken_a_window_at_a_time(ckpt: checkpoint.Checkpoint, engine: QwenTTSEngine) -> None:
+    """A stream tokenizes its text a window at a time as its frames near it (a burst of long inputs would
+    otherwise wait for all of their tokenizing): with windows of 4 characters, each packet's audio and text
+    are those of the text taken whole, for text with spaces and without, a word longer than windows, whole and
+    in fragments."""
+    narrow = QwenTTSEngine(ckpt, packet_frames=4, max_frames=REFS["max_new_tokens"] - 1, greedy=True,
+                           voices={"alloy": "vivian"}, max_streams=2, text_window=4)
+    try:
+        for text, language in ((TEXT, "english"), ("So " + "abcdefghij" * 3 + ", ok.", "english"),
+                               ("今天天气很好我们去公园散步吧，好吗？", "chinese")):
+            got = []
+            for eng, fragments in ((engine, [text]), (narrow, [text]), (narrow, [text[:9], text[9:]])):
+                stream = eng.open("alloy", language)
+                for fragment in fragments:
+                    stream.feed(fragment)
+                stream.end()
+                got.append([(c.pcm, c.text) for c in await collect(stream)])
+            assert got[0] and got[1] == got[0] and got[2] == got[0], text
+    finally:
+        narrow.close()
+
+
 @pytest.fixture(scope="module")
 def family() -> QwenTTSEngine:
     """One engine holding a CustomVoice 1.7B, a Base and a VoiceDesign checkpoint ([engine] checkpoint lists them)."""
