@@ -379,10 +379,9 @@ class Batcher:
                             ready.append((s, s.core.take_text("".join(f), e))))
         # Each checkpoint's new text in one tokenizer call (1024 streams opened at once: ~10x faster).
         for model in self.models:
-            mine = [(s, text, whole) for s, (text, whole) in ready if s.model is model]
-            texts = [(text, whole) for _, text, whole in mine if text]
-            encoded = iter(model.tokens.encode_ready([t for t, _ in texts], [w for _, w in texts]) if texts else [])
-            for stream, text, _ in mine:
+            mine = [(s, piece) for s, piece in ready if s.model is model]
+            encoded = iter(model.tokens.encode_ready([piece for _, piece in mine if piece[0]]))
+            for stream, (text, _) in mine:
                 tokens = next(encoded) if text else (0, [], [])
                 self._guard(stream, lambda s=stream, t=tokens: s.core.add_tokens(*t))
         for model in self.models:

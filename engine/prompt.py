@@ -239,25 +239,29 @@ class TextTokens:
 
     def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids and their character spans in `text`."""
-        _, ids, spans = self.encode_ready([text], [True])[0]
+        _, ids, spans = self.encode_ready([(text, True)])[0]
         return ids, spans
 
-    def encode_ready(self, texts: list[str], whole: list[bool]) -> list[tuple[int, list[int], list[tuple[int, int]]]]:
-        """The tokens of each text that are ready: all of a `whole` one's; of any other, those before its last
-        pre-token (which the text that follows could still change). Per text: the characters they cover,
-        their ids and their character spans. One call of the fast tokenizer's backend for them all (what the
-        transformers call runs, without its per-text conversions; the Rust side takes the batch in parallel,
-        off the GIL: per-call overhead dominates a fragment's tokenization)."""
-        encodings = self.tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+    def encode_ready(self, pieces: list[tuple[str, bool]]) -> list[tuple[int, list[int], list[tuple[int, int]]]]:
+        """The tokens of each (text, whole) piece that are ready: all of a whole one's; of any other, those
+        before its last pre-token (which the text that follows could still change). Per piece: the characters
+        they cover, their ids and their character spans. One call of the fast tokenizer's backend for them all
+        (what the transformers call runs, without its per-text conversions; the Rust side takes the batch in
+        parallel, off the GIL: per-call overhead dominates a fragment's tokenization)."""
+        encodings = self.tokenizer.backend_tokenizer.encode_batch([text for text, _ in pieces],
+                                                                  add_special_tokens=False)
         ready = []
-        for text, complete, encoding in zip(texts, whole, encodings, strict=True):
-            if complete:
+        for (text, whole), encoding in zip(pieces, encodings, strict=True):
+            if whole:
                 ready.append((len(text), encoding.ids, encoding.offsets))
                 continue
             words = encoding.word_ids
             last = words.index(words[-1]) if words else 0  # the first token of the last pre-token
-            spans = encoding.offsets if last else []
-            ready.append((spans[last][0] if last else 0, encoding.ids[:last], spans[:last]))
+            if not last:
+                ready.append((0, [], []))
+                continue
+            spans = encoding.offsets
+            ready.append((spans[last][0], encoding.ids[:last], spans[:last]))
         return ready
 
     @staticmethod

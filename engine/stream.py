@@ -101,9 +101,9 @@ class Stream:
     def add_text(self, fragment: str, final: bool) -> None:
         """Take in fed text and tokenize what is ready (engine.batcher does the two halves for many streams
         at once: `take_text`, one batched tokenizer call, `add_tokens`)."""
-        text, whole = self.take_text(fragment, final)
-        if text:
-            self.add_tokens(*self.tokens.encode_ready([text], [whole])[0])
+        piece = self.take_text(fragment, final)
+        if piece[0]:
+            self.add_tokens(*self.tokens.encode_ready([piece])[0])
 
     def take_text(self, fragment: str, final: bool) -> tuple[str, bool]:
         """Append fed text; returns the text to tokenize now ('' for none) and whether it is whole (all of

@@ -60,7 +60,7 @@ def test_batched_tokenization_equals_the_tokenizer_call(ckpt: checkpoint.Checkpo
     character spans of the transformers call on each text alone."""
     tokens = TextTokens(ckpt.tokenizer)
     texts = [p["text"] for p in REFS["prompts"]] + ["Hi!  ", "12,5 km/h -- ok?", "你好，世界"]
-    for text, (taken, ids, spans) in zip(texts, tokens.encode_ready(texts, [True] * len(texts)), strict=True):
+    for text, (taken, ids, spans) in zip(texts, tokens.encode_ready([(text, True) for text in texts]), strict=True):
         enc = ckpt.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         assert taken == len(text) and ids == enc["input_ids"], text
         assert spans == [tuple(span) for span in enc["offset_mapping"]], text
