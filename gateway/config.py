@@ -1,6 +1,6 @@
 """The one configuration: config.toml, then environment variables on top.
 
-Every option lives in a dataclass below and is documented in gateway/config.toml, the defaults the package
+Every option lives in a dataclass below and is documented in config.toml, the defaults the package
 ships (``voice-gateway config`` prints it: the start of a configuration of your own).
 An environment variable ``GATEWAY_<SECTION>_<KEY>`` (upper case) overrides ``[section] key``;
 API keys are never read from the file, only from the variables the file names.
@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from engine.config import EngineConfig
-
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "config.toml"
+from gateway.shipped import DEFAULT_CONFIG
 
 
 class ConfigError(ValueError):
@@ -284,15 +283,6 @@ def _coerce(value: Any, kind: Any, name: str) -> Any:
     raise ConfigError(f"option {name}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
 
 
-# Options that existed once: naming one is an error that says what replaced it.
-RETIRED = {
-    "webrtc.host": "WebRTC signalling now lives on the server's own address and port ([server] host and port): "
-                   "remove [webrtc] host",
-    "webrtc.port": "WebRTC signalling now lives on the server's own port ([server] port, at /v1/realtime/calls): "
-                   "remove [webrtc] port",
-    "server.max_queue": "a connection now holds one message at a time; its buffered bytes are bounded by [server] "
-                        "inbound_free_bytes and the process-wide inbound_budget_bytes: remove [server] max_queue",
-}
 # Environment variables of the libraries that the gateway does not read: naming one is an error saying which
 # option does it (silently ignored, it would leave a proxy untrusted or trusted unawares).
 FOREIGN_ENV = {
@@ -304,8 +294,6 @@ FOREIGN_ENV = {
 def _apply(section: Any, values: dict[str, Any], prefix: str) -> None:
     hints = get_type_hints(type(section))
     for key, value in values.items():
-        if f"{prefix}.{key}" in RETIRED:
-            raise ConfigError(f"option {prefix}.{key} is gone: {RETIRED[f'{prefix}.{key}']}")
         if key not in hints or (prefix == "voices" and key == "named"):  # named voices are [voices.NAME] tables
             raise ConfigError(f"unknown option {prefix}.{key}")
         setattr(section, key, _coerce(value, hints[key], f"{prefix}.{key}"))

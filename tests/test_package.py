@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.request
 import wave
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,7 @@ def test_the_wheel_installed_in_a_fresh_virtualenv_serves_the_demo(tmp_path: Pat
     wheels = tmp_path / "dist"
     checked(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", wheels, ROOT)
     (wheel,) = wheels.glob("voice_gateway-*.whl")
+    assert_carries_the_top_level_files(wheel)
 
     venv = tmp_path / "venv"
     checked(sys.executable, "-m", "venv", venv)
@@ -107,6 +109,17 @@ def test_the_wheel_installed_in_a_fresh_virtualenv_serves_the_demo(tmp_path: Pat
         assert server.wait(30) == 0
     text = log.read_text()
     assert "ready: open http://127.0.0.1" in text and "Traceback" not in text
+
+
+def assert_carries_the_top_level_files(wheel: Path) -> None:
+    """config.toml and web/ live at the checkout's top level; the wheel carries exactly those, inside the package."""
+    shipped = {ROOT / "config.toml": "gateway/config.toml"}
+    shipped |= {f: f"gateway/{f.relative_to(ROOT)}" for f in (ROOT / "web").rglob("*") if f.is_file()}
+    with zipfile.ZipFile(wheel) as archive:
+        carried = {n for n in archive.namelist() if n == "gateway/config.toml" or n.startswith("gateway/web/")}
+        assert carried == set(shipped.values())
+        for source, name in shipped.items():
+            assert archive.read(name) == source.read_bytes(), name
 
 
 def wait_healthy(port: int, server: subprocess.Popen, log: Path) -> dict:

@@ -1,6 +1,6 @@
 """The gateway as one ASGI app: every route on one port.
 
-  WS     /v1/realtime                       a Realtime session (gateway/transports/websocket.py)
+  WS     /v1/realtime                       a Realtime session (gateway/transports/realtime_websocket.py)
   POST   /v1/realtime/calls, /v1/realtime   WebRTC signalling (gateway/transports/webrtc/signalling.py)
   POST   /v1/realtime/client_secrets, /v1/realtime/sessions, /v1/realtime/transcription_sessions
                                             ephemeral client secrets (gateway/transports/client_secrets.py)
@@ -32,20 +32,20 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from gateway import __version__
 from gateway.config import Config
-from gateway.realtime.responder import Responder
+from gateway.core.responder import Responder
 from gateway.runtime.gateway import Gateway
 from gateway.runtime.health import describe_responder
 from gateway.runtime.trace import DRAINING, ENGINE_STREAMS_FREE, SESSION_SLOTS_FREE, SESSIONS, metrics_text
+from gateway.shipped import WEB_DIR
 from gateway.transports.client_secrets import client_secret_routes
 from gateway.transports.guard import FrontDoor, Hosts, Origins
+from gateway.transports.realtime_websocket import RealtimeEndpoint, UnknownPath
 from gateway.transports.rest import HttpError, authorize, error_response, http_error_response
 from gateway.transports.speech import speech_routes
 from gateway.transports.voices import voice_routes
 from gateway.transports.webrtc.signalling import Signalling, signalling_routes
-from gateway.transports.websocket import RealtimeEndpoint, UnknownPath
 
 MAX_STATIC_PATH_CHARS = 255
-WEB_DIR = Path(__file__).resolve().parent.parent / "web"  # the page the package ships
 
 
 class Pages:

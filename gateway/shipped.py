@@ -1,0 +1,22 @@
+"""Files the gateway ships beside its code: the default configuration and the browser page.
+
+In the repository they sit at the top level (``config.toml``, ``web/``); the wheel carries them inside the
+``gateway`` package (setup.py maps them there at build time). An installed gateway finds its own copies, a
+checkout (or an editable install of one) the top-level files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+def shipped(name: str) -> Path:
+    """The shipped file or folder ``name``: the package's copy in an installed wheel, else the checkout's."""
+    inside = PACKAGE / name
+    return inside if inside.exists() else PACKAGE.parent / name
+
+
+DEFAULT_CONFIG = shipped("config.toml")
+WEB_DIR = shipped("web")
