@@ -5,18 +5,34 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tomllib
 
 from tests.paths import ROOT
 
 OWN = ("gateway", "engine")
 
 
-def test_the_sans_io_core_imports_no_event_loop_thread_or_model() -> None:
-    modules = sorted(f"gateway.realtime.{p.stem}" for p in (ROOT / "gateway" / "realtime").glob("*.py"))
+SANS_IO = ("realtime", "core")  # the protocol cores and what they share
+
+
+def test_the_sans_io_cores_import_no_event_loop_thread_or_model() -> None:
+    modules = sorted(f"gateway.{core}.{p.stem}" for core in SANS_IO for p in (ROOT / "gateway" / core).glob("*.py"))
     code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"
             "print(','.join(m for m in ('asyncio', 'threading', 'onnxruntime', 'torch') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert loaded.stdout.strip() == "", f"importing gateway.realtime loaded {loaded.stdout.strip()}"
+    assert loaded.stdout.strip() == "", f"importing the sans-I/O cores loaded {loaded.stdout.strip()}"
+
+
+def test_every_module_of_the_gateway_is_in_a_layer() -> None:
+    """The layers contract (pyproject.toml) names every module and package of gateway/, so lint-imports checks
+    each one's imports; a new one must take its place there."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    named = {name.strip() for layer in layers for name in layer.split("|")}
+    package = ROOT / "gateway"
+    modules = {f"gateway.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    modules |= {f"gateway.{p.parent.name}" for p in package.glob("*/__init__.py")}
+    assert modules == named
 
 
 def _deferred_own_imports(path: str) -> list[tuple[int, str]]:
@@ -49,28 +65,3 @@ def test_every_deferred_import_of_our_own_says_why() -> None:
             if "#" not in lines[lineno - 1] and not lines[above].strip().startswith("#"):
                 unexplained.append(f"{path}:{lineno}: {statement}")
     assert not unexplained, "imports inside functions need a comment saying why:\n" + "\n".join(unexplained)
-
-
-def test_the_old_import_paths_still_work_with_a_deprecation_warning() -> None:
-    code = """
-import warnings
-warnings.simplefilter("error", DeprecationWarning)
-from gateway.transports.websocket import realtime_route
-from gateway.runtime.gateway import Gateway
-import gateway.server
-try:
-    gateway.server.Gateway
-except DeprecationWarning as w:
-    print("server:", w)
-try:
-    import gateway.realtime_ws
-except DeprecationWarning as w:
-    print("realtime_ws:", w)
-warnings.simplefilter("ignore", DeprecationWarning)
-import gateway.realtime_ws
-assert gateway.realtime_ws.realtime_route is realtime_route and gateway.server.Gateway is Gateway
-"""
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert "server: gateway.server.Gateway moved to gateway.runtime.gateway.Gateway" in done.stdout
-    assert "realtime_ws: gateway.realtime_ws moved to gateway.transports.websocket" in done.stdout

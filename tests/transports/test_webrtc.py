@@ -344,7 +344,7 @@ BROWSER_CALL = """async ([url, session]) => {
 
 
 async def test_browser_page_module(rtc):
-    """gateway/web/webrtc.js in headless Chromium, loaded from the gateway's port and calling it (same origin).
+    """web/webrtc.js in headless Chromium, loaded from the gateway's port and calling it (same origin).
 
     Chromium's fake microphone loops one_sentence.wav: the first round is a turn, the second
     interrupts the echo, so one call sees a reply, a barge-in and the server's truncate.
@@ -507,15 +507,6 @@ def test_pass_through_buffer_drops_late_and_duplicate_packets():
 def test_stereo_frames_are_mixed_to_mono():
     frame = AudioFrame.from_ndarray(np.array([[100, 300, -100, -301]], dtype=np.int16), format="s16", layout="stereo")
     assert mono_s16(frame).tolist() == [200, -201]
-
-
-def test_an_old_signalling_port_setting_says_where_signalling_went():
-    from gateway.config import ConfigError, load_config
-
-    with pytest.raises(ConfigError, match=r"webrtc.port is gone: WebRTC signalling now lives on the server's own port"):
-        load_config(env={"GATEWAY_WEBRTC_PORT": "8001"})
-    with pytest.raises(ConfigError, match=r"webrtc.host is gone"):
-        load_config(env={"GATEWAY_WEBRTC_HOST": "0.0.0.0"})
 
 
 async def test_playout_plays_responses_running_at_once_one_after_the_other():
