@@ -23,7 +23,7 @@ from pathlib import Path
 import openai
 
 from gateway.audio import wav_bytes
-from gateway.realtime.responder import Message, transcript_of
+from gateway.core.responder import Message, transcript_of
 from gateway.responders.remote import LlmClient, SttClient, chat_messages
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -37,7 +37,7 @@ from gateway.config import load_config
 try:
     from gateway.responders.echo import EchoResponder
 except ImportError:  # a tree from before the layered layout
-    from gateway.realtime.responder import EchoResponder
+    from gateway.core.responder import EchoResponder
 
 async def main():
     config = load_config(env={})

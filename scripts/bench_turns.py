@@ -5,8 +5,8 @@ Usage::
     python scripts/make_turns.py            # once: the turns, in artifacts/turns
     python scripts/bench_turns.py [--turns artifacts/turns] [--server-silence 200,500,1000] [--recheck-ms 0,500]
 
-The detectors are the gateway's own (gateway.realtime.vad.TurnDetector,
-gateway.realtime.semantic_vad.SemanticTurnDetector with the [semantic_vad] settings of config.toml) on the
+The detectors are the gateway's own (gateway.core.vad.TurnDetector,
+gateway.core.semantic_vad.SemanticTurnDetector with the [semantic_vad] settings of config.toml) on the
 real Silero and Smart Turn models, fed each turn's audio window by window. A turn's end is decided at a
 point of its audio, so the figures are the same on any machine; the model's time is measured here and
 reported beside them.
@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from gateway.config import load_config
-from gateway.realtime.semantic_vad import CheckTurn, Eagerness, SemanticTurnDetector, eagerness_levels
-from gateway.realtime.vad import SpeechStopped, TurnDetector
+from gateway.core.semantic_vad import CheckTurn, Eagerness, SemanticTurnDetector, eagerness_levels
+from gateway.core.vad import SpeechStopped, TurnDetector
 from gateway.runtime.silero import SileroModel, SileroVAD
 from gateway.runtime.smart_turn import SmartTurnModel, features
 

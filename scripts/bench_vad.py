@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from gateway.audio import InputDecoder, OutputEncoder, alaw_encode, bytes_to_int16, ulaw_encode
-from gateway.realtime.vad import WINDOW_MS, TurnDetector
+from gateway.core.vad import WINDOW_MS, TurnDetector
 from gateway.runtime.silero import SileroModel, SileroVAD, VadBatcher, process_many
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "two_turns.wav"

@@ -23,8 +23,8 @@ from pathlib import Path
 
 # The innermost gateway frame decides, by its module.
 GATEWAY_STAGES = (
-    ("vad", ("gateway/runtime/silero.py", "gateway/realtime/vad.py", "gateway/runtime/batcher.py")),
-    ("smart_turn", ("gateway/runtime/smart_turn.py", "gateway/realtime/semantic_vad.py")),
+    ("vad", ("gateway/runtime/silero.py", "gateway/core/vad.py", "gateway/runtime/batcher.py")),
+    ("smart_turn", ("gateway/runtime/smart_turn.py", "gateway/core/semantic_vad.py")),
     ("backends", ("gateway/responders/remote.py", "gateway/responders/engine_client.py")),
     ("responder", ("gateway/responders/",)),
     ("transport", ("gateway/server/", "gateway/transports/")),

@@ -36,7 +36,7 @@ from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter, ValidationError
 
 from gateway.config import Config, load_config
-from gateway.realtime.responder import Responder
+from gateway.core.responder import Responder
 from gateway.responders.echo import EchoResponder
 from gateway.server.serve import GatewayServer
 from tests.paths import FIXTURES

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from gateway.clients.connection import INSTALL_WEBRTC, TRANSPORTS, CliError, Connection, Endpoint, OnSend
-from gateway.clients.websocket import open_websocket
+from gateway.clients.websocket_connection import open_websocket
 
 
 def check_transport(transport: str) -> None:
     """Fail early, before any work, when the transport's optional packages are missing."""
     if transport == "webrtc":
         try:
-            import gateway.clients.webrtc  # noqa: F401 - aiortc is an optional extra: is it installed?
+            import gateway.clients.webrtc_connection  # noqa: F401 - aiortc is an optional extra: is it installed?
         except ImportError as exc:
             raise CliError(f"{INSTALL_WEBRTC}; {exc}") from None
 
@@ -23,7 +23,7 @@ async def open_connection(endpoint: Endpoint, speed: float = 1.0, on_send: OnSen
     """
     if endpoint.transport == "webrtc":
         check_transport("webrtc")
-        from gateway.clients.webrtc import open_webrtc  # aiortc is an optional extra
+        from gateway.clients.webrtc_connection import open_webrtc  # aiortc is an optional extra
 
         return await open_webrtc(endpoint, on_send)
     if endpoint.transport != "websocket":

@@ -3,12 +3,13 @@
 The terminal client and the replay run their conversation logic on a ``Connection``: send an event,
 send microphone audio (paced like a microphone), and iterate over what arrives — server events and
 the reply's audio (``ReplyAudio``), in arrival order. Over WebSocket the reply audio comes in
-``response.output_audio.delta`` events and the client plays it; over WebRTC (gateway.clients.webrtc,
+``response.output_audio.delta`` events and the client plays it; over WebRTC (gateway.clients.webrtc_connection,
 an optional extra) it arrives on the remote track at real time, because the server plays it out
 (``server_playout``) and truncates the reply itself on barge-in.
 
-This module holds the interface and the endpoint; gateway.clients.websocket and gateway.clients.webrtc
-are the two transports, and gateway.clients.connect opens the one an endpoint names.
+This module holds the interface and the endpoint; gateway.clients.websocket_connection and
+gateway.clients.webrtc_connection are the two transports, and gateway.clients.connect opens the one an endpoint
+names.
 """
 
 from __future__ import annotations

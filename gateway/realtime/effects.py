@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.realtime.responder import ResponseRequest
+from gateway.core.responder import ResponseRequest
 from gateway.realtime.tools import McpServer
 
 

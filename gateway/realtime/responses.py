@@ -21,6 +21,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.audio import OutputEncoder
+from gateway.core.responder import (
+    AudioOut,
+    LlmUsage,
+    ResponseOutput,
+    ResponseRequest,
+    SpeechText,
+    TextOut,
+    ToolCallArguments,
+    ToolCallStart,
+    TraceMark,
+)
 from gateway.realtime.conversation import BYTES_PER_MS, Conversation, EventMaker, Item, snapshot
 from gateway.realtime.effects import CallMcp, Effect, Mark, Play, PlayoutEnd, StartResponse, StopResponse
 from gateway.realtime.events import Dialect, ProtocolError, new_id
@@ -36,17 +47,6 @@ from gateway.realtime.outputs import (
     OutputScope,
     Round,
     Usage,
-)
-from gateway.realtime.responder import (
-    AudioOut,
-    LlmUsage,
-    ResponseOutput,
-    ResponseRequest,
-    SpeechText,
-    TextOut,
-    ToolCallArguments,
-    ToolCallStart,
-    TraceMark,
 )
 from gateway.realtime.settings import SessionSettings, check_voice, format_wire, parse_temperature, response_format
 from gateway.realtime.tools import (

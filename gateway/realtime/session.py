@@ -35,6 +35,9 @@ from typing import Any
 import orjson
 
 from gateway.config import Config
+from gateway.core.responder import BackendError, ResponseOutput
+from gateway.core.semantic_vad import CheckTurn
+from gateway.core.vad import SpeechStarted, SpeechStopped, TurnEvent
 from gateway.realtime.conversation import BYTES_PER_MS, Conversation, Item, item_from_client
 from gateway.realtime.effects import ClearPlayout, Effect, Fault, Mark, RunSmartTurn, RunVad
 from gateway.realtime.events import (
@@ -48,14 +51,11 @@ from gateway.realtime.events import (
 )
 from gateway.realtime.listings import McpListings
 from gateway.realtime.outputs import McpError
-from gateway.realtime.responder import BackendError, ResponseOutput
 from gateway.realtime.responses import Response, Responses
-from gateway.realtime.semantic_vad import CheckTurn
 from gateway.realtime.settings import SessionSettings, TurnDetection, parse_session, session_wire
 from gateway.realtime.tools import McpPolicy, McpTool, parse_tool_choice, parse_tools
 from gateway.realtime.transcription import InputTranscription
 from gateway.realtime.turns import InputAudio
-from gateway.realtime.vad import SpeechStarted, SpeechStopped, TurnEvent
 from gateway.realtime.values import field_of, non_empty, parse_json
 
 MIN_COMMIT_MS = 100

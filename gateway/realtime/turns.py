@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from gateway.audio import InputDecoder
 from gateway.config import Config
+from gateway.core.semantic_vad import SECONDS, CheckTurn, SemanticTurnDetector, eagerness_levels
+from gateway.core.vad import TurnDetector, TurnEvent
 from gateway.realtime.conversation import BYTES_PER_MS
-from gateway.realtime.semantic_vad import SECONDS, CheckTurn, SemanticTurnDetector, eagerness_levels
 from gateway.realtime.settings import TurnDetection
-from gateway.realtime.vad import TurnDetector, TurnEvent
 
 TRIM_BYTES = 1000 * BYTES_PER_MS
 

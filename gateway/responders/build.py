@@ -12,7 +12,7 @@ import logging
 from engine.api import TTSEngine
 from engine.supervisor import EngineStartError
 from gateway.config import Config, ConfigError
-from gateway.realtime.responder import Responder, Transcriber
+from gateway.core.responder import Responder, Transcriber
 from gateway.responders.echo import EchoResponder
 from gateway.responders.engine_client import EngineClient
 from gateway.responders.pipeline import BridgeSettings, ChatModel, PipelineResponder

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from gateway.audio import SAMPLE_RATE
-from gateway.realtime.responder import AudioOut, ResponseOutput, ResponseRequest, SpeechText, TextOut
+from gateway.core.responder import AudioOut, ResponseOutput, ResponseRequest, SpeechText, TextOut
 
 
 class EchoResponder:

@@ -38,7 +38,7 @@ from engine.handles import QueuedStream
 from engine.supervisor import EngineSupervisor
 from engine.voices import VoicePrompt
 from gateway.config import ConfigError
-from gateway.realtime.responder import BackendError
+from gateway.core.responder import BackendError
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import ConfigError, LocalConfig
-from gateway.realtime.responder import BackendError, LlmUsage
+from gateway.core.responder import BackendError, LlmUsage
 from gateway.responders.fetch import fetch
 from gateway.responders.model_thread import ModelThread, current_session
 
@@ -202,7 +202,7 @@ def _load(name: str, cache_dir: str, threads: int) -> _Model:
 
 
 class LocalLlm:
-    """A ``ChatModel`` (gateway.realtime.responder) on the shared local model ([local] llm_model: SmolLM2-135M by
+    """A ``ChatModel`` (gateway.core.responder) on the shared local model ([local] llm_model: SmolLM2-135M by
     default); model work in its model thread."""
 
     def __init__(self, config: LocalConfig, default_instructions: str) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import soxr
 
 from gateway.audio import SAMPLE_RATE, bytes_to_int16, int16_to_float32
-from gateway.realtime.responder import BackendError
+from gateway.core.responder import BackendError
 from gateway.responders.fetch import fetch
 from gateway.responders.model_thread import ModelThread
 
@@ -39,7 +39,7 @@ TOKENS_PER_S = 8
 
 
 class LocalStt:
-    """A ``Transcriber`` (gateway.realtime.responder) on the shared local Whisper model: tiny.en from its wheel
+    """A ``Transcriber`` (gateway.core.responder) on the shared local Whisper model: tiny.en from its wheel
     (English only), or the model [local] stt_model names (fetched once: gateway/responders/fetch.py)."""
 
     def __init__(self, threads: int = 2, model: str = "") -> None:

@@ -24,7 +24,7 @@ from engine.api import TTSEngine, TTSError, TTSStream
 from engine.voices import VoicePrompt
 from gateway.audio import decode_wav
 from gateway.config import ConfigError, VoiceConfig
-from gateway.realtime.responder import (
+from gateway.core.responder import (
     AudioOut,
     BackendError,
     LlmUsage,

@@ -17,8 +17,8 @@ from openai import AsyncOpenAI
 
 from gateway.audio import wav_bytes
 from gateway.config import LlmConfig, SttConfig, api_key
+from gateway.core.responder import BackendError, LlmUsage, Message, ToolCallArguments, ToolCallStart
 from gateway.realtime.events import new_id
-from gateway.realtime.responder import BackendError, LlmUsage, Message, ToolCallArguments, ToolCallStart
 
 # The openai package refuses an empty API key; local servers (vLLM, llama.cpp) ignore this one.
 NO_API_KEY = "none"
@@ -143,7 +143,7 @@ class SttClient:
     async def transcribe(
         self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None
     ) -> AsyncIterator[str]:
-        """Pieces of the transcript as the server gives them (see gateway.realtime.responder.Transcriber)."""
+        """Pieces of the transcript as the server gives them (see gateway.core.responder.Transcriber)."""
         file = ("audio.wav", wav_bytes(pcm16_24k), "audio/wav")
         language = language or self.language or None
         if not self.stream:

@@ -32,7 +32,7 @@ from engine.voices import VoiceError, VoicePrompt
 from gateway.audio import SAMPLE_RATE, float32_to_int16
 from gateway.audio_codecs import AudioFileError, NoCodecs, decode_upload
 from gateway.config import VoicesConfig
-from gateway.realtime.responder import BackendError, Transcriber
+from gateway.core.responder import BackendError, Transcriber
 from gateway.runtime import consent
 from gateway.runtime.voices import CONSENT_PREFIX, VOICE_PREFIX, StoreFull, VoiceStore, default_dir, new_id, valid_id
 

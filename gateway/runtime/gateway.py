@@ -22,9 +22,9 @@ import orjson
 from prometheus_client import Counter
 
 from gateway.config import Config, ConfigError, check
+from gateway.core.responder import Responder, Transcriber
 from gateway.realtime.effects import Fault
 from gateway.realtime.events import Dialect, error_event
-from gateway.realtime.responder import Responder, Transcriber
 from gateway.realtime.session import Session
 from gateway.responders.build import build_responder, build_transcriber
 from gateway.runtime import mcp_client

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.realtime.responder import Responder, Transcriber
+from gateway.core.responder import Responder, Transcriber
 from gateway.responders.echo import EchoResponder
 from gateway.responders.pipeline import PipelineResponder
 from gateway.responders.remote import LlmClient

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from gateway.core.responder import BackendError, Message, Responder, ResponseRequest, Transcriber
 from gateway.realtime.effects import (
     CallMcp,
     ClearPlayout,
@@ -31,7 +32,6 @@ from gateway.realtime.effects import (
     StopResponse,
     Transcribe,
 )
-from gateway.realtime.responder import BackendError, Message, Responder, ResponseRequest, Transcriber
 from gateway.realtime.session import Session
 from gateway.responders.model_thread import current_session
 from gateway.runtime.mcp_client import McpClient, McpFailure

@@ -6,7 +6,7 @@
   ``silero_vad/utils_vad.py``. ``process_many`` runs several sessions' windows in one batched call,
   and ``VadBatcher`` gathers the sessions' requests into those calls.
 
-The turn detection over the probabilities is the sans-I/O core's (gateway/realtime/vad.py).
+The turn detection over the probabilities is the sans-I/O core's (gateway/core/vad.py).
 """
 
 from __future__ import annotations

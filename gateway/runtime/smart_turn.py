@@ -6,7 +6,7 @@
 - ``SmartTurnBatcher``: the sessions' requests in shared batched model calls, in a worker thread (a turn
   costs ~100 ms of CPU on a 2-core VM: never on the event loop).
 
-The sans-I/O detector that asks for the model at each pause is the core's (gateway/realtime/semantic_vad.py).
+The sans-I/O detector that asks for the model at each pause is the core's (gateway/core/semantic_vad.py).
 
 The model file is the package's own data (gateway/models/smart-turn-v3.2-cpu.onnx, the file the pipecat-ai
 1.14.0 wheel ships; BSD 2-Clause License, Copyright (c) 2024-2026, Daily: the notice is in
@@ -27,7 +27,7 @@ import soxr
 
 from gateway.audio import SAMPLE_RATE, Float32Array, bytes_to_int16, int16_to_float32
 from gateway.config import SemanticVadConfig
-from gateway.realtime.semantic_vad import SECONDS
+from gateway.core.semantic_vad import SECONDS
 from gateway.runtime.batcher import MicroBatcher
 
 MODEL_FILE = Path(__file__).resolve().parent.parent / "models" / "smart-turn-v3.2-cpu.onnx"

@@ -1,9 +1,9 @@
 """Serving the app: uvicorn on one listening socket, with TLS when configured and the WebSocket limits.
 
-uvicorn parses HTTP (httptools: 400 for malformed requests; gateway/server/protocols/http.py adds the bound on
+uvicorn parses HTTP (httptools: 400 for malformed requests; gateway/server/protocols/http_protocol.py adds the bound on
 a head's size, deadlines for heads and bodies, header bounds before a WebSocket hand-over, and a connection
 budget per client address), the websockets library's sans-I/O protocol speaks WebSocket
-(gateway/server/protocols/websocket.py adds the send deadline, the inbound bound and the handshake's). Behind a
+(gateway/server/protocols/websocket_protocol.py adds the send deadline, the inbound bound and the handshake's). Behind a
 proxy named in [server] forwarded_allow_ips, uvicorn takes the client's address from X-Forwarded-For; from
 anyone else, never. The socket is bound here, before the server starts, so that a busy port is a clear error,
 and so that the worker processes of `serve --workers N` (gateway.server.workers) accept on one socket their
@@ -29,15 +29,15 @@ from uvicorn.middleware.proxy_headers import _TrustedHosts
 
 from gateway import __version__
 from gateway.config import Config, ConfigError
-from gateway.realtime.responder import Responder
+from gateway.core.responder import Responder
 from gateway.runtime.auth import Auth
 from gateway.runtime.capacity import Capacity
 from gateway.runtime.gateway import Gateway
 from gateway.runtime.health import summary
 from gateway.server.handoff import Handoff, adopt
-from gateway.server.protocols import http as http_protocol
-from gateway.server.protocols import websocket as ws_protocol
-from gateway.server.protocols.clients import ClientBudget
+from gateway.server.protocols import http_protocol
+from gateway.server.protocols import websocket_protocol as ws_protocol
+from gateway.server.protocols.per_client import ClientBudget
 from gateway.transports.app import create_app
 from gateway.transports.guard import is_loopback
 

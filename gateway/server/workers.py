@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
     from starlette.types import ASGIApp
 
-    from gateway.realtime.responder import Responder
+    from gateway.core.responder import Responder
     from gateway.server.serve import GatewayServer
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The front door's checks on every HTTP request: Host, Origin and CORS, request targets, security headers.
 
 An ASGI middleware in front of the whole app. The WebSocket endpoint checks a browser's Origin itself
-(gateway/transports/websocket.py, with the same ``Origins``), so it stays safe when mounted in another app.
+(gateway/transports/realtime_websocket.py, with the same ``Origins``), so it stays safe when mounted in another app.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def head_problem(headers: list[tuple[bytes, bytes]], target: bytes, max_headers:
                  max_line_bytes: int) -> tuple[int, str, str] | None:
     """Why a request head is refused: (HTTP status, message, error code), or None. The one check of a head's
     bounds and its Host headers, for HTTP requests here and for WebSocket upgrades before uvicorn hands them to
-    the websockets library (gateway/server/protocols/http.py)."""
+    the websockets library (gateway/server/protocols/http_protocol.py)."""
     if len(headers) > max_headers:
         return 431, f"The request has too many headers (at most {max_headers}).", "headers_too_large"
     total = hosts = 0

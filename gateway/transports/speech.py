@@ -37,7 +37,7 @@ from engine.api import Sampling, TTSChunk, TTSEngine, TTSError, TTSStream
 from engine.voices import VoicePrompt
 from gateway.audio import SAMPLE_RATE
 from gateway.audio_codecs import MAX_SPEED, MIN_SPEED, RESPONSE_FORMATS, NoCodecs, SpeechEncoder
-from gateway.realtime.responder import BackendError
+from gateway.core.responder import BackendError
 from gateway.responders.text_bridge import TextBridge
 from gateway.runtime.custom_voices import VoiceRefused
 from gateway.runtime.gateway import Gateway

@@ -25,7 +25,7 @@ from engine.threaded import QwenTTSEngine
 from engine.voices import VoicePrompt
 from gateway.audio import decode_wav
 from gateway.config import VoiceConfig
-from gateway.realtime.responder import BackendError
+from gateway.core.responder import BackendError
 from gateway.responders.engine_client import EngineClient
 from tests.conftest import Served, audio_of, connect, load_pcm, make_config, silence
 from tests.fake_openai import FakeOpenAI

@@ -12,9 +12,9 @@ import base64
 
 import orjson
 
+from gateway.core.responder import AudioOut, SpeechText
 from gateway.realtime.effects import StartResponse, StopResponse
 from gateway.realtime.events import Dialect
-from gateway.realtime.responder import AudioOut, SpeechText
 from gateway.realtime.session import Session
 from gateway.responders.echo import EchoResponder
 from tests.conftest import StartGateway, connect, load_pcm, make_config, silence, types

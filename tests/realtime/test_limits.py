@@ -9,7 +9,7 @@ import logging
 import orjson
 import pytest
 
-from gateway.realtime.responder import AudioOut, SpeechText
+from gateway.core.responder import AudioOut, SpeechText
 from gateway.realtime.session import Session
 from gateway.realtime.values import MAX_JSON_DEPTH
 from gateway.responders.echo import EchoResponder

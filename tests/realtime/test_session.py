@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
+from gateway.core.responder import AudioOut, BackendError, SpeechText
 from gateway.realtime.effects import ClearPlayout, Play, RunVad, StartResponse, StopResponse
-from gateway.realtime.responder import AudioOut, BackendError, SpeechText
 from gateway.realtime.session import Phase, Session
 from gateway.responders.echo import EchoResponder
 from gateway.runtime.session_runner import SessionRunner

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
+from gateway.core.responder import ToolCallArguments, ToolCallStart
 from gateway.realtime.effects import CallMcp, ListMcpTools, StartResponse, StopResponse
-from gateway.realtime.responder import ToolCallArguments, ToolCallStart
 from gateway.realtime.session import Session
 from gateway.realtime.tools import McpTool
 from tests.conftest import audio_of, connect, make_config, types

@@ -27,7 +27,7 @@ import orjson
 import pytest
 
 from gateway.config import ConfigError, LocalConfig, check
-from gateway.realtime.responder import BackendError, LlmUsage, Responder, transcript_of
+from gateway.core.responder import BackendError, LlmUsage, Responder, transcript_of
 from gateway.responders.build import LOCAL_LLM, LOCAL_STT, LOCAL_TTS, build_responder, build_transcriber, installed
 from gateway.responders.local_llm import SentenceCut
 from tests.conftest import StartGateway, audio_of, connect, load_pcm, make_config, silence, types
@@ -353,7 +353,7 @@ def test_a_sessions_next_turn_reuses_its_kv_cache_and_says_the_same(local_config
 BY_NAME = """
 import asyncio, json, sys
 from gateway.config import ConfigError, LocalConfig
-from gateway.realtime.responder import transcript_of
+from gateway.core.responder import transcript_of
 from gateway.responders.local_llm import LocalLlm
 from gateway.responders.local_stt import LocalStt
 from tests.conftest import load_pcm

@@ -17,7 +17,7 @@ import pytest
 from engine.api import TTSError
 from engine.voices import VoicePrompt
 from gateway.config import ConfigError, VoiceConfig, load_config
-from gateway.realtime.responder import (
+from gateway.core.responder import (
     AudioOut,
     BackendError,
     Message,

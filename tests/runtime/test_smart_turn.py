@@ -15,10 +15,10 @@ import soxr
 from transformers import WhisperFeatureExtractor
 
 from gateway.config import ConfigError
+from gateway.core.semantic_vad import CheckTurn, Eagerness, SemanticTurnDetector
+from gateway.core.vad import SpeechStarted, SpeechStopped, TurnDetector
 from gateway.realtime.effects import RunSmartTurn
-from gateway.realtime.semantic_vad import CheckTurn, Eagerness, SemanticTurnDetector
 from gateway.realtime.session import Session
-from gateway.realtime.vad import SpeechStarted, SpeechStopped, TurnDetector
 from gateway.runtime.smart_turn import (
     MODEL_SHA256,
     N_SAMPLES,

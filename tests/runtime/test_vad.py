@@ -13,7 +13,7 @@ import pytest
 import soxr
 
 from gateway.audio import InputDecoder, OutputEncoder
-from gateway.realtime.vad import SpeechStarted, SpeechStopped, TurnDetector
+from gateway.core.vad import SpeechStarted, SpeechStopped, TurnDetector
 from gateway.runtime.silero import (
     MODEL_SHA256,
     WINDOW,

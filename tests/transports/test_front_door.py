@@ -31,7 +31,7 @@ from gateway.runtime.auth import Auth, AuthError
 from gateway.runtime.gateway import Gateway
 from gateway.server.certs import make_certificate
 from gateway.server.serve import GatewayServer, listen
-from gateway.transports.websocket import realtime_route
+from gateway.transports.realtime_websocket import realtime_route
 from tests.conftest import BETA_EVENTS, GA_EVENTS, Client, make_config
 
 KEY = "sk-test-" + "k" * 24

@@ -1,5 +1,5 @@
 """aiortc audio shared by both ends of a call: the gateway's (gateway.transports.webrtc.calls) and the
-client's (gateway.clients.webrtc).
+client's (gateway.clients.webrtc_connection).
 
 A paced outbound track (20 ms frames at real time, stereo so Opus keeps the level), the inbound side (a
 remote track's frames to pcm16 24 kHz mono, holes in its timeline filled), and the receiver's jitter buffer.

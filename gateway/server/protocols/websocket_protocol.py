@@ -44,7 +44,7 @@ from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
 
-from gateway.server.protocols.clients import Slot
+from gateway.server.protocols.per_client import Slot
 from gateway.server.protocols.refusal import raw_response
 
 log = logging.getLogger(__name__)

@@ -13,13 +13,13 @@ and every open connection counts against ``limit_concurrency`` (past it, 503s fo
   after its previous response, on a kept-alive connection), a body ``request_body_timeout_s`` after its
   head, and neither may pause longer than ``request_idle_timeout_s`` between two reads. A connection past a
   deadline is closed (an app reading the body sees the client gone). A WebSocket handshake must be answered
-  by its head's deadline (gateway/server/protocols/websocket.py).
+  by its head's deadline (gateway/server/protocols/websocket_protocol.py).
 - Header bounds on the WebSocket path. uvicorn hands an upgrade's head to the websockets library's parser,
   which fails a head of more than 128 headers or with a line over 8 KiB silently: the connection then
   stayed open and unanswered for good. Such a head (over ``max_request_headers`` or
   ``max_header_line_bytes``, or a target over the front door's limit) is answered 431 (414) here, before
   the hand-over. Plain HTTP requests get the same bounds from the front door.
-- A budget per client address (gateway/server/protocols/clients.py): a connection from an address that holds
+- A budget per client address (gateway/server/protocols/per_client.py): a connection from an address that holds
   its share already is answered 429 and closed at once, before anything of it is read.
 
 Why httptools rather than h11: in a burst of requests, each gateway process parses its share one after
@@ -41,9 +41,9 @@ from typing import Any
 from prometheus_client import Counter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.server.protocols.clients import ClientBudget, Slot
+from gateway.server.protocols.per_client import ClientBudget, Slot
 from gateway.server.protocols.refusal import raw_response
-from gateway.server.protocols.websocket import LimitedWebSocketProtocol
+from gateway.server.protocols.websocket_protocol import LimitedWebSocketProtocol
 from gateway.transports.guard import MAX_HEADER_BYTES, head_problem
 
 log = logging.getLogger(__name__)

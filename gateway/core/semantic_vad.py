@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from gateway.audio import Float32Array
 from gateway.config import SemanticVadConfig
-from gateway.realtime.vad import SpeechStarted, SpeechStopped, TurnDetector, TurnEvent
+from gateway.core.vad import SpeechStarted, SpeechStopped, TurnDetector, TurnEvent
 
 SECONDS = 8  # the model sees the last 8 s of a turn, zero-padded in front when shorter
 
