@@ -8,15 +8,12 @@ closed, a TTS stream is cancelled). Anything it yields after cancellation is dro
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    import asyncio
+from typing import Any, Protocol
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class ToolCall:
     """A tool call the assistant made, with its result (a function's output, an MCP call's output or error)."""
 
@@ -26,7 +23,7 @@ class ToolCall:
     output: str
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Message:
     """One conversation item as a responder sees it (an assistant message may hold the tool calls after it)."""
 
@@ -37,7 +34,7 @@ class Message:
     tool_calls: list[ToolCall] = field(default_factory=list)  # assistant only: calls that have a result
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class ResponseRequest:
     response_id: str
     item_id: str  # the assistant item being produced
@@ -49,33 +46,30 @@ class ResponseRequest:
     temperature: float | None = None  # None: the backend's configured temperature
     tools: list[dict[str, Any]] = field(default_factory=list)  # chat-completions tools (gateway/realtime/tools.py)
     tool_choice: str | dict[str, Any] | None = None  # chat-completions tool_choice; None with no tools
-    # Transcriptions of user audio items, started when each item was committed (the runner's): the
-    # responder awaits those of messages that have no text yet. A failed one raises its BackendError.
-    transcripts: dict[str, asyncio.Future[str]] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class AudioOut:
     """pcm16 mono 24 kHz of the response's speech."""
 
     pcm: bytes
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class SpeechText:
     """Text of the assistant's speech, spoken by the audio that follows it (until the next SpeechText)."""
 
     text: str
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class TextOut:
     """Text of a text-only response (output modality "text")."""
 
     text: str
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class ToolCallStart:
     """The LLM began tool call ``index`` of this reply (parallel calls have their own indices)."""
 
@@ -84,7 +78,7 @@ class ToolCallStart:
     name: str
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class ToolCallArguments:
     """A piece of the JSON arguments of tool call ``index``, as the LLM streamed it."""
 
@@ -92,7 +86,7 @@ class ToolCallArguments:
     delta: str
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class LlmUsage:
     """The LLM's token counts for one chat completion (sent when its server reports them)."""
 
@@ -101,7 +95,7 @@ class LlmUsage:
     cached_tokens: int | None = None
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class TraceMark:
     """A latency checkpoint (stt_done, llm_first_token, tts_first_audio) reached by the responder."""
 
@@ -134,11 +128,16 @@ async def transcript_of(transcriber: Transcriber, pcm16_24k: bytes, language: st
     return "".join([piece async for piece in transcriber.transcribe(pcm16_24k, language, prompt)]).strip()
 
 
+# Transcriptions of user audio items by item id, each started when its item was committed (the runner's): a
+# responder awaits those of the messages that have no text yet. A failed one raises its BackendError.
+Transcripts = Mapping[str, Awaitable[str]]
+
+
 class Responder(Protocol):
-    # Whether respond() reads the transcripts of user audio (ResponseRequest.transcripts): the runner
-    # then transcribes every committed user audio item, not only for sessions that ask for it.
+    # Whether respond() reads the transcripts of user audio (its ``transcripts``): the runner then transcribes
+    # every committed user audio item, not only for sessions that ask for it.
     reads_transcripts: bool
     # The voices it speaks with, lower case (None: any name will do).
     voices: frozenset[str] | None
 
-    def respond(self, request: ResponseRequest) -> AsyncIterator[ResponseOutput]: ...
+    def respond(self, request: ResponseRequest, transcripts: Transcripts) -> AsyncIterator[ResponseOutput]: ...

@@ -28,7 +28,9 @@ from gateway.realtime.values import non_empty
 
 BYTES_PER_MS = 48  # pcm16 mono at 24 kHz, the session's internal format
 
-EventMaker = Callable[..., dict[str, Any]]
+# Makes a server event of a type and its fields: the effects that send it (none where the client's dialect has no
+# such event).
+EventMaker = Callable[..., list[Effect]]
 
 
 @dataclass
@@ -140,21 +142,21 @@ class Conversation:
         self.text_bytes += item.text_bytes
         previous = self._order[index - 1] if index > 0 else None
         kinds = ["conversation.item.added", "conversation.item.done"] if done else ["conversation.item.added"]
-        return [self._event(kind, item=snapshot(item.data), previous_item_id=previous) for kind in kinds]
+        return [e for kind in kinds for e in self._event(kind, item=snapshot(item.data), previous_item_id=previous)]
 
     def done(self, item: Item) -> list[Effect]:
         """conversation.item.done for an item produced in place (a response's), if it is still here."""
         if item.id not in self._items:
             return []
         previous = self.previous(item.id)
-        return [self._event("conversation.item.done", item=snapshot(item.data), previous_item_id=previous)]
+        return self._event("conversation.item.done", item=snapshot(item.data), previous_item_id=previous)
 
     def delete(self, item_id: str) -> list[Effect]:
         item = self._items.pop(item_id)
         self._order.remove(item_id)
         self.audio_bytes -= len(item.audio)
         self.text_bytes -= item.text_bytes
-        return [self._event("conversation.item.deleted", item_id=item_id)]
+        return self._event("conversation.item.deleted", item_id=item_id)
 
     # --- what it holds ------------------------------------------------------------------------------
 
@@ -211,7 +213,7 @@ class Conversation:
         for part in data.get("content", []):
             if part["type"] in ("input_audio", "output_audio"):
                 part["audio"] = base64.b64encode(item.audio).decode()
-        return [self._event("conversation.item.retrieved", item=data)]
+        return self._event("conversation.item.retrieved", item=data)
 
     def truncate(self, item: Item, content_index: int, end_ms: int) -> list[Effect]:
         """Keep what was heard: the first ``end_ms`` of the audio and the words it speaks."""
@@ -224,8 +226,8 @@ class Conversation:
         item.marks = [m for m in item.marks if m[0] < cut]
         item.truncated = True
         self.recount(item)
-        return [self._event("conversation.item.truncated", item_id=item.id, content_index=content_index,
-                            audio_end_ms=end_ms)]
+        return self._event("conversation.item.truncated", item_id=item.id, content_index=content_index,
+                            audio_end_ms=end_ms)
 
     def set_transcript(self, item: Item, text: str) -> list[Effect]:
         for part in item.data.get("content", []):

@@ -1,8 +1,8 @@
-"""What a session asks its runner to do: the effects it returns beside the server events.
+"""What a session asks its runner to do: every call of a session returns a list of these effects, in order.
 
-A session (gateway/realtime/session.py) returns a list of server events (dicts, sent as they are) and these
-effects, in order; the runner (gateway/runtime/session_runner.py) carries each out and feeds the results back through
-the session's methods named below.
+A session (gateway/realtime/session.py) returns them; the runner (gateway/runtime/session_runner.py) carries each
+out in turn (sending a server event is one: ``SendEvent``) and feeds the results back through the session's
+methods named below. They are values: nothing changes them once made.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from gateway.core.responder import ResponseRequest
 from gateway.realtime.tools import McpServer
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
+class SendEvent:
+    """Send this server event to the client (already in the client's dialect)."""
+
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class RunVad:
     """Compute VAD probabilities for this pcm16 24 kHz audio and pass them to ``vad_result``, in order.
 
@@ -24,7 +31,7 @@ class RunVad:
     pcm: bytes
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class RunSmartTurn:
     """semantic_vad: ask the Smart Turn model whether this turn's audio (pcm16 24 kHz, up to the pause) is
     finished speaking, and pass P(complete) to ``smart_turn_result`` with ``seq`` (None if the model failed).
@@ -34,12 +41,12 @@ class RunSmartTurn:
     pcm: bytes
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class StartResponse:
     request: ResponseRequest
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class StopResponse:
     """Stop the response's producer (close its LLM stream, cancel its TTS, drop its queued audio) and its
     MCP calls."""
@@ -47,7 +54,7 @@ class StopResponse:
     response_id: str
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Play:
     """Server-side playout (WebRTC): queue this response audio on the outbound track."""
 
@@ -56,19 +63,19 @@ class Play:
     pcm: bytes
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class PlayoutEnd:
     """Server-side playout: this response sends no more audio; once its queue has played, it has stopped."""
 
     response_id: str
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class ClearPlayout:
     """Server-side playout: drop queued audio at once, then call ``playout_cleared`` with what was heard."""
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Transcribe:
     """Transcribe this user audio item: pass the text to ``input_transcript_delta`` as it comes, then
     the whole of it (or why it failed) to ``input_transcribed``."""
@@ -79,7 +86,7 @@ class Transcribe:
     prompt: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class PrepareTranscript:
     """Transcribe this audio quietly, ahead of its Transcribe (a VAD turn in its closing pause): a later
     Transcribe of the same bytes takes the result. Each one replaces the previous; ``pcm`` None only
@@ -90,7 +97,7 @@ class PrepareTranscript:
     prompt: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class ListMcpTools:
     """List this MCP server's tools and pass them (or why listing failed) to ``mcp_tools_listed``."""
 
@@ -98,7 +105,7 @@ class ListMcpTools:
     server: McpServer
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class CallMcp:
     """Call this tool on this MCP server and pass its output (or error) to ``mcp_call_finished``."""
 
@@ -109,7 +116,7 @@ class CallMcp:
     arguments: str
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Mark:
     """A latency checkpoint of the current turn (for the trace)."""
 
@@ -117,7 +124,7 @@ class Mark:
     response_id: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Fault:
     """Handling a client event failed unexpectedly (a bug): the client got a server_error and the session goes
     on; the runner logs it, in full the first time (``count``: the session's faults so far)."""
@@ -126,5 +133,5 @@ class Fault:
     count: int
 
 
-Effect = (dict[str, Any] | RunVad | RunSmartTurn | StartResponse | StopResponse | Play | PlayoutEnd | ClearPlayout
+Effect = (SendEvent | RunVad | RunSmartTurn | StartResponse | StopResponse | Play | PlayoutEnd | ClearPlayout
           | Mark | Transcribe | PrepareTranscript | ListMcpTools | CallMcp | Fault)

@@ -43,7 +43,7 @@ class McpListings:
                          "tools": []})
             self._by_label[server.server_label] = Listing(server, item)
             effects += self._conversation.insert(item, done=False)
-            effects.append(self._event("mcp_list_tools.in_progress", item_id=item.id))
+            effects.extend(self._event("mcp_list_tools.in_progress", item_id=item.id))
             effects.append(ListMcpTools(item.id, server))
         return effects
 
@@ -66,8 +66,8 @@ class McpListings:
             # mcp_list_tools.failed carries no reason: an error event says it.
             message = f"Listing the tools of MCP server '{listing.server.server_label}' failed: {error}"
             error_body = error_event("mcp_list_tools_failed", message, error_type="server_error")["error"]
-            return [*self._conversation.done(listing.item), self._event("mcp_list_tools.failed", item_id=item_id),
-                    self._event("error", error=error_body)]
+            return [*self._conversation.done(listing.item), *self._event("mcp_list_tools.failed", item_id=item_id),
+                    *self._event("error", error=error_body)]
         listing.tools = tools
         listing.item.data["tools"] = [t.wire() for t in tools]
-        return [*self._conversation.done(listing.item), self._event("mcp_list_tools.completed", item_id=item_id)]
+        return [*self._conversation.done(listing.item), *self._event("mcp_list_tools.completed", item_id=item_id)]

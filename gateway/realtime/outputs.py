@@ -42,12 +42,12 @@ class Output:
     def id(self) -> str:
         return self.item.id
 
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def _event(self, kind: str, **fields: Any) -> list[Effect]:
         return self.scope.event(kind, response_id=self.scope.response_id, item_id=self.id, output_index=self.index,
                               **fields)
 
     def _added(self, item: dict[str, Any]) -> list[Effect]:
-        effects: list[Effect] = [self.scope.event("response.output_item.added", response_id=self.scope.response_id,
+        effects: list[Effect] = [*self.scope.event("response.output_item.added", response_id=self.scope.response_id,
                                                 output_index=self.index, item=item)]
         if self.scope.in_conversation:
             conversation = self.scope.conversation
@@ -56,7 +56,7 @@ class Output:
 
     def _done(self) -> list[Effect]:
         self.closed = True
-        effects: list[Effect] = [self.scope.event("response.output_item.done", response_id=self.scope.response_id,
+        effects: list[Effect] = [*self.scope.event("response.output_item.done", response_id=self.scope.response_id,
                                                 output_index=self.index, item=snapshot(self.item.data))]
         if self.scope.in_conversation:
             conversation = self.scope.conversation
@@ -77,20 +77,20 @@ class MessageOut(Output):
 
     def open(self) -> list[Effect]:
         effects = self._added({**snapshot(self.item.data), "content": []})
-        return effects + [self._event("response.content_part.added", content_index=0, part=self._part(""))]
+        return effects + self._event("response.content_part.added", content_index=0, part=self._part(""))
 
     def text(self, text: str) -> list[Effect]:
         if self.audio and not self.item.truncated:
             self.item.marks.append((len(self.item.audio), sum(map(len, self.transcript))))
         self.transcript.append(text)
         kind = "response.output_audio_transcript.delta" if self.audio else "response.output_text.delta"
-        return [self._event(kind, content_index=0, delta=text)]
+        return self._event(kind, content_index=0, delta=text)
 
     def audio_delta(self, pcm: bytes) -> list[Effect]:
         encoded = self.encoder.encode(pcm)
         if not encoded:  # a G.711 resampler may hold all of a short chunk back
             return []
-        return [self._event("response.output_audio.delta", content_index=0, delta=base64.b64encode(encoded).decode())]
+        return self._event("response.output_audio.delta", content_index=0, delta=base64.b64encode(encoded).decode())
 
     def close(self, completed: bool, flush: bool) -> list[Effect]:
         """``flush``: send the encoder's held-back tail (a completed message heard by the client itself)."""
@@ -103,14 +103,14 @@ class MessageOut(Output):
         effects: list[Effect] = []
         tail = self.encoder.flush() if flush else b""
         if tail:
-            effects.append(self._event("response.output_audio.delta", content_index=0,
+            effects.extend(self._event("response.output_audio.delta", content_index=0,
                                        delta=base64.b64encode(tail).decode()))
         if self.audio:
-            effects.append(self._event("response.output_audio.done", content_index=0))
-            effects.append(self._event("response.output_audio_transcript.done", content_index=0, transcript=text))
+            effects.extend(self._event("response.output_audio.done", content_index=0))
+            effects.extend(self._event("response.output_audio_transcript.done", content_index=0, transcript=text))
         else:
-            effects.append(self._event("response.output_text.done", content_index=0, text=text))
-        effects.append(self._event("response.content_part.done", content_index=0, part=self._part(text)))
+            effects.extend(self._event("response.output_text.done", content_index=0, text=text))
+        effects.extend(self._event("response.content_part.done", content_index=0, part=self._part(text)))
         return effects + self._done()
 
     def sync_transcript(self) -> None:
@@ -137,13 +137,13 @@ class FunctionCallOut(Output):
 
     def arguments(self, delta: str) -> list[Effect]:
         self.item.data["arguments"] += delta
-        return [self._event("response.function_call_arguments.delta", call_id=self.item.data["call_id"],
-                            delta=delta)]
+        return self._event("response.function_call_arguments.delta", call_id=self.item.data["call_id"],
+                            delta=delta)
 
     def close(self, completed: bool) -> list[Effect]:
         data = self.item.data
         data["status"] = "completed" if completed else "incomplete"
-        return [self._event("response.function_call_arguments.done", call_id=data["call_id"], name=data["name"],
+        return [*self._event("response.function_call_arguments.done", call_id=data["call_id"], name=data["name"],
                             arguments=data["arguments"]), *self._done()]
 
 
@@ -181,22 +181,22 @@ class McpCallOut(Output):
     def arguments(self, delta: str) -> list[Effect]:
         self.item.data["arguments"] += delta
         # obfuscation (OpenAI's padding of streamed deltas) is required by the JS Agents SDK: none here.
-        return [self._event("response.mcp_call_arguments.delta", delta=delta, obfuscation="")]
+        return self._event("response.mcp_call_arguments.delta", delta=delta, obfuscation="")
 
     def start(self, streamed: bool) -> list[Effect]:
         """The arguments are complete (``streamed``: they came as deltas): the call runs."""
         self.running = True
         effects: list[Effect] = []
         if streamed:
-            effects.append(self._event("response.mcp_call_arguments.done", arguments=self.item.data["arguments"]))
-        return effects + [self.scope.event("response.mcp_call.in_progress", item_id=self.id, output_index=self.index)]
+            effects.extend(self._event("response.mcp_call_arguments.done", arguments=self.item.data["arguments"]))
+        return effects + self.scope.event("response.mcp_call.in_progress", item_id=self.id, output_index=self.index)
 
     def finish(self, output: str | None, error: McpError | None) -> list[Effect]:
         self.running = False
         self.item.data["output"] = output
         self.item.data["error"] = error.wire() if error is not None else None
         kind = "response.mcp_call.failed" if error is not None else "response.mcp_call.completed"
-        return [self.scope.event(kind, item_id=self.id, output_index=self.index), *self._done()]
+        return [*self.scope.event(kind, item_id=self.id, output_index=self.index), *self._done()]
 
 
 class McpApprovalOut(Output):

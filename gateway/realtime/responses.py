@@ -221,8 +221,8 @@ class Responses:
             self.out_of_band[rid] = resp
         effects: list[Effect] = [
             Mark("response_created", resp.id),
-            self._event("response.created", response=self._wire(resp, "in_progress")),
-            self._event("rate_limits.updated", rate_limits=[]),
+            *self._event("response.created", response=self._wire(resp, "in_progress")),
+            *self._event("rate_limits.updated", rate_limits=[]),
         ]
         effects += self._listings.refresh(tools)
         resp.listings = self._listings.pending(tools)
@@ -438,7 +438,7 @@ class Responses:
         details: dict[str, Any] | None = None
         if status != "completed":
             details = {"type": status, "reason": reason, "error": error}
-        effects.append(self._event("response.done", response=self._wire(resp, status, details)))
+        effects.extend(self._event("response.done", response=self._wire(resp, status, details)))
         effects.append(Mark("response_done", resp.id))
         return effects + self._on_finish(resp)
 

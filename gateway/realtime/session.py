@@ -39,7 +39,7 @@ from gateway.core.responder import BackendError, ResponseOutput
 from gateway.core.semantic_vad import CheckTurn
 from gateway.core.vad import SpeechStarted, SpeechStopped, TurnEvent
 from gateway.realtime.conversation import BYTES_PER_MS, Conversation, Item, item_from_client
-from gateway.realtime.effects import ClearPlayout, Effect, Fault, Mark, RunSmartTurn, RunVad
+from gateway.realtime.effects import ClearPlayout, Effect, Fault, Mark, RunSmartTurn, RunVad, SendEvent
 from gateway.realtime.events import (
     BETA_TRANSCRIPTION_SESSION_EVENTS,
     CLIENT_EVENTS,
@@ -134,11 +134,11 @@ class Session:
         """The events a new connection starts with."""
         events: list[Effect] = [self._session_event("session.created")]
         if self.dialect is Dialect.BETA and self.responds:
-            events.append({
+            events.append(SendEvent({
                 "type": "conversation.created",
                 "event_id": new_id("event"),
                 "conversation": {"id": self.conversation.id, "object": "realtime.conversation"},
-            })
+            }))
         return events
 
     def handle(self, text: str | bytes) -> list[Effect]:
@@ -157,12 +157,12 @@ class Session:
             handler = getattr(self, "_on_" + kind.replace(".", "_"))
             return handler(event)
         except ProtocolError as exc:
-            return [self._wire(error_event(exc.code, exc.message, exc.param, event_id))]
+            return self._wire(error_event(exc.code, exc.message, exc.param, event_id))
         except Exception as exc:  # a bug must cost the client this event, never the session
             self._failures += 1
             message = f"The server failed to handle this event ({type(exc).__name__}); the session goes on."
             return [Fault(exc, self._failures),
-                    self._wire(error_event("server_error", message, None, event_id, "server_error"))]
+                    *self._wire(error_event("server_error", message, None, event_id, "server_error"))]
 
     def _on_session_update(self, event: dict[str, Any]) -> list[Effect]:
         return self._update(event, transcription_update=False)
@@ -220,7 +220,7 @@ class Session:
         if dropped is not None:
             start, end = dropped
             limit = self.config.session.max_buffer_seconds
-            effects.append(self._wire(error_event(
+            effects.extend(self._wire(error_event(
                 "input_audio_buffer_overflow",
                 f"The input audio buffer holds at most {limit:g} s ([session] max_buffer_seconds): "
                 f"{end - start:.0f} ms of uncommitted audio were dropped from its start (input audio "
@@ -246,7 +246,7 @@ class Session:
     def _on_input_audio_buffer_clear(self, event: dict[str, Any]) -> list[Effect]:
         self.input.clear()
         self._interrupted = False
-        return [self._event("input_audio_buffer.cleared")]
+        return self._event("input_audio_buffer.cleared")
 
     def _on_conversation_item_create(self, event: dict[str, Any]) -> list[Effect]:
         item = item_from_client(event.get("item"), self.settings.input_format, self.config.session.max_append_bytes)
@@ -352,7 +352,7 @@ class Session:
         """The playout dropped its queue; ``heard_ms`` of ``item_id`` had been played."""
         item = self.conversation.get(item_id)
         effects: list[Effect] = [
-            self._event("output_audio_buffer.cleared", response_id=(item.response_id if item else None) or "")
+            *self._event("output_audio_buffer.cleared", response_id=(item.response_id if item else None) or "")
         ]
         if item is not None:
             # Also when everything made so far was heard: the transcript may run ahead of the audio.
@@ -361,7 +361,7 @@ class Session:
 
     def playout_event(self, kind: str, response_id: str) -> list[Effect]:
         """output_audio_buffer.started / .stopped, as the playout reaches them."""
-        return [self._event(kind, response_id=response_id)]
+        return self._event(kind, response_id=response_id)
 
     # --- turns ------------------------------------------------------------------------------------
 
@@ -406,7 +406,7 @@ class Session:
         item_id = new_id("item")
         self.input.speech = (item_id, start)
         effects: list[Effect] = [
-            self._event("input_audio_buffer.speech_started", audio_start_ms=round(start), item_id=item_id)
+            *self._event("input_audio_buffer.speech_started", audio_start_ms=round(start), item_id=item_id)
         ]
         if self.server_playout and td.interrupt_response:
             # The reply may still be playing after its response.done: stop it where the user cut in.
@@ -425,7 +425,7 @@ class Session:
         self._interrupted = False
         effects: list[Effect] = [
             Mark("speech_stopped"),
-            self._event("input_audio_buffer.speech_stopped", audio_end_ms=round(end_ms), item_id=item_id),
+            *self._event("input_audio_buffer.speech_stopped", audio_end_ms=round(end_ms), item_id=item_id),
         ]
         effects += self._commit(item_id, start, end_ms)
         if td.create_response and self.responds:
@@ -439,7 +439,7 @@ class Session:
         item_id = new_id("item")
         start = max(self.input.idle_since_ms, self.input.start_ms)
         self.input.idle_since_ms = end
-        effects: list[Effect] = [self._event(
+        effects: list[Effect] = [*self._event(
             "input_audio_buffer.timeout_triggered", audio_start_ms=round(start), audio_end_ms=round(end),
             item_id=item_id,
         )]
@@ -453,7 +453,7 @@ class Session:
         }, bytearray(self.input.take(start_ms, end_ms)))
         effects: list[Effect] = [
             Mark("committed"),
-            self._event("input_audio_buffer.committed", item_id=item_id, previous_item_id=self.conversation.last_id),
+            *self._event("input_audio_buffer.committed", item_id=item_id, previous_item_id=self.conversation.last_id),
         ]
         effects += self.conversation.insert(item) + self.conversation.make_room(keep=item)
         return effects + self.transcription.start(item, self.settings)
@@ -486,7 +486,7 @@ class Session:
             code, message = f"{error.backend}_backend_error", str(error)
         else:
             code, message = "server_error", f"The response failed: {type(error).__name__}: {error}"
-        return [self._wire(error_event(code, message, error_type="server_error"))] + self._finish_response(
+        return self._wire(error_event(code, message, error_type="server_error")) + self._finish_response(
             resp, "failed", error={"type": "server_error", "code": code, "message": message}
         )
 
@@ -528,17 +528,19 @@ class Session:
 
     # --- event building ---------------------------------------------------------------------------
 
-    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def _event(self, kind: str, **fields: Any) -> list[Effect]:
         return self._wire({"type": kind, "event_id": new_id("event"), **fields})
 
-    def _wire(self, event: dict[str, Any]) -> dict[str, Any]:
-        # Events a dialect lacks become {} and are skipped by the runner.
-        return to_wire(event, self.dialect) or {}
+    def _wire(self, event: dict[str, Any]) -> list[Effect]:
+        """The effect that sends this (GA-shaped) event in the client's dialect; none if the dialect lacks it."""
+        wire = to_wire(event, self.dialect)
+        return [] if wire is None else [SendEvent(wire)]
 
-    def _session_event(self, kind: str) -> dict[str, Any]:
+    def _session_event(self, kind: str) -> SendEvent:
         if self.dialect is Dialect.BETA and not self.responds:
             kind = BETA_TRANSCRIPTION_SESSION_EVENTS[kind]
-        return {"type": kind, "event_id": new_id("event"), "session": session_wire(self.settings, self.dialect)}
+        session = session_wire(self.settings, self.dialect)
+        return SendEvent({"type": kind, "event_id": new_id("event"), "session": session})
 
     def _settings_size(self, settings: SessionSettings) -> int:
         """What the session's configuration takes of its text budget: its JSON as a realtime session

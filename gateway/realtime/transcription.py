@@ -74,20 +74,19 @@ class InputTranscription:
         item = self._conversation.get(item_id)
         if item is None or not text:
             return []  # deleted meanwhile
-        return [self._event("conversation.item.input_audio_transcription.delta", item_id=item_id,
-                            content_index=_audio_part(item), delta=text)]
+        return self._event("conversation.item.input_audio_transcription.delta", item_id=item_id,
+                            content_index=_audio_part(item), delta=text)
 
     def completed(self, item_id: str, text: str) -> list[Effect]:
         item = self._conversation.get(item_id)
         if item is None:
             return []
         # Usage as a duration: the audio transcribed (what whisper-1 reports), whatever the STT server counts.
-        event = self._event(
+        return [*self._event(
             "conversation.item.input_audio_transcription.completed", item_id=item_id,
             content_index=_audio_part(item), transcript=text,
             usage={"type": "duration", "seconds": round(len(item.audio) / (1000 * BYTES_PER_MS), 3)},
-        )
-        return [event, *self._conversation.set_transcript(item, text)]
+        ), *self._conversation.set_transcript(item, text)]
 
     def failed(self, item_id: str, message: str) -> list[Effect]:
         item = self._conversation.get(item_id)
@@ -95,9 +94,9 @@ class InputTranscription:
 
     def _failed(self, item: Item, code: str, message: str) -> list[Effect]:
         # No param: the JS Agents SDK's schema takes a string or nothing there, never null.
-        return [self._event("conversation.item.input_audio_transcription.failed", item_id=item.id,
+        return self._event("conversation.item.input_audio_transcription.failed", item_id=item.id,
                             content_index=_audio_part(item),
-                            error={"type": "transcription_error", "code": code, "message": message})]
+                            error={"type": "transcription_error", "code": code, "message": message})
 
     def _unavailable(self) -> str:
         stt = self._config.stt

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from gateway.audio import SAMPLE_RATE
-from gateway.core.responder import AudioOut, ResponseOutput, ResponseRequest, SpeechText, TextOut
+from gateway.core.responder import AudioOut, ResponseOutput, ResponseRequest, SpeechText, TextOut, Transcripts
 
 
 class EchoResponder:
@@ -22,7 +22,7 @@ class EchoResponder:
         self.pace = pace
         self.chunk_bytes = SAMPLE_RATE * 2 * chunk_ms // 1000
 
-    async def respond(self, request: ResponseRequest) -> AsyncIterator[ResponseOutput]:
+    async def respond(self, request: ResponseRequest, transcripts: Transcripts) -> AsyncIterator[ResponseOutput]:
         audio = next((m.audio for m in reversed(request.messages) if m.role == "user" and m.audio), None)
         if audio is None:
             text = next((m.text for m in reversed(request.messages) if m.role == "user" and m.text), "")

@@ -35,6 +35,7 @@ from gateway.core.responder import (
     ToolCallArguments,
     ToolCallStart,
     TraceMark,
+    Transcripts,
 )
 from gateway.responders.remote import chat_messages
 from gateway.responders.text_bridge import TextBridge
@@ -150,7 +151,7 @@ class PipelineResponder:
         names = self.tts_engine.voices
         return None if names is None else names | frozenset(self.prepared)
 
-    async def respond(self, request: ResponseRequest) -> AsyncIterator[ResponseOutput]:
+    async def respond(self, request: ResponseRequest, transcripts: Transcripts) -> AsyncIterator[ResponseOutput]:
         messages = list(request.messages)
         if not self.audio_in:
             # The turn being answered: the last user item, when it is audio.
@@ -160,7 +161,7 @@ class PipelineResponder:
                     continue
                 # Still transcribing (a turn that was cut short keeps its place in the conversation), or
                 # failed: an earlier turn is then left out, this turn fails the response.
-                transcript = request.transcripts.get(item.item_id)
+                transcript = transcripts.get(item.item_id)
                 try:
                     if transcript is None:
                         raise BackendError("stt", "the turn was not transcribed: no STT ([stt] base_url is empty "

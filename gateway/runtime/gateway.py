@@ -23,7 +23,7 @@ from prometheus_client import Counter
 
 from gateway.config import Config, ConfigError, check
 from gateway.core.responder import Responder, Transcriber
-from gateway.realtime.effects import Fault
+from gateway.realtime.effects import Fault, SendEvent
 from gateway.realtime.events import Dialect, error_event
 from gateway.realtime.session import Session
 from gateway.responders.build import build_responder, build_transcriber
@@ -335,7 +335,8 @@ def configure(session: Session, config: dict[str, Any], kind: str = "realtime") 
     if kind == "transcription" and session.dialect is Dialect.BETA:
         event = "transcription_session.update"
     for effect in session.handle(orjson.dumps({"type": event, "session": config})):
-        if isinstance(effect, Fault):
-            log_fault(session.settings.id, effect)
-        elif isinstance(effect, dict) and effect.get("type") == "error":
-            raise SessionRefused(str(effect["error"]["message"]))
+        match effect:
+            case Fault():
+                log_fault(session.settings.id, effect)
+            case SendEvent({"type": "error", "error": error}):
+                raise SessionRefused(str(error["message"]))

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from gateway.core.responder import BackendError, Message, Responder, ResponseRequest, Transcriber
+from gateway.core.responder import BackendError, Message, Responder, ResponseRequest, Transcriber, Transcripts
 from gateway.realtime.effects import (
     CallMcp,
     ClearPlayout,
@@ -28,6 +28,7 @@ from gateway.realtime.effects import (
     PrepareTranscript,
     RunSmartTurn,
     RunVad,
+    SendEvent,
     StartResponse,
     StopResponse,
     Transcribe,
@@ -135,7 +136,7 @@ class SessionRunner:
 
     async def send_event(self, event: dict[str, Any]) -> None:
         """A server event from outside the session (a draining gateway's notice), in order with its others."""
-        await self._apply([event])
+        await self._apply([SendEvent(event)])
 
     async def feed_audio(self, pcm: bytes) -> None:
         """Input audio from a media track (pcm16 24 kHz), the same path as input_audio_buffer.append."""
@@ -163,75 +164,95 @@ class SessionRunner:
 
     async def _apply(self, effects: Iterable[Effect]) -> None:
         for effect in effects:
-            if isinstance(effect, dict):
-                if effect.get("type") == "response.done":
-                    self._done[effect["response"]["id"]] = effect["response"]
-                if effect and not self._closed:
-                    self.trace.sent(effect)
-                    await self._send(orjson.dumps(effect).decode())
-            elif isinstance(effect, RunVad):
-                self._vad_backlog += effect.pcm
-                if self._vad_task is None:
-                    if self._vad_batcher is None or self.vad.windows_pending(len(self._vad_backlog)) == 0:
-                        # No model call to wait for (the audio completes no window): buffer it now.
-                        await self._apply(self.session.vad_result(self.vad.process(self._take_vad_backlog())))
-                    else:
-                        self._vad_task = asyncio.create_task(self._run_vad())
-            elif isinstance(effect, RunSmartTurn):
-                task = asyncio.create_task(self._check_turn(effect))
-                self._checks.add(task)
-                task.add_done_callback(self._checks.discard)
-            elif isinstance(effect, StartResponse):
-                request = effect.request
-                self._answers[request.response_id] = next((m for m in reversed(request.messages) if m.role == "user"),
-                                                          None)
-                request.transcripts = {m.item_id: self._transcripts[m.item_id] for m in request.messages
-                                       if m.role == "user" and not m.text and m.item_id in self._transcripts}
-                task = asyncio.create_task(self._respond(request), context=self._context)
-                self._responses[request.response_id] = task
-                task.add_done_callback(lambda _, rid=request.response_id: self._responses.pop(rid, None))
-            elif isinstance(effect, StopResponse):
-                self.trace.cancelled(effect.response_id)
-                # A response that failed stops itself: its own task is the one sending its last events.
-                task = self._responses.get(effect.response_id)
-                if task is not None and task is not asyncio.current_task():
-                    task.cancel()
-                for task, response_id in list(self._mcp_tasks.items()):
-                    if response_id == effect.response_id:
-                        task.cancel()
-            elif isinstance(effect, ListMcpTools):
-                self._start_mcp(self._list_mcp_tools(effect), None)
-            elif isinstance(effect, CallMcp):
-                self._start_mcp(self._call_mcp(effect), effect.response_id)
-            elif isinstance(effect, PrepareTranscript):
-                self._drop_prepared()
-                if effect.pcm is not None and self.transcriber is not None:
-                    task = asyncio.create_task(self._pieces(effect), context=self._context)
-                    task.add_done_callback(lambda t: t.cancelled() or t.exception())  # Transcribe reports it
-                    self._prepared = effect, task
-            elif isinstance(effect, Transcribe):
-                # The early result is taken now: a PrepareTranscript later in this batch drops what is left.
-                early = self._take_prepared(effect)
-                task = asyncio.create_task(self._transcribe(effect, early), context=self._context)
-                # A failure is reported to the client at once; a response may await it or not.
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())
-                self._transcripts[effect.item_id] = task
-            elif isinstance(effect, Play):
-                if self.playout is not None:
-                    self.playout.play(effect.response_id, effect.item_id, effect.pcm)
-            elif isinstance(effect, PlayoutEnd):
-                if self.playout is not None:
-                    self.playout.finished(effect.response_id)
-            elif isinstance(effect, ClearPlayout):
-                heard = self.playout.clear() if self.playout is not None else None
-                if heard is not None:
-                    await self._apply(self.session.playout_cleared(*heard))
-            elif isinstance(effect, Mark):
-                self.trace.mark(effect.name, effect.response_id)
-                if effect.name == "response_done" and effect.response_id is not None:
-                    self._log_turn(effect.response_id)
-            elif isinstance(effect, Fault):
-                log_fault(self.session.settings.id, effect)
+            match effect:
+                case SendEvent(event):
+                    await self._send_event(event)
+                case RunVad(pcm):
+                    await self._run_vad_on(pcm)
+                case RunSmartTurn():
+                    task = asyncio.create_task(self._check_turn(effect))
+                    self._checks.add(task)
+                    task.add_done_callback(self._checks.discard)
+                case StartResponse(request):
+                    self._start_response(request)
+                case StopResponse(response_id):
+                    self._stop_response(response_id)
+                case ListMcpTools():
+                    self._start_mcp(self._list_mcp_tools(effect), None)
+                case CallMcp():
+                    self._start_mcp(self._call_mcp(effect), effect.response_id)
+                case PrepareTranscript():
+                    self._prepare_transcript(effect)
+                case Transcribe():
+                    self._start_transcription(effect)
+                case Play(response_id, item_id, pcm):
+                    if self.playout is not None:
+                        self.playout.play(response_id, item_id, pcm)
+                case PlayoutEnd(response_id):
+                    if self.playout is not None:
+                        self.playout.finished(response_id)
+                case ClearPlayout():
+                    heard = self.playout.clear() if self.playout is not None else None
+                    if heard is not None:
+                        await self._apply(self.session.playout_cleared(*heard))
+                case Mark(name, response_id):
+                    self.trace.mark(name, response_id)
+                    if name == "response_done" and response_id is not None:
+                        self._log_turn(response_id)
+                case Fault():
+                    log_fault(self.session.settings.id, effect)
+                case _:
+                    raise TypeError(f"not an effect: {effect!r}")
+
+    async def _send_event(self, event: dict[str, Any]) -> None:
+        if event["type"] == "response.done":
+            self._done[event["response"]["id"]] = event["response"]
+        if not self._closed:
+            self.trace.sent(event)
+            await self._send(orjson.dumps(event).decode())
+
+    async def _run_vad_on(self, pcm: bytes) -> None:
+        self._vad_backlog += pcm
+        if self._vad_task is not None:
+            return  # the running VAD task takes it with the rest of the backlog
+        if self._vad_batcher is None or self.vad.windows_pending(len(self._vad_backlog)) == 0:
+            # No model call to wait for (the audio completes no window): buffer it now.
+            await self._apply(self.session.vad_result(self.vad.process(self._take_vad_backlog())))
+        else:
+            self._vad_task = asyncio.create_task(self._run_vad())
+
+    def _start_response(self, request: ResponseRequest) -> None:
+        self._answers[request.response_id] = next((m for m in reversed(request.messages) if m.role == "user"), None)
+        transcripts = {m.item_id: self._transcripts[m.item_id] for m in request.messages
+                       if m.role == "user" and not m.text and m.item_id in self._transcripts}
+        task = asyncio.create_task(self._respond(request, transcripts), context=self._context)
+        self._responses[request.response_id] = task
+        task.add_done_callback(lambda _, rid=request.response_id: self._responses.pop(rid, None))
+
+    def _stop_response(self, response_id: str) -> None:
+        self.trace.cancelled(response_id)
+        # A response that failed stops itself: its own task is the one sending its last events.
+        task = self._responses.get(response_id)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        for task, running_for in list(self._mcp_tasks.items()):
+            if running_for == response_id:
+                task.cancel()
+
+    def _prepare_transcript(self, effect: PrepareTranscript) -> None:
+        self._drop_prepared()
+        if effect.pcm is not None and self.transcriber is not None:
+            task = asyncio.create_task(self._pieces(effect), context=self._context)
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # Transcribe reports it
+            self._prepared = effect, task
+
+    def _start_transcription(self, effect: Transcribe) -> None:
+        # The early result is taken now: a PrepareTranscript later in this batch drops what is left.
+        early = self._take_prepared(effect)
+        task = asyncio.create_task(self._transcribe(effect, early), context=self._context)
+        # A failure is reported to the client at once; a response may await it or not.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self._transcripts[effect.item_id] = task
 
     def _start_mcp(self, work: Coroutine[Any, Any, None], response_id: str | None) -> None:
         task = asyncio.create_task(work)
@@ -370,10 +391,10 @@ class SessionRunner:
         if isinstance(error, BackendError) and self._on_backend_error is not None:
             self._on_backend_error(error.backend)
 
-    async def _respond(self, request: ResponseRequest) -> None:
+    async def _respond(self, request: ResponseRequest, transcripts: Transcripts) -> None:
         rid = request.response_id
         error: BaseException | None = None
-        stream = self.responder.respond(request)
+        stream = self.responder.respond(request, transcripts)
         try:
             async for out in stream:
                 await self._apply(self.session.response_output(rid, out))

@@ -13,7 +13,7 @@ import base64
 import orjson
 
 from gateway.core.responder import AudioOut, SpeechText
-from gateway.realtime.effects import StartResponse, StopResponse
+from gateway.realtime.effects import SendEvent, StartResponse, StopResponse
 from gateway.realtime.events import Dialect
 from gateway.realtime.session import Session
 from gateway.responders.echo import EchoResponder
@@ -28,7 +28,7 @@ def send(target: Session, **event) -> list:
 
 
 def events_of(effects: list) -> list[dict]:
-    return [e for e in effects if isinstance(e, dict) and e]
+    return [e.event for e in effects if isinstance(e, SendEvent)]
 
 
 def started(effects: list) -> StartResponse:

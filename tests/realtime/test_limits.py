@@ -74,7 +74,7 @@ def test_text_is_bounded_with_the_session_configuration_in_it():
     send(session, type="session.update", session={"type": "realtime", "instructions": "x" * 10_000})
     error = events_of(send(session, type="conversation.item.create", item=text_item("y" * 10_000)))[0]["error"]
     assert error["code"] == "conversation_full" and "max_text_bytes" in error["message"]
-    assert send(session, type="conversation.item.create", item=text_item("y" * 5_000))[0]["type"] == (
+    assert send(session, type="conversation.item.create", item=text_item("y" * 5_000))[0].event["type"] == (
         "conversation.item.added")
 
 
@@ -83,7 +83,8 @@ def test_item_audio_is_limited_like_an_append():
     error = events_of(send(session, type="conversation.item.create", item=audio_item(1.5)))[0]["error"]
     assert (error["code"], error["param"]) == ("audio_too_large", "item.content[0].audio")
     assert session.conversation.items() == []
-    assert send(session, type="conversation.item.create", item=audio_item(1.0))[0]["type"] == "conversation.item.added"
+    assert send(session, type="conversation.item.create", item=audio_item(1.0))[0].event["type"] == (
+        "conversation.item.added")
 
 
 def test_a_full_input_buffer_tells_the_client_what_it_dropped():

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import orjson
 
 from gateway.core.responder import AudioOut, BackendError, SpeechText
-from gateway.realtime.effects import ClearPlayout, Play, RunVad, StartResponse, StopResponse
+from gateway.realtime.effects import ClearPlayout, Play, RunVad, SendEvent, StartResponse, StopResponse
 from gateway.realtime.session import Phase, Session
 from gateway.responders.echo import EchoResponder
 from gateway.runtime.session_runner import SessionRunner
@@ -25,7 +25,7 @@ def send(target: Session, **event) -> list:
 
 
 def events_of(effects: list) -> list[dict]:
-    return [e for e in effects if isinstance(e, dict) and e]
+    return [e.event for e in effects if isinstance(e, SendEvent)]
 
 
 def start_response(session: Session) -> StartResponse:
@@ -109,7 +109,7 @@ def test_server_playout_plays_clears_and_truncates_at_the_heard_point():
     rid = start.request.response_id
     effects = session.response_output(rid, SpeechText("Hello there. "))
     effects = session.response_output(rid, AudioOut(SECOND))
-    assert [type(e) for e in effects if not isinstance(e, dict)] == [type(effects[0]), Play]
+    assert [type(e) for e in effects if not isinstance(e, SendEvent)] == [type(effects[0]), Play]
     assert not [e for e in events_of(effects) if e["type"].endswith("audio.delta")]
     session.response_output(rid, SpeechText("How are you today?"))
     session.response_output(rid, AudioOut(SECOND))
@@ -259,7 +259,7 @@ async def test_a_failed_response_sends_all_its_closing_events_over_a_slow_connec
         reads_transcripts = False
         voices = None
 
-        async def respond(self, request):
+        async def respond(self, request, transcripts):
             yield AudioOut(SECOND)
             raise BackendError("llm", "stream broken")
 

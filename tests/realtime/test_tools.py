@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from gateway.core.responder import ToolCallArguments, ToolCallStart
-from gateway.realtime.effects import CallMcp, ListMcpTools, StartResponse, StopResponse
+from gateway.realtime.effects import CallMcp, ListMcpTools, SendEvent, StartResponse, StopResponse
 from gateway.realtime.session import Session
 from gateway.realtime.tools import McpTool
 from tests.conftest import audio_of, connect, make_config, types
@@ -269,10 +269,10 @@ def test_barge_in_during_an_mcp_call_fails_the_call_and_stops_it():
     session.handle(orjson.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(
         bytes(48_000)).decode()}))
     effects = session.vad_result([0.9] * 10)
-    names = [e["type"] for e in effects if isinstance(e, dict) and e]
+    names = [e.event["type"] for e in effects if isinstance(e, SendEvent)]
     assert StopResponse(rid) in effects  # the runner cancels the call's task
     assert names.index("response.mcp_call.failed") < names.index("response.done")
-    done = next(e for e in effects if isinstance(e, dict) and e.get("type") == "response.done")["response"]
+    done = next(e.event for e in effects if isinstance(e, SendEvent) and e.event["type"] == "response.done")["response"]
     assert done["status"] == "cancelled" and done["output"][0]["error"]["message"].startswith("The response was "
                                                                                               "cancelled")
     assert session.mcp_call_finished(rid, call.item_id, "too late") == []

@@ -149,8 +149,8 @@ def test_a_configuration_handed_over_before_session_created(dialect: Dialect):
     else:
         event = {"type": "transcription_session.update", "session": {
             "input_audio_transcription": {"model": "gpt-4o-transcribe"}}}
-    assert "error" not in session.handle(orjson.dumps(event))[0]
-    (created,) = session.open()
+    assert "error" not in session.handle(orjson.dumps(event))[0].event
+    (created,) = [e.event for e in session.open()]
     if dialect is Dialect.GA:
         assert created["type"] == "session.created" and created["session"]["type"] == "transcription"
         assert created["session"]["audio"]["input"]["transcription"]["model"] == "gpt-4o-transcribe"

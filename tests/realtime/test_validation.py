@@ -28,7 +28,7 @@ from openai.types.realtime import (
 )
 from pydantic import BaseModel
 
-from gateway.realtime.effects import StartResponse
+from gateway.realtime.effects import SendEvent, StartResponse
 from gateway.realtime.events import Dialect
 from gateway.realtime.session import Session
 from tests.conftest import make_config
@@ -215,7 +215,7 @@ RESPONSE_CASES = [
 def problem(session: Session, event: dict[str, Any], path: str) -> str | None:
     """What is wrong with the session's answer to ``event``, which must be refused naming ``path``."""
     effects = session.handle(orjson.dumps({**event, "event_id": "fuzz"}))
-    error = effects[0].get("error") if len(effects) == 1 else None
+    error = effects[0].event.get("error") if len(effects) == 1 and isinstance(effects[0], SendEvent) else None
     if error is None:
         return f"{path}: accepted {event}"
     param = error["param"] or ""
@@ -294,7 +294,7 @@ def test_an_empty_string_where_an_id_is_expected_is_refused():
         before = [item.data for item in session.conversation.items()]
         problems.append(problem(session, event, path))
         effects = session.handle(orjson.dumps({**event, "event_id": "again"}))
-        if effects[0].get("error", {}).get("code") != "invalid_value":
+        if effects[0].event.get("error", {}).get("code") != "invalid_value":
             problems.append(f"{path}: refused as {effects[0]}, not as an empty value")
         if [item.data for item in session.conversation.items()] != before:
             problems.append(f"{path}: the conversation changed: {event}")

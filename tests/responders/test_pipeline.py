@@ -138,18 +138,17 @@ def request(*messages: Message, modalities: list[str] | None = None, **kwargs: A
     )
 
 
-def respond(responder: Transcribing, req: ResponseRequest) -> AsyncIterator[ResponseOutput]:
+def respond(responder: Transcribing, req: ResponseRequest,
+            transcripts: dict[str, asyncio.Future[str]] | None = None) -> AsyncIterator[ResponseOutput]:
     """responder.respond as the session runner calls it: the transcription of each user audio item was
-    started when the item was committed (gateway.runtime.session_runner)."""
+    started when the item was committed (gateway.runtime.session_runner). ``transcripts``: those started so far,
+    and where the ones started here go."""
+    transcripts = {} if transcripts is None else transcripts
     if responder.stt is not None and responder.reads_transcripts:
         for m in req.messages:
-            if m.role == "user" and m.audio and not m.text and m.item_id not in req.transcripts:
-                req.transcripts[m.item_id] = asyncio.ensure_future(transcript_of(responder.stt, m.audio))
-    return responder.respond(req)
-
-
-def transcript(req: ResponseRequest, item_id: str = "item_user") -> str:
-    return req.transcripts[item_id].result()
+            if m.role == "user" and m.audio and not m.text and m.item_id not in transcripts:
+                transcripts[m.item_id] = asyncio.ensure_future(transcript_of(responder.stt, m.audio))
+    return responder.respond(req, transcripts)
 
 
 def user_audio(item_id: str = "item_user") -> Message:
@@ -170,10 +169,10 @@ def marks(outs: list[ResponseOutput]) -> list[str]:
 
 async def test_full_turn(make: Make, fake: FakeOpenAI):
     engine = RecordingEngine()
-    req = request(user_audio())
-    outs = await collect(respond(make(fake.base_url, engine), req))
+    transcripts: dict[str, asyncio.Future[str]] = {}
+    outs = await collect(respond(make(fake.base_url, engine), request(user_audio()), transcripts))
 
-    assert transcript(req) == TRANSCRIPT
+    assert transcripts["item_user"].result() == TRANSCRIPT
     assert marks(outs) == ["stt_done", "llm_first_token", "llm_first_segment", "tts_first_audio"]
     speech = [o.text for o in outs if isinstance(o, SpeechText)]
     # the transcript keeps the reply's spaces; the engine gets each segment stripped
@@ -217,8 +216,9 @@ async def test_llm_sees_instructions_and_history(make: Make, fake: FakeOpenAI):
         Message("i6", "user", audio=USER_AUDIO),  # this turn
     ]
     req = request(*history, instructions="Be brief.", max_output_tokens=40, temperature=0.2)
-    await collect(respond(make(fake.base_url), req))
-    assert transcript(req, "i6") == TRANSCRIPT
+    transcripts: dict[str, asyncio.Future[str]] = {}
+    await collect(respond(make(fake.base_url), req, transcripts))
+    assert transcripts["i6"].result() == TRANSCRIPT
     assert len(fake.stt_requests) == 1  # only the new turn is transcribed
     (chat,) = fake.chat_requests
     assert chat.messages == [
@@ -285,14 +285,14 @@ async def test_cancel_during_stt_leaves_the_transcription_running(make: Make, fa
     """A response cut short while its turn is being transcribed stops waiting; the item still gets its
     transcript (and the conversation keeps the turn), so the transcription goes on."""
     fake.stt_ms = 300
-    req = request(user_audio())
-    task = asyncio.create_task(collect(respond(make(fake.base_url), req)))
+    transcripts: dict[str, asyncio.Future[str]] = {}
+    task = asyncio.create_task(collect(respond(make(fake.base_url), request(user_audio()), transcripts)))
     while not fake.stt_requests:
         await asyncio.sleep(0.005)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await asyncio.wait_for(req.transcripts["item_user"], 5) == TRANSCRIPT
+    assert await asyncio.wait_for(transcripts["item_user"], 5) == TRANSCRIPT
     assert not fake.stt_requests[0].closed_by_client
     assert fake.chat_requests == []
 
@@ -344,8 +344,8 @@ async def test_llm_failures(make: Make, fake: FakeOpenAI, failure: str, fail_aft
     else:
         base_url = fake.base_url
         fake.llm_failure, fake.fail_after_tokens = failure, fail_after
-    req = request(user_audio())
-    stream = respond(make(base_url, engine, stt_url=fake.base_url, timeout_s=0.3), req)
+    transcripts: dict[str, asyncio.Future[str]] = {}
+    stream = respond(make(base_url, engine, stt_url=fake.base_url, timeout_s=0.3), request(user_audio()), transcripts)
     got: list[ResponseOutput] = []
     with pytest.raises(BackendError) as info:
         async for out in stream:
@@ -353,7 +353,7 @@ async def test_llm_failures(make: Make, fake: FakeOpenAI, failure: str, fail_aft
     assert info.value.backend == "llm"
     assert cause in info.value.cause
     assert str(info.value).startswith("llm backend failed: ")
-    assert transcript(req) == TRANSCRIPT
+    assert transcripts["item_user"].result() == TRANSCRIPT
     assert engine.streams[0].cancelled
     assert pipeline_tasks() == []
 
@@ -388,8 +388,7 @@ async def test_a_failed_earlier_turn_is_left_out(make: Make, fake: FakeOpenAI):
     req = request(user_audio("i1"), Message("i2", "assistant", text="Pardon?"), user_audio("i3"))
     failed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     failed.set_exception(BackendError("stt", "HTTP 500"))
-    req.transcripts["i1"] = failed
-    await collect(respond(responder, req))
+    await collect(respond(responder, req, {"i1": failed}))
     assert [m["role"] for m in fake.chat_requests[0].messages] == ["system", "assistant", "user"]
 
 

@@ -17,7 +17,7 @@ from transformers import WhisperFeatureExtractor
 from gateway.config import ConfigError
 from gateway.core.semantic_vad import CheckTurn, Eagerness, SemanticTurnDetector
 from gateway.core.vad import SpeechStarted, SpeechStopped, TurnDetector
-from gateway.realtime.effects import RunSmartTurn
+from gateway.realtime.effects import RunSmartTurn, SendEvent
 from gateway.realtime.session import Session
 from gateway.runtime.smart_turn import (
     MODEL_SHA256,
@@ -204,7 +204,7 @@ def test_session_asks_for_the_model_and_commits_on_its_verdict() -> None:
     assert len(check.pcm) == (1280 + 224 - 20) * 48  # the turn so far, with its 300 ms of prefix padding
     assert session.vad_result(windows(320, QUIET)) == []  # held until the verdict
     done = session.smart_turn_result(check.seq, 0.9)
-    assert [e["type"] for e in done if isinstance(e, dict)] == [
+    assert [e.event["type"] for e in done if isinstance(e, SendEvent)] == [
         "input_audio_buffer.speech_stopped", "input_audio_buffer.committed", "conversation.item.added",
         "conversation.item.done"]
     assert session.input.heard_ms == 320 + 960 + 960
