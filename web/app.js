@@ -1,5 +1,6 @@
-// The page's entry: the tabs, the banner of what answers (health.js), the Access form (access.js), and the
-// Conversation tab (conversation.js). A new tab is a module beside conversation.js, wired here.
+// The page's entry: the tabs, the banner of what answers (health.js), the Access form (access.js), the voice
+// menus (voices.js) and the Conversation tab (conversation.js). A new tab is a module beside conversation.js,
+// wired here.
 import { setUpAccess } from "./access.js";
 import {
   applySettings,
@@ -16,9 +17,11 @@ import { watchHealth } from "./health.js";
 import { renderLatency } from "./latency.js";
 import { clearNotices } from "./notices.js";
 import { setUpTabs } from "./tabs.js";
+import { setUpVoices, showConversationVoices } from "./voices.js";
 
 setUpTabs();
 setUpAccess();
+setUpVoices();
 $("connect").addEventListener("click", () => (live() ? disconnect() : connect()));
 $("settings").addEventListener("submit", (e) => {
   e.preventDefault();
@@ -33,4 +36,4 @@ navigator.mediaDevices?.addEventListener?.("devicechange", listMicrophones);
 setState("idle");
 renderLatency();
 listMicrophones();
-watchHealth();
+watchHealth((health) => showConversationVoices(health?.responder));
