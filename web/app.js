@@ -14,7 +14,7 @@ import {
 } from "./conversation.js";
 import { $ } from "./dom.js";
 import { watchHealth } from "./health.js";
-import { renderLatency } from "./latency.js";
+import { renderLatency, watchChartWidth } from "./latency.js";
 import { clearNotices } from "./notices.js";
 import { setUpTabs } from "./tabs.js";
 import { setUpVoices, showConversationVoices } from "./voices.js";
@@ -35,5 +35,6 @@ $("clear-errors").addEventListener("click", clearNotices);
 navigator.mediaDevices?.addEventListener?.("devicechange", listMicrophones);
 setState("idle");
 renderLatency();
+watchChartWidth();
 listMicrophones();
 watchHealth((health) => showConversationVoices(health?.responder));
