@@ -14,11 +14,11 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
+from bench.fake_openai import FakeOpenAI
 from gateway.audio import wav_bytes
 from gateway.runtime.consent import CONSENT_PHRASES
 from tests import speakers
 from tests.conftest import Served, StartGateway, audio_of, connect, make_config
-from tests.fake_openai import FakeOpenAI
 from tests.paths import DATA, TINY_CHECKPOINT
 
 pytestmark = [pytest.mark.skipif(speakers.missing() is not None, reason=speakers.missing() or ""),

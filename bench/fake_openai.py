@@ -1,4 +1,5 @@
-"""A fake OpenAI-compatible STT + LLM server: real HTTP on loopback, for tests and benchmarks.
+"""A fake OpenAI-compatible STT + LLM server: real HTTP on loopback, for tests and benchmarks (the remote
+model servers neither can run here).
 
 It serves POST /v1/chat/completions (streamed as SSE in OpenAI's chunk format, or whole) and
 POST /v1/audio/transcriptions (multipart; with ``stt_streams``, a request with stream=true is answered
@@ -11,8 +12,12 @@ first, then its arguments in pieces, one token's time each, and ``finish_reason:
 
 In tests: ``fake = FakeOpenAI(reply="Hello."); await fake.start(); ...; await fake.stop()``
 (``fake.base_url`` is what a client's base_url should be). Standalone, for benchmarks:
-``python -m tests.fake_openai --port 8100 --stt-ms 100 --ttft-ms 80 --tokens-per-s 50``; it prints
-``listening on <base_url>`` once it accepts connections.
+``python -m bench.fake_openai --port 8100 --stt-ms 100 --ttft-ms 80 --tokens-per-s 50``; it prints
+``listening on <base_url>`` once it accepts connections. With ``--reuse-port`` several such processes serve one
+port (SO_REUSEPORT: the kernel spreads the connections), so that the fake is never what a benchmark measures;
+``--stats FILE`` has each append, once a second, what it saw itself: its event loop's lag (a 10 ms timer, how
+late it fires), each answer's latency from its request's arrival to its first bytes (the transcript, the first
+token: what its fixed ``--stt-ms`` and ``--ttft-ms`` promise), and the most requests it held at once.
 """
 
 from __future__ import annotations
@@ -21,17 +26,21 @@ import argparse
 import asyncio
 import contextlib
 import io
+import json
+import os
 import re
 import signal
 import time
 import uuid
 import wave
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
+
+from bench.stats import lag_probe, pin
 
 # Failure modes, for the chat or the transcription endpoint:
 #   "500"   answer HTTP 500 with an OpenAI error body
@@ -104,6 +113,7 @@ class FakeOpenAI:
         usage: bool = True,
         stt_streams: bool = False,
         stt_tokens_per_s: float = 0.0,  # 0: as fast as possible
+        reuse_port: bool = False,
     ) -> None:
         """``usage``: report token counts when asked (stream_options.include_usage); some servers never do."""
         for failure in (llm_failure, stt_failure):
@@ -119,7 +129,11 @@ class FakeOpenAI:
         self.model = model
         self.usage = usage
         self.stt_streams, self.stt_tokens_per_s = stt_streams, stt_tokens_per_s
+        self.reuse_port = reuse_port
         self.requests: list[Recorded] = []
+        # ("stt" or "llm", seconds from a request's arrival to the first bytes of its answer's content)
+        self.latencies: list[tuple[str, float]] = []
+        self.in_flight = self.in_flight_max = 0
         self._runner: web.AppRunner | None = None
 
     @property
@@ -143,7 +157,7 @@ class FakeOpenAI:
         # even while the handler sleeps (time to first token, hang).
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_port=self.reuse_port or None)
         await site.start()
         self.port = self._runner.addresses[0][1]
 
@@ -171,20 +185,35 @@ class FakeOpenAI:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         # Latencies count from the request's arrival, as a real server's do: reading and parsing the
         # body is part of them, so under load the fake's own CPU does not add to what a client measures.
-        first_token_at = asyncio.get_running_loop().time() + self.ttft_ms / 1000
-        body = orjson.loads(await request.read())
-        rec = Recorded(request.path, body)
-        self.requests.append(rec)
+        arrived = asyncio.get_running_loop().time()
+        first_token_at = arrived + self.ttft_ms / 1000
+        with self._held():
+            body = orjson.loads(await request.read())
+            rec = Recorded(request.path, body)
+            self.requests.append(rec)
+            try:
+                return await self._chat_reply(request, body, rec, first_token_at, arrived)
+            except (asyncio.CancelledError, ConnectionResetError):
+                rec.closed_by_client = not rec.dropped
+                raise
+            finally:
+                rec.done.set()
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        """Counts the requests being answered at once."""
+        self.in_flight += 1
+        self.in_flight_max = max(self.in_flight_max, self.in_flight)
         try:
-            return await self._chat_reply(request, body, rec, first_token_at)
-        except (asyncio.CancelledError, ConnectionResetError):
-            rec.closed_by_client = not rec.dropped
-            raise
+            yield
         finally:
-            rec.done.set()
+            self.in_flight -= 1
+
+    def _answered(self, endpoint: str, arrived: float) -> None:
+        self.latencies.append((endpoint, asyncio.get_running_loop().time() - arrived))
 
     async def _chat_reply(
-        self, request: web.Request, body: dict[str, Any], rec: Recorded, first_token_at: float
+        self, request: web.Request, body: dict[str, Any], rec: Recorded, first_token_at: float, arrived: float
     ) -> web.StreamResponse:
         failure = self.llm_failure
         if failure == "500":
@@ -206,6 +235,7 @@ class FakeOpenAI:
         if not body.get("stream"):
             rec.tokens_sent = len(tokens)
             rec.finished = True
+            self._answered("llm", arrived)
             return web.json_response(
                 {
                     "id": completion_id,
@@ -250,6 +280,8 @@ class FakeOpenAI:
             if n and interval:
                 await asyncio.sleep(interval)
             await response.write(chunk({"content": token}))
+            if n == 0:
+                self._answered("llm", arrived)
             rec.tokens_sent += 1
         for index, (call_id, name, arguments) in enumerate(calls):
             start = {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
@@ -280,7 +312,12 @@ class FakeOpenAI:
         return web.json_response({"object": "list", "data": [model]})
 
     async def _transcribe(self, request: web.Request) -> web.StreamResponse:
-        done_at = asyncio.get_running_loop().time() + self.stt_ms / 1000  # see _chat
+        arrived = asyncio.get_running_loop().time()
+        with self._held():
+            return await self._transcription(request, arrived)
+
+    async def _transcription(self, request: web.Request, arrived: float) -> web.StreamResponse:
+        done_at = arrived + self.stt_ms / 1000  # see _chat
         form = await request.post()
         fields: dict[str, Any] = {}
         for name, value in form.items():
@@ -304,6 +341,7 @@ class FakeOpenAI:
                 await _fail(request, self.stt_failure, rec)
             await _sleep_until(done_at)
             text = self._text(self.transcript, fields)
+            self._answered("stt", arrived)
             if streamed:
                 return await self._stream_transcript(request, text, rec)
             rec.finished = True
@@ -315,7 +353,6 @@ class FakeOpenAI:
             raise
         finally:
             rec.done.set()
-
 
     async def _stream_transcript(self, request: web.Request, text: str, rec: Recorded) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -392,15 +429,38 @@ async def _serve(args: argparse.Namespace) -> None:
         stt_failure=args.stt_failure,
         fail_after_tokens=args.fail_after_tokens,
         stt_streams=args.stt_streams,
+        reuse_port=args.reuse_port,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await fake.start()
+    reporting = asyncio.create_task(_report(fake, args.stats)) if args.stats else None
     print(f"listening on {fake.base_url}", flush=True)
     await stop.wait()
+    if reporting is not None:
+        reporting.cancel()
     await fake.stop()
+
+
+async def _report(fake: FakeOpenAI, path: str) -> None:
+    """Once a second, what this process saw over that second (the module's docstring), as one JSON line."""
+    lags: list[float] = []
+    probe = asyncio.create_task(lag_probe(lambda lag: lags.append(round(lag * 1000, 3))))
+    try:
+        with open(path, "a", buffering=1) as out:
+            while True:
+                await asyncio.sleep(1.0)
+                seen, fake.latencies = fake.latencies, []
+                out.write(json.dumps({
+                    "t": time.time(), "pid": os.getpid(), "lags_ms": lags,
+                    "stt_ms": [round(s * 1000, 2) for kind, s in seen if kind == "stt"],
+                    "llm_ms": [round(s * 1000, 2) for kind, s in seen if kind == "llm"],
+                    "in_flight_max": fake.in_flight_max}) + "\n")
+                lags, fake.in_flight_max = [], fake.in_flight
+    finally:
+        probe.cancel()
 
 
 def main() -> None:
@@ -417,8 +477,13 @@ def main() -> None:
     parser.add_argument("--stt-failure", choices=[f for f in FAILURES if f != "garbage"])
     parser.add_argument("--stt-streams", action="store_true", help="stream transcriptions asked with stream=true")
     parser.add_argument("--fail-after-tokens", type=int, default=0)
+    parser.add_argument("--reuse-port", action="store_true", help="share the port with other processes (SO_REUSEPORT)")
+    parser.add_argument("--stats", help="append what this process saw to this file once a second (JSON lines)")
+    parser.add_argument("--cpus", default="", help="run on these cores only (e.g. 12-15)")
+    args = parser.parse_args()
+    pin(args.cpus)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(parser.parse_args()))
+        asyncio.run(_serve(args))
 
 
 if __name__ == "__main__":
