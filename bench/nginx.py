@@ -1,6 +1,6 @@
 """Gateways behind nginx on loopback, as deploy/nginx/gateway.conf sets them up: each gateway its own
 `python -m gateway serve` process (echo responder, the same API key and signing key), and Debian's nginx run
-as this user with a temporary prefix. Used by tests/server/test_balancer.py and scripts/bench_balancer.py."""
+as this user with a temporary prefix. Used by tests/server/test_balancer.py and the balancer suite."""
 
 from __future__ import annotations
 
