@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     path = record.write(result, args.records)
     for target in result["targets"]:
         print(f"{target['what']}: {target['figure']} (bound {target['bound']}): {target['status']}")
-    invalid = sum(level.get("valid") is False for level in body["levels"])
-    print(f"{invalid} of {len(body['levels'])} levels INVALID (their load side did not keep up)" if invalid else
-          f"{len(body['levels'])} levels, the load side valid in each")
+    verdicts = [level.get("valid") for level in body["levels"]]
+    print(f"{len(verdicts)} levels: {verdicts.count(True)} valid, {verdicts.count(False)} INVALID (their load side "
+          f"did not keep up), {verdicts.count(None)} with no load side to judge")
     print(f"record: {path}")
     return 0
 

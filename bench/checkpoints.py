@@ -43,3 +43,10 @@ def folder(model: str, where: str = "") -> Path:
                         str(out)], cwd=ROOT, check=True)
         print(f"made in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
     return out
+
+
+def label(model: str) -> str:
+    """A model as the records' setups name it: 0.6b -> 0.6B, 1.7b-base -> 1.7B Base, tiny-base -> tiny Base."""
+    size, _, kind = model.partition("-")
+    kinds = {"base": "Base", "design": "VoiceDesign", "instruct": "CustomVoice (instructions)"}
+    return " ".join(filter(None, [size.upper() if size[0].isdigit() else size, kinds.get(kind, kind)]))

@@ -62,8 +62,8 @@ class Gateway:
                 self._bound.set()
         self._bound.set()
 
-    def wait_started(self) -> None:
-        if not self._bound.wait(START_TIMEOUT_S) or not self.port:
+    def wait_started(self, timeout: float = START_TIMEOUT_S) -> None:
+        if not self._bound.wait(timeout) or not self.port:
             raise RuntimeError(f"gateway {self.name} did not start:\n{''.join(self.log[-20:])}")
 
     @property

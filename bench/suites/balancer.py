@@ -209,7 +209,7 @@ async def measure(args: argparse.Namespace, lags: list[float]) -> list[dict[str,
     rows: list[dict[str, Any]] = []
     try:
         for g in gateways:
-            await asyncio.to_thread(g.wait_started)
+            await asyncio.to_thread(g.wait_started, 600)  # the local models load on a busy CPU too
         nginx = Nginx([g.port for g in gateways], Path(tempfile.mkdtemp(prefix="bench-nginx-")))
         placed = await balance(nginx, gateways, sessions)
         rows.append({"measure": "balance", "sessions": sessions, "placed": placed})

@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row.setdefault("valid", None)
         row.setdefault("invalid", [])
     dtype = str(next(ckpt.model.parameters()).dtype)
-    return {"setup": f"{model.upper()}, {', '.join(modes)}", "settings": {
+    return {"setup": f"{checkpoints.label(model)}, {', '.join(modes)}", "settings": {
         "model": model, "checkpoint": str(folder), "kind": ckpt.config.kind, "dtype": dtype, "modes": modes,
         "streams": levels, "staggered": args.staggered, "runs": args.runs, "frames": args.frames,
         "voices": args.voices, "packet_frames": args.packet_frames, "first_packet_frames": args.first_packet_frames,

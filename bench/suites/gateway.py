@@ -157,10 +157,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if part is not None:
                 part.stop()
         shutil.rmtree(trace.parent, ignore_errors=True)
-    what = f"{model.upper() if model else args.responder}"
+    what = checkpoints.label(model) if model else args.responder
     if args.responder == "pipeline" and args.tts == "tone":
         what = "tone TTS"
-    setup = f"{what}, {gpus} GPU{'s' if gpus != 1 else ''}, {levels[0]['workers'] if levels else workers} workers"
+    count = levels[0]["workers"] if levels else workers
+    setup = f"{what}, {gpus} GPU{'s' if gpus != 1 else ''}, {count} worker{'s' if count != 1 else ''}"
     return {"setup": setup, "settings": {
         "responder": args.responder, "tts": args.tts, "model": model, "gpus": gpus, "workers": workers,
         "sessions": counts, "arrivals": labels, "aligned_sessions": aligned_at, "cycles": args.cycles,

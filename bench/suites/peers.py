@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows.append({**theirs, "model": model, "valid": None, "invalid": []})
     for row in rows:
         print(f"{row['impl']}: first audio P50 {row['first_audio_p50_ms']} ms, RTF {row['rtf_p50']}", flush=True)
-    return {"setup": f"{model.upper()}, one stream", "settings": {
+    return {"setup": f"{checkpoints.label(model)}, one stream", "settings": {
         "model": model, "checkpoint": folder, "frames": frames, "runs": args.runs, "text": engine.TEXT,
         "speaker": "vivian"}, "levels": rows}
 

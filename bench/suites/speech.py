@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for part in (gateway, fakes):
             if part is not None:
                 part.stop()
-    return {"setup": f"{model.upper()}, {', '.join(voices)}, {workers} workers", "settings": {
+    return {"setup": f"{checkpoints.label(model)}, {', '.join(voices)}, {workers} workers", "settings": {
         "model": model, "voices": voices, "concurrency": levels, "requests": args.requests, "frames": frames,
         "format": args.format, "gpus": gpus, "workers": workers, "clients": args.clients, "client_cpus": client_cpus,
         "sessions": args.sessions, "input_chars": len(INPUT), "gateway": settings}, "levels": rows}
