@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.skipif(speakers.missing() is not None, reason=speakers
 
 CHECKPOINTS = ",".join(str(p) for p in (TINY_CHECKPOINT, DATA / "qwen3_tts_tiny_base", DATA / "qwen3_tts_tiny_design"))
 # The tiny Base checkpoint's random speaker encoder puts every voice near cosine 1; 0.998 separates piper's joe
-# from espeak-ng's voices there (bench/RESULTS.md, scripts/calibrate_consent.py).
+# from espeak-ng's voices there (python -m scripts.calibrate_consent).
 TINY_THRESHOLD = 0.998
 
 
