@@ -8,9 +8,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 log="$OUT/log.txt"
 export PYTHONUNBUFFERED=1 BENCH_RECORDS="$OUT" TRITON_CACHE_AUTOTUNING=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
-cp -r .site-slim/silero_vad /tmp/site/
+if [ -d .whl ]; then  # the gateway's (a peers-only call may carry .whl-oracle alone: 64 MiB a call)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl || exit 1
+fi
+if [ -d .site-slim ]; then
+  cp -r .site-slim/silero_vad /tmp/site/
+fi
 if [ -d .whl-oracle ]; then  # the peers suite's official qwen-tts: --oracle-site /tmp/site-oracle
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-oracle \
     .whl-oracle/*.whl || exit 1

@@ -38,8 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from bench.stats import cpu_list, lag_probe, pct
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
@@ -133,7 +131,8 @@ def append_messages(timeline: bytes) -> list[str]:
 async def run_session(url: str, timeline: bytes, messages: list[str], responder: str, cycles: int, start_at: float,
                       check_audio: bool, result: Sessions) -> None:
     """One session: connects CONNECT_LEAD_S before `start_at` (loop time), streams `messages` from then."""
-    import websockets  # the load generator's processes only
+    import orjson  # the load generator's processes only
+    import websockets
 
     loop = asyncio.get_running_loop()
     await asyncio.sleep(start_at - CONNECT_LEAD_S - loop.time())
