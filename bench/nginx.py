@@ -4,6 +4,7 @@ as this user with a temporary prefix. Used by tests/server/test_balancer.py and 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -14,8 +15,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-
-import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "deploy" / "nginx" / "gateway.conf"
@@ -158,7 +157,7 @@ def holds(url: str, session_id: str) -> bool:
                                      headers={"Authorization": f"Bearer {API_KEY}"})
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
-            return orjson.loads(response.read())["session_id"] == session_id
+            return json.loads(response.read())["session_id"] == session_id
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             return False
