@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import record
+from bench.suites import NAMES
 from bench.targets import evaluate
 from bench.validity import FAKE_OVER, LAG_P99_MS, Bounds
-
-SUITES = ("engine", "gateway", "speech", "webrtc", "turns", "demo", "peers", "local", "transport", "balancer")
 
 
 def suite(name: str) -> Any:
@@ -32,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
                                   "run written as a record under bench/runs/ (docs/benchmarks.md says how to run "
                                   "each).")
     sub = top.add_subparsers(dest="suite", required=True, metavar="SUITE")
-    for name in SUITES:
+    for name in NAMES:
         module = suite(name)
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)

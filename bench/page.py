@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import record
+from bench.suites import NAMES
 from bench.targets import TARGETS
 from bench.validity import FAKE_OVER, LAG_P99_MS
 
 PAGE = record.ROOT / "docs" / "benchmarks.md"
-SUITES = ("engine", "gateway", "speech", "webrtc", "turns", "demo", "peers", "local", "transport", "balancer")
 LATEST = 4  # records listed per suite
 
 HEAD = f"""# Benchmarks
@@ -94,7 +94,7 @@ def suite_section(name: str, records: list[dict[str, Any]], table: str) -> str:
 
 def render(records: list[dict[str, Any]]) -> str:
     found = current(records)
-    return HEAD + "\n" + "\n".join(suite_section(name, records, targets_table(name, found)) for name in SUITES)
+    return HEAD + "\n" + "\n".join(suite_section(name, records, targets_table(name, found)) for name in NAMES)
 
 
 def main(check: bool = False, folder: Path = record.RUNS) -> int:

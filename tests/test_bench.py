@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import page, record
+from bench.suites import NAMES
 from bench.targets import evaluate
 from bench.validity import Bounds, judge
 from tests.paths import ROOT
-
-SUITES = ("engine", "gateway", "speech", "webrtc", "turns", "demo", "peers", "local", "transport", "balancer")
 
 
 def small_gateway(records: Path, *options: str) -> dict[str, Any]:
@@ -35,7 +34,7 @@ def small_gateway(records: Path, *options: str) -> dict[str, Any]:
 def test_the_cli_lists_every_suite():
     done = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, check=True)
-    for suite in (*SUITES, "page"):
+    for suite in (*NAMES, "page"):
         assert f"    {suite}" in done.stdout
 
 
