@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import base64
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -205,12 +206,13 @@ async def measure(args: argparse.Namespace, lags: list[float]) -> list[dict[str,
                 "server_max_sessions": sessions * 2}
     gateways = [Gateway("a", **settings), Gateway("b", **settings)]
     nginx = None
+    prefix = Path(tempfile.mkdtemp(prefix="bench-nginx-"))
     probe = asyncio.create_task(lag_probe(lambda lag: lags.append(lag * 1000)))
     rows: list[dict[str, Any]] = []
     try:
         for g in gateways:
             await asyncio.to_thread(g.wait_started, 600)  # the local models load on a busy CPU too
-        nginx = Nginx([g.port for g in gateways], Path(tempfile.mkdtemp(prefix="bench-nginx-")))
+        nginx = Nginx([g.port for g in gateways], prefix)
         placed = await balance(nginx, gateways, sessions)
         rows.append({"measure": "balance", "sessions": sessions, "placed": placed})
         for name, url in (("direct", gateways[1].url), ("via nginx", nginx.url)):
@@ -228,6 +230,7 @@ async def measure(args: argparse.Namespace, lags: list[float]) -> list[dict[str,
             nginx.stop()
         for g in gateways:
             g.stop()
+        shutil.rmtree(prefix, ignore_errors=True)
     for row in rows:
         print(row, flush=True)
     return rows

@@ -18,6 +18,7 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -200,5 +201,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(mark(summarise(n, turns, (before, os.getloadavg()[0]), lags), args.bounds))
     finally:
         gateway.stop()
+        shutil.rmtree(trace.parent, ignore_errors=True)
     return {"setup": "local models", "settings": {"sessions": counts, "turns": len(spoken), "stagger_s": args.stagger,
                                                   "pause_s": args.pause}, "levels": rows}
