@@ -1,11 +1,11 @@
 """Regenerate the demo's 20 spoken questions in tests/fixtures/demo/ (the WAVs are committed; tests never run this).
 
-The fixed set that scripts/bench_demo.py asks the gateway (and tests/responders/test_local.py asks the local
+The fixed set that `python -m bench demo` asks the gateway (and tests/responders/test_local.py asks the local
 STT): simple questions with a one-word answer, each with the words that make an answer sensible. Spoken by
 espeak-ng (``apt-get install espeak-ng``; made with eSpeak NG 1.51 from Debian 12, voice en-us, 160 words per
 minute), as scripts/make_fixtures.py speaks the other fixtures. Usage::
 
-    python scripts/make_demo_questions.py [--out tests/fixtures/demo]
+    python -m scripts.make_demo_questions [--out tests/fixtures/demo]
 
 Each WAV is pcm16 mono 24 kHz: 0.3 s of silence, the question at -20 dBFS RMS, 0.3 s of silence (a client adds
 the silence that ends the turn). questions.json lists, per file, the question, the words that show it was
@@ -20,9 +20,10 @@ import wave
 from pathlib import Path
 
 import numpy as np
-from make_fixtures import RATE, silence, speak  # scripts/ is the script's own folder: on sys.path
 
-# (file stem, question, words heard, answers accepted); numbers in digits or words (bench_demo.py spells them).
+from scripts.make_fixtures import RATE, silence, speak
+
+# (file stem, question, words heard, answers accepted); numbers in digits or words (the demo suite spells them).
 QUESTIONS = [
     ("spider", "How many legs does a spider have?", ["legs", "spider"], ["eight"]),
     ("france", "What is the capital of France?", ["capital", "france"], ["paris"]),

@@ -3,7 +3,7 @@
 Needs espeak-ng (``apt-get install espeak-ng``; made with eSpeak NG 1.51 from Debian 12, voice en-us,
 170 words per minute) and the project's virtualenv (numpy, soxr). Usage::
 
-    python scripts/make_fixtures.py [--out tests/fixtures]
+    python -m scripts.make_fixtures [--out tests/fixtures]
 
 Every file is pcm16 mono 24 kHz. espeak-ng's 22.05 kHz output is resampled with soxr (HQ), trimmed
 to its audible part, and scaled to -20 dBFS RMS; noise comes from a seeded generator, so the output

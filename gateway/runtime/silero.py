@@ -158,7 +158,7 @@ def process_many(items: Sequence[tuple[SileroVAD, bytes]]) -> list[Float32Array]
     Equivalent to calling each ``process`` in turn, bit for bit whatever else shares the batch (so a
     session's turns are the same alone or among others: tests/runtime/test_vad.py checks it on the
     machine that runs the tests), but a batch of 8+ streams costs ~48 µs of CPU per window instead of
-    ~90 µs (scripts/bench_vad.py). All VADs must share one model, and each VAD may appear only once.
+    ~90 µs (python -m bench turns). All VADs must share one model, and each VAD may appear only once.
     """
     if not items:
         return []

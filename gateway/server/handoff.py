@@ -3,10 +3,10 @@ connections.
 
 When every worker accepts on the one listening socket, whoever calls accept first wins: the kernel gives
 connections to whichever worker's loop happens to wake first, and on a 16-core host three workers of twelve
-ran 3-5x the loop lag of the rest (bench/RESULTS.md). Here only the parent accepts, in a thread of its own,
-and passes the connection's file descriptor over a Unix socket (SCM_RIGHTS) to the ready worker with the
-fewest open connections; the worker adopts it into its uvicorn server as if it had accepted it, so nothing
-else changes and the parent never reads a byte of it.
+ran 3-5x the loop lag of the rest (the gateway benchmark, before this hand-off). Here only the parent
+accepts, in a thread of its own, and passes the connection's file descriptor over a Unix socket (SCM_RIGHTS)
+to the ready worker with the fewest open connections; the worker adopts it into its uvicorn server as if it
+had accepted it, so nothing else changes and the parent never reads a byte of it.
 
 A worker's load is what it last reported in the shared ``Loads`` (its open connections, sessions included,
 and how many connections it had been handed by then) plus what the parent handed it since: exact, also

@@ -95,8 +95,8 @@ def worker_count(config: Config) -> int:
 
 @dataclasses.dataclass
 class Hooks:
-    """What a program that embeds the gateway (scripts/bench_gateway.py) adds to each worker: module-level
-    functions (a spawned worker imports them by name)."""
+    """What a program that embeds the gateway (bench/serve.py, the benchmarks' gateway) adds to each worker:
+    module-level functions (a spawned worker imports them by name)."""
 
     responder: Callable[[Config], Responder | None] | None = None  # the worker's responder (None: configured)
     serving: Callable[[GatewayServer], Awaitable[None]] | None = None  # runs while the worker serves

@@ -15,7 +15,7 @@ import pytest
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner
 
-from tests.fake_openai import Call, FakeOpenAI, Script
+from bench.fake_openai import Call, FakeOpenAI, Script
 from tests.paths import JS, NODE
 
 calls: list[str] = []

@@ -291,7 +291,7 @@ def test_auto_picks_the_local_models_when_no_llm_is_configured(local_config: Any
 
 async def test_the_local_stt_hears_the_projects_spoken_fixtures():
     """whisper tiny.en on the espeak-ng voice of the fixtures: the demo's 20 questions (tests/fixtures/demo; the
-    words that show each was heard) as often as bench/RESULTS.md records, and the other fixtures' sentences."""
+    words that show each was heard) as often as the demo's benchmark records, and the other fixtures' sentences."""
     questions = orjson.loads((FIXTURES / "demo" / "questions.json").read_bytes())
     misheard = []
     for question in questions:

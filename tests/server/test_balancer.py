@@ -14,7 +14,7 @@ import pytest
 import websockets
 from openai import AsyncOpenAI
 
-from tests.balancer import API_KEY, Gateway, Nginx, holds, metric, nginx_missing
+from bench.nginx import API_KEY, Gateway, Nginx, holds, metric, nginx_missing
 from tests.conftest import Client, load_pcm, silence
 
 pytestmark = pytest.mark.skipif(nginx_missing() is not None, reason=nginx_missing() or "")

@@ -23,8 +23,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from bench.fake_openai import FakeOpenAI
 from tests.conftest import Client, audio_of, connect, load_pcm, silence
-from tests.fake_openai import FakeOpenAI
 from tests.paths import ROOT, TINY_CHECKPOINT
 
 FIXTURE = TINY_CHECKPOINT

@@ -21,6 +21,7 @@ from openai import AsyncOpenAI
 from prometheus_client import REGISTRY
 from pydantic import BaseModel, ConfigDict
 
+from bench.fake_openai import FakeOpenAI
 from engine.api import Sampling
 from gateway.audio_codecs import RESPONSE_FORMATS
 from gateway.responders.pipeline import BridgeSettings, PipelineResponder
@@ -29,7 +30,6 @@ from gateway.responders.text_bridge import TextBridge
 from gateway.responders.tone_tts import ToneEngine, tone_pcm
 from gateway.runtime.custom_voices import BASE_CHECKPOINT, DESIGN_CHECKPOINT, SPEECH_TO_TEXT
 from tests.conftest import Served, StartGateway, audio_of, connect
-from tests.fake_openai import FakeOpenAI
 from tests.paths import DATA, TINY_CHECKPOINT
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

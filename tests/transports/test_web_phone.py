@@ -15,7 +15,7 @@ import pytest
 
 async_api = pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
 
-from tests.fake_openai import FakeOpenAI  # noqa: E402 - after the skip
+from bench.fake_openai import FakeOpenAI  # noqa: E402 - after the skip
 from tests.transports.test_web import ARTIFACTS, CHROMIUM, SPEECH, chromium_args, pipeline, until  # noqa: E402
 
 if CHROMIUM is None:

@@ -14,10 +14,10 @@ import pytest
 
 async_api = pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
 
+from bench.fake_openai import FakeOpenAI  # noqa: E402
 from gateway.audio import wav_bytes  # noqa: E402 - after the skip
 from gateway.runtime.custom_voices import BASE_CHECKPOINT, DESIGN_CHECKPOINT  # noqa: E402
 from tests import speakers  # noqa: E402
-from tests.fake_openai import FakeOpenAI  # noqa: E402
 from tests.paths import DATA, TINY_CHECKPOINT  # noqa: E402
 from tests.transports.test_web import CHROMIUM, chromium_args, pipeline, until  # noqa: E402
 
