@@ -1,4 +1,4 @@
-"""How many of the demo's 20 spoken questions a gateway answers sensibly (tests/fixtures/demo/).
+"""How many of the demo's 20 spoken questions a gateway answers sensibly (tests/fixtures/demo/, or --set voices).
 
 Each question is asked in a session of its own, over WebSocket as a client would: its WAV, then silence
 until the gateway's turn detection ends the turn. A question counts as
@@ -8,17 +8,22 @@ until the gateway's turn detection ends the turn. A question counts as
   whole word, numbers read either way ("8" or "eight"), in at most ``MAX_WORDS`` words (a ramble that
   mentions the answer somewhere does not count).
 
-``--text`` asks the same questions as text (conversation.item.create, then response.create): the LLM alone,
-without the STT. ``--voice piper`` speaks them with piper's en_US "joe" voice (the local extra's, also the
-demo's own voice) instead of the committed espeak-ng WAVs: a voice nearer to a person's, which whisper hears
-better. ``--runs N`` repeats the set (sampling makes answers differ from run to run).
+``--set voices`` asks the second set (tests/fixtures/demo-voices/): 20 other questions, each in another
+espeak-ng or piper voice (scripts/make_demo_questions.py). ``--text`` asks the same questions as text
+(conversation.item.create, then response.create): the LLM alone, without the STT. ``--voice piper`` speaks
+them with piper's en_US "joe" voice (the local extra's, also the demo's own voice) instead of the committed
+WAVs: a voice nearer to a person's, which whisper hears better. ``--runs N`` repeats the set (sampling makes
+answers differ from run to run).
 
-    flock /work/wt/bench.lock .venv/bin/python scripts/bench_demo.py [--runs 3] [--text] [--json out.json]
+    flock /work/wt/bench.lock .venv/bin/python scripts/bench_demo.py [--set voices] [--runs 3] [--text] \
+        [--json out.json]
     .venv/bin/python scripts/bench_demo.py --url ws://127.0.0.1:8000/v1/realtime   # a gateway already running
 
 Without ``--url`` it starts ``python -m gateway serve`` from this checkout (the package's default configuration;
 GATEWAY_* variables apply) on a free port, and stops it at the end; ``--repo DIR`` serves another checkout
 of the project instead (with this interpreter), e.g. an older commit's export for a before/after figure.
+``--json`` writes every answer with what makes the record self-describing: the machine and its load, the
+date, the served checkout's commit, the command, the GATEWAY_* variables and the models the gateway names.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import datetime
 import json
 import os
 import platform
@@ -44,12 +50,12 @@ from typing import Any
 import websockets
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "tests" / "fixtures" / "demo"
+SETS = {"demo": ROOT / "tests" / "fixtures" / "demo", "voices": ROOT / "tests" / "fixtures" / "demo-voices"}
 TAIL_MS = 1500  # silence after the question: the turn ends within it
 MAX_WORDS = 40
 NUMBERS = {str(n): word for n, word in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve".split())} | {
-    "24": "twenty-four", "100": "hundred"}
+    "24": "twenty-four", "60": "sixty", "100": "hundred"}
 
 
 def words(text: str) -> list[str]:
@@ -92,10 +98,20 @@ def serve(repo: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("the gateway did not start")
 
 
-def espeak_pcm(question: dict[str, Any]) -> bytes:
-    with wave.open(str(DEMO / question["file"])) as w:
-        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
-        return w.readframes(w.getnframes())
+def committed_pcm(folder: Path) -> Any:
+    def pcm(question: dict[str, Any]) -> bytes:
+        with wave.open(str(folder / question["file"])) as w:
+            assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+            return w.readframes(w.getnframes())
+    return pcm
+
+
+def commit(repo: Path) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None  # an exported tree
 
 
 def piper_voice() -> Any:
@@ -105,7 +121,7 @@ def piper_voice() -> Any:
     return lambda question: bytes(48 * 300) + engine.synthesize(question["question"]) + bytes(48 * 300)
 
 
-async def ask(url: str, question: dict[str, Any], text: bool, speak: Any = espeak_pcm) -> dict[str, Any]:
+async def ask(url: str, question: dict[str, Any], text: bool, speak: Any) -> dict[str, Any]:
     """One question in a session of its own: what was heard, what was said, and the first audio's latency."""
     async with websockets.connect(url, max_size=None) as ws:
         assert json.loads(await ws.recv())["type"] == "session.created"
@@ -164,13 +180,19 @@ def main() -> None:
     parser.add_argument("--repo", type=Path, default=ROOT, help="the checkout to serve when no --url is given")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--text", action="store_true", help="ask in text: the LLM alone, without the STT")
+    parser.add_argument("--set", choices=SETS, default="demo",
+                        help="the questions: demo (espeak-ng, default) or voices (other voices)")
     parser.add_argument("--voice", choices=("espeak", "piper"), default="espeak",
-                        help="the committed espeak-ng WAVs (default), or piper's voice made now")
+                        help="the set's committed WAVs (default; named for the demo set's voice), or piper's voice "
+                             "made now")
     parser.add_argument("--json", type=Path, help="write every answer and the figures here")
     args = parser.parse_args()
-    questions = json.loads((DEMO / "questions.json").read_text())
-    speak = piper_voice() if args.voice == "piper" else espeak_pcm
+    questions = json.loads((SETS[args.set] / "questions.json").read_text())
+    speak = piper_voice() if args.voice == "piper" else committed_pcm(SETS[args.set])
+    load_before = os.getloadavg()
     process, url = (None, args.url) if args.url else serve(args.repo.resolve())
+    with urllib.request.urlopen(url.replace("ws", "http", 1).replace("/v1/realtime", "/healthz"), timeout=5) as r:
+        models = json.loads(r.read())["responder"]
     runs = []
     try:
         for n in range(args.runs):
@@ -188,8 +210,16 @@ def main() -> None:
           f"speech_stopped -> first audio median {median} ms "
           f"({platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")
     if args.json:
-        figures = {"url": url, "text": args.text, "voice": args.voice, "sensible": sensible_counts,
-                   "heard_right": heard_counts, "runs": runs}
+        figures = {
+            "benchmark": "demo answers", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": {"host": platform.node(), "cpus": os.cpu_count(), "processor": platform.processor(),
+                        "python": platform.python_version(), "load_before": load_before,
+                        "load_after": os.getloadavg()},
+            "commit": None if args.url else commit(args.repo.resolve()), "command": sys.argv,
+            "environment": {k: v for k, v in os.environ.items() if k.startswith("GATEWAY_")},
+            "responder": models, "url": url, "set": args.set, "text": args.text, "voice": args.voice,
+            "questions": len(questions), "sensible": sensible_counts, "heard_right": heard_counts,
+            "first_audio_median_ms": median, "runs": runs}
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
 
 
