@@ -1,4 +1,4 @@
-"""How many of the demo's 20 spoken questions a gateway answers sensibly (tests/fixtures/demo/).
+"""How many of the demo's 20 spoken questions a gateway answers sensibly (tests/fixtures/demo/, or --set voices).
 
 Each question is asked in a session of its own, over WebSocket as a client would: its WAV, then silence until
 the gateway's turn detection ends the turn. A question counts as
@@ -8,7 +8,8 @@ the gateway's turn detection ends the turn. A question counts as
   numbers read either way ("8" or "eight"), in at most MAX_WORDS words (a ramble that mentions the answer
   somewhere does not count).
 
---text asks the same questions as text (conversation.item.create, then response.create): the LLM alone,
+--set voices asks the second set (tests/fixtures/demo-voices/): 20 other questions, each in another espeak-ng or
+piper voice (scripts/make_demo_questions.py). --text asks the same questions as text (conversation.item.create, then response.create): the LLM alone,
 without the STT. --voice piper speaks them with piper's en_US "joe" voice (the local extra's, the demo's own
 voice) instead of the committed espeak-ng WAVs. --runs N repeats the set. Without --url it serves the gateway
 with the package's default configuration (the local models where the local extra is installed).
@@ -19,9 +20,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import json
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.launcher import Gateway, bench_settings, free_port
@@ -33,16 +36,18 @@ HOW = """\
     python -m bench demo --runs 3                # spoken by espeak-ng (the committed WAVs)
     python -m bench demo --voice piper           # spoken by piper's voice; --text: typed, the LLM alone
     python -m bench demo --url ws://127.0.0.1:8000/v1/realtime   # a gateway already running"""
-DEMO = FIXTURES / "demo"
+SETS = {"demo": FIXTURES / "demo", "voices": FIXTURES / "demo-voices"}
 TAIL_MS = 1500  # silence after the question: the turn ends within it
 MAX_WORDS = 40
 NUMBERS = {str(n): word for n, word in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve".split())} | {
-    "24": "twenty-four", "100": "hundred"}
+    "24": "twenty-four", "60": "sixty", "100": "hundred"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="a running gateway's Realtime WebSocket (default: start one)")
+    parser.add_argument("--set", choices=tuple(SETS), default="demo", dest="question_set",
+                        help="the espeak-ng set (default) or the set in other voices")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--questions", type=int, help="ask the first N questions only (default all; --small 3)")
     parser.add_argument("--text", action="store_true", help="ask in text: the LLM alone, without the STT")
@@ -65,10 +70,10 @@ def sensible(question: dict[str, Any], said: str) -> bool:
     return len(said_words) <= MAX_WORDS and any(f" {a} " in joined for a in question["answer"])
 
 
-def espeak_pcm(question: dict[str, Any]) -> bytes:
+def committed_pcm(folder: Path, question: dict[str, Any]) -> bytes:
     import wave
 
-    with wave.open(str(DEMO / question["file"])) as w:
+    with wave.open(str(folder / question["file"])) as w:
         assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
         return w.readframes(w.getnframes())
 
@@ -136,13 +141,14 @@ async def ask_all(url: str, questions: list[dict[str, Any]], text: bool, speak: 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    questions = json.loads((DEMO / "questions.json").read_text())
+    folder = SETS[args.question_set]
+    questions = json.loads((folder / "questions.json").read_text())
     count = args.questions or (3 if args.small else len(questions))
     questions = questions[:count]
-    speak = piper_voice() if args.voice == "piper" and not args.text else espeak_pcm
+    speak = piper_voice() if args.voice == "piper" and not args.text else functools.partial(committed_pcm, folder)
     gateway = None if args.url else Gateway(bench_settings(free_port()))
     url = args.url or (gateway.url if gateway else "")
-    mode = "typed" if args.text else f"spoken, {args.voice}"
+    mode = ("typed" if args.text else f"spoken, {args.voice}") + f", the {args.question_set} set"
     levels = []
     try:
         for n in range(args.runs):
@@ -161,4 +167,4 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             gateway.stop()
     return {"setup": f"{mode}, {len(questions)} questions", "settings": {
         "url": args.url or "the package's default configuration", "runs": args.runs, "questions": len(questions),
-        "text": args.text, "voice": args.voice, "max_words": MAX_WORDS}, "levels": levels}
+        "text": args.text, "voice": args.voice, "set": args.question_set, "max_words": MAX_WORDS}, "levels": levels}
