@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-from scripts.make_fixtures import RATE, silence, speak
+from scripts.make_fixtures import RATE, level, silence, speak
 
 # (file stem, question, words heard, answers accepted); numbers in digits or words (the demo suite spells them).
 QUESTIONS = [
