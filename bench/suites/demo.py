@@ -11,8 +11,9 @@ the gateway's turn detection ends the turn. A question counts as
 --set voices asks the second set (tests/fixtures/demo-voices/): 20 other questions, each in another espeak-ng or
 piper voice (scripts/make_demo_questions.py). --text asks the same questions as text (conversation.item.create,
 then response.create): the LLM alone, without the STT. --voice piper speaks them with piper's en_US "joe" voice
-(the local extra's, the demo's own voice) instead of the committed WAVs. --runs N repeats the set. Without --url it serves the gateway
-with the package's default configuration (the local models where the local extra is installed).
+(the local extra's, the demo's own voice) instead of the committed WAVs. --runs N repeats the set. Without --url
+it serves the gateway with the package's default configuration (the local models where the local extra is
+installed).
 """
 
 from __future__ import annotations
