@@ -63,7 +63,7 @@ async def realtime_load(
     """
     with ThreadPoolExecutor(1) as executor:
         loop = asyncio.get_running_loop()
-        batcher = VadBatcher(executor, inline_windows)
+        batcher = VadBatcher(executor)
         latencies: list[float] = []
 
         def unbatched(vad: SileroVAD, pcm: bytes) -> Awaitable[np.ndarray]:

@@ -103,10 +103,9 @@ class Gateway:
         self._hurry = asyncio.Event()  # a second signal: the drain closes what is left at once
         self.ready = False
         self._vad_model: SileroModel | None = None
+        # The VAD's own thread: its batches never wait for the event loop (onnxruntime releases the GIL).
         self._vad_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
-        self._vad_batcher = VadBatcher(
-            self._vad_executor, config.vad.inline_windows, config.vad.batch_interval_ms
-        )
+        self._vad_batcher = VadBatcher(self._vad_executor, config.vad.batch_interval_ms)
         # Smart Turn (semantic_vad) has a thread of its own: its calls take tens of milliseconds, and the
         # sessions' VAD batches must not queue behind them.
         self._smart_turn_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smart-turn")
