@@ -35,6 +35,7 @@ MODEL_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3
 VAD_RATE = 16_000
 WINDOW = 512  # samples at 16 kHz per model call
 CONTEXT = 64  # samples of the previous window prepended to each call (the model needs them)
+NO_WINDOWS = np.zeros((0, WINDOW), dtype=np.float32)
 
 
 class ModelChecksumError(RuntimeError):
@@ -107,11 +108,12 @@ class SileroVAD:
     def reset(self) -> None:
         """Start over as for a new stream (window count back to 0)."""
         self._resampler.reset()
-        self._odd = b""
+        self._raw = bytearray()  # input not resampled yet (see _take_windows)
+        self._input_bytes = 0
         self._pending = np.zeros(0, dtype=np.float32)
         self._context = np.zeros(CONTEXT, dtype=np.float32)
         self._state = np.zeros((2, 1, 128), dtype=np.float32)
-        self._input_samples = 0
+        self._framed = 0  # whole windows taken from the resampler's output
         self.windows = 0
         """Windows processed since the last reset; window i starts at input time 32·i ms."""
 
@@ -128,22 +130,29 @@ class SileroVAD:
 
         The resampler releases output in bursts, so the exact count is unknown until it runs.
         """
-        total = self._input_samples + (len(self._odd) + nbytes) // 2
-        return max(0, total * VAD_RATE // SAMPLE_RATE // WINDOW - self.windows)
+        total = (self._input_bytes + nbytes) // 2
+        return max(0, total * VAD_RATE // SAMPLE_RATE // WINDOW - self._framed)
 
     def _take_windows(self, pcm24k: bytes) -> Float32Array:
-        if self._odd:
-            pcm24k = self._odd + pcm24k
-        self._odd = pcm24k[-1:] if len(pcm24k) & 1 else b""
-        samples = bytes_to_int16(pcm24k[: len(pcm24k) & ~1])
-        self._input_samples += len(samples)
-        return self._frame(self._resampler.process(int16_to_float32(samples)))
+        """The whole windows the input so far completes, [n, 512]. Input that cannot complete one yet (no
+        resampler output could) waits as it is: the resampler runs once per window rather than per append,
+        on the same samples (its output does not depend on how its input is cut)."""
+        pending = self.windows_pending(len(pcm24k))
+        self._input_bytes += len(pcm24k)
+        self._raw += pcm24k
+        if not pending:
+            return NO_WINDOWS
+        n = len(self._raw) & ~1
+        samples = int16_to_float32(bytes_to_int16(memoryview(self._raw)[:n]))
+        del self._raw[:n]  # an odd byte stays for the next append
+        return self._frame(self._resampler.process(samples))
 
     def _frame(self, samples: Float32Array) -> Float32Array:
         """Append 16 kHz samples to the partial window; return whole windows as [n, 512]."""
         buf = np.concatenate((self._pending, samples)) if len(self._pending) else samples
         n = len(buf) // WINDOW
         self._pending = buf[n * WINDOW :].copy()
+        self._framed += n
         return buf[: n * WINDOW].reshape(n, WINDOW)
 
     def _run(self, windows: Float32Array) -> Float32Array:
@@ -218,6 +227,9 @@ class VadBatcher:
         self._queue: list[tuple[SileroVAD, Float32Array, Deliver]] = []
         self._armed = False  # a batch is due or under way: what is fed meanwhile joins it or the next
         self._next_at = 0.0  # time.monotonic() of the next batch's earliest start
+        # The thread waits out the interval on an event never set: a wait that profilers see as one, where
+        # time.sleep looks like work (scripts/cpu_stages.py).
+        self._pause = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def feed(self, vad: SileroVAD, pcm24k: bytes, deliver: Deliver) -> int:
@@ -259,7 +271,7 @@ class VadBatcher:
         assert self._loop is not None
         while True:
             if (wait := self._next_at - time.monotonic()) > 0:
-                time.sleep(wait)
+                self._pause.wait(wait)
             self._next_at = time.monotonic() + self._interval
             items = self._take()
             if not items:
