@@ -93,7 +93,7 @@ mkdir -p "$OUT"
 # old: openai's aiohttp transport wants aiohttp >= 3.14.4), pyzmq for the engine processes, the pipecat-ai
 # wheel for the Smart Turn model it ships (the gateway loads it at start), starlette and uvicorn for the
 # coming front door. Not mcp: the benchmark's gateway runs with [mcp] off (its sessions call no tools).
-GATEWAY_WHEELS="websockets==15.0.1 orjson==3.13.0 soxr==1.1.0 pyzmq==27.3.0
+GATEWAY_WHEELS="websockets==15.0.1 orjson==3.13.0 pybase64==1.5.1 soxr==1.1.0 pyzmq==27.3.0
   openai==3.54.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0 sniffio==1.3.1
   pydantic==2.14.3 pydantic-core==2.50.4 typing-inspection==0.4.5 annotated-types==0.8.0
   typing-extensions==4.16.0 anyio==4.16.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4
