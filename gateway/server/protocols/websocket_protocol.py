@@ -14,8 +14,8 @@ message). What uvicorn lacks, and this subclass adds:
 - A process-wide bound on buffered inbound bytes. Each connection may hold up to
   ``[server] inbound_free_bytes`` (a message being read, those waiting, one being handled); past that
   it needs one of ``inbound_budget_bytes // (2 * max_message_bytes)`` large-message slots and stops
-  reading until one is free (and, holding one, after each message). A slot holder can always finish its message (its room is reserved), so
-  slots never deadlock; they are given first come, first served.
+  reading until one is free (and, holding one, after each message). A slot holder can always finish its
+  message (its room is reserved), so slots never deadlock; they are given first come, first served.
   Peak memory of inbound messages, the copies made while handling them included: at most
   2 x inbound_budget_bytes + 3 x connections x (inbound_free_bytes + one socket read of 256 KiB).
 
