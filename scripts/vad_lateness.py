@@ -35,7 +35,7 @@ from gateway.config import load_config  # noqa: E402
 from gateway.realtime.session import Session  # noqa: E402
 from gateway.responders.echo import EchoResponder  # noqa: E402
 from gateway.runtime.session_runner import SessionRunner  # noqa: E402
-from gateway.runtime.silero import SileroModel, SileroVAD, VadBatcher  # noqa: E402
+from gateway.runtime.silero import SWITCH_INTERVAL_S, SileroModel, SileroVAD, VadBatcher  # noqa: E402
 
 APPEND_MS = 20
 
@@ -85,6 +85,8 @@ async def vad_lateness(sessions: int, seconds: float, busy_ms: float, every_ms: 
         await asyncio.sleep(0.5)
         await runner.close()
 
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)  # as the gateway does at start
     with ThreadPoolExecutor(1, thread_name_prefix="vad") as executor:
         batcher = VadBatcher(executor, interval_ms=interval_ms)
         hogging = asyncio.create_task(hog()) if busy_ms > 0 else None
@@ -93,6 +95,7 @@ async def vad_lateness(sessions: int, seconds: float, busy_ms: float, every_ms: 
         cpu = time.process_time() - cpu
         if hogging is not None:
             hogging.cancel()
+    sys.setswitchinterval(switch_interval)
     return {"sessions": sessions, "busy_ms": busy_ms, "every_ms": every_ms, "turns": len(late),
             "late_p50_ms": float(np.percentile(late, 50)), "late_p95_ms": float(np.percentile(late, 95)),
             "cpu_s_per_session_min": (cpu - busy_cpu) / (sessions * seconds / 60)}

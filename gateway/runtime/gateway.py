@@ -13,6 +13,7 @@ import asyncio
 import gc
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -33,7 +34,7 @@ from gateway.runtime.capacity import Capacity
 from gateway.runtime.custom_voices import SessionVoices, VoiceLibrary
 from gateway.runtime.health import Backends
 from gateway.runtime.session_runner import Playout, Send, SessionRunner, log_fault
-from gateway.runtime.silero import SileroModel, SileroVAD, VadBatcher
+from gateway.runtime.silero import SWITCH_INTERVAL_S, SileroModel, SileroVAD, VadBatcher
 from gateway.runtime.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError
 from gateway.runtime.speech import SpeechService
 from gateway.runtime.trace import ACTIVE_SESSIONS, TurnTrace
@@ -115,6 +116,7 @@ class Gateway:
         self.backends: Backends | None = None  # their health, once started
         self._backend_check: asyncio.Task[None] | None = None
         self._started = False
+        self._switch_interval = sys.getswitchinterval()
         self.speech = SpeechService(config)  # /v1/audio/speech: its engine and its share of it
         self.voices = VoiceLibrary(config.voices)  # the deployment's custom voices ([voices] dir)
 
@@ -156,6 +158,9 @@ class Gateway:
         # Everything loaded so far (openai, pydantic, onnxruntime, torch) lives as long as the process:
         # keep it out of the collector, so full collections stay short and the loop keeps its pace.
         gc.freeze()
+        # The VAD's thread gets the GIL at once when it asks, not after the loop's next 5 ms of Python.
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self.ready = True
         # A backend that is down is named now, not at the first user's turn (which it would fail).
         self.backends = Backends(self.responder, self.transcriber, self.config.server.backend_check_s)
@@ -177,6 +182,7 @@ class Gateway:
             if close is not None:
                 await close()  # the backends' HTTP connection pools
         gc.unfreeze()  # what start-up kept out of the collector may go now
+        sys.setswitchinterval(self._switch_interval)
         if self._trace_sink is not None:
             self._trace_sink.close()
 
