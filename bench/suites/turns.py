@@ -13,7 +13,8 @@ ended a turn is added to its delay.
 - verdicts: the model's P(complete) 200 ms into the pauses inside sentences (should be low) and after their
   ends (should be high);
 - CPU: the model per turn, alone and in batches; then the input path, one thread, as on the event loop or the
-  VAD's worker thread, and N sessions in real time on one loop with one VAD thread (by one and batched).
+  VAD's worker thread, and N sessions in real time on one loop with one VAD thread (by one and batched);
+- VAD lateness: speech_stopped lateness of N sessions on one loop kept busy by other work (bench/vad_lateness.py).
 
 Figures of CPU time, so the load side is not judged (a busy machine moves them less than wall-clock ones).
 """
@@ -52,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recheck-ms", default="0,500", help="semantic_vad recheck_ms values")
     parser.add_argument("--sessions", type=int, help="sessions of the input path's real-time load (default 100; "
                         "--small 10)")
+    parser.add_argument("--busy-ms", default="0,4,8", help="VAD lateness: the loop kept busy this long every "
+                        "--every-ms (comma-separated levels; --small: 0,8)")
+    parser.add_argument("--every-ms", type=float, default=10.0)
+    parser.add_argument("--lateness-sessions", type=int, help="VAD lateness: sessions (default 40; --small 10)")
 
 
 @dataclass
@@ -232,7 +237,7 @@ async def realtime_load(n: int, seconds: float, appends: list[bytes], model: Any
 
     with ThreadPoolExecutor(1) as executor:
         loop = asyncio.get_running_loop()
-        batcher = VadBatcher(executor, inline_windows)
+        batcher = VadBatcher(executor)
         latencies: list[float] = []
 
         def unbatched(vad: Any, pcm: bytes) -> Awaitable[Any]:
@@ -314,8 +319,24 @@ def input_path(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def lateness(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from bench.vad_lateness import vad_lateness
+
+    sessions = args.lateness_sessions or (10 if args.small else 40)
+    seconds = 8.0 if args.small else 20.0
+    levels = "0,8" if args.small else args.busy_ms
+    rows = []
+    for busy in (float(b) for b in levels.split(",")):
+        r = asyncio.run(vad_lateness(sessions, seconds, busy, args.every_ms))
+        rows.append({"kind": "lateness", "what": f"{sessions} sessions, the loop busy {busy:g} ms every "
+                     f"{args.every_ms:g} ms", **r, "valid": None, "invalid": []})
+        print(f"VAD late with the loop busy {busy:g}/{args.every_ms:g} ms: P50 {r['late_p50_ms']:.1f}, "
+              f"P95 {r['late_p95_ms']:.1f} ms; {r['cpu_s_per_session_min']:.3f} CPU s per session-minute", flush=True)
+    return rows
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    rows = detectors(args) + input_path(args)
+    rows = detectors(args) + input_path(args) + lateness(args)
     return {"setup": "recorded turns, the input path", "settings": {
         "turns": str(args.turns), "server_silence": args.server_silence, "recheck_ms": args.recheck_ms,
         "small": args.small}, "levels": rows}

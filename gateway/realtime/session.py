@@ -25,7 +25,6 @@ handler becomes a server_error event, and the session goes on.
 
 from __future__ import annotations
 
-import base64
 import binascii
 from collections.abc import Collection
 from dataclasses import replace
@@ -33,6 +32,7 @@ from enum import Enum
 from typing import Any
 
 import orjson
+import pybase64
 
 from gateway.config import Config
 from gateway.core.responder import BackendError, ResponseOutput
@@ -208,7 +208,7 @@ class Session:
                 "audio",
             )
         try:
-            raw = base64.b64decode(audio, validate=True)
+            raw = pybase64.b64decode(audio, validate=True)
         except (binascii.Error, ValueError):
             raise ProtocolError("invalid_base64", "'audio' is not valid base64.", "audio") from None
         return self.input_audio(self.input.decoder.decode(raw))

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from gateway.audio import Float32Array
 from gateway.core.responder import BackendError, Message, Responder, ResponseRequest, Transcriber, Transcripts
 from gateway.realtime.effects import (
     CallMcp,
@@ -47,9 +48,9 @@ Send = Callable[[str], Awaitable[None]]
 # The per-turn log line shows this much of what was heard and said.
 LOGGED_CHARS = 80
 
-# Input audio waiting for the VAD beyond this (5 s of pcm16 24 kHz) makes the next client message
+# Input audio waiting for the VAD beyond this (5 s in 32 ms windows) makes the next client message
 # wait: back-pressure on a client that streams far faster than the VAD runs.
-MAX_VAD_BACKLOG_BYTES = 5 * 48_000
+MAX_VAD_BACKLOG_WINDOWS = 5000 // 32
 
 
 def log_fault(session_id: str, fault: Fault) -> None:
@@ -106,11 +107,12 @@ class SessionRunner:
         # Transcriptions by user item id: they outlive the responses that wait for them.
         self._transcripts: dict[str, asyncio.Task[str]] = {}
         # The early transcription of the turn in its closing pause: (what it transcribes, its pieces).
-        self._prepared: tuple[PrepareTranscript, asyncio.Task[list[str]]] | None = None
-        # Audio for the VAD, run by one task at a time: appends are not held up by the VAD's latency,
-        # and audio that arrives during a VAD call goes into the next one (a session catches up).
-        self._vad_backlog = bytearray()
+        self._prepared: tuple[PrepareTranscript, asyncio.Task[None], list[str]] | None = None
+        # What the VAD's probabilities (they come back to _vad_result) made the session do, carried out in
+        # order by one task at a time; and a client message waiting for the VAD to catch up.
+        self._vad_effects: list[Effect] = []
         self._vad_task: asyncio.Task[None] | None = None
+        self._vad_caught_up: asyncio.Future[None] | None = None
         # MCP listings (None) and calls (their response's id: cancelled with it) in flight.
         self.mcp = McpClient(session.config.mcp)
         self._mcp_tasks: dict[asyncio.Task[None], str | None] = {}
@@ -131,8 +133,9 @@ class SessionRunner:
     async def receive(self, message: str | bytes) -> None:
         """One client message; returns once its effects are carried out, except the VAD's."""
         await self._apply(self.session.handle(message))
-        if len(self._vad_backlog) > MAX_VAD_BACKLOG_BYTES and self._vad_task is not None:
-            await asyncio.wait([self._vad_task])
+        if self.vad is not None and self.vad.queued > MAX_VAD_BACKLOG_WINDOWS:
+            self._vad_caught_up = asyncio.get_running_loop().create_future()
+            await self._vad_caught_up
 
     async def send_event(self, event: dict[str, Any]) -> None:
         """A server event from outside the session (a draining gateway's notice), in order with its others."""
@@ -212,14 +215,39 @@ class SessionRunner:
             await self._send(orjson.dumps(event).decode())
 
     async def _run_vad_on(self, pcm: bytes) -> None:
-        self._vad_backlog += pcm
-        if self._vad_task is not None:
-            return  # the running VAD task takes it with the rest of the backlog
-        if self._vad_batcher is None or self.vad.windows_pending(len(self._vad_backlog)) == 0:
-            # No model call to wait for (the audio completes no window): buffer it now.
-            await self._apply(self.session.vad_result(self.vad.process(self._take_vad_backlog())))
-        else:
-            self._vad_task = asyncio.create_task(self._run_vad())
+        if self._vad_batcher is None:
+            await self._apply(self.session.vad_result(self.vad.process(pcm)))
+            return
+        # The batcher hands the probabilities to _vad_result; appends are not held up meanwhile.
+        self._vad_batcher.feed(self.vad, pcm, self._vad_result)
+        if not self.vad.queued:  # no window to wait for (the audio completes none): buffered now
+            effects = self.session.vad_result(())
+            if self._vad_task is None:
+                await self._apply(effects)
+            else:  # after the VAD's events still being carried out
+                self._vad_effects += effects
+
+    def _vad_result(self, probabilities: Float32Array) -> None:
+        """The batched VAD's probabilities for this session's audio, in order, on the loop."""
+        if self._vad_caught_up is not None and self.vad.queued <= MAX_VAD_BACKLOG_WINDOWS:
+            self._vad_caught_up.set_result(None)
+            self._vad_caught_up = None
+        if self._closed:
+            return
+        self._vad_effects += self.session.vad_result(probabilities)
+        if self._vad_effects and self._vad_task is None:
+            self._vad_task = asyncio.create_task(self._apply_vad_effects())
+
+    async def _apply_vad_effects(self) -> None:
+        try:
+            while self._vad_effects:
+                effects, self._vad_effects = self._vad_effects, []
+                await self._apply(effects)
+        except Exception:  # a broken VAD must not take the session with it
+            log.exception("carrying out the VAD's events failed")
+            self._vad_effects.clear()
+        finally:
+            self._vad_task = None
 
     def _start_response(self, request: ResponseRequest) -> None:
         self._answers[request.response_id] = next((m for m in reversed(request.messages) if m.role == "user"), None)
@@ -242,9 +270,10 @@ class SessionRunner:
     def _prepare_transcript(self, effect: PrepareTranscript) -> None:
         self._drop_prepared()
         if effect.pcm is not None and self.transcriber is not None:
-            task = asyncio.create_task(self._pieces(effect), context=self._context)
+            got: list[str] = []
+            task = asyncio.create_task(self._pieces(effect, got), context=self._context)
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # Transcribe reports it
-            self._prepared = effect, task
+            self._prepared = effect, task, got
 
     def _start_transcription(self, effect: Transcribe) -> None:
         # The early result is taken now: a PrepareTranscript later in this batch drops what is left.
@@ -276,24 +305,6 @@ class SessionRunner:
             return
         await self._apply(self.session.mcp_call_finished(effect.response_id, effect.item_id, output))
 
-    def _take_vad_backlog(self) -> bytes:
-        pcm = bytes(self._vad_backlog)
-        self._vad_backlog.clear()
-        return pcm
-
-    async def _run_vad(self) -> None:
-        """Sessions' windows are batched into shared model calls (see VadBatcher)."""
-        assert self._vad_batcher is not None
-        try:
-            while self._vad_backlog and not self._closed:
-                probabilities = await self._vad_batcher.process(self.vad, self._take_vad_backlog())
-                await self._apply(self.session.vad_result(probabilities))
-        except Exception:  # a broken VAD must not take the session with it
-            log.exception("VAD failed; %d bytes of input audio not analysed", len(self._vad_backlog))
-            self._vad_backlog.clear()
-        finally:
-            self._vad_task = None
-
     async def _check_turn(self, effect: RunSmartTurn) -> None:
         probability = None
         if self._smart_turn is not None:
@@ -309,24 +320,33 @@ class SessionRunner:
             self._prepared[1].cancel()
             self._prepared = None
 
-    async def _pieces(self, effect: PrepareTranscript) -> list[str]:
+    async def _pieces(self, effect: PrepareTranscript, got: list[str]) -> None:
+        """The early transcription, each piece kept in ``got`` as it comes (a failure keeps those before it)."""
         assert self.transcriber is not None and effect.pcm is not None
         async with aclosing(self.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)) as pieces:
-            return [piece async for piece in pieces]
+            async for piece in pieces:
+                got.append(piece)
 
     def _take_prepared(self, effect: Transcribe) -> AsyncIterator[str] | None:
         """The early transcription's pieces if it transcribed exactly this item's audio."""
         prepared, self._prepared = self._prepared, None
         if prepared is None:
             return None
-        early, task = prepared
+        early, task, got = prepared
         if (early.pcm, early.language, early.prompt) != (effect.pcm, effect.language, effect.prompt):
             task.cancel()
             return None
 
         async def pieces() -> AsyncIterator[str]:
-            for piece in await task:
+            failure = None
+            try:
+                await task
+            except Exception as exc:  # what came before the failure is streamed first, as without it
+                failure = exc
+            for piece in got:
                 yield piece
+            if failure is not None:
+                raise failure
         return pieces()
 
     async def _transcribe(self, effect: Transcribe, early: AsyncIterator[str] | None = None) -> str:

@@ -220,6 +220,27 @@ def test_the_worker_count_auto_is_one_unless_a_gpu_engine_runs_in_engine_process
     on_cpu = {"engine__endpoints": "", "engine__checkpoint": "x", "engine__devices": "cpu"}
     assert workers.worker_count(make_config(**engines | on_cpu)) == 1
     with pytest.raises(ConfigError, match='mode = "process"'):
-        workers.worker_count(make_config(tts__engine="qwen3", engine__checkpoint="x", server__workers=2))
+        workers.worker_count(make_config(tts__engine="qwen3", engine__checkpoint="x", engine__mode="thread",
+                                         server__workers=2))
     with pytest.raises(ConfigError, match="server.workers"):
         workers.worker_count(make_config(server__workers=-1))
+
+
+def test_the_defaults_size_a_host_by_its_cores_and_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[engine] mode "auto" and [server] workers 0: one engine process per GPU and a worker per core less two
+    per GPU, with no option; on a host without a GPU, one process with the engine in a thread."""
+    from engine import supervisor
+    from gateway.server import workers
+    from tests.conftest import make_config
+
+    monkeypatch.setattr(workers, "cpu_count", lambda: 64)
+    monkeypatch.setattr(supervisor, "gpu_count", lambda python=None: 4)
+    config = make_config(tts__engine="qwen3", engine__checkpoint="x")
+    assert workers.worker_count(config) == 64 - 2 * 4
+    assert (config.engine.mode, config.engine.devices) == ("process", "cuda:0,cuda:1,cuda:2,cuda:3")
+    monkeypatch.setattr(supervisor, "gpu_count", lambda python=None: 0)
+    config = make_config(tts__engine="qwen3", engine__checkpoint="x")
+    assert workers.worker_count(config) == 1 and config.engine.mode == "thread"
+    config = make_config(tts__engine="qwen3", engine__checkpoint="x", server__workers=3)  # several: processes
+    assert workers.worker_count(config) == 3
+    assert workers.engine_mode(config) == "process" and config.engine.devices == "auto"
