@@ -34,7 +34,8 @@ GATEWAY = """websockets==15.0.1 orjson==3.13.0 soxr==1.1.0 pyzmq==27.3.0 openai=
 truststore==0.10.5 jiter==0.19.0 sniffio==1.3.1 pydantic==2.14.3 pydantic-core==2.50.4 typing-inspection==0.4.5
 annotated-types==0.8.0 typing-extensions==4.16.0 anyio==4.16.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1
 propcache==0.5.4 frozenlist==1.8.0 aiosignal==1.4.0 aiohappyeyeballs==2.7.1 attrs==26.1.0 starlette==1.10.0
-uvicorn==0.54.0 httptools==0.9.0 py-spy==0.4.3 cryptography==50.0.2 cffi==2.0.0 pycparser==2.23 pybase64==1.5.1""".split()
+uvicorn==0.54.0 httptools==0.9.0 py-spy==0.4.3 cryptography==50.0.2 cffi==2.0.0 pycparser==2.23
+pybase64==1.5.1""".split()
 SLIM = ["silero-vad==6.2.3", "pipecat-ai==1.14.0"]
 SMART_TURN = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
 # qwen-tts pins transformers 4.57.3, which wants tokenizers <= 0.23.0 and huggingface-hub < 1.0; librosa and
