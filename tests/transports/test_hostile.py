@@ -21,6 +21,7 @@ import orjson
 import pytest
 import websockets
 from prometheus_client import REGISTRY
+from starlette.routing import Route, WebSocketRoute
 from websockets.client import ClientProtocol
 from websockets.uri import parse_uri
 
@@ -124,6 +125,47 @@ async def test_deep_json_is_a_400_on_every_way_in(start_gateway, caplog):
         error = orjson.loads(body)["error"]
         assert (status, error["code"]) == (400, "invalid_json"), (request[:60], body)
         assert "nested deeper than 32 levels" in error["message"]
+    no_tracebacks(caplog)
+
+
+# JSON that is neither an object nor an array: it used to crash the depth check (a 500, or server_error).
+SCALARS = ("5", "-1.5e3", "true", "false", "null")
+
+
+async def test_scalar_json_is_a_400_on_every_route_that_reads_a_body(start_gateway, caplog):
+    """A bare number, true, false or null where a JSON object belongs gets the 400 a JSON string gets. Every
+    route of the app that takes a body is tried (path parameters filled in), so a new one cannot be missed."""
+    gateway = await start_gateway(webrtc__enabled=True)
+    reading_json = set()
+    for route in gateway.app.routes:
+        assert isinstance(route, Route | WebSocketRoute), route  # a Mount's routes would need walking here
+        for method in sorted((getattr(route, "methods", None) or set()) - {"GET", "HEAD"}):
+            path = re.sub(r"\{[^}]+\}", "x", route.path)
+            answers = {}
+            for body in ('"an object"', *SCALARS):
+                request = get(path, method, "Content-Type: application/json\r\n", body.encode())
+                status, _, raw = await raw_http(gateway.port, request)
+                error = orjson.loads(raw)["error"] if raw else {}
+                answers[body] = (status, error.get("code"), error.get("message"))
+            status, code, message = answers['"an object"']
+            assert status < 500 and set(answers.values()) == {(status, code, message)}, (method, path, answers)
+            if message and "must be a JSON object" in message:
+                assert (status, code) == (400, "invalid_json"), (method, path, answers)
+                reading_json.add(f"{method} {path}")
+    assert reading_json == {
+        "POST /v1/realtime/client_secrets", "POST /v1/realtime/sessions", "POST /v1/realtime/transcription_sessions",
+        "POST /v1/audio/speech", "POST /v1/audio/voice_consents", "POST /v1/audio/voice_consents/x",
+        "POST /v1/audio/voices",
+    }
+    # The WebRTC form's session part is JSON too.
+    offer = await aiortc_offer()
+    for session in ('"an object"', *SCALARS):
+        form = (f'--b\r\nContent-Disposition: form-data; name="sdp"\r\n\r\n{offer}\r\n'
+                f'--b\r\nContent-Disposition: form-data; name="session"\r\n\r\n{session}\r\n--b--\r\n')
+        status, _, body = await raw_http(gateway.port, offer_request(form.encode(), "multipart/form-data; boundary=b"))
+        error = orjson.loads(body)["error"]
+        assert status == 400 and error["message"] == "The 'session' part must be a JSON object.", (session, body)
+    assert not gateway.webrtc.calls and not gateway.sessions
     no_tracebacks(caplog)
 
 
