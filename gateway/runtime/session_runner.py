@@ -160,6 +160,12 @@ class SessionRunner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # A task that failed or was cancelled keeps its frame, and so this runner, in its exception's traceback:
+        # let go of the tasks, so that the session (its conversation's audio) is freed now, not by the collector.
+        self._responses.clear()
+        self._transcripts.clear()
+        self._mcp_tasks.clear()
+        self._checks.clear()
 
     async def _apply(self, effects: Iterable[Effect]) -> None:
         for effect in effects:
@@ -302,11 +308,7 @@ class SessionRunner:
         if (early.pcm, early.language, early.prompt) != (effect.pcm, effect.language, effect.prompt):
             task.cancel()
             return None
-
-        async def pieces() -> AsyncIterator[str]:
-            for piece in await task:
-                yield piece
-        return pieces()
+        return _pieces_of(task)
 
     async def _transcribe(self, effect: Transcribe, early: AsyncIterator[str] | None = None) -> str:
         """Streams the item's transcript to the client as it comes (``early``: the pieces its early
@@ -323,12 +325,15 @@ class SessionRunner:
                         await self._apply(self.session.input_transcript_delta(effect.item_id, piece))
         except Exception as exc:  # any transcriber's failure is an STT failure, for the responses awaiting it
             error = exc if isinstance(exc, BackendError) else BackendError("stt", f"{type(exc).__name__}: {exc}")
-            log.warning("transcription of %s failed: %s", effect.item_id, error)
-            self._backend_failed(error)
-            await self._apply(self.session.input_transcribed(effect.item_id, None, str(error)))
-            if error is exc:
-                raise
-            raise error from exc
+            try:
+                log.warning("transcription of %s failed: %s", effect.item_id, error)
+                self._backend_failed(error)
+                await self._apply(self.session.input_transcribed(effect.item_id, None, str(error)))
+                if error is exc:
+                    raise
+                raise error from exc
+            finally:
+                del error  # raised, it holds this frame in its traceback: kept here as well, the two make a cycle
         text = text.strip()
         await self._apply(self.session.input_transcribed(effect.item_id, text))
         return text
@@ -385,7 +390,21 @@ class SessionRunner:
             # Also on cancellation (barge-in, response.cancel): closes the responder's HTTP streams
             # and TTS stream; the session has already sent this response's response.done.
             await stream.aclose()
-        await self._apply(self.session.response_finished(rid, error))
+        try:
+            await self._apply(self.session.response_finished(rid, error))
+        finally:
+            del error  # its traceback holds this frame: kept here as well, the two make a cycle
+
+
+async def _pieces_of(task: asyncio.Task[list[str]]) -> AsyncIterator[str]:
+    """The pieces an early transcription found. Its failure, raised here, holds this frame in its traceback: the
+    frame lets go of the task that holds the failure, or the two would make a cycle."""
+    try:
+        pieces = await task
+    finally:
+        del task
+    for piece in pieces:
+        yield piece
 
 
 def _quoted(text: str) -> str:
