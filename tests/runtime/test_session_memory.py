@@ -153,3 +153,40 @@ async def test_a_session_that_ends_is_freed_without_the_collector(start_pipeline
         # Two long sessions' audio, heard and said, is some 20 MiB: none of it is kept (kept in cycles until a
         # collection, some 12 MiB of it stayed resident).
         assert grown < 8 * MIB
+
+
+async def test_a_webrtc_call_that_ends_is_freed_without_the_collector(start_gateway):
+    """A call's peer connection, playout and runner call back into it: none of them keeps it (its session, its
+    audio) alive once it ends."""
+    pytest.importorskip("aiortc")
+    from gateway.responders.echo import EchoResponder
+    from tests.transports.test_webrtc import RtcClient, session_count
+
+    gateway = await start_gateway(EchoResponder(pace=1.5), webrtc__enabled=True)
+
+    async def call(watched: list[weakref.ref[Any]]) -> None:
+        client = RtcClient(f"http://127.0.0.1:{gateway.port}")
+        try:
+            await client.connect()
+            await client.until("session.created")
+            (opened,) = gateway.webrtc.calls.values()
+            # (Not its RTCPeerConnection: aiortc's own objects hold one another.)
+            watched += [weakref.ref(o) for o in (opened, opened.runner, opened.session, opened.playout)]
+            del opened
+            client.mic.say(load_pcm("one_sentence.wav") + silence(600))
+            await client.until("output_audio_buffer.started", timeout=20)
+            client.mic.say(load_pcm("one_sentence.wav")[: 48 * 1500])  # over the reply: a barge-in
+            assert (await client.until("response.done", timeout=20))[-1]["response"]["status"] == "cancelled"
+            assert await client.hang_up() == 204
+        finally:
+            await client.close()
+        assert await session_count(gateway, 0) == 0 and not gateway.webrtc.calls
+
+    await call([])  # warm
+    with collector_off():
+        watched: list[weakref.ref[Any]] = []
+        await call(watched)
+        await asyncio.sleep(0.5)  # aiortc's own tasks end
+        alive = [type(obj).__name__ for ref in watched if (obj := ref()) is not None]
+    assert alive == [], alive
+    assert cycles_of_ours() == []

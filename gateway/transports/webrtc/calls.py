@@ -32,6 +32,7 @@ import re
 import secrets
 import socket
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -228,6 +229,17 @@ class OutboundAudio(PacedTrack):
 # --- one call -------------------------------------------------------------------------------------
 
 
+def _weakly(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """``method`` called through a weak reference to its object (nothing once the object is gone)."""
+    ref = weakref.WeakMethod(method)
+
+    async def call(*args: object) -> None:
+        if (bound := ref()) is not None:
+            await bound(*args)
+    return call
+
+
+
 class Call:
     """One peer connection and its session; ``close`` frees both, whichever side ends the call."""
 
@@ -238,8 +250,10 @@ class Call:
         self.created = time.monotonic()
         self.pc = RTCPeerConnection(registry.rtc_configuration)
         self.session = session
-        self.playout = OutboundAudio(self._on_playout)
-        self.runner = registry.gateway.new_runner(session, self._send, self.playout)
+        # Its parts call back through weak references, and `close` takes its listeners off the peer connection
+        # and channel: a call that ends is freed at once by reference counting, not by the collector.
+        self.playout = OutboundAudio(_weakly(self._on_playout))
+        self.runner = registry.gateway.new_runner(session, _weakly(self._send), self.playout)
         self.connected = False  # the peer connection came up: the call counts as a session
         self._channel: RTCDataChannel | None = None
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
@@ -287,6 +301,9 @@ class Call:
             await self.pc.close()
         except Exception as exc:  # aiortc's teardown of what it set up from the peer's offer
             log.warning("call %s: closing its peer connection failed (%s: %s)", self.id, type(exc).__name__, exc)
+        self.pc.remove_all_listeners()
+        if self._channel is not None:
+            self._channel.remove_all_listeners()
         log.info("call %s closed (%d playout underruns)", self.id, self.playout.underruns)
 
     def close_soon(self, client_gone: bool = True) -> None:
