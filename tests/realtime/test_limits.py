@@ -185,6 +185,7 @@ async def test_truncate_then_cancel_gets_no_error(start_gateway: StartGateway):
         assert len(base64.b64decode(item["content"][0]["audio"])) == 300 * 48
 
 
+@pytest.mark.error_logs_expected("a handler made to fail: the bug is logged in full, once")
 async def test_a_failing_handler_costs_one_event_not_the_session(
     start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):

@@ -335,6 +335,7 @@ async def test_an_offer_bundling_a_missing_mid_is_refused_before_aiortc_sees_it(
     no_tracebacks(caplog)
 
 
+@pytest.mark.error_logs_expected("aiortc's own task fails on the offer it is given past the checks")
 async def test_a_failing_peer_connection_close_does_not_escape_the_calls_close(start_gateway, caplog):
     """An offer aiortc half sets up (past the signalling's checks, straight to the registry): its answer fails,
     and so does aiortc's close of the peer connection; the call is closed all the same and the answer's own
@@ -350,6 +351,8 @@ async def test_a_failing_peer_connection_close_does_not_escape_the_calls_close(s
         await gateway.webrtc.answer(session, offer, "127.0.0.1")
     assert not gateway.webrtc.calls
     assert "closing its peer connection failed (AttributeError" in caplog.text
+    gc.collect()  # aiortc's failed task reports its exception now, in this test, when collected
+    await asyncio.sleep(0.1)
 
 
 async def test_one_clients_pending_calls_do_not_lock_out_another(start_gateway, caplog):
