@@ -116,7 +116,7 @@ class Session:
         self.listings = McpListings(event, self.conversation)
         self.responses = Responses(event, self.conversation, self.listings, dialect, server_playout,
                                    self.mcp_policy, config.mcp.max_rounds, config.session.max_out_of_band_responses,
-                                   lambda resp: ended()(resp))  # type: ignore[misc] - the session drives its parts
+                                   lambda resp: ended()(resp))  # type: ignore[misc]  # alive while it drives them
         # The runner says whether it can transcribe and whether its responder reads transcripts.
         self.transcription = InputTranscription(event, self.conversation, config)
         self._interrupted = False  # the user barged in and is still speaking

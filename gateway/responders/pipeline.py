@@ -89,7 +89,6 @@ def _tts_error(exc: Exception) -> BackendError:
     return exc if isinstance(exc, BackendError) else BackendError("tts", f"{type(exc).__name__}: {exc}"[:200])
 
 
-
 async def _transcript_text(transcript: asyncio.Task[str]) -> str:
     """A turn's transcript, shielded: closing the response must not cancel the item's transcription. A failure
     comes as a new error: the task's own, raised here and through the response's frames, which hold the task
@@ -100,6 +99,7 @@ async def _transcript_text(transcript: asyncio.Task[str]) -> str:
         raise BackendError(exc.backend, exc.cause) from None
     finally:
         del transcript
+
 
 class PipelineResponder:
     """The LLM (remote or local) and the TTS engine; user audio is read as the transcripts the runner
