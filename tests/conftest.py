@@ -54,8 +54,8 @@ ERROR_LOGS_EXPECTED = "error_logs_expected"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", f"{ERROR_LOGS_EXPECTED}(why): the test provokes a bug of ours on purpose, "
-                            "and the ERROR lines or tracebacks it logs are not checked")
+    config.addinivalue_line("markers", f"{ERROR_LOGS_EXPECTED}(why): the test logs ERROR lines or tracebacks on "
+                            "purpose (it provokes a bug, or cancels an app that never answers): they are not checked")
 
 
 class ErrorLines(logging.Handler):
