@@ -164,6 +164,12 @@ class SessionRunner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # A task that failed or was cancelled keeps its frame, and so this runner, in its exception's traceback:
+        # let go of the tasks, so that the session (its conversation's audio) is freed now, not by the collector.
+        self._responses.clear()
+        self._transcripts.clear()
+        self._mcp_tasks.clear()
+        self._checks.clear()
 
     async def _apply(self, effects: Iterable[Effect]) -> None:
         for effect in effects:
@@ -336,18 +342,7 @@ class SessionRunner:
         if (early.pcm, early.language, early.prompt) != (effect.pcm, effect.language, effect.prompt):
             task.cancel()
             return None
-
-        async def pieces() -> AsyncIterator[str]:
-            failure = None
-            try:
-                await task
-            except Exception as exc:  # what came before the failure is streamed first, as without it
-                failure = exc
-            for piece in got:
-                yield piece
-            if failure is not None:
-                raise failure
-        return pieces()
+        return _pieces_of(task, got)
 
     async def _transcribe(self, effect: Transcribe, early: AsyncIterator[str] | None = None) -> str:
         """Streams the item's transcript to the client as it comes (``early``: the pieces its early
@@ -364,12 +359,15 @@ class SessionRunner:
                         await self._apply(self.session.input_transcript_delta(effect.item_id, piece))
         except Exception as exc:  # any transcriber's failure is an STT failure, for the responses awaiting it
             error = exc if isinstance(exc, BackendError) else BackendError("stt", f"{type(exc).__name__}: {exc}")
-            log.warning("transcription of %s failed: %s", effect.item_id, error)
-            self._backend_failed(error)
-            await self._apply(self.session.input_transcribed(effect.item_id, None, str(error)))
-            if error is exc:
-                raise
-            raise error from exc
+            try:
+                log.warning("transcription of %s failed: %s", effect.item_id, error)
+                self._backend_failed(error)
+                await self._apply(self.session.input_transcribed(effect.item_id, None, str(error)))
+                if error is exc:
+                    raise
+                raise error from exc
+            finally:
+                del error  # raised, it holds this frame in its traceback: kept here as well, the two make a cycle
         text = text.strip()
         await self._apply(self.session.input_transcribed(effect.item_id, text))
         return text
@@ -426,7 +424,30 @@ class SessionRunner:
             # Also on cancellation (barge-in, response.cancel): closes the responder's HTTP streams
             # and TTS stream; the session has already sent this response's response.done.
             await stream.aclose()
-        await self._apply(self.session.response_finished(rid, error))
+        try:
+            await self._apply(self.session.response_finished(rid, error))
+        finally:
+            del error  # its traceback holds this frame: kept here as well, the two make a cycle
+
+
+async def _pieces_of(task: asyncio.Task[None], got: list[str]) -> AsyncIterator[str]:
+    """The pieces an early transcription found (kept in ``got`` as they came), then its failure if it failed: what
+    came before a failure is streamed first, as without the early start. The failure, raised here, holds this frame
+    in its traceback: the frame lets go of it and of the task that holds it, or they would make a cycle."""
+    failure: BaseException | None = None
+    try:
+        await task
+    except Exception as exc:
+        failure = exc
+    finally:
+        del task
+    for piece in got:
+        yield piece
+    if failure is not None:
+        try:
+            raise failure
+        finally:
+            failure = None
 
 
 def _quoted(text: str) -> str:

@@ -22,9 +22,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import websockets
 
 from bench.fake_openai import FakeOpenAI
-from tests.conftest import Client, audio_of, connect, load_pcm, silence
+from tests.conftest import Client, audio_of, connect, load_pcm, no_error_lines_in, silence
 from tests.paths import ROOT, TINY_CHECKPOINT
 
 FIXTURE = TINY_CHECKPOINT
@@ -99,6 +100,7 @@ async def serve(tmp_path: Path, **env: str) -> AsyncIterator[Gateway]:
         if process.poll() is None:
             process.kill()
             process.wait()
+    no_error_lines_in(gateway.text())
 
 
 @contextlib.asynccontextmanager
@@ -163,6 +165,50 @@ async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one
         gateway.process.send_signal(signal.SIGTERM)
         assert gateway.process.wait(30) == 0
         assert all(gone(pid) for pid in pids.values())
+
+
+async def open_session(port: int, held: list[websockets.ClientConnection]) -> str:
+    """'served' (session.created came, the connection is kept in `held`), 'refused' (a 503 with OpenAI's error
+    body) or what went wrong: the connection was lost."""
+    try:
+        ws = await websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime", open_timeout=30)
+    except websockets.InvalidStatus as exc:
+        error = json.loads(exc.response.body)["error"]
+        return "refused" if exc.response.status_code == 503 and error["message"] and error["type"] else repr(exc)
+    except (OSError, TimeoutError, websockets.WebSocketException) as exc:
+        return repr(exc)
+    held.append(ws)
+    try:
+        event = json.loads(await asyncio.wait_for(ws.recv(), 30))
+    except (TimeoutError, websockets.WebSocketException) as exc:
+        return repr(exc)
+    return "served" if event["type"] == "session.created" else repr(event)
+
+
+async def test_connections_handed_to_a_worker_as_it_is_killed_are_served_by_the_other(tmp_path: Path) -> None:
+    """The parent keeps each connection until a worker has adopted it. Worker 0 is stopped (it adopts nothing)
+    while sessions arrive, half of them handed to it, and then killed; more arrive as it dies. Every one is
+    served by worker 1 or refused with a 503, none lost."""
+    async with serve(tmp_path, GATEWAY_RESPONDER_KIND="echo") as gateway:
+        pid = gateway.worker_pids()[0]
+        held: list[websockets.ClientConnection] = []
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            first = [asyncio.create_task(open_session(gateway.port, held)) for _ in range(8)]
+            await asyncio.sleep(1.0)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        second = []
+        for _ in range(8):  # while it dies and is reaped
+            second.append(asyncio.create_task(open_session(gateway.port, held)))
+            await asyncio.sleep(0.02)
+        outcomes = await asyncio.gather(*first, *second)
+        for ws in held:
+            await ws.close()
+        assert all(outcome in ("served", "refused") for outcome in outcomes), outcomes
+        assert outcomes.count("served") == 16  # room enough: none was refused either
+        assert re.search(r"worker 0 is gone: \d+ connection\(s\) it had not adopted go to the others", gateway.text())
+        await gateway.wait_for(r"worker 0 \(pid \d+\) exited with status -9")
 
 
 @pytest.mark.skipif(not FIXTURE.exists(), reason="the tiny Qwen3-TTS checkpoint is missing")

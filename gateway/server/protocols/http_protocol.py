@@ -154,6 +154,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         protocol = self.transport.get_protocol()
         assert isinstance(protocol, LimitedWebSocketProtocol)
         protocol.answer_by(self._head_deadline, slot)
+        # Done with: the parser and this protocol hold each other (its callbacks), and uvicorn lets go of the
+        # parser only when the connection is lost, which this protocol no longer hears of.
+        self.parser = None  # type: ignore[assignment]
 
     # --- deadlines ---------------------------------------------------------------------------------
 
