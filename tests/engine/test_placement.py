@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from bench.fake_openai import FakeOpenAI
 from engine.config import EngineConfig
 from engine.supervisor import EngineSupervisor
 from gateway.audio import decode_wav
 from gateway.responders.engine_client import EngineClient, EngineLink
 from tests.conftest import Served, audio_of, connect, make_config
-from tests.fake_openai import FakeOpenAI
 from tests.paths import DATA, FIXTURES, TINY_CHECKPOINT
 
 CONFIG = EngineConfig(checkpoint=f"{TINY_CHECKPOINT},{DATA / 'qwen3_tts_tiny_base'}", device="cpu", mode="process",

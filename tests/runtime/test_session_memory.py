@@ -25,8 +25,8 @@ import orjson
 import pytest
 import websockets
 
+from bench.fake_openai import FakeOpenAI
 from tests.conftest import Served, load_pcm, silence
-from tests.fake_openai import FakeOpenAI
 
 MIB = 1024 * 1024
 SPEECH_S = 120  # of audio per long session
