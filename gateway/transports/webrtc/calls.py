@@ -50,6 +50,7 @@ from gateway.config import ConfigError
 from gateway.realtime.session import Session
 from gateway.runtime.gateway import Refusal
 from gateway.transports.playout import PlayoutQueue
+from gateway.transports.sideband import Sideband
 from gateway.transports.webrtc.media import (
     AIORTC_JITTER_PREFETCH,
     FRAME_SAMPLES,
@@ -139,6 +140,7 @@ class Call:
         self.playout = OutboundAudio(self._on_playout)
         self.runner = registry.gateway.new_runner(session, self._send, self.playout)
         self.connected = False  # the peer connection came up: the call counts as a session
+        self.sideband = Sideband()  # wss://.../v1/realtime?call_id=... connections to this call
         self._channel: RTCDataChannel | None = None
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
         self._inbox_bytes = 0
@@ -177,6 +179,7 @@ class Call:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.registry.gateway.close_session(self.runner, client_gone)
+        await self.sideband.close()
         self.playout.stop()
         await self.pc.close()
         log.info("call %s closed (%d playout underruns)", self.id, self.playout.underruns)
@@ -271,6 +274,7 @@ class Call:
         channel = self._channel
         if channel is not None and channel.readyState == "open":
             channel.send(text)
+        await self.sideband.send(text)
 
 
 # --- offers ----------------------------------------------------------------------------------------
@@ -422,6 +426,19 @@ class CallRegistry:
         except BaseException:
             await call.close()
             raise
+
+    def sideband_call(self, call_id: str) -> Call | None:
+        """A connected call, for a sideband to attach to."""
+        call = self.calls.get(call_id)
+        return call if call is not None and call.connected else None
+
+    async def hang_up(self, call_id: str) -> bool:
+        """End call ``call_id`` from the server's side (POST /v1/realtime/calls/{id}/hangup); False if none."""
+        call = self.calls.get(call_id)
+        if call is None:
+            return False
+        await call.close()
+        return True
 
     def connected(self, call: Call) -> None:
         """The call's peer connection is up: from now on it is a session, counted in max_sessions."""

@@ -1,0 +1,119 @@
+"""The SIP endpoint against a real phone: baresip (Debian's) calls the gateway, says a recorded question from
+a WAV file, records what it hears; an independent speech recognizer (the local extra's Whisper) hears the
+answer. The gateway answers with the pipeline: the fake LLM's fixed sentence spoken by piper."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import re
+import subprocess
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gateway.audio import RationalResampler
+from tests.fake_openai import FakeOpenAI
+from tests.paths import FIXTURES
+from tests.phones.baresip import BARESIP, Baresip, free_port
+
+pytestmark = [
+    pytest.mark.skipif(BARESIP is None, reason="baresip is not installed (apt-get install baresip)"),
+    pytest.mark.skipif(importlib.util.find_spec("piper") is None or importlib.util.find_spec("faster_whisper") is None,
+                       reason='the local extra is not installed (pip install ".[local]")'),
+]
+
+ANSWER = "The sky is blue because the air scatters blue sunlight the most."
+
+
+def phone_wav(folder: Path, name: str, pad_s: float = 8.0) -> Path:
+    """A fixture question at 8 kHz with ``pad_s`` of silence after it (the phone keeps sending while it listens)."""
+    out = folder / f"mic-{name}"
+    subprocess.run(["sox", str(FIXTURES / name), "-r", "8000", "-c", "1", "-b", "16", str(out), "pad", "0",
+                    str(pad_s)], check=True)
+    return out
+
+
+def heard(path: Path) -> np.ndarray:
+    """What the phone recorded, as int16 at 8 kHz mono."""
+    with wave.open(str(path)) as w:
+        data = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+        rate, channels = w.getframerate(), w.getnchannels()
+    data = data.reshape(-1, channels)[:, 0]
+    assert rate == 8000, rate
+    return data
+
+
+def transcribe(samples_8k: np.ndarray) -> str:
+    from gateway.responders.local_stt import LocalStt  # the local extra
+
+    pcm = RationalResampler(3, 1).process(samples_8k).tobytes()
+    stt = LocalStt.shared()
+    return stt._transcribe_pcm(pcm, None, "en")
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z]+", text.lower())
+
+
+@pytest.fixture
+async def phone_gateway(start_gateway: Any, tmp_path: Path) -> Any:
+    """Starts a gateway with SIP on a free port, answering with the fake LLM's sentence spoken by piper."""
+    from gateway.responders.piper_tts import PiperEngine
+    from gateway.responders.pipeline import BridgeSettings, PipelineResponder
+    from gateway.responders.remote import LlmClient
+
+    fakes: list[FakeOpenAI] = []
+    responders: list[PipelineResponder] = []
+
+    async def start(reply: str = ANSWER, **overrides: Any) -> Any:
+        fake = FakeOpenAI(reply=reply, transcript="Why is the sky blue?")
+        await fake.start()
+        fakes.append(fake)
+        responder = PipelineResponder(LlmClient(fake.base_url, "llm-test", timeout_s=5), PiperEngine.shared(),
+                                      BridgeSettings(starter_chars=10, max_segment_chars=120))
+        responders.append(responder)
+        options = {"sip__enabled": True, "sip__port": free_port(), "stt__base_url": fake.base_url,
+                   "stt__model": "whisper-test", "calls__noise_reduction": ""}
+        return await start_gateway(responder, **options | overrides)
+
+    yield start
+    for responder in responders:
+        await responder.aclose()
+    for fake in fakes:
+        await fake.stop()
+
+
+async def call(gateway: Any, phone: Baresip, user: str = "agent") -> None:
+    await phone.command("dial", f"sip:{user}@127.0.0.1:{gateway.app.state.phones.sip.port}")
+    await phone.event("CALL_ESTABLISHED")
+
+
+async def test_a_phone_asks_and_hears_the_answer(phone_gateway: Any, tmp_path: Path) -> None:
+    """No webhook: the default session answers; the phone hears the fixed sentence, recognizably; hanging up
+    frees the session and the RTP port."""
+    gateway = await phone_gateway()
+    phone = Baresip(tmp_path / "phone", phone_wav(tmp_path, "question_sky.wav"))
+    await phone.start()
+    try:
+        await call(gateway, phone)
+        await asyncio.sleep(9)
+        assert len(gateway.sessions) == 1
+        await phone.command("hangup")
+        await phone.event("CALL_CLOSED")
+    finally:
+        await phone.stop()
+    for _ in range(50):
+        if not gateway.sessions:
+            break
+        await asyncio.sleep(0.1)
+    assert not gateway.sessions
+    sip = gateway.app.state.phones.sip
+    assert not sip.endpoint.ports.in_use and not gateway.app.state.phones.calls.calls
+    text = transcribe(heard(phone.recording))
+    expected = words(ANSWER)
+    got = words(text)
+    assert sum(w in got for w in expected) >= len(expected) * 0.7, text
