@@ -62,8 +62,8 @@ def words(text: str) -> list[str]:
 @pytest.fixture
 async def phone_gateway(start_gateway: Any, tmp_path: Path) -> Any:
     """Starts a gateway with SIP on a free port, answering with the fake LLM's sentence spoken by piper."""
-    from gateway.responders.piper_tts import PiperEngine
     from gateway.responders.pipeline import BridgeSettings, PipelineResponder
+    from gateway.responders.piper_tts import PiperEngine
     from gateway.responders.remote import LlmClient
 
     fakes: list[FakeOpenAI] = []
