@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from gateway.audio import RationalResampler
-from tests.fake_openai import FakeOpenAI
 from tests.paths import FIXTURES
-from tests.phones.baresip import BARESIP, Baresip, free_port
+from tests.phones.baresip import BARESIP, Baresip
+from tests.phones.gateway import ANSWER
 
 pytestmark = [
     pytest.mark.skipif(BARESIP is None, reason="baresip is not installed (apt-get install baresip)"),
@@ -26,7 +26,6 @@ pytestmark = [
                        reason='the local extra is not installed (pip install ".[local]")'),
 ]
 
-ANSWER = "The sky is blue because the air scatters blue sunlight the most."
 
 
 def phone_wav(folder: Path, name: str, pad_s: float = 8.0) -> Path:
@@ -57,34 +56,6 @@ def transcribe(samples_8k: np.ndarray) -> str:
 
 def words(text: str) -> list[str]:
     return re.findall(r"[a-z]+", text.lower())
-
-
-@pytest.fixture
-async def phone_gateway(start_gateway: Any, tmp_path: Path) -> Any:
-    """Starts a gateway with SIP on a free port, answering with the fake LLM's sentence spoken by piper."""
-    from gateway.responders.pipeline import BridgeSettings, PipelineResponder
-    from gateway.responders.piper_tts import PiperEngine
-    from gateway.responders.remote import LlmClient
-
-    fakes: list[FakeOpenAI] = []
-    responders: list[PipelineResponder] = []
-
-    async def start(reply: str = ANSWER, **overrides: Any) -> Any:
-        fake = FakeOpenAI(reply=reply, transcript="Why is the sky blue?")
-        await fake.start()
-        fakes.append(fake)
-        responder = PipelineResponder(LlmClient(fake.base_url, "llm-test", timeout_s=5), PiperEngine.shared(),
-                                      BridgeSettings(starter_chars=10, max_segment_chars=120))
-        responders.append(responder)
-        options = {"sip__enabled": True, "sip__port": free_port(), "stt__base_url": fake.base_url,
-                   "stt__model": "whisper-test", "calls__noise_reduction": ""}
-        return await start_gateway(responder, **options | overrides)
-
-    yield start
-    for responder in responders:
-        await responder.aclose()
-    for fake in fakes:
-        await fake.stop()
 
 
 async def call(gateway: Any, phone: Baresip, user: str = "agent") -> None:
