@@ -88,3 +88,46 @@ async def test_a_phone_asks_and_hears_the_answer(phone_gateway: Any, tmp_path: P
     expected = words(ANSWER)
     got = words(text)
     assert sum(w in got for w in expected) >= len(expected) * 0.7, text
+
+
+async def test_a_call_through_kamailio_is_transferred_by_refer_and_hung_up_by_the_gateway(
+        phone_gateway: Any, tmp_path: Path) -> None:
+    """Kamailio is the trunk's proxy: the call comes through it, and the REFER the gateway sends (the SDK's
+    refer) and its BYE go back through it by the dialog's route set."""
+    from openai import AsyncOpenAI
+
+    from tests.phones.kamailio import KAMAILIO, Kamailio
+
+    if KAMAILIO is None:
+        pytest.skip("kamailio is not installed (apt-get install kamailio)")
+    gateway = await phone_gateway(calls__webhook_urls="")
+    proxy = Kamailio(tmp_path / "kamailio", gateway.app.state.phones.sip.port)
+    await proxy.start()
+    phone = Baresip(tmp_path / "phone", phone_wav(tmp_path, "question_sky.wav"))
+    await phone.start()
+    client = AsyncOpenAI(api_key="k", base_url=f"http://127.0.0.1:{gateway.port}/v1")
+    try:
+        await phone.command("dial", f"sip:agent@127.0.0.1:{proxy.port}")
+        await phone.event("CALL_ESTABLISHED")
+        assert proxy.saw("INVITE") and proxy.saw("ACK")
+        (call,) = gateway.app.state.phones.calls.calls.values()
+        await client.realtime.calls.refer(call.id, target_uri=f"sip:desk@127.0.0.1:{proxy.port}")
+        for _ in range(50):
+            if proxy.saw("REFER") and proxy.saw("NOTIFY"):
+                break
+            await asyncio.sleep(0.1)
+        refer = proxy.saw("REFER")
+        assert refer and "from 127.0.0.1:" in refer[0]
+        # baresip follows the REFER: it calls the target, through the proxy (which has nobody by that name).
+        for _ in range(50):
+            if any("sip:desk@" in line for line in proxy.saw("INVITE")):
+                break
+            await asyncio.sleep(0.1)
+        assert any("sip:desk@" in line for line in proxy.saw("INVITE"))
+        await client.realtime.calls.hangup(call.id)
+        await phone.event("CALL_CLOSED")
+        assert proxy.saw("BYE")
+    finally:
+        await phone.stop()
+        await proxy.stop()
+    assert not gateway.sessions and not gateway.app.state.phones.sip.endpoint.ports.in_use
