@@ -131,3 +131,59 @@ async def test_a_call_through_kamailio_is_transferred_by_refer_and_hung_up_by_th
         await phone.stop()
         await proxy.stop()
     assert not gateway.sessions and not gateway.app.state.phones.sip.endpoint.ports.in_use
+
+
+def bursts(samples: np.ndarray, threshold: float = 300.0, gap_s: float = 0.4) -> list[tuple[float, float]]:
+    """(start, end) seconds of the sound in a recording at 8 kHz, pauses shorter than ``gap_s`` bridged."""
+    frames = samples[: len(samples) // 160 * 160].reshape(-1, 160).astype(np.float32)
+    loud = np.sqrt((frames ** 2).mean(axis=1)) > threshold
+    spans: list[tuple[float, float]] = []
+    for i in np.flatnonzero(loud):
+        t = i * 0.02
+        if spans and t - spans[-1][1] <= gap_s:
+            spans[-1] = (spans[-1][0], t + 0.02)
+        else:
+            spans.append((t, t + 0.02))
+    return spans
+
+
+async def test_talking_over_the_agent_stops_its_audio(phone_gateway: Any, tmp_path: Path) -> None:
+    """The caller asks, then speaks again while the answer plays: the gateway clears its playout (the sideband
+    sees output_audio_buffer.cleared and the cancelled response) and the phone hears the answer stop there."""
+    from openai import AsyncOpenAI
+
+    gateway = await phone_gateway(calls__webhook_urls="")
+    mic = tmp_path / "barge.wav"
+    first = phone_wav(tmp_path, "question_sky.wav", pad_s=1.6)
+    second = phone_wav(tmp_path, "question_spider.wav", pad_s=8)
+    subprocess.run(["sox", str(first), str(second), str(mic)], check=True)
+    phone = Baresip(tmp_path / "phone", mic)
+    await phone.start()
+    client = AsyncOpenAI(api_key="k", base_url=f"http://127.0.0.1:{gateway.port}/v1",
+                         websocket_base_url=f"ws://127.0.0.1:{gateway.port}/v1")
+    events: list[Any] = []
+    try:
+        await call(gateway, phone)
+        (line,) = gateway.app.state.phones.calls.calls.values()
+        async with client.realtime.connect(call_id=line.id) as sideband:
+            async with asyncio.timeout(25):
+                while not any(e.type == "output_audio_buffer.cleared" for e in events):
+                    events.append(await sideband.recv())
+                while not any(e.type == "response.done" and e.response.status == "completed" for e in events):
+                    events.append(await sideband.recv())
+        await phone.command("hangup")
+        await phone.event("CALL_CLOSED")
+    finally:
+        await phone.stop()
+    kinds = [e.type for e in events]
+    cleared = kinds.index("output_audio_buffer.cleared")
+    assert "output_audio_buffer.started" in kinds[:cleared]
+    cancelled = next(e for e in events if e.type == "response.done")
+    assert cancelled.response.status == "cancelled" and cancelled.response.status_details.reason == "turn_detected"
+    truncated = next(e for e in events if e.type == "conversation.item.truncated")
+    full_ms = len(ANSWER) * 60  # piper speaks this sentence in well over 3 s
+    assert truncated.audio_end_ms < full_ms / 2
+    # What the phone heard: the first answer stops about where the gateway says it was cut, then the second plays.
+    spans = [s for s in bursts(heard(phone.recording)) if s[1] - s[0] > 0.3]
+    assert len(spans) >= 2, spans
+    assert abs((spans[0][1] - spans[0][0]) - truncated.audio_end_ms / 1000) < 0.5, (spans, truncated.audio_end_ms)
