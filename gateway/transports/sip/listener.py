@@ -12,17 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import ssl
 from collections import Counter as Tally
 
 from gateway.config import ConfigError, SipConfig
-from gateway.transports.sip.signalling import DROPPED, Peer, SipEndpoint
+from gateway.transports.sip.signalling import CONTENT_LENGTH, DROPPED, Peer, SipEndpoint
 
 log = logging.getLogger(__name__)
 
 STREAM_FIRST_MESSAGE_S = 10.0
-_CONTENT_LENGTH = re.compile(rb"^(?:content-length|l)[ \t]*:[ \t]*(\d+)[ \t]*$", re.IGNORECASE | re.MULTILINE)
 
 
 class _Datagrams(asyncio.DatagramProtocol):
@@ -111,7 +109,7 @@ class SipListener:
                 except (asyncio.LimitOverrunError, ValueError):
                     DROPPED.labels("too_large").inc()
                     break
-                length = _CONTENT_LENGTH.search(head)
+                length = CONTENT_LENGTH.search(head)
                 size = int(length[1]) if length else 0
                 if len(head) + size > self.options.max_message_bytes:
                     DROPPED.labels("too_large").inc()

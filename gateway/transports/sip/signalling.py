@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import secrets
 import time
 from collections import OrderedDict
@@ -48,6 +49,7 @@ MAX_ENDED = 4096
 # Headers a webhook never carries (OpenAI leaves out the authorization ones too).
 PRIVATE_HEADERS = frozenset({"authorization", "proxy-authorization"})
 MAX_WEBHOOK_HEADERS = 64
+CONTENT_LENGTH = re.compile(rb"^(?:content-length|l)[ \t]*:[ \t]*(\d+)[ \t]*\r?$", re.IGNORECASE | re.MULTILINE)
 REASONS = {180: "Ringing", 200: "OK", 202: "Accepted", 302: "Moved Temporarily", 400: "Bad Request",
            401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
            480: "Temporarily Unavailable", 481: "Call/Transaction Does Not Exist", 486: "Busy Here",
@@ -362,6 +364,11 @@ class SipEndpoint:
         """A message from ``peer`` (its size already checked): answered, handed to its line, or dropped."""
         if not data.strip():
             return  # a keep-alive (RFC 5626 CRLF)
+        head, _, body = data.partition(b"\r\n\r\n")
+        declared = CONTENT_LENGTH.search(head)
+        if declared is not None and int(declared[1]) > len(body):
+            DROPPED.labels("malformed").inc()  # a datagram cut short (RFC 3261 §18.3: discarded)
+            return
         try:
             message = SipMessage.parse(data)
             if isinstance(message, SipRequest):
