@@ -186,7 +186,8 @@ async def test_rtp_from_a_stranger_or_of_another_payload_type_is_dropped(sip_gat
     target = ("127.0.0.1", rtp_port(ok))
     stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     stranger.bind(("127.0.0.3", 0))
-    sources, types = dropped("gateway_rtp_dropped", "wrong_source"), dropped("gateway_rtp_dropped", "wrong_payload_type")
+    sources = dropped("gateway_rtp_dropped", "wrong_source")
+    types = dropped("gateway_rtp_dropped", "wrong_payload_type")
     for i in range(10):
         raw.media.sendto(rtp.build(0, i, i * 160, 1234, b"\xff" * 160), target)  # the caller: taken
         raw.media.sendto(rtp.build(96, 100 + i, i * 160, 1234, b"\x00" * 160), target)
