@@ -11,12 +11,21 @@ turn.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.02  # the phone lines' frame: 20 ms
+# Frames the clock sends at once to catch up after the loop was held up; more than that is lost time.
+MAX_CATCH_UP = 5
 
 
 class Feed(Protocol):
@@ -164,3 +173,43 @@ class PlayoutQueue:
         """The end of the response's audio still inside its converters."""
         for feed in [f for f in self._feeds if f[0] == response_id]:
             self._enqueue(*feed, self._feeds.pop(feed).flush())
+
+
+Tick = Callable[[float], Awaitable[None]]
+
+
+class MediaClock:
+    """One task ticking every 20 ms on an absolute schedule for every line that paces its own media (each
+    line's ``tick``): one wake-up per frame for all of them, not one per call."""
+
+    def __init__(self) -> None:
+        self.ticks: dict[object, Tick] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, key: object, tick: Tick) -> None:
+        self.ticks[key] = tick
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+
+    def remove(self, key: object) -> None:
+        self.ticks.pop(key, None)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while self.ticks:
+            due += TICK_S
+            await asyncio.sleep(max(0.0, due - loop.time()))  # a late clock catches up without sleeping
+            if loop.time() - due > MAX_CATCH_UP * TICK_S:
+                due = loop.time()  # held up for long: that time is lost, the schedule starts again
+            now = time.monotonic()
+            results = await asyncio.gather(*(tick(now) for tick in list(self.ticks.values())), return_exceptions=True)
+            for result in results:
+                if isinstance(result, Exception):
+                    log.error("a line's media tick failed", exc_info=result)
+
+    async def stop(self) -> None:
+        self.ticks.clear()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

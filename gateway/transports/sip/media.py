@@ -16,7 +16,6 @@ import random
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
 
 import numpy as np
 from prometheus_client import Counter
@@ -30,9 +29,6 @@ log = logging.getLogger(__name__)
 
 RATE = 8000
 FRAME = 160  # 20 ms at 8 kHz: the ptime we answer
-TICK_S = FRAME / RATE
-# Frames the clock sends at once to catch up after the loop was held up; more than that is lost time.
-MAX_CATCH_UP = 5
 RTCP_INTERVAL_S = 5.0
 DTMF_PACKETS = 5  # 100 ms of a key's tone, then three end packets (RFC 4733 §2.5.1.4)
 MAX_QUEUED_PACKETS = 256  # per tick, beyond which a sender is flooding
@@ -86,7 +82,6 @@ class _Receiver(asyncio.DatagramProtocol):
         pass  # an ICMP port unreachable for a packet we sent: the phone is gone or not yet listening
 
 
-Notify = Callable[[str, str], Awaitable[None]]
 
 
 class RtpStream:
@@ -215,46 +210,3 @@ class RtpStream:
             transport.close()
         for sock in self._sockets:
             sock.close()
-
-
-Tick = Callable[[float], Awaitable[None]]
-
-
-class MediaClock:
-    """One task ticking every 20 ms on an absolute schedule for every call's stream (``tick`` of each)."""
-
-    def __init__(self) -> None:
-        self.ticks: dict[object, Tick] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    def add(self, key: object, tick: Tick) -> None:
-        self.ticks[key] = tick
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run())
-
-    def remove(self, key: object) -> None:
-        self.ticks.pop(key, None)
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        start, n = loop.time(), 0
-        while self.ticks:
-            n += 1
-            await asyncio.sleep(max(0.0, start + n * TICK_S - loop.time()))
-            due = int((loop.time() - start) / TICK_S) - n + 1
-            if due > MAX_CATCH_UP:  # the loop was held up for long: start the schedule again
-                start, n, due = loop.time(), 0, 1
-            for _ in range(max(1, due) if due <= MAX_CATCH_UP else 1):
-                now = time.monotonic()
-                results = await asyncio.gather(*(tick(now) for tick in list(self.ticks.values())),
-                                               return_exceptions=True)
-                for result in results:
-                    if isinstance(result, Exception):
-                        log.error("a call's media tick failed", exc_info=result)
-            n += max(0, due - 1)
-
-    async def stop(self) -> None:
-        self.ticks.clear()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)

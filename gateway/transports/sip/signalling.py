@@ -30,10 +30,10 @@ from gateway.audio import RationalResampler
 from gateway.config import ConfigError
 from gateway.transports.calls.phone_calls import CallError, PhoneCall, PhoneCalls
 from gateway.transports.guard import is_loopback
-from gateway.transports.playout import PlayoutQueue
+from gateway.transports.playout import MediaClock, PlayoutQueue
 from gateway.transports.sip import sdp
 from gateway.transports.sip.guard import AllowList, Digest, InviteRate
-from gateway.transports.sip.media import FRAME, RATE, MediaClock, PortPool, RtpStream
+from gateway.transports.sip.media import FRAME, RATE, PortPool, RtpStream
 
 if TYPE_CHECKING:
     from gateway.config import SipConfig
