@@ -191,7 +191,7 @@ class CallsConfig:
     decision_timeout_s: float = 15.0
     max_pending_calls: int = 32
     max_pending_calls_per_source: int = 4
-    noise_reduction: str = "near_field"
+    noise_reduction: str = ""
 
 
 @dataclass
