@@ -50,7 +50,10 @@ from gateway.transports.client_secrets import client_secret_routes
 from gateway.transports.guard import FrontDoor, Hosts, Origins
 from gateway.transports.realtime_websocket import RealtimeEndpoint, UnknownPath
 from gateway.transports.rest import HttpError, authorize, error_response, http_error_response
+from gateway.transports.sip.listener import SipListener
+from gateway.transports.sip.signalling import SipEndpoint
 from gateway.transports.speech import speech_routes
+from gateway.transports.twilio import twilio_routes
 from gateway.transports.voices import voice_routes
 from gateway.transports.webrtc.signalling import Signalling, signalling_routes
 
@@ -137,16 +140,13 @@ class Phones:
     def __init__(self, gateway: Gateway) -> None:
         config = gateway.config
         self.calls = PhoneCalls(gateway) if config.sip.enabled or config.twilio.enabled else None
-        self.sip: Any = None
+        self.sip: SipListener | None = None
         if self.calls is not None and config.sip.enabled:
-            from gateway.transports.sip.listener import SipListener
-            from gateway.transports.sip.signalling import SipEndpoint
             self.sip = SipListener(SipEndpoint(self.calls, config.sip), config.sip)
 
     def routes(self, gateway: Gateway) -> list[BaseRoute]:
         table: list[BaseRoute] = []
         if self.calls is not None and gateway.config.twilio.enabled:
-            from gateway.transports.twilio import twilio_routes
             table += twilio_routes(gateway, self.calls)
         return table
 
