@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -140,6 +143,9 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=21)
     args = parser.parse_args()
     kinds = [None, *[k for k in args.kinds.split(",") if k]]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(f"machine {platform.node()} ({platform.processor() or platform.machine()}), {time.strftime('%Y-%m-%d')}, "
+          f"commit {commit}: python {' '.join(sys.argv)}")
     rows = measure([float(s) for s in args.snr.split(",")], kinds, args.questions)
     print(f"{'noise':8} {'SNR dB':>6} {'reduction':>10} {'VAD false starts':>17} {'WER':>6}")
     for row in rows:

@@ -24,6 +24,7 @@ import asyncio
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import wave
@@ -119,7 +120,9 @@ async def run(calls: int, local: bool, stt_ms: float, ttft_ms: float, tokens_per
             await server.stop()
     ms = sorted(round(1000 * float(x), 1) for x in latencies)
     backends = f"stt {stt_ms} ms, ttft {ttft_ms} ms, {tokens_per_s or 'unlimited'} tok/s"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     return {"suite": "phone_latency", "machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "commit": commit, "command": " ".join(sys.argv),
             "responder": "local demo models" if local else f"pipeline, fake backends ({backends}), tone TTS",
             "calls": calls, "measured": len(ms), "p50_ms": statistics.median(ms) if ms else None,
             "p95_ms": ms[min(len(ms) - 1, int(0.95 * len(ms)))] if ms else None, "latencies_ms": ms}
