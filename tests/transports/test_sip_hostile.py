@@ -217,3 +217,66 @@ async def test_digest_authentication(sip_gateway: Any, monkeypatch: pytest.Monke
     assert [status(a) for a in await raw.answers(1.0)] == [401]
     assert not gateway.app.state.phones.calls.calls
     raw.close()
+
+
+async def test_keys_are_played_to_the_caller_as_rfc_4733_events(sip_gateway: Any, no_errors: None) -> None:
+    import aiohttp
+
+    gateway = await sip_gateway()
+    raw = RawPhone(gateway.app.state.phones.sip.port)
+    raw.send(raw.invite())
+    ok = next(a for a in await raw.answers(1.5) if status(a) == 200)
+    raw.send(raw.request("ACK", to_tag=to_tag(ok)))
+    (call,) = gateway.app.state.phones.calls.calls.values()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"http://127.0.0.1:{gateway.port}/v1/realtime/calls/{call.id}/dtmf",
+                             json={"digits": "4#"}) as answer:
+            assert answer.status == 200
+        async with http.post(f"http://127.0.0.1:{gateway.port}/v1/realtime/calls/{call.id}/dtmf",
+                             json={"digits": "x"}) as answer:
+            assert answer.status == 400
+    loop = asyncio.get_running_loop()
+    keys: list[tuple[str, bool]] = []
+    async with asyncio.timeout(5):
+        while sum(end for _, end in keys) < 6:  # three end packets per key
+            packet = rtp.parse(await loop.sock_recv(raw.media, 2048))
+            if packet is not None and packet.payload_type == 101:
+                event = rtp.dtmf_event(packet.payload)
+                assert event is not None
+                keys.append(event)
+    assert [k for k, _ in keys if _][::3] == ["4", "#"]
+    raw.close()
+
+
+async def test_calls_per_source_are_bounded(sip_gateway: Any, no_errors: None) -> None:
+    gateway = await sip_gateway(sip__max_calls_per_source=2)
+    raw = RawPhone(gateway.app.state.phones.sip.port)
+    for i in range(3):
+        raw.send(raw.invite(call_id=f"c{i}"))
+        await asyncio.sleep(0.3)
+    finals = [status(a) for a in await raw.answers(1.5) if status(a) >= 200]
+    assert finals.count(486) >= 1 and len(gateway.sessions) == 2
+    raw.close()
+
+
+async def test_sip_over_tls(sip_gateway: Any, tmp_path: Any, no_errors: None) -> None:
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "sip.pem"))
+    tls_port = free_port(socket.SOCK_STREAM)
+    gateway = await sip_gateway(sip__tls_port=tls_port, sip__tls_cert=str(tmp_path / "sip.pem"),
+                                sip__tls_key=str(tmp_path / "sip.pem"))
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    reader, writer = await asyncio.open_connection("127.0.0.1", tls_port, ssl=context)
+    raw = RawPhone(gateway.app.state.phones.sip.port)
+    writer.write(raw.request("OPTIONS").replace(b"SIP/2.0/UDP", b"SIP/2.0/TLS"))
+    await writer.drain()
+    answer = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).decode()
+    assert status(answer) == 200 and "INVITE" in answer
+    writer.close()
+    raw.close()
