@@ -187,3 +187,39 @@ async def test_talking_over_the_agent_stops_its_audio(phone_gateway: Any, tmp_pa
     spans = [s for s in bursts(heard(phone.recording)) if s[1] - s[0] > 0.3]
     assert len(spans) >= 2, spans
     assert abs((spans[0][1] - spans[0][0]) - truncated.audio_end_ms / 1000) < 0.5, (spans, truncated.audio_end_ms)
+
+
+async def test_a_phone_calls_over_tcp_and_presses_keys(phone_gateway: Any, tmp_path: Path) -> None:
+    from openai import AsyncOpenAI
+
+    gateway = await phone_gateway(calls__webhook_urls="")
+    phone = Baresip(tmp_path / "phone", phone_wav(tmp_path, "question_sky.wav"), transport="tcp")
+    await phone.start()
+    client = AsyncOpenAI(api_key="k", base_url=f"http://127.0.0.1:{gateway.port}/v1",
+                         websocket_base_url=f"ws://127.0.0.1:{gateway.port}/v1")
+    try:
+        await phone.command("dial", f"sip:agent@127.0.0.1:{gateway.app.state.phones.sip.port};transport=tcp")
+        await phone.event("CALL_ESTABLISHED")
+        (call,) = gateway.app.state.phones.calls.calls.values()
+        assert call.line.peer.transport == "TCP"
+        async with client.realtime.connect(call_id=call.id) as sideband:
+            await asyncio.wait_for(sideband.recv(), 5)
+            for key in "7#":
+                await phone.command("sndcode", key)
+                await asyncio.sleep(0.3)
+            keys = []
+            async with asyncio.timeout(10):
+                while len(keys) < 2:
+                    event = await sideband.recv()
+                    if event.type == "input_audio_buffer.dtmf_event_received":
+                        keys.append(event.event)
+        assert keys == ["7", "#"]
+        await phone.command("hangup")
+        await phone.event("CALL_CLOSED")
+    finally:
+        await phone.stop()
+    for _ in range(50):
+        if not gateway.sessions:
+            break
+        await asyncio.sleep(0.1)
+    assert not gateway.sessions and not gateway.app.state.phones.sip.endpoint.ports.in_use
