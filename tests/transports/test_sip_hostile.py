@@ -280,3 +280,34 @@ async def test_sip_over_tls(sip_gateway: Any, tmp_path: Any, no_errors: None) ->
     assert status(answer) == 200 and "INVITE" in answer
     writer.close()
     raw.close()
+
+
+async def test_a_drain_turns_pending_calls_away_and_hangs_up_answered_ones(
+        sip_gateway: Any, monkeypatch: pytest.MonkeyPatch, no_errors: None) -> None:
+    import base64
+
+    import aiohttp
+
+    monkeypatch.setenv("GATEWAY_WEBHOOK_SECRET", "whsec_" + base64.b64encode(bytes(32)).decode())
+    gateway = await sip_gateway(calls__webhook_urls="http://127.0.0.1:9/nobody", calls__decision_timeout_s=30.0)
+    port = gateway.app.state.phones.sip.port
+    answered, pending = RawPhone(port), RawPhone(port, host="127.0.0.2")
+    answered.send(answered.invite())
+    pending.send(pending.invite())
+    await asyncio.sleep(0.5)
+    calls = gateway.app.state.phones.calls.calls.values()
+    first = next(c for c in calls if c.line.source == "127.0.0.1")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"http://127.0.0.1:{gateway.port}/v1/realtime/calls/{first.id}/accept",
+                             json={"type": "realtime"}) as answer:
+            assert answer.status == 200
+    ok = next(a for a in await answered.answers(1.0) if status(a) == 200)
+    answered.send(answered.request("ACK", to_tag=to_tag(ok)))
+    drain = asyncio.create_task(gateway.gateway.drain(3.0, 0.5))
+    assert 503 in [status(a) for a in await pending.answers(0.5)]  # not answered yet: turned away at once
+    assert len(gateway.sessions) == 1  # the answered call runs on until the drain's end
+    assert any(a.startswith("BYE ") for a in await answered.answers(4.0))
+    await drain
+    assert not gateway.sessions and not gateway.app.state.phones.calls.calls
+    answered.close()
+    pending.close()
