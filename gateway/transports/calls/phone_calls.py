@@ -199,7 +199,9 @@ class PhoneCalls:
         call = self._pending(call_id)
         gateway = self.gateway
         try:
-            session = gateway.new_session(Dialect.GA, model=config.get("model"), server_playout=True)
+            model = config.get("model")
+            session = gateway.new_session(Dialect.GA, model=model if isinstance(model, str) else None,
+                                          server_playout=True)
             if self.options.noise_reduction:
                 configure(session, {"type": "realtime", "audio": {"input": {"noise_reduction": {
                     "type": self.options.noise_reduction}}}})
