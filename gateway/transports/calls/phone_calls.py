@@ -215,7 +215,8 @@ class PhoneCalls:
         gateway.opened(runner, f"{call.line.kind} call {call.id} from {call.line.source}", lambda: self.hang_up(call))
         try:
             await call.line.answer(call)
-        except CallError:
+        except CallError as exc:
+            await call.line.reject(503 if exc.status == 503 else 480)  # the caller is told, whatever happened
             await self.forget(call)
             raise
         call.state = "answered"
