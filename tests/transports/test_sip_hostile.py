@@ -311,3 +311,15 @@ async def test_a_drain_turns_pending_calls_away_and_hangs_up_answered_ones(
     assert not gateway.sessions and not gateway.app.state.phones.calls.calls
     answered.close()
     pending.close()
+
+
+async def test_only_the_trunks_addresses_may_call(sip_gateway: Any, no_errors: None) -> None:
+    gateway = await sip_gateway(sip__allowed_sources="127.0.0.2/32")
+    port = gateway.app.state.phones.sip.port
+    stranger, trunk = RawPhone(port), RawPhone(port, host="127.0.0.2")
+    stranger.send(stranger.invite())
+    assert [status(a) for a in await stranger.answers(1.0)] == [403]
+    trunk.send(trunk.invite())
+    assert 200 in [status(a) for a in await trunk.answers(1.5)]
+    stranger.close()
+    trunk.close()

@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 import pytest
 import websockets
+from openai import AsyncOpenAI
 
 from gateway.audio import RationalResampler, ulaw_encode
 from gateway.responders.echo import EchoResponder
@@ -130,6 +131,15 @@ async def test_a_recorded_call_is_answered_marks_are_sent_and_barge_in_clears(tw
     assert len(twilio.of("media")) > answered
     (call,) = gateway.app.state.phones.calls.calls.values()
     assert call.line.kind == "twilio" and call.state == "answered"
+    sdk = AsyncOpenAI(api_key="k", base_url=f"{twilio.base}/v1", websocket_base_url=f"ws://127.0.0.1:{gateway.port}/v1")
+    async with sdk.realtime.connect(call_id=call.id) as sideband:
+        await asyncio.wait_for(sideband.recv(), 5)  # session.created
+        await twilio.socket.send(orjson.dumps({"event": "dtmf", "streamSid": "MZ1", "sequenceNumber": "900",
+                                               "dtmf": {"track": "inbound_track", "digit": "5"}}).decode())
+        async with asyncio.timeout(5):
+            while (event := await sideband.recv()).type != "input_audio_buffer.dtmf_event_received":
+                pass
+        assert event.event == "5"  # type: ignore[union-attr]
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{twilio.base}/v1/realtime/calls/{call.id}/refer",
                              json={"target_uri": "tel:+15550003333"}) as answer:
