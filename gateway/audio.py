@@ -411,3 +411,54 @@ def wav_bytes(pcm16: bytes, rate: int = SAMPLE_RATE) -> bytes:
     fmt = struct.pack("<HHIIHH", _WAVE_PCM, 1, rate, rate * 2, 2, 16)
     return b"".join([b"RIFF", struct.pack("<I", 36 + len(pcm16)), b"WAVE", b"fmt ", struct.pack("<I", len(fmt)),
                      fmt, b"data", struct.pack("<I", len(pcm16)), pcm16])
+
+
+# --- rational-ratio resampling with a short, fixed delay (phone audio) ---------------------------------
+
+
+class RationalResampler:
+    """pcm16 resampled by ``up``/``down`` (8 → 24 kHz is 3/1, 24 → 16 kHz is 2/3), streaming, with a fixed
+    delay of ``taps`` / 2 input samples (2 ms at 8 kHz).
+
+    A polyphase Kaiser-windowed sinc (β 8) cut at the lower rate's band edge; history is carried between
+    chunks, so chunking never changes the output. soxr HQ holds ~21 ms and releases its output in blocks:
+    on a phone call's way in that would be turn detection's delay, on its way out gaps in a paced playout.
+    """
+
+    def __init__(self, up: int, down: int, taps: int = 32) -> None:
+        self.up, self.down, self.taps = up, down, taps
+        n = np.arange(up * taps) - (up * taps - 1) / 2
+        cutoff = 1 / max(up, down)  # of the upsampled rate's Nyquist
+        h = cutoff * np.sinc(cutoff * n) * np.kaiser(up * taps, 8.0) * up
+        # phases[p][j] weighs input x[k - j] for an output at upsampled position k * up + p.
+        self._phases = h.reshape(taps, up).T[:, ::-1].astype(np.float32)
+        self._history = np.zeros(taps - 1, dtype=np.float32)
+        self._consumed = 0  # input samples seen
+        self._produced = 0  # output samples made
+
+    def process(self, samples: np.ndarray) -> np.ndarray:
+        x = np.concatenate([self._history, samples.astype(np.float32)])
+        start = self._consumed - (self.taps - 1)  # the input index of x[0]
+        self._consumed += len(samples)
+        # Outputs whose newest input sample has arrived: position n * down lands at input k = n * down // up.
+        last = (self._consumed * self.up - 1) // self.down
+        n = np.arange(self._produced, last + 1)
+        self._produced = last + 1
+        self._history = x[len(x) - (self.taps - 1):]
+        if not len(n):
+            return np.zeros(0, dtype=np.int16)
+        position = n * self.down
+        k, phase = position // self.up - start, position % self.up
+        window = x[k[:, None] - np.arange(self.taps - 1, -1, -1)[None, :]]
+        out = np.einsum("ij,ij->i", window, self._phases[phase])
+        return np.clip(np.rint(out), -32768, 32767).astype(np.int16)
+
+    def flush(self) -> np.ndarray:
+        """The end of the signal still inside the filter; then ready for a new one."""
+        tail = self.process(np.zeros(self.taps // 2, dtype=np.int16))
+        self.reset()
+        return tail
+
+    def reset(self) -> None:
+        self._history[:] = 0
+        self._consumed = self._produced = 0

@@ -184,6 +184,53 @@ class WebRtcConfig:
 
 
 @dataclass
+class CallsConfig:
+    webhook_urls: str = ""
+    webhook_secret_env: str = "GATEWAY_WEBHOOK_SECRET"
+    webhook_timeout_s: float = 5.0
+    decision_timeout_s: float = 15.0
+    max_pending_calls: int = 32
+    max_pending_calls_per_source: int = 4
+    noise_reduction: str = ""
+
+
+@dataclass
+class SipConfig:
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 5060
+    tcp: bool = True
+    tls_port: int = 0
+    tls_cert: str = ""
+    tls_key: str = ""
+    advertised_host: str = ""
+    rtp_port_min: int = 20000
+    rtp_port_max: int = 20999
+    allowed_sources: str = ""
+    username: str = ""
+    password_env: str = "GATEWAY_SIP_PASSWORD"
+    realm: str = "voice-gateway"
+    max_calls: int = 100
+    max_calls_per_source: int = 10
+    invites_per_second: float = 20.0
+    invites_per_second_per_source: float = 5.0
+    max_message_bytes: int = 16384
+    max_tcp_connections: int = 128
+    max_tcp_connections_per_source: int = 8
+    ack_timeout_s: float = 32.0
+    media_timeout_s: float = 60.0
+    jitter_ms: int = 40
+
+
+@dataclass
+class TwilioConfig:
+    enabled: bool = False
+    public_url: str = ""
+    auth_token_env: str = "TWILIO_AUTH_TOKEN"
+    stream_token_ttl_s: float = 30.0
+
+
+@dataclass
 class TraceConfig:
     jsonl_path: str = ""
 
@@ -241,6 +288,9 @@ class Config:
     local: LocalConfig = field(default_factory=LocalConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
+    calls: CallsConfig = field(default_factory=CallsConfig)
+    sip: SipConfig = field(default_factory=SipConfig)
+    twilio: TwilioConfig = field(default_factory=TwilioConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
     speech: SpeechConfig = field(default_factory=SpeechConfig)
     voices: VoicesConfig = field(default_factory=VoicesConfig)
@@ -394,6 +444,7 @@ def check(config: Config) -> None:
     for name in ("phrase_match", "similarity_threshold"):
         if not 0.0 <= getattr(voices, name) <= 1.0:
             raise ConfigError(f"option voices.{name}: must be between 0 and 1, got {getattr(voices, name)}")
+    _check_phones(config)
     if not 64 <= semantic.pause_ms <= 2000:
         raise ConfigError(f"option semantic_vad.pause_ms: must be between 64 and 2000, got {semantic.pause_ms}")
     if semantic.recheck_ms and semantic.recheck_ms < 100:
@@ -409,7 +460,48 @@ def check(config: Config) -> None:
                               f"({semantic.pause_ms}) and 60000, got {wait}")
 
 
-def _check_proxies(setting: str) -> None:
+def _check_phones(config: Config) -> None:
+    """[calls], [sip] and [twilio]: each limit within its bounds, and one process for the calls."""
+    calls, sip = config.calls, config.sip
+    _between("calls.webhook_timeout_s", calls.webhook_timeout_s, 0.5, 30)
+    _between("calls.decision_timeout_s", calls.decision_timeout_s, 1, 300)
+    _between("calls.max_pending_calls", calls.max_pending_calls, 1, 10_000)
+    _between("calls.max_pending_calls_per_source", calls.max_pending_calls_per_source, 1, calls.max_pending_calls)
+    _one_of("calls.noise_reduction", calls.noise_reduction, ("", "near_field", "far_field"))
+    for name in ("port", "tls_port"):
+        _between(f"sip.{name}", getattr(sip, name), 0, 65535)
+    _between("sip.rtp_port_min", sip.rtp_port_min, 1024, 65534)
+    _between("sip.rtp_port_max", sip.rtp_port_max, sip.rtp_port_min + 1, 65535)
+    _between("sip.max_calls", sip.max_calls, 1, 10_000)
+    _between("sip.max_calls_per_source", sip.max_calls_per_source, 1, sip.max_calls)
+    _between("sip.invites_per_second", sip.invites_per_second, 0.1, 10_000)
+    _between("sip.invites_per_second_per_source", sip.invites_per_second_per_source, 0.1, sip.invites_per_second)
+    _between("sip.max_message_bytes", sip.max_message_bytes, 2048, 65535)
+    _between("sip.max_tcp_connections", sip.max_tcp_connections, 1, 10_000)
+    _between("sip.max_tcp_connections_per_source", sip.max_tcp_connections_per_source, 1, sip.max_tcp_connections)
+    _between("sip.ack_timeout_s", sip.ack_timeout_s, 1, 64)
+    _between("sip.media_timeout_s", sip.media_timeout_s, 5, 3600)
+    _between("sip.jitter_ms", sip.jitter_ms, 0, 200)
+    _between("twilio.stream_token_ttl_s", config.twilio.stream_token_ttl_s, 5, 300)
+    if bool(sip.tls_cert) != bool(sip.tls_key) or bool(sip.tls_port) != bool(sip.tls_cert):
+        raise ConfigError("option sip.tls_port: SIP over TLS needs tls_port, tls_cert and tls_key together")
+    if sip.allowed_sources:
+        _check_proxies(sip.allowed_sources, "sip.allowed_sources")
+    if config.twilio.enabled and not config.twilio.public_url.startswith(("https://", "http://")):
+        raise ConfigError("option twilio.public_url: Twilio needs the gateway's public URL (https://...) to point "
+                          "its media stream at")
+    if (sip.enabled or config.twilio.enabled) and config.server.workers > 1:
+        raise ConfigError("option server.workers: phone calls ([sip] enabled, [twilio] enabled) are served by one "
+                          "process (a call's decision, sideband and media live in the process that took it): "
+                          "set workers = 1, or serve calls from a gateway of their own")
+
+
+def _between(name: str, value: float, least: float, most: float) -> None:
+    if not least <= value <= most:
+        raise ConfigError(f"option {name}: must be between {least} and {most}, got {value}")
+
+
+def _check_proxies(setting: str, name: str = "server.forwarded_allow_ips") -> None:
     """[server] forwarded_allow_ips: "*", or addresses and networks (uvicorn would take anything else as a
     literal name that never matches, and the operator would not know)."""
     for entry in (part.strip() for part in setting.split(",") if part.strip()):
@@ -418,7 +510,7 @@ def _check_proxies(setting: str) -> None:
         try:
             ipaddress.ip_network(entry, strict=False)
         except ValueError:
-            raise ConfigError(f"option server.forwarded_allow_ips: {entry!r} is not an IP address or network "
+            raise ConfigError(f"option {name}: {entry!r} is not an IP address or network "
                               "(e.g. 10.0.0.5, 10.0.0.0/8, or * for any)") from None
 
 

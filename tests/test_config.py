@@ -66,3 +66,13 @@ def test_options_that_go_together() -> None:
         check(config)
     config.engine.mode = "process"
     check(config)
+
+
+def test_phone_calls_are_served_by_one_process() -> None:
+    from gateway.server.workers import worker_count
+
+    config = load_config(env={"GATEWAY_SIP_ENABLED": "1", "GATEWAY_SERVER_WORKERS": "2"})
+    with pytest.raises(ConfigError, match="one process"):
+        check(config)
+    config.server.workers = 0
+    assert worker_count(config) == 1

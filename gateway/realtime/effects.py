@@ -32,6 +32,15 @@ class RunVad:
 
 
 @dataclass(frozen=True, slots=True)
+class Denoise:
+    """Noise reduction is on (``kind``: near_field or far_field): clean this pcm16 24 kHz input audio and pass
+    it to ``denoised``, in order, before anything else of the session sees it."""
+
+    pcm: bytes
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunSmartTurn:
     """semantic_vad: ask the Smart Turn model whether this turn's audio (pcm16 24 kHz, up to the pause) is
     finished speaking, and pass P(complete) to ``smart_turn_result`` with ``seq`` (None if the model failed).

@@ -41,7 +41,7 @@ from gateway.core.responder import BackendError, ResponseOutput
 from gateway.core.semantic_vad import CheckTurn
 from gateway.core.vad import SpeechStarted, SpeechStopped, TurnEvent
 from gateway.realtime.conversation import BYTES_PER_MS, Conversation, Item, item_from_client
-from gateway.realtime.effects import ClearPlayout, Effect, Fault, Mark, RunSmartTurn, RunVad, SendEvent
+from gateway.realtime.effects import ClearPlayout, Denoise, Effect, Fault, Mark, RunSmartTurn, RunVad, SendEvent
 from gateway.realtime.events import (
     BETA_TRANSCRIPTION_SESSION_EVENTS,
     CLIENT_EVENTS,
@@ -231,7 +231,13 @@ class Session:
         return self.input_audio(self.input.decoder.decode(raw))
 
     def input_audio(self, pcm: bytes) -> list[Effect]:
-        """Input audio, pcm16 24 kHz: from an append, or from a media track."""
+        """Input audio, pcm16 24 kHz: from an append, or from a media track; through noise reduction when on."""
+        if self.settings.noise_reduction is not None and pcm:
+            return [Denoise(pcm, self.settings.noise_reduction["type"])]
+        return self.denoised(pcm)
+
+    def denoised(self, pcm: bytes) -> list[Effect]:
+        """Input audio as the session keeps it (see Denoise)."""
         dropped = self.input.add(pcm, self.settings.turn_detection)
         effects: list[Effect] = [RunVad(pcm)] if pcm else []
         if dropped is not None:

@@ -20,6 +20,7 @@ from gateway.core.responder import BackendError, Message, Responder, ResponseReq
 from gateway.realtime.effects import (
     CallMcp,
     ClearPlayout,
+    Denoise,
     Effect,
     Fault,
     ListMcpTools,
@@ -36,6 +37,7 @@ from gateway.realtime.effects import (
 )
 from gateway.realtime.session import Session
 from gateway.responders.model_thread import current_session
+from gateway.runtime.denoise import Denoiser
 from gateway.runtime.mcp_client import McpClient, McpFailure
 from gateway.runtime.silero import SileroVAD, VadBatcher
 from gateway.runtime.smart_turn import SmartTurnBatcher
@@ -119,6 +121,7 @@ class SessionRunner:
         self._smart_turn = smart_turn
         self._on_backend_error = on_backend_error
         self._checks: set[asyncio.Task[None]] = set()  # Smart Turn calls under way
+        self._denoiser: Denoiser | None = None  # noise reduction's state, once it is on
         self._closed = False
         # The context of this session's tasks: shared local models queue their work by session.
         self._context = contextvars.copy_context()
@@ -176,6 +179,10 @@ class SessionRunner:
             match effect:
                 case SendEvent(event):
                     await self._send_event(event)
+                case Denoise(pcm, kind):
+                    if self._denoiser is None or self._denoiser.kind != kind:
+                        self._denoiser = Denoiser(kind)
+                    await self._apply(self.session.denoised(self._denoiser.process(pcm)))
                 case RunVad(pcm):
                     await self._run_vad_on(pcm)
                 case RunSmartTurn():

@@ -76,11 +76,13 @@ def cpu_count() -> int:
 def worker_count(config: Config) -> int:
     """[server] workers, 0 (auto) resolved: with a Qwen3-TTS engine in engine processes on GPUs (by default
     on a host with GPUs: [engine] mode "auto"), one per CPU core less two per engine process (its step loop
-    and its CUDA launches); otherwise 1. The options are checked first (gateway.config.check)."""
+    and its CUDA launches); otherwise (and with phone calls on) 1. The options are checked first
+    (gateway.config.check)."""
     check(config)
     workers, engine = config.server.workers, config.engine
     qwen3 = tts_kind(config) == "qwen3"
-    if workers or not qwen3 or engine_mode(config) != "process":
+    phones = config.sip.enabled or config.twilio.enabled  # served by one process (gateway.config)
+    if workers or not qwen3 or engine_mode(config) != "process" or phones:
         return workers or 1
     if engine.endpoints:
         engines = len([e for e in engine.endpoints.split(",") if e.strip()])

@@ -8,6 +8,10 @@
   POST   /v1/audio/speech                   text to speech (gateway/transports/speech.py)
   /v1/audio/voice_consents, /v1/audio/voices, /v1/audio/capabilities
                                             custom voices and their consents (gateway/transports/voices.py)
+  POST   /v1/realtime/calls/{id}/accept|reject|refer|hangup, GET /v1/realtime/calls
+                                            phone calls' control (gateway/transports/calls/control.py); their
+                                            sideband is /v1/realtime?call_id=...; SIP on its own port
+                                            (gateway/transports/sip/), Twilio at /twilio/* (twilio.py)
   GET    /healthz, /readyz, /metrics        liveness, readiness (neither needs a key), Prometheus metrics
   GET    /...                               the browser page (public: it holds no secret)
 
@@ -19,7 +23,10 @@ from __future__ import annotations
 import asyncio
 import mimetypes
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -37,11 +44,16 @@ from gateway.runtime.gateway import Gateway
 from gateway.runtime.health import describe_responder
 from gateway.runtime.trace import DRAINING, ENGINE_STREAMS_FREE, SESSION_SLOTS_FREE, SESSIONS, metrics_text
 from gateway.shipped import WEB_DIR
+from gateway.transports.calls.control import CallControl, call_control_routes
+from gateway.transports.calls.phone_calls import PhoneCalls
 from gateway.transports.client_secrets import client_secret_routes
 from gateway.transports.guard import FrontDoor, Hosts, Origins
 from gateway.transports.realtime_websocket import RealtimeEndpoint, UnknownPath
 from gateway.transports.rest import HttpError, authorize, error_response, http_error_response
+from gateway.transports.sip.listener import SipListener
+from gateway.transports.sip.signalling import SipEndpoint
 from gateway.transports.speech import speech_routes
+from gateway.transports.twilio import twilio_routes
 from gateway.transports.voices import voice_routes
 from gateway.transports.webrtc.signalling import Signalling, signalling_routes
 
@@ -122,9 +134,31 @@ class Pages:
                             headers={"Cache-Control": "no-cache"})
 
 
-def routes(gateway: Gateway, signalling: Signalling) -> list[BaseRoute]:
+class Phones:
+    """The phone lines, when on: the call model (PhoneCalls), the SIP endpoint, the Twilio routes."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        config = gateway.config
+        self.calls = PhoneCalls(gateway) if config.sip.enabled or config.twilio.enabled else None
+        self.sip: SipListener | None = None
+        if self.calls is not None and config.sip.enabled:
+            self.sip = SipListener(SipEndpoint(self.calls, config.sip), config.sip)
+
+    def routes(self, gateway: Gateway) -> list[BaseRoute]:
+        table: list[BaseRoute] = []
+        if self.calls is not None and gateway.config.twilio.enabled:
+            table += twilio_routes(gateway, self.calls)
+        return table
+
+
+def routes(gateway: Gateway, signalling: Signalling, phones: Phones) -> list[BaseRoute]:
     pages = Pages(gateway, webrtc=signalling.calls is not None)
     realtime = RealtimeEndpoint(gateway)
+    webrtc = signalling.calls
+    if webrtc is not None:
+        realtime.sidebands.lookups.append(webrtc.sideband_call)
+    if phones.calls is not None:
+        realtime.sidebands.lookups.append(phones.calls.find)
     table: list[BaseRoute] = []
     for path in ("/v1/realtime", "/realtime"):
         table += [WebSocketRoute(path, realtime), Route(path, pages.upgrade_required, methods=["GET"])]
@@ -132,6 +166,8 @@ def routes(gateway: Gateway, signalling: Signalling) -> list[BaseRoute]:
     table += speech_routes(gateway)
     table += voice_routes(gateway)
     table += signalling_routes(signalling)  # answers 404 while WebRTC is off
+    table += call_control_routes(CallControl(gateway, phones.calls, webrtc.hang_up if webrtc is not None else None))
+    table += phones.routes(gateway)
     table += [
         Route("/healthz", pages.healthz),
         Route("/readyz", pages.readyz),
@@ -166,8 +202,23 @@ def create_app(config: Config, responder: Responder | None = None, gateway: Gate
                             hosts=Hosts(server.allowed_hosts, server.host), max_headers=server.max_request_headers,
                             max_header_line_bytes=server.max_header_line_bytes)
     signalling = Signalling(gateway)
-    app = Starlette(routes=routes(gateway, signalling), middleware=[front_door], lifespan=gateway.lifespan,
+    phones = Phones(gateway)
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        async with gateway.lifespan(app):
+            if phones.sip is not None:
+                await phones.sip.start()
+            try:
+                yield
+            finally:
+                if phones.sip is not None:
+                    await phones.sip.endpoint.stop()
+                    await phones.sip.stop()
+
+    app = Starlette(routes=routes(gateway, signalling, phones), middleware=[front_door], lifespan=lifespan,
                     exception_handlers={HttpError: _http_error, HTTPException: _starlette_error})
     app.state.gateway = gateway
     app.state.webrtc = signalling.calls  # the WebRTC calls (None: off)
+    app.state.phones = phones  # the phone calls and the SIP endpoint (None: off)
     return app

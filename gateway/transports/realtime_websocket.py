@@ -8,6 +8,7 @@ secret's session configuration; a refusal for room (503, ``session_limit_reached
 ``server_shutting_down`` while draining) carries Retry-After. ``realtime`` is selected when offered
 (browsers fail a handshake that selects none of the offered subprotocols); ``openai-beta.realtime-v1``
 selects the beta shape like the ``OpenAI-Beta: realtime=v1`` header; other subprotocols are ignored.
+``?call_id=rtc_...`` makes the connection a sideband of that call's session (gateway/transports/sideband.py).
 
 To serve the endpoint from your own Starlette or FastAPI app::
 
@@ -29,6 +30,7 @@ from gateway.realtime.events import Dialect
 from gateway.runtime.auth import KEY_SUBPROTOCOL, AuthError, bearer, error_body
 from gateway.runtime.gateway import Gateway, SessionRefused
 from gateway.transports.guard import Origins
+from gateway.transports.sideband import Sidebands
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class RealtimeEndpoint:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.origins = Origins(gateway.config.server.allowed_origins)
+        self.sidebands = Sidebands()  # the transports that hold calls add their lookups
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "websocket"
@@ -68,11 +71,18 @@ class RealtimeEndpoint:
         except AuthError as exc:
             await _deny(scope, send, 401, str(exc), "invalid_api_key")
             return
+        query = parse_qs(scope["query_string"].decode("latin-1"))
+        if "call_id" in query:  # a sideband: attach to a call's running session (gateway/transports/sideband.py)
+            if credential.secret is not None:
+                await _deny(scope, send, 401, "A sideband needs an API key, not a client secret.", "invalid_api_key")
+                return
+            await self.sidebands.serve(scope, receive, send, query["call_id"][0],
+                                       lambda status, message, code: _deny(scope, send, status, message, code))
+            return
         if (refusal := gateway.admit()) is not None:
             await _deny(scope, send, 503, refusal.message, refusal.code, "server_error", refusal.retry_after_s)
             return
         beta = "realtime=v1" in (headers.get("openai-beta") or "") or BETA_SUBPROTOCOL in offered
-        query = parse_qs(scope["query_string"].decode("latin-1"))
         kind = "transcription" if query.get("intent") == ["transcription"] else "realtime"
         try:
             session = gateway.new_session(Dialect.BETA if beta else Dialect.GA, model=query.get("model", [None])[0],

@@ -532,3 +532,26 @@ async def test_playout_plays_responses_running_at_once_one_after_the_other():
         at += len(alone)
     assert not heard[at:].any()
     track.stop()
+
+
+async def test_a_sideband_watches_and_steers_a_webrtc_call_and_hangup_ends_it(rtc, client):
+    """The unmodified SDK attaches to a WebRTC call by its id (realtime.connect(call_id=...)), sees its events,
+    steers it (a session.update), and ends it with calls.hangup."""
+    from openai import AsyncOpenAI
+
+    gateway, server = rtc
+    await client.connect()
+    await client.until("session.created")
+    call_id = client.location.rsplit("/", 1)[-1]
+    sdk = AsyncOpenAI(api_key="k", base_url=f"http://127.0.0.1:{gateway.port}/v1",
+                      websocket_base_url=f"ws://127.0.0.1:{gateway.port}/v1")
+    async with sdk.realtime.connect(call_id=call_id) as sideband:
+        created = await asyncio.wait_for(sideband.recv(), 5)
+        assert created.type == "session.created"
+        await sideband.session.update(session={"type": "realtime", "instructions": "From the sideband."})
+        updated = await asyncio.wait_for(sideband.recv(), 5)
+        assert updated.type == "session.updated" and updated.session.instructions == "From the sideband."
+        seen = await client.until("session.updated")  # the call's own channel sees it too
+        assert seen[-1]["session"]["instructions"] == "From the sideband."
+        await sdk.realtime.calls.hangup(call_id)
+    assert await session_count(gateway, 0) == 0 and not server.calls

@@ -33,9 +33,7 @@ import secrets
 import socket
 import time
 import weakref
-from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -53,6 +51,8 @@ from gateway.audio import Upsampler2x
 from gateway.config import ConfigError
 from gateway.realtime.session import Session
 from gateway.runtime.gateway import Refusal
+from gateway.transports.playout import PlayoutQueue
+from gateway.transports.sideband import Sideband
 from gateway.transports.webrtc.media import (
     AIORTC_JITTER_PREFETCH,
     FRAME_SAMPLES,
@@ -92,138 +92,38 @@ class WebRTCOptions(Protocol):
 # --- outbound audio: the server-side playout buffer ---------------------------------------------
 
 
-@dataclass
-class _Chunk:
-    response_id: str
-    item_id: str
-    samples: np.ndarray  # int16, 48 kHz mono
-
-
 class OutboundAudio(PacedTrack):
-    """The agent's voice: response audio queued by the session, sent in real-time 20 ms frames.
-
-    It is the session's playout buffer (gateway.runtime.session_runner.Playout): it upsamples 24 → 48 kHz, sends
-    silence when nothing is queued, counts how much of the current item has gone out (what the
-    listener heard) and reports output_audio_buffer.started / .stopped through ``notify``. Responses play
-    one after another: an out-of-band response produced beside the conversation's waits its turn.
-    """
+    """The agent's voice: response audio queued by the session (gateway.transports.playout), upsampled
+    24 → 48 kHz and sent in real-time 20 ms frames; silence when nothing is queued. Reports
+    output_audio_buffer.started / .stopped through ``notify``."""
 
     def __init__(self, notify: Notify) -> None:
         super().__init__()
         self._notify = notify
-        # An upsampler per (response, item) being fed: responses running at once each keep their own filter.
-        self._feeds: dict[tuple[str, str], Upsampler2x] = {}
-        self._queue: deque[_Chunk] = deque()
-        self._queued = 0  # samples in self._queue
-        self._filling = True  # holding audio back until the cushion is queued
-        self._playing: str | None = None  # response between its started and stopped events
-        self._item: str | None = None  # item of the audio last sent
-        self._item_samples = 0  # samples of self._item sent so far
-        self._done: set[str] = set()  # responses whose response.done has been sent
-        self.underruns = 0  # times a playing response ran dry: its audio came too late
+        self.queue = PlayoutQueue(RTC_RATE, FRAME_SAMPLES, Upsampler2x, CUSHION_SAMPLES)
 
     # Playout interface, called by the runner ---------------------------------------------------
 
     def play(self, response_id: str, item_id: str, pcm: bytes) -> None:
-        feed = (response_id, item_id)
-        if feed not in self._feeds:
-            self._flush_feeds(response_id)  # the response's previous item is over
-            self._feeds[feed] = Upsampler2x()
-        self._enqueue(response_id, item_id, self._feeds[feed].process(np.frombuffer(pcm, dtype="<i2")))
+        self.queue.play(response_id, item_id, pcm)
 
     def clear(self) -> tuple[str, float] | None:
-        """Drop all queued audio; (item id, ms of it sent) for the item playing or about to play."""
-        item = self._item if self._playing is not None else None
-        heard = self._item_samples if item is not None else 0
-        if item is None and self._queue:
-            item = self._queue[0].item_id
-        self._queue.clear()
-        self._queued = 0
-        self._filling = True
-        self._feeds.clear()
-        # Cleared, not stopped: the session answers with output_audio_buffer.cleared instead.
-        self._playing = None
-        self._item = None
-        self._item_samples = 0
-        self._done.clear()
-        return (item, heard * 1000 / RTC_RATE) if item is not None else None
+        return self.queue.clear()
 
     def finished(self, response_id: str) -> None:
-        """The response's response.done went out: once its queued audio has played, it has stopped."""
-        self._flush_feeds(response_id)
-        if self._playing == response_id or any(c.response_id == response_id for c in self._queue):
-            self._done.add(response_id)
+        self.queue.finished(response_id)
+
+    @property
+    def underruns(self) -> int:
+        return self.queue.underruns
 
     # MediaStreamTrack -----------------------------------------------------------------------------
 
     async def next_frame(self) -> np.ndarray:
-        samples = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-        events: list[tuple[str, str]] = []
-        if self._filling and self._queue and (
-            self._queued >= CUSHION_SAMPLES or self._queue[0].response_id in self._done
-        ):
-            self._filling = False
-        if not self._filling:
-            filled = self._fill(samples, events)
-            if filled < FRAME_SAMPLES and self._playing is not None and self._playing not in self._done:
-                self.underruns += 1
-                self._filling = True
-        if self._playing in self._done and not self._queue:
-            events.append(("output_audio_buffer.stopped", self._playing))
-            self._done.discard(self._playing)
-            self._playing = None
-            self._filling = True
+        samples, events = self.queue.take()
         for kind, response_id in events:
             await self._notify(kind, response_id)
         return samples
-
-    def _fill(self, samples: np.ndarray, events: list[tuple[str, str]]) -> int:
-        """Move queued audio into ``samples``; returns how many were filled."""
-        filled = 0
-        while filled < len(samples) and self._queue:
-            chunk = self._queue[0]
-            if chunk.response_id != self._playing and self._playing is not None and self._playing not in self._done:
-                break  # the playing response's next audio is late: another response waits for its end
-            n = min(len(samples) - filled, len(chunk.samples))
-            samples[filled : filled + n] = chunk.samples[:n]
-            filled += n
-            self._queued -= n
-            if n == len(chunk.samples):
-                self._queue.popleft()
-            else:
-                chunk.samples = chunk.samples[n:]
-            if chunk.response_id != self._playing:
-                if self._playing is not None:
-                    events.append(("output_audio_buffer.stopped", self._playing))
-                    self._done.discard(self._playing)
-                self._playing = chunk.response_id
-                events.append(("output_audio_buffer.started", chunk.response_id))
-            if chunk.item_id != self._item:
-                self._item, self._item_samples = chunk.item_id, 0
-            self._item_samples += n
-        return filled
-
-    def _enqueue(self, response_id: str, item_id: str, samples: np.ndarray) -> None:
-        """Queue a response's audio after what it queued before (before another response's, when it plays now)."""
-        if not len(samples):
-            return
-        chunk = _Chunk(response_id, item_id, samples)
-        self._queued += len(samples)
-        if not self._queue or self._queue[-1].response_id == response_id:
-            self._queue.append(chunk)
-            return
-        last = next((i for i in range(len(self._queue) - 1, -1, -1) if self._queue[i].response_id == response_id), None)
-        if last is not None:
-            self._queue.insert(last + 1, chunk)
-        elif response_id == self._playing:
-            self._queue.appendleft(chunk)
-        else:
-            self._queue.append(chunk)
-
-    def _flush_feeds(self, response_id: str) -> None:
-        """The end of the response's audio still inside its upsamplers."""
-        for feed in [f for f in self._feeds if f[0] == response_id]:
-            self._enqueue(*feed, self._feeds.pop(feed).flush())
 
 
 # --- one call -------------------------------------------------------------------------------------
@@ -255,6 +155,7 @@ class Call:
         self.playout = OutboundAudio(_weakly(self._on_playout))
         self.runner = registry.gateway.new_runner(session, _weakly(self._send), self.playout)
         self.connected = False  # the peer connection came up: the call counts as a session
+        self.sideband = Sideband()  # wss://.../v1/realtime?call_id=... connections to this call
         self._channel: RTCDataChannel | None = None
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
         self._inbox_bytes = 0
@@ -296,6 +197,7 @@ class Call:
             await self.registry.gateway.close_session(self.runner, client_gone)
         except Exception:
             log.exception("call %s: closing its session failed", self.id)
+        await self.sideband.close()
         self.playout.stop()
         try:
             await self.pc.close()
@@ -396,6 +298,7 @@ class Call:
         channel = self._channel
         if channel is not None and channel.readyState == "open":
             channel.send(text)
+        await self.sideband.send(text)
 
 
 # --- offers ----------------------------------------------------------------------------------------
@@ -557,6 +460,19 @@ class CallRegistry:
         except BaseException:
             await call.close()
             raise
+
+    def sideband_call(self, call_id: str) -> Call | None:
+        """A connected call, for a sideband to attach to."""
+        call = self.calls.get(call_id)
+        return call if call is not None and call.connected else None
+
+    async def hang_up(self, call_id: str) -> bool:
+        """End call ``call_id`` from the server's side (POST /v1/realtime/calls/{id}/hangup); False if none."""
+        call = self.calls.get(call_id)
+        if call is None:
+            return False
+        await call.close()
+        return True
 
     def connected(self, call: Call) -> None:
         """The call's peer connection is up: from now on it is a session, counted in max_sessions."""

@@ -1,0 +1,99 @@
+"""SDP offer/answer for one audio stream of G.711 at 8 kHz (RFC 4566, RFC 3264), DTMF by RFC 4733."""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from dataclasses import dataclass
+
+# Static payload types (RFC 3551) and the rtpmap names that may carry them dynamically.
+CODECS = {"PCMU": 0, "PCMA": 8}
+MAX_LINES = 256
+
+
+class OfferError(ValueError):
+    """An offer we cannot answer: 488 Not Acceptable Here (or 400 when it is not SDP at all)."""
+
+    def __init__(self, message: str, status: int = 488) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Offer:
+    address: str  # where the caller's RTP comes from and goes to
+    port: int
+    codec: str  # "PCMU" or "PCMA"
+    payload_type: int
+    dtmf_payload_type: int | None
+
+
+def parse_offer(text: str) -> Offer:
+    """The caller's audio stream, its first codec we speak, and its telephone-event payload type."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("v=0"):
+        raise OfferError("The body is not an SDP offer.", 400)
+    if len(lines) > MAX_LINES:
+        raise OfferError(f"The SDP has more than {MAX_LINES} lines.", 400)
+    session_address: str | None = None
+    media: list[dict[str, object]] = []
+    for line in lines:
+        kind, _, value = line.partition("=")
+        if kind == "m":
+            fields = value.split()
+            if len(fields) < 4:
+                raise OfferError("A media line (m=) is malformed.", 400)
+            media.append({"kind": fields[0], "port": fields[1], "proto": fields[2], "formats": fields[3:],
+                          "rtpmap": {}, "address": None})
+        elif kind == "c":
+            fields = value.split()
+            if len(fields) < 3 or fields[0] != "IN":
+                raise OfferError("A connection line (c=) is malformed.", 400)
+            address = fields[2].split("/")[0]
+            if media:
+                media[-1]["address"] = address
+            else:
+                session_address = address
+        elif kind == "a" and media and value.startswith("rtpmap:"):
+            number, _, name = value[7:].partition(" ")
+            media[-1]["rtpmap"][number] = name  # type: ignore[index]
+    audio = next((m for m in media if m["kind"] == "audio" and m["port"] != "0"), None)
+    if audio is None:
+        raise OfferError("The offer has no audio stream.")
+    if audio["proto"] != "RTP/AVP":
+        raise OfferError(f"Only plain RTP/AVP is taken, not {audio['proto']} (no SRTP: use TLS to the trunk and a "
+                         "private network for media).")
+    address = str(audio["address"] or session_address or "")
+    try:
+        ipaddress.ip_address(address)
+        port = int(str(audio["port"]))
+    except ValueError:
+        raise OfferError("The offer's connection address or port is not an IP address and port.", 400) from None
+    if not 1 <= port <= 65535:
+        raise OfferError("The offer's port is out of range.", 400)
+    rtpmap: dict[str, str] = audio["rtpmap"]  # type: ignore[assignment]
+    codec = None
+    for number in audio["formats"]:  # type: ignore[attr-defined]
+        name = rtpmap.get(number, "").split("/")[0].upper()
+        if name in CODECS or (not name and number in ("0", "8")):
+            codec = (name or ("PCMU" if number == "0" else "PCMA"), int(number))
+            break
+    if codec is None:
+        raise OfferError("The offer has neither PCMU nor PCMA (G.711 at 8 kHz).")
+    dtmf = next((int(n) for n, name in rtpmap.items() if name.lower().startswith("telephone-event/8000")
+                 and n.isdigit()), None)
+    return Offer(address, port, codec[0], codec[1], dtmf)
+
+
+def answer(offer: Offer, address: str, port: int) -> str:
+    """Our answer: the offer's codec and telephone-event, on ``address``:``port``."""
+    family = "IP6" if ":" in address else "IP4"
+    formats = f"{offer.payload_type}" + (f" {offer.dtmf_payload_type}" if offer.dtmf_payload_type is not None else "")
+    lines = ["v=0", f"o=voice-gateway {secrets.randbelow(2**31)} 1 IN {family} {address}", "s=voice-gateway",
+             f"c=IN {family} {address}", "t=0 0", f"m=audio {port} RTP/AVP {formats}",
+             f"a=rtpmap:{offer.payload_type} {offer.codec}/8000"]
+    if offer.dtmf_payload_type is not None:
+        lines += [f"a=rtpmap:{offer.dtmf_payload_type} telephone-event/8000",
+                  f"a=fmtp:{offer.dtmf_payload_type} 0-16"]
+    lines += ["a=ptime:20", "a=sendrecv"]
+    return "\r\n".join(lines) + "\r\n"

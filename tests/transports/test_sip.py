@@ -1,0 +1,225 @@
+"""The SIP endpoint against a real phone: baresip (Debian's) calls the gateway, says a recorded question from
+a WAV file, records what it hears; an independent speech recognizer (the local extra's Whisper) hears the
+answer. The gateway answers with the pipeline: the fake LLM's fixed sentence spoken by piper."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import re
+import subprocess
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gateway.audio import RationalResampler
+from tests.paths import FIXTURES
+from tests.phones.baresip import BARESIP, Baresip
+from tests.phones.gateway import ANSWER
+
+pytestmark = [
+    pytest.mark.skipif(BARESIP is None, reason="baresip is not installed (apt-get install baresip)"),
+    pytest.mark.skipif(importlib.util.find_spec("piper") is None or importlib.util.find_spec("faster_whisper") is None,
+                       reason='the local extra is not installed (pip install ".[local]")'),
+]
+
+
+
+def phone_wav(folder: Path, name: str, pad_s: float = 8.0) -> Path:
+    """A fixture question at 8 kHz with ``pad_s`` of silence after it (the phone keeps sending while it listens)."""
+    out = folder / f"mic-{name}"
+    subprocess.run(["sox", str(FIXTURES / name), "-r", "8000", "-c", "1", "-b", "16", str(out), "pad", "0",
+                    str(pad_s)], check=True)
+    return out
+
+
+def heard(path: Path) -> np.ndarray:
+    """What the phone recorded, as int16 at 8 kHz mono."""
+    with wave.open(str(path)) as w:
+        data = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+        rate, channels = w.getframerate(), w.getnchannels()
+    data = data.reshape(-1, channels)[:, 0]
+    assert rate == 8000, rate
+    return data
+
+
+def transcribe(samples_8k: np.ndarray) -> str:
+    from gateway.responders.local_stt import LocalStt  # the local extra
+
+    pcm = RationalResampler(3, 1).process(samples_8k).tobytes()
+    stt = LocalStt.shared()
+    return stt._transcribe_pcm(pcm, None, "en")
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z]+", text.lower())
+
+
+async def call(gateway: Any, phone: Baresip, user: str = "agent") -> None:
+    await phone.command("dial", f"sip:{user}@127.0.0.1:{gateway.app.state.phones.sip.port}")
+    await phone.event("CALL_ESTABLISHED")
+
+
+async def test_a_phone_asks_and_hears_the_answer(phone_gateway: Any, tmp_path: Path) -> None:
+    """No webhook: the default session answers; the phone hears the fixed sentence, recognizably; hanging up
+    frees the session and the RTP port."""
+    gateway = await phone_gateway()
+    phone = Baresip(tmp_path / "phone", phone_wav(tmp_path, "question_sky.wav"))
+    await phone.start()
+    try:
+        await call(gateway, phone)
+        await asyncio.sleep(9)
+        assert len(gateway.sessions) == 1
+        await phone.command("hangup")
+        await phone.event("CALL_CLOSED")
+    finally:
+        await phone.stop()
+    for _ in range(50):
+        if not gateway.sessions:
+            break
+        await asyncio.sleep(0.1)
+    assert not gateway.sessions
+    sip = gateway.app.state.phones.sip
+    assert not sip.endpoint.ports.in_use and not gateway.app.state.phones.calls.calls
+    text = transcribe(heard(phone.recording))
+    expected = words(ANSWER)
+    got = words(text)
+    assert sum(w in got for w in expected) >= len(expected) * 0.7, text
+
+
+async def test_a_call_through_kamailio_is_transferred_by_refer_and_hung_up_by_the_gateway(
+        phone_gateway: Any, tmp_path: Path) -> None:
+    """Kamailio is the trunk's proxy: the call comes through it, and the REFER the gateway sends (the SDK's
+    refer) and its BYE go back through it by the dialog's route set."""
+    from openai import AsyncOpenAI
+
+    from tests.phones.kamailio import KAMAILIO, Kamailio
+
+    if KAMAILIO is None:
+        pytest.skip("kamailio is not installed (apt-get install kamailio)")
+    gateway = await phone_gateway(calls__webhook_urls="")
+    proxy = Kamailio(tmp_path / "kamailio", gateway.app.state.phones.sip.port)
+    await proxy.start()
+    phone = Baresip(tmp_path / "phone", phone_wav(tmp_path, "question_sky.wav"))
+    await phone.start()
+    client = AsyncOpenAI(api_key="k", base_url=f"http://127.0.0.1:{gateway.port}/v1")
+    try:
+        await phone.command("dial", f"sip:agent@127.0.0.1:{proxy.port}")
+        await phone.event("CALL_ESTABLISHED")
+        assert proxy.saw("INVITE") and proxy.saw("ACK")
+        (call,) = gateway.app.state.phones.calls.calls.values()
+        await client.realtime.calls.refer(call.id, target_uri=f"sip:desk@127.0.0.1:{proxy.port}")
+        for _ in range(50):
+            if proxy.saw("REFER") and proxy.saw("NOTIFY"):
+                break
+            await asyncio.sleep(0.1)
+        refer = proxy.saw("REFER")
+        assert refer and "from 127.0.0.1:" in refer[0]
+        # baresip follows the REFER: it calls the target, through the proxy (which has nobody by that name).
+        for _ in range(50):
+            if any("sip:desk@" in line for line in proxy.saw("INVITE")):
+                break
+            await asyncio.sleep(0.1)
+        assert any("sip:desk@" in line for line in proxy.saw("INVITE"))
+        await client.realtime.calls.hangup(call.id)
+        await phone.event("CALL_CLOSED")
+        assert proxy.saw("BYE")
+    finally:
+        await phone.stop()
+        await proxy.stop()
+    assert not gateway.sessions and not gateway.app.state.phones.sip.endpoint.ports.in_use
+
+
+def bursts(samples: np.ndarray, threshold: float = 300.0, gap_s: float = 0.4) -> list[tuple[float, float]]:
+    """(start, end) seconds of the sound in a recording at 8 kHz, pauses shorter than ``gap_s`` bridged."""
+    frames = samples[: len(samples) // 160 * 160].reshape(-1, 160).astype(np.float32)
+    loud = np.sqrt((frames ** 2).mean(axis=1)) > threshold
+    spans: list[tuple[float, float]] = []
+    for i in np.flatnonzero(loud):
+        t = i * 0.02
+        if spans and t - spans[-1][1] <= gap_s:
+            spans[-1] = (spans[-1][0], t + 0.02)
+        else:
+            spans.append((t, t + 0.02))
+    return spans
+
+
+async def test_talking_over_the_agent_stops_its_audio(phone_gateway: Any, tmp_path: Path) -> None:
+    """The caller asks, then speaks again while the answer plays: the gateway clears its playout (the sideband
+    sees output_audio_buffer.cleared and the cancelled response) and the phone hears the answer stop there."""
+    from openai import AsyncOpenAI
+
+    gateway = await phone_gateway(calls__webhook_urls="")
+    mic = tmp_path / "barge.wav"
+    first = phone_wav(tmp_path, "question_sky.wav", pad_s=1.6)
+    second = phone_wav(tmp_path, "question_spider.wav", pad_s=8)
+    subprocess.run(["sox", str(first), str(second), str(mic)], check=True)
+    phone = Baresip(tmp_path / "phone", mic)
+    await phone.start()
+    client = AsyncOpenAI(api_key="k", base_url=f"http://127.0.0.1:{gateway.port}/v1",
+                         websocket_base_url=f"ws://127.0.0.1:{gateway.port}/v1")
+    events: list[Any] = []
+    try:
+        await call(gateway, phone)
+        (line,) = gateway.app.state.phones.calls.calls.values()
+        async with client.realtime.connect(call_id=line.id) as sideband:
+            async with asyncio.timeout(25):
+                while not any(e.type == "output_audio_buffer.cleared" for e in events):
+                    events.append(await sideband.recv())
+                while not any(e.type == "response.done" and e.response.status == "completed" for e in events):
+                    events.append(await sideband.recv())
+        await phone.command("hangup")
+        await phone.event("CALL_CLOSED")
+    finally:
+        await phone.stop()
+    kinds = [e.type for e in events]
+    cleared = kinds.index("output_audio_buffer.cleared")
+    assert "output_audio_buffer.started" in kinds[:cleared]
+    cancelled = next(e for e in events if e.type == "response.done")
+    assert cancelled.response.status == "cancelled" and cancelled.response.status_details.reason == "turn_detected"
+    truncated = next(e for e in events if e.type == "conversation.item.truncated")
+    full_ms = len(ANSWER) * 60  # piper speaks this sentence in well over 3 s
+    assert truncated.audio_end_ms < full_ms / 2
+    # What the phone heard: the first answer stops about where the gateway says it was cut, then the second plays.
+    spans = [s for s in bursts(heard(phone.recording)) if s[1] - s[0] > 0.3]
+    assert len(spans) >= 2, spans
+    assert abs((spans[0][1] - spans[0][0]) - truncated.audio_end_ms / 1000) < 0.5, (spans, truncated.audio_end_ms)
+
+
+async def test_a_phone_calls_over_tcp_and_presses_keys(phone_gateway: Any, tmp_path: Path) -> None:
+    from openai import AsyncOpenAI
+
+    gateway = await phone_gateway(calls__webhook_urls="")
+    phone = Baresip(tmp_path / "phone", phone_wav(tmp_path, "question_sky.wav"), transport="tcp")
+    await phone.start()
+    client = AsyncOpenAI(api_key="k", base_url=f"http://127.0.0.1:{gateway.port}/v1",
+                         websocket_base_url=f"ws://127.0.0.1:{gateway.port}/v1")
+    try:
+        await phone.command("dial", f"sip:agent@127.0.0.1:{gateway.app.state.phones.sip.port};transport=tcp")
+        await phone.event("CALL_ESTABLISHED")
+        (call,) = gateway.app.state.phones.calls.calls.values()
+        assert call.line.peer.transport == "TCP"
+        async with client.realtime.connect(call_id=call.id) as sideband:
+            await asyncio.wait_for(sideband.recv(), 5)
+            for key in "7#":
+                await phone.command("sndcode", key)
+                await asyncio.sleep(0.3)
+            keys = []
+            async with asyncio.timeout(10):
+                while len(keys) < 2:
+                    event = await sideband.recv()
+                    if event.type == "input_audio_buffer.dtmf_event_received":
+                        keys.append(event.event)
+        assert keys == ["7", "#"]
+        await phone.command("hangup")
+        await phone.event("CALL_CLOSED")
+    finally:
+        await phone.stop()
+    for _ in range(50):
+        if not gateway.sessions:
+            break
+        await asyncio.sleep(0.1)
+    assert not gateway.sessions and not gateway.app.state.phones.sip.endpoint.ports.in_use

@@ -1,0 +1,168 @@
+"""Twilio Media Streams, with a client that follows Twilio's documented protocol (the remote side we cannot
+run): the voice webhook signed as Twilio signs it, the TwiML it gets back, then the bidirectional stream of
+a recorded call in mu-law at real time."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import socket
+import xml.etree.ElementTree as ET
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+import numpy as np
+import orjson
+import pytest
+import websockets
+from openai import AsyncOpenAI
+
+from gateway.audio import RationalResampler, ulaw_encode
+from gateway.responders.echo import EchoResponder
+from tests.conftest import load_pcm
+from tests.phones.baresip import free_port
+
+TOKEN = "twilio-auth-token-for-tests"
+
+
+def sign(url: str, params: dict[str, str]) -> str:
+    """Twilio's documented X-Twilio-Signature: HMAC-SHA1 of the URL and the sorted parameters, base64."""
+    payload = url + "".join(f"{k}{params[k]}" for k in sorted(params))
+    return base64.b64encode(hmac.new(TOKEN.encode(), payload.encode(), hashlib.sha1).digest()).decode()
+
+
+def mulaw_frames(fixture: str, silence_s: float = 0.0) -> list[str]:
+    pcm = np.frombuffer(load_pcm(fixture), dtype="<i2")
+    narrow = RationalResampler(1, 3).process(pcm)
+    narrow = np.concatenate([narrow, np.zeros(int(silence_s * 8000), dtype=np.int16)])
+    return [base64.b64encode(ulaw_encode(narrow[i:i + 160])).decode() for i in range(0, len(narrow) - 159, 160)]
+
+
+class TwilioSide:
+    """What Twilio does on a call: asks the voice webhook, opens the stream, plays what comes back."""
+
+    def __init__(self, gateway: Any) -> None:
+        self.base = f"http://127.0.0.1:{gateway.port}"
+        self.received: list[dict[str, Any]] = []
+        self.marks_echoed: list[str] = []
+        self.socket: Any = None
+        self.stream_url = ""
+        self.action = ""
+
+    async def webhook(self, path: str, params: dict[str, str], signature: str | None = None) -> tuple[int, str]:
+        url = self.base + path
+        headers = {"X-Twilio-Signature": signature or sign(url, params),
+                   "Content-Type": "application/x-www-form-urlencoded"}
+        async with aiohttp.ClientSession() as http, http.post(url, data=urlencode(params), headers=headers) as answer:
+            return answer.status, await answer.text()
+
+    async def ring(self, call_sid: str = "CA0001") -> ET.Element:
+        status, twiml = await self.webhook("/twilio/voice", {"CallSid": call_sid, "AccountSid": "AC1",
+                                                             "From": "+15550001111", "To": "+15550002222"})
+        assert status == 200, twiml
+        root = ET.fromstring(twiml)
+        connect = root.find("Connect")
+        assert connect is not None, twiml
+        stream = connect.find("Stream")
+        assert stream is not None
+        self.stream_url, self.action = stream.get("url", ""), connect.get("action", "")
+        return stream
+
+    async def open(self, call_sid: str = "CA0001", parameters: dict[str, str] | None = None) -> None:
+        self.socket = await websockets.connect(self.stream_url)
+        await self.socket.send(orjson.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}).decode())
+        await self.socket.send(orjson.dumps({"event": "start", "sequenceNumber": "1", "streamSid": "MZ1", "start": {
+            "streamSid": "MZ1", "accountSid": "AC1", "callSid": call_sid, "tracks": ["inbound"],
+            "customParameters": parameters or {}, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000,
+                                                                  "channels": 1}}}).decode())
+        asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed):
+            async for text in self.socket:
+                event = orjson.loads(text)
+                self.received.append(event)
+                if event["event"] == "mark":  # played at once: the gateway paces its media at real time
+                    self.marks_echoed.append(event["mark"]["name"])
+                    await self.socket.send(orjson.dumps({"event": "mark", "streamSid": "MZ1",
+                                                         "mark": event["mark"]}).decode())
+
+    async def say(self, frames: list[str]) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for i, payload in enumerate(frames):
+            await self.socket.send(orjson.dumps({"event": "media", "streamSid": "MZ1", "media": {
+                "track": "inbound", "chunk": str(i + 1), "timestamp": str(i * 20), "payload": payload}}).decode())
+            await asyncio.sleep(max(0.0, start + (i + 1) * 0.02 - loop.time()))
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.received if e["event"] == kind]
+
+
+@pytest.fixture
+async def twilio_gateway(start_gateway: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("TWILIO_AUTH_TOKEN", TOKEN)
+
+    async def start(**overrides: Any) -> Any:
+        port = free_port(socket.SOCK_STREAM)  # Twilio signs the public URL it calls: known before the start
+        return await start_gateway(EchoResponder(pace=1), server__port=port, twilio__enabled=True,
+                                   twilio__public_url=f"http://127.0.0.1:{port}", calls__noise_reduction="",
+                                   **overrides)
+    return start
+
+
+async def test_a_recorded_call_is_answered_marks_are_sent_and_barge_in_clears(twilio_gateway: Any) -> None:
+    gateway = await twilio_gateway()
+    twilio = TwilioSide(gateway)
+    stream = await twilio.ring()
+    assert {p.get("name"): p.get("value") for p in stream.findall("Parameter")}["From"] == "+15550001111"
+    await twilio.open(parameters={"From": "+15550001111", "To": "+15550002222"})
+    await twilio.say(mulaw_frames("question_sky.wav", silence_s=2.5))  # the echo answers with the question
+    assert twilio.of("media"), "no audio came back"
+    assert twilio.marks_echoed, "no mark after the answer"
+    answered = len(twilio.of("media"))
+    # Barge-in: the caller asks again and talks over the second answer.
+    await twilio.say(mulaw_frames("question_spider.wav", silence_s=0.6) + mulaw_frames("question_tea.wav", 1.0))
+    assert twilio.of("clear"), "no clear on barge-in"
+    assert len(twilio.of("media")) > answered
+    (call,) = gateway.app.state.phones.calls.calls.values()
+    assert call.line.kind == "twilio" and call.state == "answered"
+    sdk = AsyncOpenAI(api_key="k", base_url=f"{twilio.base}/v1", websocket_base_url=f"ws://127.0.0.1:{gateway.port}/v1")
+    async with sdk.realtime.connect(call_id=call.id) as sideband:
+        await asyncio.wait_for(sideband.recv(), 5)  # session.created
+        await twilio.socket.send(orjson.dumps({"event": "dtmf", "streamSid": "MZ1", "sequenceNumber": "900",
+                                               "dtmf": {"track": "inbound_track", "digit": "5"}}).decode())
+        async with asyncio.timeout(5):
+            while (event := await sideband.recv()).type != "input_audio_buffer.dtmf_event_received":
+                pass
+        assert event.event == "5"  # type: ignore[union-attr]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{twilio.base}/v1/realtime/calls/{call.id}/refer",
+                             json={"target_uri": "tel:+15550003333"}) as answer:
+            assert answer.status == 200
+    await asyncio.wait_for(twilio.socket.wait_closed(), 5)  # the stream ends; Twilio asks the <Connect> action
+    status, twiml = await twilio.webhook(twilio.action.removeprefix(twilio.base), {"CallSid": "CA0001"})
+    assert status == 200 and "<Dial><Number>+15550003333</Number></Dial>" in twiml
+    assert not gateway.sessions and not gateway.app.state.phones.calls.calls
+
+
+async def test_wrong_tokens_and_signatures_are_refused(twilio_gateway: Any) -> None:
+    gateway = await twilio_gateway()
+    twilio = TwilioSide(gateway)
+    status, _ = await twilio.webhook("/twilio/voice", {"CallSid": "CA9"}, signature="bm90IGl0")
+    assert status == 403
+    await twilio.ring("CA0002")
+    good = twilio.stream_url
+    for url in (good[:-2] + ("00" if not good.endswith("00") else "11"), good.rsplit("/", 1)[0] + "/nonsense"):
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await websockets.connect(url)
+        assert refused.value.response.status_code == 403
+    socket = await websockets.connect(good)
+    await socket.close()
+    with pytest.raises(websockets.InvalidStatus):
+        await websockets.connect(good)  # one stream per token
+    assert not gateway.app.state.phones.calls.calls
