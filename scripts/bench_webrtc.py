@@ -41,7 +41,7 @@ from gateway.config import load_config  # noqa: E402
 from gateway.responders.echo import EchoResponder  # noqa: E402
 from gateway.server.serve import GatewayServer  # noqa: E402
 from tests.conftest import FIXTURES, load_pcm  # noqa: E402
-from tests.transports.test_webrtc import RtcClient, rms  # noqa: E402
+from tests.helpers.webrtc import RtcClient, rms  # noqa: E402
 
 CHUNK_MS = 20
 ENERGY = 300.0  # RMS of a 20 ms piece that counts as reply speech (about -40 dBFS)
