@@ -12,7 +12,7 @@ import pytest
 import websockets
 
 from tests.conftest import Served, connect, load_pcm, silence, types
-from tests.transports.test_front_door import http
+from tests.helpers.http import http
 
 
 def url(gateway: Served, path: str) -> str:

@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import socket
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import orjson
 import pytest
 
 async_api = pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+from tests.helpers.chromium import CHROMIUM, chromium_args, until  # noqa: E402 - after the skip
+
 if CHROMIUM is None:
     pytest.skip("chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True)
 
@@ -35,24 +35,9 @@ from gateway.responders.tone_tts import ToneEngine  # noqa: E402
 from tests.fake_openai import FakeOpenAI  # noqa: E402
 from tests.paths import ROOT  # noqa: E402
 
+
 SPEECH = ROOT / "tests" / "fixtures" / "one_sentence.wav"
 ARTIFACTS = ROOT / "artifacts"
-WAIT_MS = 20_000  # upper bound per step; the whole test takes a few seconds
-
-
-def chromium_args(wav: Path) -> list[str]:
-    return [
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--use-fake-ui-for-media-stream",
-        "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={wav}",
-    ]
 
 
 @asynccontextmanager
@@ -79,12 +64,6 @@ async def transcribing() -> AsyncIterator[dict[str, object]]:
         return
     async with FakeOpenAI(transcript="The quick brown fox jumps over the lazy dog.") as fake:
         yield {"stt__base_url": fake.base_url, "stt__model": "whisper-test"}
-
-
-async def until(page, condition: str) -> None:
-    # As a function, not an expression: Playwright evaluates a bare expression with eval(), which the
-    # page's Content-Security-Policy forbids.
-    await page.wait_for_function(f"() => ({condition})", polling=50, timeout=WAIT_MS)
 
 
 RESAMPLER_CHECK = """async ([inRate, chunk]) => {

@@ -16,8 +16,8 @@ async_api = pytest.importorskip("playwright.async_api", reason="Playwright for P
 
 from gateway.audio import wav_bytes  # noqa: E402 - after the skip
 from tests import speakers  # noqa: E402
+from tests.helpers.chromium import CHROMIUM, chromium_args, until  # noqa: E402
 from tests.paths import DATA, TINY_CHECKPOINT  # noqa: E402
-from tests.transports.test_web import CHROMIUM, chromium_args, until  # noqa: E402
 
 if CHROMIUM is None:
     pytest.skip("chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True)
