@@ -15,6 +15,7 @@ import pytest
 from tests.helpers.workers import engine_processes, serve
 from tests.paths import DATA, TINY_CHECKPOINT
 
+pytestmark = pytest.mark.slow  # `serve --workers 2` and an engine process
 
 DESIGN = DATA / "qwen3_tts_tiny_design"
 

@@ -21,6 +21,7 @@ from tests.fake_openai import FakeOpenAI
 from tests.helpers.workers import Gateway, engine_processes, gone, serve
 from tests.paths import TINY_CHECKPOINT
 
+pytestmark = pytest.mark.slow  # `serve --workers 2` in subprocesses
 
 FIXTURE = TINY_CHECKPOINT
 

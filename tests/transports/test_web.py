@@ -35,6 +35,7 @@ from gateway.responders.tone_tts import ToneEngine  # noqa: E402
 from tests.fake_openai import FakeOpenAI  # noqa: E402
 from tests.paths import ROOT  # noqa: E402
 
+pytestmark = pytest.mark.slow  # headless Chromium
 
 SPEECH = ROOT / "tests" / "fixtures" / "one_sentence.wav"
 ARTIFACTS = ROOT / "artifacts"

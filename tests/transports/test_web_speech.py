@@ -22,6 +22,8 @@ from tests.paths import DATA, TINY_CHECKPOINT  # noqa: E402
 if CHROMIUM is None:
     pytest.skip("chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True)
 
+pytestmark = pytest.mark.slow  # headless Chromium
+
 
 async def open_speech_tab(browser, gateway, problems: list[str]):
     page = await browser.new_page()

@@ -224,6 +224,7 @@ BROWSER_CALL = """async ([url, session]) => {
 }"""
 
 
+@pytest.mark.slow  # headless Chromium
 async def test_browser_page_module(rtc):
     """web/webrtc.js in headless Chromium, loaded from the gateway's port and calling it (same origin).
 
