@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine import checkpoint, clone  # noqa: E402
-from gateway.runtime.consent import similarity  # noqa: E402
+from gateway.runtime.voices.consent import similarity  # noqa: E402
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog while the farmer watches from the gate.",

@@ -15,7 +15,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from gateway.audio import wav_bytes
-from gateway.runtime.consent import CONSENT_PHRASES
+from gateway.runtime.voices.consent import CONSENT_PHRASES
 from tests import speakers
 from tests.conftest import Served, StartGateway, audio_of, connect, make_config
 from tests.fake_openai import FakeOpenAI
