@@ -16,11 +16,6 @@ from gateway.shipped import DEFAULT_CONFIG
 
 
 def _serve(args: argparse.Namespace) -> int:
-    # Imported here, not above: a worker of `serve --workers N` is spawned from this module, and imports it
-    # before it sets PROMETHEUS_MULTIPROC_DIR, which the server's metrics read once, when first imported.
-    from gateway.server.serve import GatewayServer, exit_now, run_server
-    from gateway.server.workers import Workers, worker_count
-
     config = load_config(args.config)
     if args.host:
         config.server.host = args.host
@@ -29,6 +24,11 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workers is not None:
         config.server.workers = args.workers
     check(config)  # a bad value from the file or the environment is one line too, before anything starts
+    # Imported here, not above: a worker of `serve --workers N` is spawned from this module, and imports it
+    # before it sets PROMETHEUS_MULTIPROC_DIR, which the server's metrics read once, when first imported.
+    from gateway.server.serve import GatewayServer, exit_now, run_server
+    from gateway.server.workers import Workers, worker_count
+
     workers = worker_count(config)
     if workers > 1:
         return Workers(config, workers, insecure_no_auth=args.insecure_no_auth).run()

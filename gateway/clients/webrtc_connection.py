@@ -5,9 +5,11 @@ so the one POST carries them all. No STUN server is asked: the answerer learns t
 address from its connectivity checks (peer-reflexive), as with OpenAI's own browser clients.
 
 The request is what OpenAI's endpoint takes: ``Authorization: Bearer KEY`` and the SDP offer as
-``application/sdp``, or — when the URL names a model (``.../v1/realtime/calls?model=gpt-realtime``) —
-``multipart/form-data`` with the parts ``sdp`` and ``session`` (``{"type": "realtime", "model": ...}``),
-which a standard API key needs. The beta route (``/v1/realtime?model=...``) takes application/sdp only.
+``application/sdp``, or — when the URL names a model (``.../v1/realtime/calls?model=gpt-realtime``) or the
+caller gives the session's configuration — ``multipart/form-data`` with the parts ``sdp`` and ``session``
+(``{"type": "realtime", "model": ..., ...}``), which a standard API key needs. The beta route
+(``/v1/realtime?model=...``) takes application/sdp only. The answer's Location names the call, which
+``hang_up`` ends.
 
 The server plays the reply out on its track at real time. What arrives on the remote track is reply
 audio while the server says it is playing (between ``output_audio_buffer.started`` and ``.stopped`` or
@@ -20,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from typing import Any, NamedTuple
+from urllib.parse import parse_qs, urljoin, urlsplit
 
 import aiohttp
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
@@ -39,7 +41,10 @@ SESSION_CREATED_WAIT_S = 5.0
 LEAD_MS = 40
 
 
-async def open_webrtc(endpoint: Endpoint, on_send: OnSend | None = None) -> WebRTCConnection:
+async def open_webrtc(endpoint: Endpoint, on_send: OnSend | None = None, session: dict[str, Any] | None = None,
+                      jitter_prefetch: int = 0) -> WebRTCConnection:
+    """A call to ``endpoint``; ``session``: the session's configuration, sent with the offer (GA);
+    ``jitter_prefetch``: the reply track's jitter buffer in 20 ms packets (0: each packet as it arrives)."""
     url = endpoint.address
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -48,24 +53,36 @@ async def open_webrtc(endpoint: Endpoint, on_send: OnSend | None = None) -> WebR
         parts.port  # noqa: B018 - raises for a port that is not a number or out of range
     except ValueError as exc:
         raise CliError(f"{url}: {exc}") from None
-    connection = WebRTCConnection(on_send)
+    connection = WebRTCConnection(on_send, jitter_prefetch)
     try:
-        await connection.connect(url, endpoint)
+        await connection.connect(url, endpoint, session)
     except BaseException:
         await connection.close()
         raise
     return connection
 
 
-async def post_offer(url: str, offer: str, endpoint: Endpoint) -> tuple[str, str | None]:
-    """POST the offer; (answer SDP, the call's Location) or CliError saying why not."""
+class Answer(NamedTuple):
+    """The signalling's answer: the SDP, the call's Location (None if it sent none), and the HTTP status and
+    content type it came with."""
+
+    sdp: str
+    location: str | None
+    status: int
+    content_type: str
+
+
+async def post_offer(url: str, offer: str, endpoint: Endpoint, session: dict[str, Any] | None = None) -> Answer:
+    """POST the offer (with ``session``, the session's configuration, if given); the answer, or CliError
+    saying why not."""
     headers = auth_headers(endpoint)
     model = parse_qs(urlsplit(url).query).get("model", [None])[0]
     body: aiohttp.FormData | str
-    if model and not endpoint.beta:
+    if (model or session is not None) and not endpoint.beta:
         body = aiohttp.FormData(default_to_multipart=True)
         body.add_field("sdp", offer)
-        body.add_field("session", json.dumps({"type": "realtime", "model": model}))
+        body.add_field("session", json.dumps({"type": "realtime", **({"model": model} if model else {}),
+                                              **(session or {})}))
     else:
         body = offer
         headers["Content-Type"] = "application/sdp"
@@ -80,7 +97,7 @@ async def post_offer(url: str, offer: str, endpoint: Endpoint) -> tuple[str, str
                 raise CliError(f"{url} refused the offer: HTTP {response.status}{_error_detail(text)}")
             if not text.lstrip().startswith("v=0"):
                 raise CliError(f"{url} did not answer with an SDP answer ({response.content_type}: {text[:80]!r})")
-            return text, response.headers.get("Location")
+            return Answer(text, response.headers.get("Location"), response.status, response.content_type)
     except aiohttp.InvalidURL:
         raise CliError(f"{url}: not a valid URL") from None
     except aiohttp.ClientConnectorError as exc:
@@ -107,13 +124,16 @@ class WebRTCConnection:
     transport = "webrtc"
     server_playout = True
 
-    def __init__(self, on_send: OnSend | None = None) -> None:
+    def __init__(self, on_send: OnSend | None = None, jitter_prefetch: int = 0) -> None:
         self.on_send = on_send
+        self.jitter_prefetch = jitter_prefetch
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.mic = Microphone()
         self.pc.addTrack(self.mic)
         self.channel = self.pc.createDataChannel("oai-events")
-        self.call_location: str | None = None
+        self.url = ""  # the signalling URL, and the endpoint, once connecting
+        self.endpoint: Endpoint | None = None
+        self.answer: Answer | None = None
         self._incoming: asyncio.Queue[Incoming | None] = asyncio.Queue()
         self._open = asyncio.Event()
         self._ended = asyncio.Event()
@@ -126,11 +146,13 @@ class WebRTCConnection:
         self.pc.on("track", self._on_track)
         self.pc.on("connectionstatechange", self._on_connection_state)
 
-    async def connect(self, url: str, endpoint: Endpoint) -> None:
+    async def connect(self, url: str, endpoint: Endpoint, session: dict[str, Any] | None = None) -> None:
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        answer, self.call_location = await post_offer(url, self.pc.localDescription.sdp, endpoint)
+        self.url = url
+        self.endpoint = endpoint
+        self.answer = await post_offer(url, self.pc.localDescription.sdp, endpoint, session)
         try:
-            await self.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+            await self.pc.setRemoteDescription(RTCSessionDescription(self.answer.sdp, "answer"))
         except Exception as exc:  # aiortc raises ValueError and others on answers it cannot use
             raise CliError(f"{url}: the SDP answer cannot be used: {exc}") from None
         opened = asyncio.ensure_future(self._open.wait())
@@ -163,6 +185,26 @@ class WebRTCConnection:
     async def __aiter__(self) -> AsyncIterator[Incoming]:
         while (item := await self._incoming.get()) is not None:
             yield item
+
+    @property
+    def call_location(self) -> str | None:
+        """Where the call lives (the answer's Location), which ``hang_up`` ends."""
+        return self.answer.location if self.answer is not None else None
+
+    async def hang_up(self) -> int:
+        """End the call at the server (DELETE on its Location); the HTTP status."""
+        if self.call_location is None or self.endpoint is None:
+            raise CliError(f"{self.url} named no call location to hang up")
+        url = urljoin(self.url, self.call_location)
+        timeout = aiohttp.ClientTimeout(total=SIGNALLING_TIMEOUT_S)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as http,
+                http.delete(url, headers=auth_headers(self.endpoint)) as response,
+            ):
+                return response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise CliError(f"cannot hang up {url}: {exc or type(exc).__name__}") from None
 
     async def close(self) -> None:
         self._end()
@@ -199,7 +241,7 @@ class WebRTCConnection:
             return
         for transceiver in self.pc.getTransceivers():
             if transceiver.receiver.track is track:
-                set_jitter_prefetch(transceiver.receiver, 0)  # a recorder: each packet as it arrives
+                set_jitter_prefetch(transceiver.receiver, self.jitter_prefetch)
         self._listener = asyncio.ensure_future(self._listen(track))
 
     async def _listen(self, track: MediaStreamTrack) -> None:

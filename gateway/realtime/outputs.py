@@ -20,7 +20,7 @@ from gateway.realtime.events import new_id
 from gateway.realtime.tools import McpRoute
 
 
-@dataclass
+@dataclass(frozen=True)
 class OutputScope:
     """What every output item of one response needs."""
 
@@ -148,7 +148,7 @@ class FunctionCallOut(Output):
                             arguments=data["arguments"]), *self._done()]
 
 
-@dataclass
+@dataclass(frozen=True)
 class McpError:
     """Why an MCP call failed, as the mcp_call item's ``error`` has it."""
 

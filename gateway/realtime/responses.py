@@ -1,4 +1,5 @@
-"""A session's responses: response.create read, the response's output turned into events, its end.
+"""A session's responses: started (response.create's body is read in gateway/realtime/response_params.py), the
+response's output turned into events, its end.
 
 One response of the conversation is active at a time (``active``); out-of-band responses
 (``conversation: "none"``, whose output joins no conversation) may run beside it, at most [session]
@@ -35,7 +36,6 @@ from gateway.core.responder import (
 from gateway.realtime.conversation import BYTES_PER_MS, Conversation, EventMaker, Item, snapshot
 from gateway.realtime.effects import CallMcp, Effect, Mark, Play, PlayoutEnd, StartResponse, StopResponse
 from gateway.realtime.events import Dialect, ProtocolError, new_id
-from gateway.realtime.items import parse_item
 from gateway.realtime.listings import McpListings
 from gateway.realtime.outputs import (
     FunctionCallOut,
@@ -48,7 +48,8 @@ from gateway.realtime.outputs import (
     Round,
     Usage,
 )
-from gateway.realtime.settings import SessionSettings, check_voice, format_wire, parse_temperature, response_format
+from gateway.realtime.response_params import parse_response
+from gateway.realtime.settings import SessionSettings, format_wire
 from gateway.realtime.tools import (
     LlmTools,
     McpPolicy,
@@ -56,10 +57,7 @@ from gateway.realtime.tools import (
     McpServer,
     Tool,
     llm_tools,
-    parse_tool_choice,
-    parse_tools,
 )
-from gateway.realtime.values import field_of, non_empty, parse_metadata, parse_prompt, parse_reasoning
 
 CANCELLED = McpError("tool_execution_error", "The response was cancelled before the call finished.")
 
@@ -125,97 +123,41 @@ class Responses:
         self.out_of_band: dict[str, Response] = {}  # conversation "none": they run beside it
         self.voice_locked = False  # audio has gone out: the session's voice is fixed
 
-    def start(self, params: dict[str, Any], settings: SessionSettings, voices: Collection[str] | None) -> list[Effect]:
+    def start(self, body: dict[str, Any], settings: SessionSettings, voices: Collection[str] | None) -> list[Effect]:
         """A new response from response.create's ``response`` (or {} for a turn's automatic one)."""
-        s = settings
-        if self._dialect is Dialect.GA:
-            mods = field_of(params, "output_modalities", list, "response.output_modalities")
-            audio = field_of(params, "audio", dict, "response.audio") or {}
-            out = field_of(audio, "output", dict, "response.audio.output") or {}
-            voice_param = "response.audio.output.voice"
-            max_tokens = params.get("max_output_tokens")
-            max_param = "response.max_output_tokens"
-        else:
-            mods = field_of(params, "modalities", list, "response.modalities")
-            out = params
-            voice_param = "response.voice"
-            max_tokens = params.get("max_response_output_tokens")
-            max_param = "response.max_response_output_tokens"
-        voice = field_of(out, "voice", (str, dict) if self._dialect is Dialect.GA else str, voice_param)
-        if isinstance(voice, dict):
-            voice = non_empty(voice, "id", f"{voice_param}.id", required=True)
-        if voice is not None:
-            non_empty({"v": voice}, "v", voice_param)
-            check_voice(voice, voices, voice_param)
-        mods_param = "response.output_modalities" if self._dialect is Dialect.GA else "response.modalities"
-        if mods is not None:
-            for i, m in enumerate(mods):
-                if m not in ("text", "audio"):
-                    raise ProtocolError("invalid_value", f"Invalid modality {m!r}.", f"{mods_param}[{i}]")
-            if not mods:
-                raise ProtocolError("invalid_value", f"'{mods_param}' must not be empty.", mods_param)
-        modalities = (["audio"] if "audio" in mods else ["text"]) if mods else s.modalities
-        if max_tokens is not None and max_tokens != "inf" and (
-            not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens <= 4096
-        ):
-            raise ProtocolError("invalid_value", "max output tokens must be 1..4096 or \"inf\".", max_param)
-        conversation = field_of(params, "conversation", str, "response.conversation")
-        if conversation not in (None, "auto", "none"):
-            raise ProtocolError("invalid_value", "'response.conversation' must be 'auto' or 'none'.",
-                                "response.conversation")
-        in_conversation = conversation != "none"
-        if in_conversation and self.active is not None:
+        params = parse_response(body, settings, self._dialect, voices, self._policy)
+        if params.in_conversation and self.active is not None:
             raise ProtocolError(
                 "conversation_already_has_active_response",
                 f"Conversation already has an active response in progress: {self.active.id}. "
                 "Wait until the response is finished before creating a new one, or create an out-of-band one "
                 "(conversation: \"none\").",
             )
-        if not in_conversation and len(self.out_of_band) >= self._max_out_of_band:
+        if not params.in_conversation and len(self.out_of_band) >= self._max_out_of_band:
             raise ProtocolError(
                 "too_many_active_responses",
                 f"This session already runs {len(self.out_of_band)} out-of-band responses, as many as it may "
                 "([session] max_out_of_band_responses); wait until one is finished.", "response.conversation",
             )
-        instructions = field_of(params, "instructions", str, "response.instructions")
-        metadata = parse_metadata(params, "metadata", "response.metadata")
-        if self._dialect is Dialect.GA:
-            # Checked, not acted on: no stored prompts; the LLM backend's settings decide its reasoning.
-            parse_prompt(params, "prompt", "response.prompt")
-            parse_reasoning(params, "reasoning", "response.reasoning")
-            temperature = s.temperature
-        else:
-            own = parse_temperature(params, "response.temperature")
-            temperature = s.temperature if own is None else own
-        output_format = response_format(params, self._dialect) or s.output_format
-        tools = s.tools
-        if params.get("tools") is not None:
-            tools = parse_tools(params["tools"], "response.tools", self._dialect, self._policy)
-        tool_choice = s.tool_choice
-        if params.get("tool_choice") is not None:
-            tool_choice = parse_tool_choice(params["tool_choice"], tools, "response.tool_choice", self._dialect)
-        elif tools is not s.tools and isinstance(tool_choice, dict):
-            tool_choice = "auto"  # the session's named tool is not among this response's tools
         # An out-of-band context replaces the conversation for this response ("input": items or references).
-        input_items = self._input(params["input"]) if params.get("input") is not None else None
-
+        input_items = self._input(params.input) if params.input is not None else None
         rid = new_id("resp")
         resp = Response(
             id=rid,
-            modalities=modalities,
-            voice=voice or s.voice,
-            output_format=output_format,
-            in_conversation=in_conversation,
-            max_output_tokens=max_tokens if max_tokens is not None else s.max_output_tokens,
-            metadata=metadata,
-            instructions=instructions if instructions is not None else s.instructions,
-            temperature=temperature,
-            tools=tools,
-            tool_choice=tool_choice,
+            modalities=params.modalities,
+            voice=params.voice,
+            output_format=params.output_format,
+            in_conversation=params.in_conversation,
+            max_output_tokens=params.max_output_tokens,
+            metadata=params.metadata,
+            instructions=params.instructions,
+            temperature=params.temperature,
+            tools=params.tools,
+            tool_choice=params.tool_choice,
             input_items=input_items,
-            scope=OutputScope(rid, self._event, self._conversation, in_conversation),
+            scope=OutputScope(rid, self._event, self._conversation, params.in_conversation),
         )
-        if in_conversation:
+        if resp.in_conversation:
             self.active = resp
         else:
             self.out_of_band[rid] = resp
@@ -224,8 +166,8 @@ class Responses:
             *self._event("response.created", response=self._wire(resp, "in_progress")),
             *self._event("rate_limits.updated", rate_limits=[]),
         ]
-        effects += self._listings.refresh(tools)
-        resp.listings = self._listings.pending(tools)
+        effects += self._listings.refresh(resp.tools)
+        resp.listings = self._listings.pending(resp.tools)
         effects += self._run_approved(resp)
         return effects + self._advance(resp)
 
@@ -442,26 +384,17 @@ class Responses:
         effects.append(Mark("response_done", resp.id))
         return effects + self._on_finish(resp)
 
-    def _input(self, value: Any) -> list[Item]:
-        """response.input: the items a response sees instead of the conversation."""
-        entries = field_of({"input": value}, "input", list, "response.input")
+    def _input(self, entries: tuple[str | dict[str, Any], ...]) -> list[Item]:
+        """response.input's items: the conversation's it references, and new ones."""
         context = []
         for i, entry in enumerate(entries):
-            param = f"response.input[{i}]"
-            body = field_of({"e": entry}, "e", dict, param, required=True)
-            if body.get("type") == "item_reference":
-                ref = field_of(body, "id", str, f"{param}.id", required=True)
-                item = self._conversation.get(ref)
-                if item is None:
-                    raise ProtocolError("item_not_found", f"Item with id '{ref}' not found.", f"{param}.id")
-                context.append(item)
-            else:
-                data = parse_item(body, param)
-                for j, part in enumerate(data.get("content", [])):
-                    if part.pop("audio", None):
-                        raise ProtocolError("unsupported_content", "Audio in response.input is not supported; "
-                                            "create the item first and reference it.", f"{param}.content[{j}]")
-                context.append(Item(data))
+            if isinstance(entry, dict):
+                context.append(Item(entry))
+                continue
+            item = self._conversation.get(entry)
+            if item is None:
+                raise ProtocolError("item_not_found", f"Item with id '{entry}' not found.", f"response.input[{i}].id")
+            context.append(item)
         return context
 
     def _wire(self, resp: Response, status: str, details: dict[str, Any] | None = None) -> dict[str, Any]:

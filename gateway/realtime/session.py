@@ -108,7 +108,7 @@ class Session:
             model=model or config.session.model,
             instructions=config.session.instructions,
             voice=config.session.voice,
-            turn_detection=replace(self._vad_defaults) if vad.enabled else None,
+            turn_detection=self._vad_defaults if vad.enabled else None,
             type=session_type,
         )
         self.input = InputAudio(config, self.settings.input_format)
@@ -192,12 +192,14 @@ class Session:
                             self._vad_defaults, self.voices, transcription_update)
         body = event["session"]
         if body.get("tools") is not None:
-            new.tools = parse_tools(body["tools"], "session.tools", self.dialect, self.mcp_policy)
+            new = replace(new, tools=parse_tools(body["tools"], "session.tools", self.dialect, self.mcp_policy))
         if body.get("tool_choice") is not None:  # "", {}, [] and 0 are values to check, not absences
-            new.tool_choice = parse_tool_choice(body["tool_choice"], new.tools, "session.tool_choice", self.dialect)
+            choice = parse_tool_choice(body["tool_choice"], new.tools, "session.tool_choice", self.dialect)
+            new = replace(new, tool_choice=choice)
         elif new.tools is not self.settings.tools and isinstance(new.tool_choice, dict):
             # A named tool must be among the tools, also when only the tools change.
-            new.tool_choice = parse_tool_choice(new.tool_choice, new.tools, "session.tool_choice", self.dialect)
+            choice = parse_tool_choice(new.tool_choice, new.tools, "session.tool_choice", self.dialect)
+            new = replace(new, tool_choice=choice)
         if new.type != self.settings.type and (running := self.responses.all_running()):
             raise ProtocolError(
                 "conversation_already_has_active_response",

@@ -14,7 +14,7 @@ from gateway.realtime.values import choice, field_of, non_empty, parse_prompt, p
 DEFAULT_TEMPERATURE = 0.8
 
 
-@dataclass
+@dataclass(frozen=True)
 class TurnDetection:
     type: str = "server_vad"
     threshold: float = 0.5
@@ -26,7 +26,7 @@ class TurnDetection:
     eagerness: str = "auto"  # semantic_vad only: how readily a pause ends the turn (gateway/runtime/smart_turn.py)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Transcription:
     """What the client asked of input transcription; reported back. The gateway's own STT answers
     (its [stt] model); language and prompt go to it, the other hints are kept and reported only."""
@@ -39,7 +39,7 @@ class Transcription:
     languages: list[str] | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class SessionSettings:
     id: str
     model: str
@@ -93,21 +93,20 @@ def _parse_turn_detection(value: Any, current: TurnDetection | None, defaults: T
     if kind is None:
         kind = current.type if current else "server_vad"
     choice(kind, ("server_vad", "semantic_vad"), f"{param}.type")
-    base = replace(current or defaults)
-    base.type = kind
+    changes: dict[str, Any] = {"type": kind}
     if (eagerness := field_of(td, "eagerness", str, f"{param}.eagerness")) is not None:
-        base.eagerness = choice(eagerness, ("low", "medium", "high", "auto"), f"{param}.eagerness")
+        changes["eagerness"] = choice(eagerness, ("low", "medium", "high", "auto"), f"{param}.eagerness")
     threshold = field_of(td, "threshold", float, f"{param}.threshold")
     if threshold is not None:
         if not 0.0 <= threshold <= 1.0:
             raise ProtocolError("invalid_value", f"'{param}.threshold' must be between 0 and 1.", f"{param}.threshold")
-        base.threshold = float(threshold)
+        changes["threshold"] = float(threshold)
     for key in ("prefix_padding_ms", "silence_duration_ms"):
         ms = field_of(td, key, int, f"{param}.{key}")
         if ms is not None:
             if not 0 <= ms <= 10_000:
                 raise ProtocolError("invalid_value", f"'{param}.{key}' must be between 0 and 10000.", f"{param}.{key}")
-            setattr(base, key, ms)
+            changes[key] = ms
     if "idle_timeout_ms" in td:
         idle = field_of(td, "idle_timeout_ms", int, f"{param}.idle_timeout_ms")
         if idle is not None and not 5_000 <= idle <= 30_000:
@@ -115,29 +114,27 @@ def _parse_turn_detection(value: Any, current: TurnDetection | None, defaults: T
                 "invalid_value", f"'{param}.idle_timeout_ms' must be between 5000 and 30000.",
                 f"{param}.idle_timeout_ms",
             )
-        base.idle_timeout_ms = idle
+        changes["idle_timeout_ms"] = idle
     for key in ("create_response", "interrupt_response"):
         flag = field_of(td, key, bool, f"{param}.{key}")
         if flag is not None:
-            setattr(base, key, flag)
-    return base
+            changes[key] = flag
+    return replace(current or defaults, **changes)
 
 
 def _parse_transcription(value: Any, param: str, dialect: Dialect) -> Transcription | None:
     if value is None:
         return None
     tr = field_of({"t": value}, "t", dict, param, required=True)
-    out = Transcription(
-        model=non_empty(tr, "model", f"{param}.model") or "whisper-1",
-        language=non_empty(tr, "language", f"{param}.language"),
-        prompt=field_of(tr, "prompt", str, f"{param}.prompt"),
-    )
-    if dialect is Dialect.GA:
-        if (delay := field_of(tr, "delay", str, f"{param}.delay")) is not None:
-            out.delay = choice(delay, ("minimal", "low", "medium", "high", "xhigh"), f"{param}.delay")
-        out.keywords = _strings(tr, "keywords", f"{param}.keywords")
-        out.languages = _strings(tr, "languages", f"{param}.languages")
-    return out
+    model = non_empty(tr, "model", f"{param}.model") or "whisper-1"
+    language = non_empty(tr, "language", f"{param}.language")
+    prompt = field_of(tr, "prompt", str, f"{param}.prompt")
+    if dialect is not Dialect.GA:
+        return Transcription(model, language, prompt)
+    if (delay := field_of(tr, "delay", str, f"{param}.delay")) is not None:
+        delay = choice(delay, ("minimal", "low", "medium", "high", "xhigh"), f"{param}.delay")
+    return Transcription(model, language, prompt, delay, _strings(tr, "keywords", f"{param}.keywords"),
+                         _strings(tr, "languages", f"{param}.languages"))
 
 
 def _strings(obj: dict[str, Any], key: str, param: str) -> list[str] | None:
@@ -193,130 +190,133 @@ def parse_session(
     (``transcription_update``: a transcription_session.update, always beta-shaped); a GA update without a
     type keeps the session's. Every field sent is checked, whatever the session's type."""
     s = field_of({"session": body}, "session", dict, "session", required=True)
-    new = replace(current)
+    new: dict[str, Any] = {}  # the fields the update changes
     if transcription_update:
-        new.type = "transcription"
-        _parse_input_beta(s, new, vad_defaults)
+        new["type"] = "transcription"
+        _parse_input_beta(s, current, new, vad_defaults)
         if "modalities" in s:
             _parse_modalities(s["modalities"], "session.modalities")  # checked; nothing to respond with
         _parse_include(s, new)
-        return new
+        return replace(current, **new)
     if dialect is Dialect.BETA:
-        new.type = "realtime"
-        _parse_realtime_beta(s, new, vad_defaults, voice_locked, voices)
-        return new
+        new["type"] = "realtime"
+        _parse_realtime_beta(s, current, new, vad_defaults, voice_locked, voices)
+        return replace(current, **new)
     if (kind := field_of(s, "type", str, "session.type")) is not None:
-        new.type = choice(kind, ("realtime", "transcription"), "session.type")
+        new["type"] = choice(kind, ("realtime", "transcription"), "session.type")
     audio = field_of(s, "audio", dict, "session.audio") or {}
     inp = field_of(audio, "input", dict, "session.audio.input") or {}
-    _parse_input_ga(inp, new, vad_defaults)
+    _parse_input_ga(inp, current, new, vad_defaults)
     _parse_include(s, new)
     # Also in a transcription session, which does not use them: a client's mistake is reported, not
     # accepted unseen, and the session keeps them for a switch back to realtime.
-    _parse_realtime_ga(s, audio, new, voice_locked, voices)
-    return new
+    _parse_realtime_ga(s, audio, current, new, voice_locked, voices)
+    return replace(current, **new)
 
 
-def _parse_input_ga(inp: dict[str, Any], new: SessionSettings, vad_defaults: TurnDetection) -> None:
+def _parse_input_ga(inp: dict[str, Any], current: SessionSettings, new: dict[str, Any],
+                    vad_defaults: TurnDetection) -> None:
     param = "session.audio.input"
     if inp.get("format") is not None:
-        new.input_format = _parse_format_ga(inp["format"], f"{param}.format")
+        new["input_format"] = _parse_format_ga(inp["format"], f"{param}.format")
     if "turn_detection" in inp:
-        new.turn_detection = _parse_turn_detection(
-            inp["turn_detection"], new.turn_detection, vad_defaults, f"{param}.turn_detection"
+        new["turn_detection"] = _parse_turn_detection(
+            inp["turn_detection"], current.turn_detection, vad_defaults, f"{param}.turn_detection"
         )
     if "transcription" in inp:
-        new.transcription = _parse_transcription(inp["transcription"], f"{param}.transcription", Dialect.GA)
+        new["transcription"] = _parse_transcription(inp["transcription"], f"{param}.transcription", Dialect.GA)
     if "noise_reduction" in inp:
-        new.noise_reduction = _parse_noise_reduction(inp, "noise_reduction", f"{param}.noise_reduction",
-                                                     new.noise_reduction)
+        new["noise_reduction"] = _parse_noise_reduction(inp, "noise_reduction", f"{param}.noise_reduction",
+                                                     current.noise_reduction)
 
 
-def _parse_input_beta(s: dict[str, Any], new: SessionSettings, vad_defaults: TurnDetection) -> None:
+def _parse_input_beta(s: dict[str, Any], current: SessionSettings, new: dict[str, Any],
+                      vad_defaults: TurnDetection) -> None:
     if (fmt := field_of(s, "input_audio_format", str, "session.input_audio_format")) is not None:
-        new.input_format = choice(fmt, AUDIO_FORMATS, "session.input_audio_format")
+        new["input_format"] = choice(fmt, AUDIO_FORMATS, "session.input_audio_format")
     if "turn_detection" in s:
-        new.turn_detection = _parse_turn_detection(
-            s["turn_detection"], new.turn_detection, vad_defaults, "session.turn_detection"
+        new["turn_detection"] = _parse_turn_detection(
+            s["turn_detection"], current.turn_detection, vad_defaults, "session.turn_detection"
         )
     if "input_audio_transcription" in s:
-        new.transcription = _parse_transcription(
+        new["transcription"] = _parse_transcription(
             s["input_audio_transcription"], "session.input_audio_transcription", Dialect.BETA
         )
     if "input_audio_noise_reduction" in s:
-        new.noise_reduction = _parse_noise_reduction(
-            s, "input_audio_noise_reduction", "session.input_audio_noise_reduction", new.noise_reduction
+        new["noise_reduction"] = _parse_noise_reduction(
+            s, "input_audio_noise_reduction", "session.input_audio_noise_reduction", current.noise_reduction
         )
 
 
-def _parse_include(s: dict[str, Any], new: SessionSettings) -> None:
+def _parse_include(s: dict[str, Any], new: dict[str, Any]) -> None:
     if "include" in s:
         include = field_of(s, "include", list, "session.include")
         for i, entry in enumerate(include or []):
             choice(entry, ("item.input_audio_transcription.logprobs",), f"session.include[{i}]")
-        new.include = include
+        new["include"] = include
 
 
-def _parse_realtime_ga(s: dict[str, Any], audio: dict[str, Any], new: SessionSettings, voice_locked: bool,
-                       voices: Collection[str] | None) -> None:
+def _parse_realtime_ga(s: dict[str, Any], audio: dict[str, Any], current: SessionSettings, new: dict[str, Any],
+                       voice_locked: bool, voices: Collection[str] | None) -> None:
     _parse_common(s, new)
     if "output_modalities" in s:
-        new.modalities = _parse_modalities(s["output_modalities"], "session.output_modalities")
+        new["modalities"] = _parse_modalities(s["output_modalities"], "session.output_modalities")
     if "max_output_tokens" in s:
-        new.max_output_tokens = _parse_max_tokens(s["max_output_tokens"], "session.max_output_tokens")
+        new["max_output_tokens"] = _parse_max_tokens(s["max_output_tokens"], "session.max_output_tokens")
     out = field_of(audio, "output", dict, "session.audio.output") or {}
     if out.get("format") is not None:
-        new.output_format = _parse_format_ga(out["format"], "session.audio.output.format")
+        new["output_format"] = _parse_format_ga(out["format"], "session.audio.output.format")
     voice = field_of(out, "voice", (str, dict), "session.audio.output.voice")
     if isinstance(voice, dict):
         voice = non_empty(voice, "id", "session.audio.output.voice.id", required=True)
     elif voice is not None:
         non_empty(out, "voice", "session.audio.output.voice")
     _parse_voice(voice, field_of(out, "speed", float, "session.audio.output.speed"), "session.audio.output",
-                 new, voice_locked, voices)
+                 current, new, voice_locked, voices)
     _parse_ga_extras(s, new)
 
 
-def _parse_realtime_beta(s: dict[str, Any], new: SessionSettings, vad_defaults: TurnDetection, voice_locked: bool,
-                         voices: Collection[str] | None) -> None:
+def _parse_realtime_beta(s: dict[str, Any], current: SessionSettings, new: dict[str, Any],
+                         vad_defaults: TurnDetection, voice_locked: bool, voices: Collection[str] | None) -> None:
     _parse_common(s, new)
-    _parse_input_beta(s, new, vad_defaults)
+    _parse_input_beta(s, current, new, vad_defaults)
     if "modalities" in s:
-        new.modalities = _parse_modalities(s["modalities"], "session.modalities")
+        new["modalities"] = _parse_modalities(s["modalities"], "session.modalities")
     if "max_response_output_tokens" in s:
-        new.max_output_tokens = _parse_max_tokens(s["max_response_output_tokens"], "session.max_response_output_tokens")
+        new["max_output_tokens"] = _parse_max_tokens(s["max_response_output_tokens"],
+                                                     "session.max_response_output_tokens")
     if (fmt := field_of(s, "output_audio_format", str, "session.output_audio_format")) is not None:
-        new.output_format = choice(fmt, AUDIO_FORMATS, "session.output_audio_format")
+        new["output_format"] = choice(fmt, AUDIO_FORMATS, "session.output_audio_format")
     if (temperature := parse_temperature(s, "session.temperature")) is not None:
-        new.temperature = temperature
+        new["temperature"] = temperature
     if "tracing" in s:
-        new.tracing = _parse_tracing(s)
+        new["tracing"] = _parse_tracing(s)
     _parse_voice(non_empty(s, "voice", "session.voice"), field_of(s, "speed", float, "session.speed"), "session",
-                 new, voice_locked, voices)
+                 current, new, voice_locked, voices)
 
 
-def _parse_common(s: dict[str, Any], new: SessionSettings) -> None:
+def _parse_common(s: dict[str, Any], new: dict[str, Any]) -> None:
     """Fields both shapes of a realtime session share."""
     if (instructions := field_of(s, "instructions", str, "session.instructions")) is not None:
-        new.instructions = instructions
+        new["instructions"] = instructions
     if (model := non_empty(s, "model", "session.model")) is not None:
-        new.model = model
+        new["model"] = model
     # tools and tool_choice are read by gateway/realtime/tools.py (the session calls it).
 
 
-def _parse_voice(voice: str | None, speed: float | None, where: str, new: SessionSettings, voice_locked: bool,
-                 voices: Collection[str] | None) -> None:
+def _parse_voice(voice: str | None, speed: float | None, where: str, current: SessionSettings, new: dict[str, Any],
+                 voice_locked: bool, voices: Collection[str] | None) -> None:
     voice_param = f"{where}.voice"
     if voice is not None:
-        if voice != new.voice and voice_locked:
+        if voice != current.voice and voice_locked:
             raise ProtocolError(
                 "cannot_update_voice", "Cannot update a session's voice after audio has been output.", voice_param
             )
-        new.voice = check_voice(voice, voices, voice_param)
+        new["voice"] = check_voice(voice, voices, voice_param)
     if speed is not None:
         if not 0.25 <= speed <= 1.5:
             raise ProtocolError("invalid_value", "speed must be between 0.25 and 1.5.", f"{where}.speed")
-        new.speed = float(speed)
+        new["speed"] = float(speed)
 
 
 def parse_temperature(obj: dict[str, Any], param: str) -> float | None:
@@ -345,11 +345,11 @@ def check_voice(name: str, voices: Collection[str] | None, param: str) -> str:
     return name
 
 
-def _parse_ga_extras(s: dict[str, Any], new: SessionSettings) -> None:
+def _parse_ga_extras(s: dict[str, Any], new: dict[str, Any]) -> None:
     """Settings kept and reported back as sent (the gateway has no tracing, truncation policy, stored
     prompts or reasoning control): their shape is checked, their content is not acted on."""
     if "tracing" in s:
-        new.tracing = _parse_tracing(s)
+        new["tracing"] = _parse_tracing(s)
     if "truncation" in s:
         truncation = field_of(s, "truncation", (str, dict), "session.truncation")
         if isinstance(truncation, str):
@@ -364,11 +364,11 @@ def _parse_ga_extras(s: dict[str, Any], new: SessionSettings) -> None:
                                     f"{param}.retention_ratio")
             limits = field_of(truncation, "token_limits", dict, f"{param}.token_limits") or {}
             field_of(limits, "post_instructions", int, f"{param}.token_limits.post_instructions")
-        new.truncation = truncation or "auto"
+        new["truncation"] = truncation or "auto"
     if "prompt" in s:
-        new.prompt = parse_prompt(s, "prompt", "session.prompt")
+        new["prompt"] = parse_prompt(s, "prompt", "session.prompt")
     if "reasoning" in s:
-        new.reasoning = parse_reasoning(s, "reasoning", "session.reasoning")
+        new["reasoning"] = parse_reasoning(s, "reasoning", "session.reasoning")
 
 
 def _parse_tracing(s: dict[str, Any]) -> str | dict[str, Any] | None:

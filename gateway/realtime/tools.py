@@ -291,7 +291,7 @@ def parse_tool_choice(value: Any, tools: list[Tool], param: str, dialect: Dialec
                         f"{param}.type")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LlmTools:
     """The tools as the LLM gets them, and what each name it may call stands for."""
 
@@ -303,32 +303,34 @@ class LlmTools:
 def llm_tools(tools: list[Tool], choice: str | dict[str, Any], listed: dict[str, list[McpTool]]) -> LlmTools:
     """Chat-completions tools from ``tools``, an MCP server's entry standing for the tools it ``listed`` (by
     server label) that it allows. An MCP tool whose name an earlier tool took is not offered."""
-    out = LlmTools()
+    chat: list[dict[str, Any]] = []
+    mcp: dict[str, McpRoute] = {}
     taken = {t.name for t in tools if isinstance(t, FunctionTool)}
     for t in tools:
         if isinstance(t, FunctionTool):
             function = {"name": t.name, "parameters": t.parameters or {"type": "object", "properties": {}}}
             if t.description:
                 function["description"] = t.description
-            out.tools.append({"type": "function", "function": function})
+            chat.append({"type": "function", "function": function})
             continue
         for tool in listed.get(t.server_label, []):
             if not t.allows(tool) or tool.name in taken:
                 continue
             taken.add(tool.name)
-            out.mcp[tool.name] = McpRoute(t, tool)
+            mcp[tool.name] = McpRoute(t, tool)
             function = {"name": tool.name, "parameters": tool.input_schema}
             if tool.description:
                 function["description"] = tool.description
-            out.tools.append({"type": "function", "function": function})
-    if not out.tools:
-        return out
+            chat.append({"type": "function", "function": function})
+    if not chat:
+        return LlmTools(chat, None, mcp)
+    tool_choice: str | dict[str, Any]
     if isinstance(choice, str):
-        out.tool_choice = choice
+        tool_choice = choice
     elif choice["type"] == "function":
-        out.tool_choice = {"type": "function", "function": {"name": choice["name"]}}
-    elif (name := choice.get("name")) is not None and name in out.mcp:
-        out.tool_choice = {"type": "function", "function": {"name": name}}
+        tool_choice = {"type": "function", "function": {"name": choice["name"]}}
+    elif (name := choice.get("name")) is not None and name in mcp:
+        tool_choice = {"type": "function", "function": {"name": name}}
     else:  # an MCP server without a tool named: one of its tools is required, as near as chat completions get
-        out.tool_choice = "required"
-    return out
+        tool_choice = "required"
+    return LlmTools(chat, tool_choice, mcp)

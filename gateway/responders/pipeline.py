@@ -126,7 +126,7 @@ class PipelineResponder:
         self.reads_transcripts = not audio_in
         self.voice_configs = voices or {}
         self.prepared: dict[str, VoicePrompt] = {}  # by lower-case name
-        # The deployment's custom voices, by id (set by the gateway: gateway.runtime.custom_voices), read when
+        # The deployment's custom voices, by id (set by the gateway: gateway.runtime.voices.library), read when
         # a response speaks in one; None for any other name. Unset: the prepared voices and the engine's only.
         self.voice_source: VoiceSource | None = None
 

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from gateway.config import ConfigError
+from gateway.config import API_KEYS_ENV, SIGNING_KEY_ENV, ConfigError
 from gateway.realtime.events import Dialect
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,8 @@ class Auth:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Auth:
-        keys = sorted({k.strip() for k in env.get("GATEWAY_API_KEYS", "").split(",") if k.strip()})
-        configured = env.get("GATEWAY_SIGNING_KEY", "")
+        keys = sorted({k.strip() for k in env.get(API_KEYS_ENV, "").split(",") if k.strip()})
+        configured = env.get(SIGNING_KEY_ENV, "")
         if configured:
             if len(configured) < MIN_SIGNING_KEY_CHARS:
                 raise ConfigError(f"GATEWAY_SIGNING_KEY is too short: use at least {MIN_SIGNING_KEY_CHARS} random "

@@ -31,13 +31,13 @@ from gateway.responders.build import build_responder, build_transcriber
 from gateway.runtime import mcp_client
 from gateway.runtime.auth import Auth, ClientSecret
 from gateway.runtime.capacity import Capacity
-from gateway.runtime.custom_voices import SessionVoices, VoiceLibrary
 from gateway.runtime.health import Backends
 from gateway.runtime.session_runner import Playout, Send, SessionRunner, log_fault
 from gateway.runtime.silero import SWITCH_INTERVAL_S, SileroModel, SileroVAD, VadBatcher
 from gateway.runtime.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError
 from gateway.runtime.speech import SpeechService
 from gateway.runtime.trace import ACTIVE_SESSIONS, TurnTrace
+from gateway.runtime.voices.library import SessionVoices, VoiceLibrary
 
 log = logging.getLogger(__name__)
 

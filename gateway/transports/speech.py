@@ -39,9 +39,9 @@ from gateway.audio import SAMPLE_RATE
 from gateway.audio_codecs import MAX_SPEED, MIN_SPEED, RESPONSE_FORMATS, NoCodecs, SpeechEncoder
 from gateway.core.responder import BackendError
 from gateway.responders.text_bridge import TextBridge
-from gateway.runtime.custom_voices import VoiceRefused
 from gateway.runtime.gateway import Gateway
 from gateway.runtime.speech import SpeechBusy, SpeechService
+from gateway.runtime.voices.library import VoiceRefused
 from gateway.transports.rest import HttpError, authorize, read_json_object, string_field
 
 log = logging.getLogger(__name__)

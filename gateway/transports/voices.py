@@ -1,5 +1,5 @@
 """Custom voices and their consent recordings over HTTP, in the shapes of the ``openai`` SDK's
-``audio.voice_consents`` and ``audio.voices`` (gateway.runtime.custom_voices does the work):
+``audio.voice_consents`` and ``audio.voices`` (gateway.runtime.voices.library does the work):
 
   POST   /v1/audio/voice_consents              multipart: name, language (BCP 47), recording
   GET    /v1/audio/voice_consents              a cursor page (after, limit 1-100, default 20)
@@ -31,10 +31,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.runtime.consent import CONSENT_PHRASES
-from gateway.runtime.custom_voices import Upload, VoiceLibrary, VoiceRefused, missing_models
 from gateway.runtime.gateway import Gateway
 from gateway.runtime.speech import distinct_voices
+from gateway.runtime.voices.consent import CONSENT_PHRASES
+from gateway.runtime.voices.library import Upload, VoiceLibrary, VoiceRefused, missing_models
 from gateway.transports.rest import HttpError, authorize, json_object, read_body, string_field
 
 STATUS = {"invalid": 400, "full": 400, "unsupported": 415, "too_large": 413, "not_found": 404, "unavailable": 501,

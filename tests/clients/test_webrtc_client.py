@@ -22,7 +22,7 @@ from gateway.clients import cli as client  # noqa: E402
 from gateway.clients.connection import signalling_url_for  # noqa: E402
 from gateway.clients.replay import Options, main, replay  # noqa: E402
 from gateway.responders.echo import EchoResponder  # noqa: E402
-from tests.conftest import load_pcm  # noqa: E402
+from tests.conftest import connect, load_pcm  # noqa: E402
 
 SHORT_SPEECH_MS = (500, 1800)  # one_sentence.wav cut short: its speech from 500 ms, cut at 1800 ms
 
@@ -160,16 +160,17 @@ async def test_replay_barge_in_and_the_same_report_as_websocket(gateway, short_w
 )
 async def test_signalling_problems_exit_2(start_gateway, short_wav: Path, tmp_path: Path, capsys,
                                          signalling: str, message: str) -> None:
-    gateway = await start_gateway(webrtc__enabled=True, server__max_sessions=0)
+    gateway = await start_gateway(webrtc__enabled=True, server__max_sessions=1)
     url = signalling.format(webrtc=f"http://127.0.0.1:{gateway.port}")
     args = client_args("--webrtc", "--wav", str(short_wav), "--out", str(tmp_path / "r.wav"), "--signalling-url", url)
-    with pytest.raises(client.CliError, match=message):
-        await client.session(args)
-    assert not (tmp_path / "r.wav").exists()
-    # The replay's command line says it the same way (asyncio.run needs a thread without a running loop).
-    code = await asyncio.to_thread(
-        main, ["--transport", "webrtc", "--signalling-url", url, "--out", str(tmp_path / "runs"), str(short_wav)]
-    )
+    async with connect(gateway):  # the gateway's one session: it is full
+        with pytest.raises(client.CliError, match=message):
+            await client.session(args)
+        assert not (tmp_path / "r.wav").exists()
+        # The replay's command line says it the same way (asyncio.run needs a thread without a running loop).
+        code = await asyncio.to_thread(
+            main, ["--transport", "webrtc", "--signalling-url", url, "--out", str(tmp_path / "runs"), str(short_wav)]
+        )
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err

@@ -31,6 +31,8 @@ from gateway.responders.engine_client import EngineClient
 from tests.conftest import Served, audio_of, connect, load_pcm, make_config, silence
 from tests.paths import DATA, FIXTURES, TINY_CHECKPOINT
 
+pytestmark = pytest.mark.slow  # engine processes
+
 FIXTURE = TINY_CHECKPOINT
 CONFIG = EngineConfig(checkpoint=str(FIXTURE), device="cpu", mode="process", devices="cpu", max_frames=200,
                       heartbeat_ms=250, voices={"alloy": "vivian"})

@@ -106,6 +106,7 @@ async def test_a_handoff_moves_the_session_to_the_other_agent(gateway, fake: Fak
 JS_DIR = JS
 
 
+@pytest.mark.slow  # Node
 @pytest.mark.parametrize("scenario", ["tool", "handoff"])
 async def test_the_js_agents_sdk_runs_a_tool_and_hands_off(gateway, fake: FakeOpenAI, scenario: str):
     """@openai/agents-realtime under Node: its own WebSocket transport (the ws package) takes a ws:// URL."""

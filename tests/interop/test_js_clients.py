@@ -21,6 +21,8 @@ from gateway.server.certs import make_certificate
 from tests.conftest import FIXTURES, load_pcm, silence
 from tests.paths import DATA, JS, NODE, TINY_CHECKPOINT
 
+pytestmark = pytest.mark.slow  # Node and headless Chromium
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 KEY = "sk-js-clients-" + "x" * 20
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from tests.paths import FIXTURES
+
 BARESIP = shutil.which("baresip")
 MODULES = Path("/usr/lib/baresip/modules")
 
@@ -118,3 +120,11 @@ class Baresip:
                 await asyncio.to_thread(self.process.wait, 5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+
+
+def phone_wav(folder: Path, name: str, pad_s: float = 8.0) -> Path:
+    """A fixture question at 8 kHz with ``pad_s`` of silence after it (the phone keeps sending while it listens)."""
+    out = folder / f"mic-{name}"
+    subprocess.run(["sox", str(FIXTURES / name), "-r", "8000", "-c", "1", "-b", "16", str(out), "pad", "0",
+                    str(pad_s)], check=True)
+    return out

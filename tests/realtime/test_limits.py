@@ -14,7 +14,7 @@ from gateway.realtime.session import Session
 from gateway.realtime.values import MAX_JSON_DEPTH
 from gateway.responders.echo import EchoResponder
 from tests.conftest import StartGateway, connect, load_pcm, make_config, silence, types
-from tests.realtime.test_session import SECOND, events_of, send, start_response
+from tests.helpers.session import SECOND, events_of, send, start_response
 
 
 def audio_item(seconds: float, item_id: str | None = None) -> dict:

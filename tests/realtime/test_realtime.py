@@ -310,17 +310,6 @@ async def test_g711_in_and_out(gateway):
     assert np.abs(ulaw_decode(reply).astype(np.float32)).max() > 3000  # speech, not silence
 
 
-async def test_idle_timeout_triggers_a_response(gateway):
-    async with connect(gateway) as client:
-        await client.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
-            "turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}}})
-        await client.until("session.updated")
-        await client.append(silence(5500), chunk_ms=100)
-        events = await client.until("response.created")
-    assert types(events)[:2] == ["input_audio_buffer.timeout_triggered", "input_audio_buffer.committed"]
-    assert events[0]["audio_end_ms"] - events[0]["audio_start_ms"] >= 5000
-
-
 async def test_turn_records_of_a_live_session(gateway):
     loop = asyncio.get_running_loop()
     async with connect(gateway) as client:

@@ -1,46 +1,34 @@
-"""The session as a pure state machine: events and probabilities in, events and effects out."""
+"""The session as a core, in the way h11's test_connection.py tests its connection: client events, scripted VAD
+probabilities and Smart Turn verdicts, and responder outputs in; server events and effects out. No socket,
+thread, model or clock: every test here drives a ``Session`` by hand, and every event it sends is checked against
+the openai SDK's own types."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import time
-from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import orjson
+import pytest
 
 from gateway.core.responder import AudioOut, BackendError, SpeechText
-from gateway.realtime.effects import ClearPlayout, Play, RunVad, SendEvent, StartResponse, StopResponse
+from gateway.core.vad import WINDOW_MS
+from gateway.realtime.effects import (
+    ClearPlayout,
+    Effect,
+    Play,
+    RunSmartTurn,
+    RunVad,
+    SendEvent,
+    StartResponse,
+    StopResponse,
+    Transcribe,
+)
+from gateway.realtime.events import Dialect
 from gateway.realtime.session import Phase, Session
-from gateway.responders.echo import EchoResponder
-from gateway.runtime.session_runner import SessionRunner
-from gateway.runtime.silero import SileroModel, SileroVAD, VadBatcher
-from tests.conftest import load_pcm, make_config, silence
-
-SECOND = bytes(48_000)  # one second of pcm16 24 kHz
-
-
-def send(target: Session, **event) -> list:
-    return target.handle(orjson.dumps(event))
-
-
-def events_of(effects: list) -> list[dict]:
-    return [e.event for e in effects if isinstance(e, SendEvent)]
-
-
-def start_response(session: Session) -> StartResponse:
-    effects = send(session, type="response.create")
-    return next(e for e in effects if isinstance(e, StartResponse))
-
-
-def speak(session: Session, start: StartResponse) -> str:
-    """A reply of two sentences, one second of audio each; returns the assistant item id."""
-    rid = start.request.response_id
-    session.response_output(rid, SpeechText("Hello there. "))
-    session.response_output(rid, AudioOut(SECOND))
-    session.response_output(rid, SpeechText("How are you today?"))
-    session.response_output(rid, AudioOut(SECOND))
-    return start.request.item_id
+from gateway.realtime.settings import session_wire
+from tests.conftest import BETA_EVENTS, GA_EVENTS, check_beta_transcription_session, make_config, types
+from tests.helpers.session import SECOND, events_of, send, speak, start_response
 
 
 def test_truncate_keeps_only_the_words_heard_and_the_llm_sees_that():
@@ -251,107 +239,316 @@ def test_a_response_may_set_its_own_format_and_context():
     assert error[0]["error"]["code"] == "item_not_found"
 
 
-async def test_a_failed_response_sends_all_its_closing_events_over_a_slow_connection():
-    """The response's own task sends its last events when its responder fails: stopping the response must
-    not cancel that task while a send waits on a slow connection."""
-
-    class Failing:
-        reads_transcripts = False
-        voices = None
-
-        async def respond(self, request, transcripts):
-            yield AudioOut(SECOND)
-            raise BackendError("llm", "stream broken")
-
-    sent: list[dict] = []
-
-    async def slow_send(message: str) -> None:
-        await asyncio.sleep(0.002)  # the socket's buffer is full: every send yields to the loop
-        sent.append(orjson.loads(message))
-
-    runner = SessionRunner(Session(make_config(vad__enabled=False)), Failing(), None, slow_send)
-    await runner.start()
-    await runner.receive(orjson.dumps({"type": "response.create"}))
-    for _ in range(200):
-        if sent and sent[-1]["type"] == "response.done":
-            break
-        await asyncio.sleep(0.01)
-    assert sent[-1]["type"] == "response.done" and sent[-1]["response"]["status"] == "failed"
-    await runner.close()
+# --- driving the core as its runner would ---------------------------------------------------------------------
 
 
-class SlowExecutor(ThreadPoolExecutor):
-    """The VAD's thread, 150 ms late with every batch: a GPU box busy with TTS, or a small CPU."""
-
-    def __init__(self) -> None:
-        super().__init__(max_workers=1)
-        self.calls = 0
-
-    def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
-        self.calls += 1
-
-        def late():
-            time.sleep(0.15)
-            return fn(*args, **kwargs)
-
-        return super().submit(late)
+def checked(session: Session, effects: list[Effect]) -> list[dict[str, Any]]:
+    """The events among ``effects``, each valid for the session's dialect by the openai SDK's own types."""
+    events = events_of(effects)
+    for event in events:
+        if event["type"].startswith("transcription_session."):
+            check_beta_transcription_session(event)
+        else:
+            (BETA_EVENTS if session.dialect is Dialect.BETA else GA_EVENTS).validate_python(event)
+    return events
 
 
-async def run_turn(executor: SlowExecutor | None, commit_early: bool = False) -> tuple[list[dict], float]:
-    """The session runner fed a spoken sentence and silence as 20 ms appends, as fast as it takes them.
+class Mic:
+    """A client streaming audio in 32 ms appends, and the VAD's verdict on it: each whole 32 ms window of input
+    gets the scripted speech probability, as the runner would feed Silero's."""
 
-    Returns the events sent and the seconds the appends took."""
-    sent: list[dict] = []
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.windows = 0
 
-    async def record(message: str) -> None:
-        sent.append(orjson.loads(message))
+    def __call__(self, ms: int, p: float) -> list[Effect]:
+        effects: list[Effect] = []
+        for _ in range(ms // WINDOW_MS):
+            effects += send(self.session, type="input_audio_buffer.append",
+                            audio=base64.b64encode(bytes(48 * WINDOW_MS)).decode())
+            due = int(self.session.input.received_ms // WINDOW_MS) - self.windows
+            self.windows += due
+            effects += self.session.vad_result([p] * due)
+        return effects
 
+
+def of_type(effects: list[Effect], kind: type) -> list[Any]:
+    return [e for e in effects if isinstance(e, kind)]
+
+
+TURN_GA = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+           "conversation.item.added", "conversation.item.done", "response.created", "rate_limits.updated"]
+REPLY_GA = ["response.output_item.added", "conversation.item.added", "response.content_part.added",
+            "response.output_audio_transcript.delta", "response.output_audio.delta"]
+END_GA = ["response.output_audio.done", "response.output_audio_transcript.done", "response.content_part.done",
+          "response.output_item.done", "conversation.item.done", "response.done"]
+TURN_BETA = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+             "conversation.item.created", "response.created", "rate_limits.updated"]
+REPLY_BETA = ["response.output_item.added", "conversation.item.created", "response.content_part.added",
+              "response.audio_transcript.delta", "response.audio.delta"]
+END_BETA = ["response.audio.done", "response.audio_transcript.done", "response.content_part.done",
+            "response.output_item.done", "response.done"]
+
+
+@pytest.mark.parametrize("dialect", [Dialect.GA, Dialect.BETA])
+def test_a_server_vad_turn_is_committed_answered_and_done(dialect: Dialect):
+    """Speech, then silence_duration_ms of silence: the turn is committed and its response starts in the same
+    call; what the responder yields becomes deltas, and its end closes the item. The beta dialect names the
+    same steps its own way."""
+    session = Session(make_config(), dialect)
+    mic = Mic(session)
+    opened = checked(session, session.open())
+    assert types(opened) == (["session.created"] if dialect is Dialect.GA
+                             else ["session.created", "conversation.created"])
+    assert checked(session, mic(512, 0.0)) == []
+    speech = mic(1024, 0.9)
+    started = checked(session, speech)
+    # The onset is at 512 ms; the start includes the 300 ms prefix padding.
+    assert types(started) == ["input_audio_buffer.speech_started"] and started[0]["audio_start_ms"] == 212
+    assert of_type(speech, RunVad) and session.phase is Phase.LISTENING
+    effects = mic(512, 0.0)
+    events = checked(session, effects)
+    assert types(started + events) == (TURN_GA if dialect is Dialect.GA else TURN_BETA)
+    stopped, committed = events[0], events[1]
+    assert stopped["audio_end_ms"] == 1536  # where the silence began
+    assert started[0]["item_id"] == stopped["item_id"] == committed["item_id"]
+    (start,) = of_type(effects, StartResponse)
+    assert session.phase is Phase.THINKING
+    user = start.request.messages[-1]
+    assert (user.role, user.item_id, len(user.audio)) == ("user", committed["item_id"], (1536 - 212) * 48)
+
+    rid = start.request.response_id
+    reply = checked(session, session.response_output(rid, SpeechText("Hello there.")))
+    reply += checked(session, session.response_output(rid, AudioOut(SECOND)))
+    assert types(reply) == (REPLY_GA if dialect is Dialect.GA else REPLY_BETA)
+    assert base64.b64decode(reply[-1]["delta"]) == SECOND and session.phase is Phase.SPEAKING
+    end = checked(session, session.response_finished(rid))
+    assert types(end) == (END_GA if dialect is Dialect.GA else END_BETA)
+    done = end[-1]["response"]
+    assert done["status"] == "completed" and done["output"][0]["status"] == "completed"
+    part = done["output"][0]["content"][0]
+    assert part["type"] == ("output_audio" if dialect is Dialect.GA else "audio")
+    assert part["transcript"] == "Hello there."
+    if dialect is Dialect.BETA:
+        assert done["modalities"] == ["text", "audio"]
+    assert session.phase is Phase.LISTENING
+
+
+def test_barge_in_cancels_the_response_in_the_same_call():
+    """Over WebSocket the client plays the reply: the server cancels it (turn_detected), stops its producer and
+    leaves the truncation to the client."""
+    session = Session(make_config(vad__enabled=False))
+    send(session, type="session.update", session={"type": "realtime", "audio": {"input": {
+        "turn_detection": {"type": "server_vad"}}}})
+    mic = Mic(session)
+    start = start_response(session)
+    rid = start.request.response_id
+    speak(session, start)
+    effects = mic(512, 0.9)
+    events = checked(session, effects)
+    assert types(events) == ["input_audio_buffer.speech_started", *END_GA]
+    done = events[-1]["response"]
+    assert (done["id"], done["status"], done["status_details"]["reason"]) == (rid, "cancelled", "turn_detected")
+    assert done["output"][0]["status"] == "incomplete"
+    assert [e.response_id for e in of_type(effects, StopResponse)] == [rid]
+    assert not of_type(effects, ClearPlayout)  # the client owns the playback
+    assert session.conversation.get(start.request.item_id).audio == bytearray(2 * SECOND)  # not truncated here
+    assert session.response_output(rid, AudioOut(SECOND)) == [] and session.response_finished(rid) == []
+
+
+def test_response_cancel_ends_the_response_and_a_second_finds_none():
+    session = Session(make_config(vad__enabled=False))
+    start = start_response(session)
+    rid = start.request.response_id
+    session.response_output(rid, AudioOut(SECOND))
+    effects = send(session, type="response.cancel", event_id="evt_cancel_1")
+    events = checked(session, effects)
+    assert "error" not in types(events) and events[-1]["type"] == "response.done"
+    assert events[-1]["response"]["status"] == "cancelled"
+    assert events[-1]["response"]["status_details"]["reason"] == "client_cancelled"
+    assert [e.response_id for e in of_type(effects, StopResponse)] == [rid]
+    assert session.response_output(rid, AudioOut(SECOND)) == []
+    error = checked(session, send(session, type="response.cancel", event_id="evt_cancel_2"))[0]["error"]
+    assert (error["code"], error["event_id"]) == ("response_cancel_not_active", "evt_cancel_2")
+
+
+def test_with_interrupt_response_false_the_turn_is_answered_after_the_response():
+    session = Session(make_config(vad__interrupt_response=False))
+    mic = Mic(session)
+    start = start_response(session)
+    rid = start.request.response_id
+    session.response_output(rid, AudioOut(SECOND))
+    effects = mic(512, 0.9) + mic(544, 0.0)
+    events = checked(session, effects)
+    assert types(events) == TURN_GA[:5]  # committed, and nothing cancelled or started
+    assert not of_type(effects, StopResponse) and not of_type(effects, StartResponse)
+    assert session.responses.active is not None and session.responses.active.id == rid
+    turn = events[2]["item_id"]
+    effects = session.response_finished(rid)
+    events = checked(session, effects)
+    assert types(events)[-3:] == ["response.done", "response.created", "rate_limits.updated"]
+    assert events[-3]["response"]["status"] == "completed"
+    (answer,) = of_type(effects, StartResponse)
+    assert answer.request.response_id != rid
+    assert (answer.request.messages[-1].role, answer.request.messages[-1].item_id) == ("user", turn)
+
+
+def test_the_idle_timeout_commits_the_silence_and_answers_it():
     session = Session(make_config())
-    batcher = VadBatcher(executor) if executor else None
-    runner = SessionRunner(session, EchoResponder(pace=0), SileroVAD(SileroModel()), record, batcher)
-    await runner.start()
-    audio = load_pcm("one_sentence.wav")
-    start = time.perf_counter()
-    for i in range(0, len(audio), 960):
-        await runner.receive(append(audio[i : i + 960]))
-    if commit_early:
-        await runner.receive(orjson.dumps({"type": "input_audio_buffer.commit"}))
-    for _ in range(75):  # 1.5 s
-        await runner.receive(append(silence(20)))
-    took = time.perf_counter() - start
-    for _ in range(400):
-        if any(e["type"] in ("input_audio_buffer.speech_stopped", "response.done") for e in sent[-3:]):
-            break
-        await asyncio.sleep(0.025)
-    await asyncio.sleep(0.5)  # anything late would show up now
-    await runner.close()
-    if executor:
-        executor.shutdown()
-    return sent, took
+    mic = Mic(session)
+    updated = checked(session, send(session, type="session.update", session={"type": "realtime", "audio": {
+        "input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}}))
+    assert updated[0]["session"]["audio"]["input"]["turn_detection"]["idle_timeout_ms"] == 5000
+    assert checked(session, mic(4960, 0.0)) == []
+    effects = mic(64, 0.0)
+    events = checked(session, effects)
+    assert types(events)[:2] == ["input_audio_buffer.timeout_triggered", "input_audio_buffer.committed"]
+    assert events[0]["audio_end_ms"] - events[0]["audio_start_ms"] >= 5000
+    assert "response.created" in types(events) and of_type(effects, StartResponse)
 
 
-def append(pcm: bytes) -> bytes:
-    return orjson.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+def test_a_manual_commit_takes_the_buffer_and_an_empty_one_is_refused():
+    session = Session(make_config(vad__enabled=False))
+    send(session, type="input_audio_buffer.append", audio=base64.b64encode(bytes(48 * 90)).decode())
+    error = checked(session, send(session, type="input_audio_buffer.commit"))[0]["error"]
+    assert error["code"] == "input_audio_buffer_commit_empty" and "90.00ms" in error["message"]
+    send(session, type="input_audio_buffer.append", audio=base64.b64encode(SECOND).decode())
+    effects = send(session, type="input_audio_buffer.commit")
+    events = checked(session, effects)
+    assert types(events) == ["input_audio_buffer.committed", "conversation.item.added", "conversation.item.done"]
+    assert not of_type(effects, StartResponse)  # a manual commit asks for no response
+    assert len(session.conversation.get(events[0]["item_id"]).audio) == 48 * 90 + len(SECOND)
+    assert session.input.buffered_ms == 0
+    assert checked(session, send(session, type="input_audio_buffer.commit"))[0]["error"]["code"] == (
+        "input_audio_buffer_commit_empty")
 
 
-def turn_times(sent: list[dict]) -> list[tuple[str, int]]:
-    return [(e["type"], e.get("audio_start_ms", e.get("audio_end_ms"))) for e in sent
-            if e["type"] in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped")]
+def semantic(eagerness: str) -> Session:
+    session = Session(make_config())
+    send(session, type="session.update", session={"type": "realtime", "audio": {"input": {
+        "turn_detection": {"type": "semantic_vad", "eagerness": eagerness}}}})
+    return session
 
 
-async def test_a_slow_vad_holds_up_no_append_and_finds_the_same_turn():
-    """Appends are taken without waiting for the VAD; audio that arrives during a VAD call goes into the
-    next one, so the session catches up, and its turn events carry the same input-audio times."""
-    reference, _ = await run_turn(None)
-    executor = SlowExecutor()
-    sent, took = await run_turn(executor)
-    assert turn_times(reference) == turn_times(sent) and len(turn_times(sent)) == 2
-    # One call per append would take 115 x 150 ms; these took a handful of calls.
-    assert took < 1.0 and executor.calls <= 10
+def test_semantic_vad_asks_at_each_pause_and_an_incomplete_verdict_keeps_the_turn_open():
+    session = semantic("low")  # ends at P(complete) >= 0.7
+    mic = Mic(session)
+    started = checked(session, mic(512, 0.0) + mic(1024, 0.9))
+    assert types(started) == ["input_audio_buffer.speech_started"]
+    effects = mic(256, 0.0)  # past [semantic_vad] pause_ms (200): the model is asked, nothing else
+    (check,) = of_type(effects, RunSmartTurn)
+    # The turn so far: from its start (padding included) to where it is asked, 7 windows into the pause.
+    assert events_of(effects) == [] and len(check.pcm) == (1536 + 7 * WINDOW_MS - 212) * 48
+    assert checked(session, session.smart_turn_result(check.seq, 0.4)) == []
+    assert checked(session, mic(512, 0.9)) == []  # the user goes on: the same turn, no second start
+    effects = mic(256, 0.0)
+    (again,) = of_type(effects, RunSmartTurn)
+    assert again.seq != check.seq and len(again.pcm) == (2304 + 7 * WINDOW_MS - 212) * 48
+    assert session.smart_turn_result(check.seq, 0.99) == []  # a stale verdict does nothing
+    effects = session.smart_turn_result(again.seq, 0.9)
+    events = checked(session, effects)
+    assert types(events) == TURN_GA[1:]
+    assert events[0]["audio_end_ms"] == 2304 and events[0]["item_id"] == started[0]["item_id"]
+    assert of_type(effects, StartResponse)
 
 
-async def test_a_commit_ahead_of_the_vad_takes_the_speech_with_it():
-    """Speech the VAD had not reached when the client committed starts no second turn afterwards."""
-    sent, _ = await run_turn(SlowExecutor(), commit_early=True)
-    assert "input_audio_buffer.committed" in [e["type"] for e in sent]
-    assert turn_times(sent) == []
+def test_semantic_vad_ends_a_turn_after_the_eagerness_longest_wait_whatever_the_model_said():
+    session = semantic("high")  # waits at most [semantic_vad] high_max_wait_ms (2000) after an incomplete verdict
+    mic = Mic(session)
+    mic(512, 0.0)
+    mic(1024, 0.9)
+    (check,) = of_type(mic(256, 0.0), RunSmartTurn)
+    assert session.smart_turn_result(check.seq, None) == []  # the model failed: the wait decides
+    assert checked(session, mic(1664, 0.0)) == []
+    events = checked(session, mic(128, 0.0))
+    assert types(events) == TURN_GA[1:] and events[0]["audio_end_ms"] == 1536
+
+
+@pytest.mark.parametrize("dialect", [Dialect.GA, Dialect.BETA])
+def test_a_transcription_session_transcribes_turns_and_never_responds(dialect: Dialect):
+    session = Session(make_config(), dialect, session_type="transcription")
+    session.transcription.available = True  # the runner has a transcriber
+    mic = Mic(session)
+    created = checked(session, session.open())
+    assert types(created) == (["session.created"] if dialect is Dialect.GA else ["transcription_session.created"])
+    assert created[0]["session"]["object"] == "realtime.transcription_session"
+    effects = mic(512, 0.0) + mic(1024, 0.9) + mic(544, 0.0)
+    events = checked(session, effects)
+    assert types(events) == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                             "input_audio_buffer.committed",
+                             *(["conversation.item.added", "conversation.item.done"] if dialect is Dialect.GA
+                               else ["conversation.item.created"])]
+    assert not of_type(effects, StartResponse) and session.responses.active is None
+    item_id = events[2]["item_id"]
+    (transcribe,) = of_type(effects, Transcribe)
+    assert transcribe.item_id == item_id and len(transcribe.pcm) == (1536 - 212) * 48
+    delta = checked(session, session.input_transcript_delta(item_id, "Hello"))
+    assert types(delta) == ["conversation.item.input_audio_transcription.delta"] and delta[0]["delta"] == "Hello"
+    completed = checked(session, session.input_transcribed(item_id, "Hello there."))
+    assert types(completed) == ["conversation.item.input_audio_transcription.completed"]
+    assert completed[0]["transcript"] == "Hello there."
+    error = checked(session, send(session, type="response.create"))[0]["error"]
+    assert (error["code"], error["param"]) == ("unsupported_event", "type")
+
+
+def test_a_transcription_session_without_stt_says_why_instead_of_silence():
+    session = Session(make_config(vad__enabled=False), session_type="transcription")
+    send(session, type="input_audio_buffer.append", audio=base64.b64encode(SECOND).decode())
+    effects = send(session, type="input_audio_buffer.commit")
+    failed = checked(session, effects)[-1]
+    assert failed["type"] == "conversation.item.input_audio_transcription.failed"
+    assert failed["error"]["code"] == "stt_unavailable" and not of_type(effects, Transcribe)
+
+
+def state(session: Session) -> bytes:
+    """Everything a client event may change, as one value."""
+    return orjson.dumps({
+        "settings": session_wire(session.settings, session.dialect),
+        "items": [[i.data, base64.b64encode(bytes(i.audio)).decode()] for i in session.conversation.items()],
+        "buffer": base64.b64encode(session.input.buffer.get(0, len(session.input.buffer))).decode(),
+        "phase": session.phase.value,
+        "responses": [r.id for r in session.responses.all_running()],
+        "voice_locked": session.responses.voice_locked,
+    })
+
+
+REFUSED = [
+    {"type": "input_audio_buffer.append", "audio": "@@not base64@@"},
+    {"type": "input_audio_buffer.append", "audio": 42},
+    {"type": "input_audio_buffer.explode"},
+    {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+        "turn_detection": {"type": "server_vad", "threshold": 2}}}}},
+    {"type": "session.update", "session": {"type": "realtime", "instructions": "new", "output_modalities": ["smell"]}},
+    {"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"voice": "ash"}}}},
+    {"type": "session.update", "session": {"type": "transcription"}},
+    {"type": "response.create"},
+    {"type": "response.create", "response": {"conversation": "none", "output_modalities": ["smell"]}},
+    {"type": "response.create", "response": {"conversation": "none", "input": [{"type": "item_reference",
+                                                                              "id": "item_nope"}]}},
+    {"type": "conversation.item.create", "item": {"type": "message", "role": "robot", "content": []}},
+    {"type": "conversation.item.create", "item": {"id": "item_a", "type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "again"}]}},
+    {"type": "conversation.item.create", "previous_item_id": "item_nope", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}},
+    {"type": "conversation.item.truncate", "item_id": "item_a", "content_index": 0, "audio_end_ms": 10},
+    {"type": "conversation.item.delete", "item_id": "item_nope"},
+    {"type": "response.cancel", "response_id": "resp_nope"},
+    {"type": "output_audio_buffer.clear"},
+]
+
+
+@pytest.mark.parametrize("event", REFUSED, ids=lambda e: e["type"])
+def test_a_refused_event_changes_nothing(event: dict[str, Any]):
+    """Every handler checks its whole input before it changes anything: an error, and the session as it was."""
+    session = Session(make_config(vad__enabled=False))
+    send(session, type="conversation.item.create", item={"id": "item_a", "type": "message", "role": "user",
+                                                         "content": [{"type": "input_text", "text": "A"}]})
+    start = start_response(session)
+    speak(session, start)  # a response running, its audio out: the voice is locked
+    send(session, type="input_audio_buffer.append", audio=base64.b64encode(SECOND).decode())
+    before = state(session)
+    effects = send(session, **event, event_id="evt_bad")
+    events = checked(session, effects)
+    assert [e for e in effects if not isinstance(e, SendEvent)] == []
+    assert types(events) == ["error"] and events[0]["error"]["event_id"] == "evt_bad"
+    assert state(session) == before

@@ -12,7 +12,7 @@ import pytest
 import websockets
 
 from tests.conftest import Served, connect, load_pcm, silence, types
-from tests.transports.test_front_door import http
+from tests.helpers.http import http
 
 
 def url(gateway: Served, path: str) -> str:
@@ -119,7 +119,7 @@ async def test_hurry_ends_every_session_at_once_with_1001(start_gateway):
 
 async def test_a_draining_webrtc_call_is_told_on_its_data_channel_then_hung_up(start_gateway):
     pytest.importorskip("aiortc")
-    from tests.transports.test_webrtc import RtcClient, session_count  # noqa: PLC0415 - aiortc is an optional extra
+    from tests.helpers.webrtc import RtcClient, session_count  # noqa: PLC0415 - aiortc is an optional extra
 
     gateway = await start_gateway(webrtc__enabled=True, server__drain_seconds=1.5, server__drain_notice_seconds=1.0)
     client = RtcClient(f"http://127.0.0.1:{gateway.port}")

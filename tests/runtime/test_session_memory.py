@@ -160,7 +160,7 @@ async def test_a_webrtc_call_that_ends_is_freed_without_the_collector(start_gate
     audio) alive once it ends."""
     pytest.importorskip("aiortc")
     from gateway.responders.echo import EchoResponder
-    from tests.transports.test_webrtc import RtcClient, session_count
+    from tests.helpers.webrtc import RtcClient, session_count
 
     gateway = await start_gateway(EchoResponder(pace=1.5), webrtc__enabled=True)
 

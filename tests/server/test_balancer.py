@@ -17,7 +17,8 @@ from openai import AsyncOpenAI
 from bench.nginx import API_KEY, Gateway, Nginx, holds, metric, nginx_missing
 from tests.conftest import Client, load_pcm, no_error_lines_in, silence
 
-pytestmark = pytest.mark.skipif(nginx_missing() is not None, reason=nginx_missing() or "")
+pytestmark = [pytest.mark.slow,  # two gateway processes behind nginx
+              pytest.mark.skipif(nginx_missing() is not None, reason=nginx_missing() or "")]
 
 DRAIN_S, NOTICE_S = 4.0, 2.0
 SPEECH = load_pcm("one_sentence.wav")[: 48_000] + silence(800)  # 1 s of speech, then the end of the turn

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import websockets
 
 from gateway.log_repeats import RepeatedWarnings
@@ -39,6 +40,7 @@ async def refused(url: str, **kwargs: object) -> int:
         return exc.response.status_code
 
 
+@pytest.mark.slow  # a real `python -m gateway serve` process
 async def test_a_storm_of_refusals_writes_no_error_and_few_warnings(tmp_path: Path):
     log = tmp_path / "gateway.log"
     env = {**os.environ, "GATEWAY_API_KEYS": KEY, "GATEWAY_WEBRTC_ENABLED": "false", "GATEWAY_RESPONDER_KIND": "echo",

@@ -12,8 +12,10 @@ import aiohttp
 import numpy as np
 import pytest
 
+from tests.helpers.workers import engine_processes, serve
 from tests.paths import DATA, TINY_CHECKPOINT
-from tests.server.test_workers import engine_processes, serve
+
+pytestmark = pytest.mark.slow  # `serve --workers 2` and an engine process
 
 DESIGN = DATA / "qwen3_tts_tiny_design"
 

@@ -9,8 +9,6 @@ import contextlib
 import socket
 import ssl
 import time
-import urllib.error
-import urllib.request
 import zlib
 from typing import Any
 
@@ -33,6 +31,7 @@ from gateway.server.certs import make_certificate
 from gateway.server.serve import GatewayServer, listen
 from gateway.transports.realtime_websocket import realtime_route
 from tests.conftest import BETA_EVENTS, GA_EVENTS, Client, make_config
+from tests.helpers.http import http
 
 KEY = "sk-test-" + "k" * 24
 
@@ -56,18 +55,6 @@ async def first_event(client: AsyncOpenAI, beta: bool = False) -> dict[str, Any]
         raw = await asyncio.wait_for(connection.recv_bytes(), 10)
         (BETA_EVENTS if beta else GA_EVENTS).validate_json(raw)
         return orjson.loads(raw)
-
-
-async def http(method: str, url: str, body: bytes | None = None, **headers: str) -> tuple[int, dict[str, str], bytes]:
-    def call() -> tuple[int, dict[str, str], bytes]:
-        request = urllib.request.Request(url, data=body, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return response.status, dict(response.headers), response.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, dict(exc.headers), exc.read()
-
-    return await asyncio.get_running_loop().run_in_executor(None, call)
 
 
 async def test_a_client_secret_opens_a_session_configured_by_it(keys, start_gateway):

@@ -27,6 +27,7 @@ from websockets.uri import parse_uri
 
 from gateway.responders.echo import EchoResponder
 from tests.conftest import Served, connect, load_pcm, silence
+from tests.helpers.http import aiortc_offer, get, offer_request
 from tests.paths import ROOT
 
 
@@ -52,12 +53,6 @@ async def raw_http(port: int, request: bytes, source: str = "127.0.0.1") -> tupl
     lines = head.decode("latin-1").split("\r\n")
     headers = dict(line.lower().split(": ", 1) for line in lines[1:] if ": " in line)
     return int(lines[0].split()[1]), headers, body
-
-
-def get(path: str, method: str = "GET", extra: str = "", body: bytes = b"", length: int | None = None) -> bytes:
-    """A request; ``length`` declares a body that is never sent (refused before it is read)."""
-    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{extra}"
-            f"Content-Length: {len(body) if length is None else length}\r\n\r\n").encode("latin-1") + body
 
 
 async def test_bad_http_gets_a_short_4xx_and_no_traceback(start_gateway, caplog):
@@ -169,10 +164,6 @@ async def test_scalar_json_is_a_400_on_every_route_that_reads_a_body(start_gatew
     no_tracebacks(caplog)
 
 
-def offer_request(sdp: bytes, content_type: str = "application/sdp") -> bytes:
-    return get("/v1/realtime/calls", "POST", f"Content-Type: {content_type}\r\n", sdp)
-
-
 async def test_bad_sdp_is_a_400_naming_the_problem(start_gateway, caplog):
     pytest.importorskip("aiortc")
     gateway = await start_gateway(webrtc__enabled=True)
@@ -218,17 +209,6 @@ async def test_a_flood_of_pending_calls_is_limited_and_reaped(start_gateway, cap
     assert not gateway.webrtc.calls  # reaped after connect_timeout_s
     assert (await raw_http(gateway.port, offer_request(await offer())))[0] == 201
     no_tracebacks(caplog)
-
-
-async def aiortc_offer() -> str:
-    """A real offer (aiortc's, as a browser's: a data channel, one audio track), never connected."""
-    aiortc = pytest.importorskip("aiortc")
-    pc = aiortc.RTCPeerConnection(aiortc.RTCConfiguration(iceServers=[]))
-    pc.createDataChannel("oai-events")
-    pc.addTransceiver("audio")
-    await pc.setLocalDescription(await pc.createOffer())
-    await pc.close()
-    return pc.localDescription.sdp
 
 
 def without(sdp: str, prefix: str) -> str:

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 from gateway.audio import RationalResampler
-from tests.paths import FIXTURES
-from tests.phones.baresip import BARESIP, Baresip
+from tests.phones.baresip import BARESIP, Baresip, phone_wav
 from tests.phones.gateway import ANSWER
 
 pytestmark = [
@@ -25,15 +24,6 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("piper") is None or importlib.util.find_spec("faster_whisper") is None,
                        reason='the local extra is not installed (pip install ".[local]")'),
 ]
-
-
-
-def phone_wav(folder: Path, name: str, pad_s: float = 8.0) -> Path:
-    """A fixture question at 8 kHz with ``pad_s`` of silence after it (the phone keeps sending while it listens)."""
-    out = folder / f"mic-{name}"
-    subprocess.run(["sox", str(FIXTURES / name), "-r", "8000", "-c", "1", "-b", "16", str(out), "pad", "0",
-                    str(pad_s)], check=True)
-    return out
 
 
 def heard(path: Path) -> np.ndarray:

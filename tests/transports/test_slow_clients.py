@@ -18,6 +18,7 @@ import uvicorn
 
 from gateway.server.serve import listen, uvicorn_config
 from tests.conftest import make_config
+from tests.helpers.http import aiortc_offer, offer_request
 
 HEALTHZ_HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 
@@ -263,8 +264,6 @@ async def test_x_forwarded_for_is_believed_from_trusted_proxies_only(start_gatew
     """The client address of the per-client limits (here: WebRTC's pending calls, answered 429 past the
     client's share) comes from X-Forwarded-For only when the peer is a proxy named in forwarded_allow_ips."""
     pytest.importorskip("aiortc")
-    from tests.transports.test_hostile import aiortc_offer, offer_request
-
     gateway = await start_gateway(webrtc__enabled=True, webrtc__max_pending_calls_per_client=1,
                                   server__forwarded_allow_ips="127.0.0.1" if trusted else "")
     statuses = []

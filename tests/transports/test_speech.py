@@ -28,7 +28,7 @@ from gateway.responders.pipeline import BridgeSettings, PipelineResponder
 from gateway.responders.remote import LlmClient
 from gateway.responders.text_bridge import TextBridge
 from gateway.responders.tone_tts import ToneEngine, tone_pcm
-from gateway.runtime.custom_voices import BASE_CHECKPOINT, DESIGN_CHECKPOINT, SPEECH_TO_TEXT
+from gateway.runtime.voices.library import BASE_CHECKPOINT, DESIGN_CHECKPOINT, SPEECH_TO_TEXT
 from tests.conftest import Served, StartGateway, audio_of, connect
 from tests.paths import DATA, TINY_CHECKPOINT
 

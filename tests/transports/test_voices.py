@@ -16,7 +16,7 @@ from openai import AsyncOpenAI
 
 from bench.fake_openai import FakeOpenAI
 from gateway.audio import wav_bytes
-from gateway.runtime.consent import CONSENT_PHRASES
+from gateway.runtime.voices.consent import CONSENT_PHRASES
 from tests import speakers
 from tests.conftest import Served, StartGateway, audio_of, connect, make_config
 from tests.paths import DATA, TINY_CHECKPOINT
@@ -221,7 +221,7 @@ async def test_a_realtime_session_speaks_in_a_custom_voice(start_gateway: StartG
     an offer's session and a client secret: the reply is spoken in the voice (the engine's stream gets its
     prompt); an id there is no voice of is refused."""
     pytest.importorskip("aiortc")
-    from tests.transports.test_webrtc import RtcClient  # noqa: PLC0415 - needs the webrtc extra
+    from tests.helpers.webrtc import RtcClient  # noqa: PLC0415 - needs the webrtc extra
 
     async with FakeOpenAI(reply="Sure, here you go.", transcript="Hi.") as fake:
         gateway = Served(make_config(**family(tmp_path, responder__kind="pipeline", llm__base_url=fake.base_url,
@@ -259,9 +259,9 @@ async def test_a_realtime_session_speaks_in_a_custom_voice(start_gateway: StartG
             assert created["session"]["audio"]["output"]["voice"] == design.id
             while peer.channel.readyState != "open":
                 await asyncio.sleep(0.01)
-            peer.send({"type": "conversation.item.create", "item": {
+            await peer.send({"type": "conversation.item.create", "item": {
                 "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi."}]}})
-            peer.send({"type": "response.create"})
+            await peer.send({"type": "response.create"})
             done = (await peer.until("response.done", timeout=60))[-1]
             assert done["response"]["status"] == "completed" and not peer.invalid
             assert opened and opened[-1] is not None and opened[-1].mode == "design"

@@ -13,63 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import socket
 import urllib.request
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
 
 import orjson
 import pytest
 
 async_api = pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+from tests.helpers.chromium import ARTIFACTS, CHROMIUM, open_page, until  # noqa: E402 - after the skip
+from tests.helpers.responders import realtime_pipeline  # noqa: E402
+
 if CHROMIUM is None:
     pytest.skip("chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True)
 
 from bench.fake_openai import FakeOpenAI  # noqa: E402
 from gateway.responders.build import LOCAL_STT, installed  # noqa: E402 - after the skips
-from gateway.responders.pipeline import BridgeSettings, PipelineResponder  # noqa: E402
-from gateway.responders.remote import LlmClient  # noqa: E402
-from gateway.responders.tone_tts import ToneEngine  # noqa: E402
-from tests.paths import ROOT  # noqa: E402
 
-SPEECH = ROOT / "tests" / "fixtures" / "one_sentence.wav"
-ARTIFACTS = ROOT / "artifacts"
-WAIT_MS = 20_000  # upper bound per step; the whole test takes a few seconds
-
-
-def chromium_args(wav: Path) -> list[str]:
-    return [
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--use-fake-ui-for-media-stream",
-        "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={wav}",
-    ]
-
-
-@asynccontextmanager
-async def open_page(gateway, problems: list[str] | None = None):
-    """The gateway's page in headless Chromium, its fake microphone speaking SPEECH; page errors go to problems."""
-    async with async_api.async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=chromium_args(SPEECH))
-        try:
-            page = await browser.new_page()
-            if problems is not None:
-                page.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-                page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
-            await page.goto(f"http://127.0.0.1:{gateway.port}/")
-            yield page
-        finally:
-            await browser.close()
-
+pytestmark = pytest.mark.slow  # headless Chromium
 
 @pytest.fixture
 async def transcribing() -> AsyncIterator[dict[str, object]]:
@@ -79,12 +41,6 @@ async def transcribing() -> AsyncIterator[dict[str, object]]:
         return
     async with FakeOpenAI(transcript="The quick brown fox jumps over the lazy dog.") as fake:
         yield {"stt__base_url": fake.base_url, "stt__model": "whisper-test"}
-
-
-async def until(page, condition: str) -> None:
-    # As a function, not an expression: Playwright evaluates a bare expression with eval(), which the
-    # page's Content-Security-Policy forbids.
-    await page.wait_for_function(f"() => ({condition})", polling=50, timeout=WAIT_MS)
 
 
 RESAMPLER_CHECK = """async ([inRate, chunk]) => {
@@ -229,17 +185,12 @@ LONG_REPLY = ("Sure. Here is a long answer about the weather, so that your next 
               "still plays: sunny in the morning, clouds after noon, and a little rain in the evening.")
 
 
-def pipeline(llm_url: str) -> PipelineResponder:
-    """An LLM server's responder with the tone engine at real time (a tone per character: audio as long as speech)."""
-    return PipelineResponder(LlmClient(llm_url, "llm-test", timeout_s=5), ToneEngine(first_audio_ms=0, realtime=True),
-                             BridgeSettings(10, 80))
-
-
 async def test_an_interrupted_reply_shows_what_was_heard(start_gateway) -> None:
     """The reply is cut by the next round of the fake microphone's sentence: the row shows the words the listener
     heard (the gateway's truncated transcript) and the rest greyed out; then back to listening."""
     async with FakeOpenAI(reply=LONG_REPLY, transcript="The quick brown fox jumps over the lazy dog.") as fake:
-        gateway = await start_gateway(pipeline(fake.base_url), stt__base_url=fake.base_url, stt__model="whisper-test")
+        gateway = await start_gateway(realtime_pipeline(fake.base_url), stt__base_url=fake.base_url,
+                                      stt__model="whisper-test")
         problems: list[str] = []
         async with open_page(gateway, problems) as page:
             await until(page, "window.__gateway.health?.backends?.llm?.reachable === true")
@@ -264,8 +215,8 @@ async def test_a_failed_reply_is_told_once_and_the_page_listens_again(start_gate
     """With the LLM server down: the banner says so before anyone speaks, a turn's failure is one notice (not
     the error event and the failed response.done each), and the page goes back to listening."""
     async with FakeOpenAI(transcript="The quick brown fox jumps over the lazy dog.") as stt:
-        gateway = await start_gateway(pipeline(f"http://127.0.0.1:{free_port()}/v1"), stt__base_url=stt.base_url,
-                                      stt__model="whisper-test")
+        llm = realtime_pipeline(f"http://127.0.0.1:{free_port()}/v1")
+        gateway = await start_gateway(llm, stt__base_url=stt.base_url, stt__model="whisper-test")
         problems: list[str] = []
         async with open_page(gateway, problems) as page:
             await until(page, "window.__gateway.health?.status === 'degraded'")

@@ -8,12 +8,16 @@ from typing import Any
 
 import pytest
 
-from tests.phones.baresip import BARESIP, Baresip
-from tests.transports.test_calls import SECRET, Receiver
-from tests.transports.test_sip import phone_wav
+from tests.helpers.chromium import CHROMIUM, open_page, until
+from tests.phones.baresip import BARESIP, Baresip, phone_wav
+from tests.phones.webhooks import SECRET, Receiver
 
-pytestmark = pytest.mark.skipif(BARESIP is None, reason="baresip is not installed (apt-get install baresip)")
-web = pytest.importorskip("tests.transports.test_web", reason="Playwright or Chromium is missing")
+pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
+pytestmark = [
+    pytest.mark.skipif(BARESIP is None, reason="baresip is not installed (apt-get install baresip)"),
+    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)"),
+    pytest.mark.slow,
+]
 
 
 async def test_a_pending_call_is_accepted_and_hung_up_from_the_page(phone_gateway: Any, tmp_path: Path,
@@ -26,23 +30,23 @@ async def test_a_pending_call_is_accepted_and_hung_up_from_the_page(phone_gatewa
         await phone.start()
         problems: list[str] = []
         try:
-            async with web.open_page(gateway, problems) as page:
+            async with open_page(gateway, problems) as page:
                 await page.fill("#api-key", "page-key")
                 await page.click("#tabs [data-tab='calls']")
                 await phone.command("dial", f"sip:agent@127.0.0.1:{gateway.app.state.phones.sip.port}")
                 call_id = await receiver.call_id()
-                await web.until(page, f"window.__calls.calls.some(c => c.id === '{call_id}' && "
+                await until(page, f"window.__calls.calls.some(c => c.id === '{call_id}' && "
                                       "c.status === 'pending')")
                 await page.fill("#call-instructions", "Answer from the page.")
                 await page.click(f"tr[data-call='{call_id}'] button[data-action='accept']")
                 await phone.event("CALL_ESTABLISHED")
                 (call,) = gateway.app.state.phones.calls.calls.values()
                 assert call.runner.session.settings.instructions == "Answer from the page."
-                await web.until(page, f"window.__calls.calls.some(c => c.id === '{call_id}' && "
+                await until(page, f"window.__calls.calls.some(c => c.id === '{call_id}' && "
                                       "c.status === 'answered')")
                 await page.click(f"tr[data-call='{call_id}'] button[data-action='hang-up']")
                 await phone.event("CALL_CLOSED")
-                await web.until(page, "window.__calls.calls.length === 0")
+                await until(page, "window.__calls.calls.length === 0")
         finally:
             await phone.stop()
     assert not problems, problems

@@ -16,7 +16,8 @@ import pytest
 async_api = pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
 
 from bench.fake_openai import FakeOpenAI  # noqa: E402 - after the skip
-from tests.transports.test_web import ARTIFACTS, CHROMIUM, SPEECH, chromium_args, pipeline, until  # noqa: E402
+from tests.helpers.chromium import ARTIFACTS, CHROMIUM, SPEECH, chromium_args, until  # noqa: E402
+from tests.helpers.responders import realtime_pipeline  # noqa: E402
 
 if CHROMIUM is None:
     pytest.skip("chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True)
@@ -85,7 +86,8 @@ async def check_the_screen(page, name: str) -> None:
 
 async def test_each_tab_fits_a_phone(start_gateway) -> None:
     async with FakeOpenAI(reply="Eight legs.", transcript="How many legs does a spider have?") as fake:
-        gateway = await start_gateway(pipeline(fake.base_url), stt__base_url=fake.base_url, stt__model="whisper-test")
+        gateway = await start_gateway(realtime_pipeline(fake.base_url), stt__base_url=fake.base_url,
+                                      stt__model="whisper-test")
         problems: list[str] = []
         async with async_api.async_playwright() as playwright:
             browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=chromium_args(SPEECH))

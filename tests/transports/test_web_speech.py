@@ -16,13 +16,16 @@ async_api = pytest.importorskip("playwright.async_api", reason="Playwright for P
 
 from bench.fake_openai import FakeOpenAI  # noqa: E402
 from gateway.audio import wav_bytes  # noqa: E402 - after the skip
-from gateway.runtime.custom_voices import BASE_CHECKPOINT, DESIGN_CHECKPOINT  # noqa: E402
+from gateway.runtime.voices.library import BASE_CHECKPOINT, DESIGN_CHECKPOINT  # noqa: E402
 from tests import speakers  # noqa: E402
+from tests.helpers.chromium import CHROMIUM, chromium_args, until  # noqa: E402
+from tests.helpers.responders import realtime_pipeline  # noqa: E402
 from tests.paths import DATA, TINY_CHECKPOINT  # noqa: E402
-from tests.transports.test_web import CHROMIUM, chromium_args, pipeline, until  # noqa: E402
 
 if CHROMIUM is None:
     pytest.skip("chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True)
+
+pytestmark = pytest.mark.slow  # headless Chromium
 
 
 async def open_speech_tab(browser, gateway, problems: list[str]):
@@ -68,7 +71,8 @@ async def test_the_page_offers_the_voices_there_are_and_says_what_making_one_lac
     tabs offer its one voice (not OpenAI's ten names, spoken alike), in full; the Speech tab names what
     making a voice lacks, and only that, and turns off what needs it."""
     async with FakeOpenAI() as fake:
-        gateway = await start_gateway(pipeline(fake.base_url), stt__base_url=fake.base_url, stt__model="whisper-test")
+        gateway = await start_gateway(realtime_pipeline(fake.base_url), stt__base_url=fake.base_url,
+                                      stt__model="whisper-test")
         problems: list[str] = []
         async with async_api.async_playwright() as playwright:
             browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=chromium_args(speakers_wav(None)))

@@ -1,8 +1,8 @@
-"""The WebRTC path end to end: an aiortc client against the running gateway over loopback.
+"""The WebRTC path end to end: the gateway's own aiortc client against the running gateway over loopback.
 
-The client POSTs its offer over real HTTP, speaks fixture WAVs through a microphone track paced at
-real time, records the reply from the remote track and checks every data-channel event against the
-openai package's own types.
+The client (gateway.clients.webrtc_connection, driven through tests/helpers/webrtc.py) POSTs its offer over
+real HTTP, speaks fixture WAVs through a microphone track paced at real time, records the reply from the
+remote track and checks every data-channel event against the openai package's own types.
 """
 
 from __future__ import annotations
@@ -20,134 +20,15 @@ pytest.importorskip("aiortc")
 
 import aiohttp  # noqa: E402
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription  # noqa: E402
-from aiortc.mediastreams import MediaStreamTrack  # noqa: E402
 from aiortc.rtp import RtpPacket  # noqa: E402
 from av import AudioFrame  # noqa: E402
-from pydantic import TypeAdapter  # noqa: E402
 
-from gateway.audio import (  # noqa: E402
-    Downsampler2x,
-    Upsampler2x,
-)
+from gateway.audio import Downsampler2x, Upsampler2x  # noqa: E402
 from gateway.responders.echo import EchoResponder  # noqa: E402
 from gateway.transports.webrtc.calls import CallRegistry, OutboundAudio  # noqa: E402
-from gateway.transports.webrtc.media import (
-    AIORTC_JITTER_PREFETCH,
-    Microphone,
-    PassThroughBuffer,
-    audio_frames,
-    mono_s16,
-    set_jitter_prefetch,
-)
-from tests.conftest import BETA_EVENTS, FIXTURES, GA_EVENTS, Served, StartGateway, load_pcm  # noqa: E402
-
-
-class RtcClient:
-    """An aiortc peer speaking the Realtime WebRTC protocol: events in, speaker audio recorded."""
-
-    def __init__(self, base_url: str, adapter: TypeAdapter[Any] = GA_EVENTS, jitter_prefetch: int = 4) -> None:
-        self.base_url = base_url
-        self.adapter = adapter
-        self.jitter_prefetch = jitter_prefetch
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        self.mic = Microphone()
-        self.pc.addTrack(self.mic)
-        self.channel = self.pc.createDataChannel("oai-events")
-        self.channel.on("message", self._on_message)
-        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.received: list[dict[str, Any]] = []
-        self.timed: list[tuple[float, dict[str, Any]]] = []  # (loop time of arrival, event)
-        self.invalid: list[str] = []
-        # (loop time of arrival, int16 mono 48 kHz) for each frame of the remote track
-        self.speaker: list[tuple[float, np.ndarray]] = []
-        self.location: str | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self.pc.on("track", self._on_track)
-
-    async def connect(self, path: str = "/v1/realtime/calls", session: dict[str, Any] | None = None) -> None:
-        await self.pc.setLocalDescription(await self.pc.createOffer())
-        offer = self.pc.localDescription.sdp
-        async with aiohttp.ClientSession() as http:
-            if session is None:
-                body: Any = offer
-                headers = {"Content-Type": "application/sdp"}
-            else:
-                body = aiohttp.FormData(default_to_multipart=True)
-                body.add_field("sdp", offer)
-                body.add_field("session", orjson.dumps(session).decode())
-                headers = {}
-            async with http.post(self.base_url + path, data=body, headers=headers) as response:
-                assert response.status == 201, await response.text()
-                assert response.content_type == "application/sdp"
-                self.location = response.headers["Location"]
-                answer = await response.text()
-        await self.pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-
-    async def hang_up(self) -> int:
-        assert self.location is not None
-        async with aiohttp.ClientSession() as http, http.delete(self.base_url + self.location) as response:
-            return response.status
-
-    def send(self, event: dict[str, Any]) -> None:
-        self.channel.send(orjson.dumps(event).decode())
-
-    async def until(self, kind: str, timeout: float = 10.0, **match: Any) -> list[dict[str, Any]]:
-        """Events up to and including the first of type ``kind`` whose fields equal ``match``."""
-        events = []
-        async with asyncio.timeout(timeout):
-            while True:
-                event = await self.events.get()
-                events.append(event)
-                if event["type"] == kind and all(event.get(k) == v for k, v in match.items()):
-                    return events
-
-    def heard(self, since: float, until: float) -> np.ndarray:
-        """Speaker audio that arrived between two loop times."""
-        frames = [f for t, f in self.speaker if since <= t < until]
-        return np.concatenate(frames) if frames else np.zeros(0, dtype=np.int16)
-
-    async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.pc.close()
-
-    def _on_message(self, message: str | bytes) -> None:
-        try:
-            self.adapter.validate_json(message)
-        except ValueError:
-            self.invalid.append(str(message))
-        event = orjson.loads(message)
-        if event["type"] == "session.created":
-            self.mic.start()  # the gateway reads the call's audio from now on
-        self.received.append(event)
-        self.timed.append((asyncio.get_running_loop().time(), event))
-        self.events.put_nowait(event)
-
-    def _on_track(self, track: MediaStreamTrack) -> None:
-        if self.jitter_prefetch != AIORTC_JITTER_PREFETCH:  # the benchmark's stand-in for a browser's buffer
-            for transceiver in self.pc.getTransceivers():
-                if transceiver.receiver.track is track:
-                    set_jitter_prefetch(transceiver.receiver, self.jitter_prefetch)
-        self._tasks.append(asyncio.ensure_future(self._listen(track)))
-
-    async def _listen(self, track: MediaStreamTrack) -> None:
-        loop = asyncio.get_running_loop()
-        async for frame in audio_frames(track):
-            self.speaker.append((loop.time(), mono_s16(frame)))
-
-
-def rms(samples: np.ndarray) -> float:
-    return float(np.sqrt(np.mean(samples.astype(np.float64) ** 2))) if len(samples) else 0.0
-
-
-async def session_count(gateway: Served, expected: int, timeout: float = 5.0) -> int:
-    """The gateway's session count once it equals ``expected`` (or at the timeout)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while len(gateway.sessions) != expected and loop.time() < deadline:
-        await asyncio.sleep(0.05)
-    return len(gateway.sessions)
+from gateway.transports.webrtc.media import PassThroughBuffer, mono_s16  # noqa: E402
+from tests.conftest import FIXTURES, GA_EVENTS, Served, StartGateway, load_pcm  # noqa: E402
+from tests.helpers.webrtc import RtcClient, rms, session_count  # noqa: E402
 
 
 @pytest.fixture
@@ -227,7 +108,7 @@ async def test_completed_reply_plays_then_stops(rtc, client):
 
 async def test_beta_route_and_client_clear(rtc):
     gateway, server = rtc
-    client = RtcClient(f"http://127.0.0.1:{gateway.port}", BETA_EVENTS)
+    client = RtcClient(f"http://127.0.0.1:{gateway.port}", beta=True)
     try:
         await client.connect("/v1/realtime?model=gpt-realtime")
         created = await client.until("session.created")
@@ -235,7 +116,7 @@ async def test_beta_route_and_client_clear(rtc):
         client.mic.say(load_pcm("one_sentence.wav")[: 48 * 1800])
         started = (await client.until("output_audio_buffer.started"))[-1]
         await asyncio.sleep(0.5)
-        client.send({"type": "output_audio_buffer.clear"})
+        await client.send({"type": "output_audio_buffer.clear"})
         events = await client.until("response.done")
         names = [e["type"] for e in events]
         assert "output_audio_buffer.cleared" in names and "conversation.item.truncated" in names
@@ -343,6 +224,7 @@ BROWSER_CALL = """async ([url, session]) => {
 }"""
 
 
+@pytest.mark.slow  # headless Chromium
 async def test_browser_page_module(rtc):
     """web/webrtc.js in headless Chromium, loaded from the gateway's port and calling it (same origin).
 

@@ -25,7 +25,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection  # noqa: E402
 
 from gateway.transports.webrtc.calls import advertise  # noqa: E402
 from tests.conftest import StartGateway  # noqa: E402
-from tests.transports.test_webrtc import RtcClient, session_count  # noqa: E402
+from tests.helpers.webrtc import RtcClient, session_count  # noqa: E402
 
 HOST_CANDIDATE = re.compile(r"^a=candidate:\S+ \d+ \S+ \d+ (\S+) (\d+) typ host", re.MULTILINE)
 RELAY_CANDIDATE = re.compile(r"^a=candidate:\S+ \d+ udp \d+ (\S+) (\d+) typ relay", re.MULTILINE)

@@ -34,6 +34,7 @@ import socket
 import time
 import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -174,7 +175,7 @@ class Call:
         else:
             # A text-only client (a data channel and no audio): replies in text, nothing to play.
             self.runner.playout = None
-            self.session.settings.modalities = ["text"]
+            self.session.settings = replace(self.session.settings, modalities=["text"])
         # Non-trickle: setLocalDescription returns once ICE gathering is complete, so the
         # answer carries every candidate.
         await pc.setLocalDescription(await pc.createAnswer())

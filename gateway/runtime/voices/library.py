@@ -2,13 +2,13 @@
 sample or designed from a description, and the prepared voice a stream speaks in.
 
 A consent recording is kept once the gateway's speech-to-text hears the consent phrase of its language in
-it (gateway.runtime.consent). A voice from an audio sample is made once the sample is heard to be the same
+it (gateway.runtime.voices.consent). A voice from an audio sample is made once the sample is heard to be the same
 speaker as its consent recording (the Base checkpoint's speaker embeddings, cosine similarity at least
 ``[voices] similarity_threshold``); it is cloned in context with the sample's transcript (the one given, or
 the speech-to-text's; without either, from the speaker embedding alone). A voice from a prompt is a
 VoiceDesign description. Nothing is stored until every check has passed.
 
-The store (gateway.runtime.voices) keeps each voice's original sample beside its prepared form, named by
+The store (gateway.runtime.voices.store) keeps each voice's original sample beside its prepared form, named by
 the checkpoint it was prepared for: when the engine's Base checkpoint changes, a voice is prepared again
 from its sample at its next use. Everything that blocks (files, decoding) runs in a worker thread; model
 work runs in the engine's thread or process.
@@ -33,8 +33,16 @@ from gateway.audio import SAMPLE_RATE, float32_to_int16
 from gateway.audio_codecs import AudioFileError, NoCodecs, decode_upload
 from gateway.config import VoicesConfig
 from gateway.core.responder import BackendError, Transcriber
-from gateway.runtime import consent
-from gateway.runtime.voices import CONSENT_PREFIX, VOICE_PREFIX, StoreFull, VoiceStore, default_dir, new_id, valid_id
+from gateway.runtime.voices import consent
+from gateway.runtime.voices.store import (
+    CONSENT_PREFIX,
+    VOICE_PREFIX,
+    StoreFull,
+    VoiceStore,
+    default_dir,
+    new_id,
+    valid_id,
+)
 
 log = logging.getLogger(__name__)
 
