@@ -32,6 +32,7 @@ from gateway.core.responder import (
     ToolCallStart,
     TraceMark,
 )
+from gateway.core.values import field_of, non_empty, parse_metadata, parse_prompt, parse_reasoning
 from gateway.realtime.conversation import BYTES_PER_MS, Conversation, EventMaker, Item, snapshot
 from gateway.realtime.effects import CallMcp, Effect, Mark, Play, PlayoutEnd, StartResponse, StopResponse
 from gateway.realtime.events import Dialect, ProtocolError, new_id
@@ -59,7 +60,6 @@ from gateway.realtime.tools import (
     parse_tool_choice,
     parse_tools,
 )
-from gateway.realtime.values import field_of, non_empty, parse_metadata, parse_prompt, parse_reasoning
 
 CANCELLED = McpError("tool_execution_error", "The response was cancelled before the call finished.")
 
