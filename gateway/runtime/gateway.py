@@ -30,9 +30,10 @@ from gateway.responders.build import build_responder, build_transcriber
 from gateway.runtime import mcp_client
 from gateway.runtime.auth import Auth, ClientSecret
 from gateway.runtime.capacity import Capacity
+from gateway.runtime.core_runner import Send, log_fault
 from gateway.runtime.custom_voices import SessionVoices, VoiceLibrary
 from gateway.runtime.health import Backends
-from gateway.runtime.session_runner import Playout, Send, SessionRunner, log_fault
+from gateway.runtime.session_runner import Playout, SessionRunner
 from gateway.runtime.silero import SileroModel, SileroVAD, VadBatcher
 from gateway.runtime.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError
 from gateway.runtime.speech import SpeechService
