@@ -184,6 +184,34 @@ class WebRtcConfig:
 
 
 @dataclass
+class LiveConfig:
+    """[live]: GPT-Live sessions (/v1/live/sessions). Its voice model is the gateway's own conversational path (the
+    [responder]), its delegated backend any OpenAI-compatible server."""
+
+    models: str = "gpt-live-1,gpt-live-1.1"  # the model names served (a prefix such as openai/ is accepted)
+    instructions: str = ""  # the voice model's instructions when a session sends none ("" = [session] instructions)
+    voice: str = ""  # the voice that speaks an unmapped built-in name ("" = [session] voice)
+    voices: dict[str, str] = field(default_factory=dict)  # built-in voice name -> TTS voice
+    eagerness: str = "high"  # how readily a pause ends the user's turn ([semantic_vad]'s levels)
+    max_session_s: float = 3600.0  # a session's life: its expires_at, then it closes "expired"
+    no_audio_timeout_s: float = 30.0  # a session without input audio this long closes "expired"
+    max_append_tokens: int = 500  # one append's content, in tokens (estimated: gateway.live.settings.tokens)
+    max_pending_appends: int = 32  # appends waiting for their place on the timeline
+    max_instructions_tokens: int = 16384
+    max_input_tokens: int = 8192  # startup input history
+    max_delegations: int = 64  # delegations a session keeps (the oldest client one is forgotten beyond it)
+    max_response_runs: int = 4  # Responses delegation runs at once
+    max_response_items: int = 64  # response.item.create items waiting for response.create
+    max_lead_ms: int = 3000  # input that may run ahead of the output's real-time pace before a client waits
+    usage_interval_s: float = 15.0  # session.usage.updated every this much of the timeline
+    delegation_base_url: str = ""  # the Responses delegation's server ("" = [llm] base_url)
+    delegation_api_key_env: str = "DELEGATION_API_KEY"  # its key's variable ("" or unset: [llm] api_key_env's)
+    delegation_api: str = "auto"  # "responses", "chat" (completions), or "auto": Responses where the server has it
+    delegation_model: str = ""  # the backend model to call whatever a session names ("" = the session's)
+    delegation_timeout_s: float = 120.0
+
+
+@dataclass
 class TraceConfig:
     jsonl_path: str = ""
 
@@ -242,6 +270,7 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    live: LiveConfig = field(default_factory=LiveConfig)
     speech: SpeechConfig = field(default_factory=SpeechConfig)
     voices: VoicesConfig = field(default_factory=VoicesConfig)
 
@@ -362,6 +391,17 @@ def check(config: Config) -> None:
     if not 0.0 <= local.temperature <= 2.0:
         raise ConfigError(f"option local.temperature: must be between 0 and 2, got {local.temperature}")
     _at_least("session.max_out_of_band_responses", config.session.max_out_of_band_responses, 1)
+    live = config.live
+    for name in ("max_session_s", "no_audio_timeout_s", "usage_interval_s", "delegation_timeout_s"):
+        if getattr(live, name) <= 0:
+            raise ConfigError(f"option live.{name}: must be > 0, got {getattr(live, name)}")
+    for name in ("max_append_tokens", "max_pending_appends", "max_instructions_tokens", "max_input_tokens",
+                 "max_delegations", "max_response_runs", "max_response_items", "max_lead_ms"):
+        _at_least(f"live.{name}", getattr(live, name), 1)
+    if not any(m.strip() for m in live.models.split(",")):
+        raise ConfigError("option live.models: name at least one model")
+    _one_of("live.delegation_api", live.delegation_api, ("auto", "responses", "chat"))
+    _one_of("live.eagerness", live.eagerness, ("low", "medium", "high", "auto"))
     _one_of("responder.kind", config.responder.kind, ("auto", "echo", "pipeline", "local"))
     _one_of("tts.engine", config.tts.engine, ("auto", "tone", "piper", "qwen3"))
     _one_of("engine.mode", engine.mode, ("thread", "process"))

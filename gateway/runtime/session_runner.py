@@ -77,6 +77,10 @@ class SessionRunner(CoreRunner):
         session.transcription.always = responder.reads_transcripts
         session.voices = responder.voices
 
+    @property
+    def shape(self) -> str:
+        return f"{self.session.dialect.value} shape"
+
     async def start(self) -> None:
         await self._apply(self.session.open())
 
