@@ -11,6 +11,7 @@ when the primary connection goes (``connection_lost``, told to the sidebands).
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -60,6 +61,7 @@ class LiveRunner(CoreRunner):
                          on_backend_error)
         self.backend = backend
         self.end_primary: End | None = None  # set by the transport
+        self.media: Callable[[bytes], None] | None = None  # WebRTC: the outbound track takes each tick's audio
         self.sidebands: dict[object, tuple[Send, End]] = {}
         self._origin: object | None = None  # the sideband whose message is being handled (None: the primary)
         self._runs: dict[str, asyncio.Task[None]] = {}
@@ -186,7 +188,9 @@ class LiveRunner(CoreRunner):
         if not session.webrtc or session.settings is None:
             return True
         if event["type"] == "session.output_audio.delta":
-            return False  # the media track carries it
+            if self.media is not None:  # the media track carries it (pcm16 24 kHz: WebRTC sessions have no format)
+                self.media(base64.b64decode(event["delta"]))
+            return False
         return server_event_allowed(event, data_channel_lists(session.settings)[1])
 
     async def _to_sidebands(self, event: dict[str, Any]) -> None:
