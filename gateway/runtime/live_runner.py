@@ -15,19 +15,26 @@ import base64
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import orjson
 
 from gateway.core.effects import SendEvent
+from gateway.core.ids import new_id
 from gateway.core.responder import Responder, Transcriber
-from gateway.live.effects import EndSession, Reflect, RunDelegation, StopDelegation
+from gateway.core.values import ProtocolError
+from gateway.live.effects import DelegationRequest, EndSession, Reflect, RunDelegation, StopDelegation
 from gateway.live.events import error_event
 from gateway.live.session import LiveSession
 from gateway.live.settings import data_channel_lists, server_event_allowed
 from gateway.live.timeline import TICK_MS
+from gateway.realtime.events import Dialect
+from gateway.realtime.outputs import McpError
+from gateway.realtime.tools import McpPolicy, McpRoute, McpServer, parse_tools
 from gateway.responders.delegation import DelegationBackend
 from gateway.runtime.core_runner import CoreRunner, Send
+from gateway.runtime.mcp_client import McpClient, McpFailure
 from gateway.runtime.silero import SileroVAD, VadBatcher
 from gateway.runtime.smart_turn import SmartTurnBatcher
 from gateway.runtime.trace import TurnTrace
@@ -60,6 +67,7 @@ class LiveRunner(CoreRunner):
         super().__init__(session, session.id, responder, vad, send, vad_batcher, trace, transcriber, smart_turn,
                          on_backend_error)
         self.backend = backend
+        self.mcp = McpClient(session.config.mcp)  # our MCP servers' tools, in Responses delegation
         self.end_primary: End | None = None  # set by the transport
         self.media: Callable[[bytes], None] | None = None  # WebRTC: the outbound track takes each tick's audio
         self.sidebands: dict[object, tuple[Send, End]] = {}
@@ -236,15 +244,79 @@ class LiveRunner(CoreRunner):
                          self.session_id, live.no_audio_timeout_s)
                 await self.expire()
 
-    async def _run_backend(self, run_id: str, request: Any) -> None:
+    async def _run_backend(self, run_id: str, request: DelegationRequest) -> None:
+        """A delegated run: the backend's events into the session; calls of our MCP servers' tools are made here
+        (as mcp_call items) and the backend goes on with their outputs, for [mcp] max_rounds rounds at most."""
         assert self.backend is not None
         error: str | None = None
         try:
-            async for event in self.backend.run(request):
-                await self._apply(self.session.backend_event(run_id, event))
+            routes, request = await self._with_mcp(request)
+            for _ in range(self.session.config.mcp.max_rounds + 1):
+                held = await self._backend_round(run_id, request, routes)
+                if not held:
+                    break
+                outputs = [await self._call_mcp(run_id, routes[item["name"]], item) for item in held]
+                calls = [{k: item[k] for k in ("type", "call_id", "name", "arguments")} for item in held]
+                request = replace(request, input=[*request.input, *calls, *outputs])
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the backend's failure ends this run, never the session
             log.warning("delegated response %s failed: %s", run_id, exc)
             error = str(exc)
         await self._apply(self.session.backend_finished(run_id, error))
+
+    async def _backend_round(self, run_id: str, request: DelegationRequest,
+                             routes: dict[str, McpRoute]) -> list[dict[str, Any]]:
+        """One backend response, its events passed on but for those of MCP calls: those calls, returned."""
+        assert self.backend is not None
+        held: list[dict[str, Any]] = []
+        ours: set[str] = set()  # the MCP calls' item ids
+        async for event in self.backend.run(request):
+            item = event.get("item")
+            if isinstance(item, dict) and item.get("type") == "function_call" and item.get("name") in routes:
+                ours.add(str(item.get("id")))
+                if event["type"] == "response.output_item.done":
+                    held.append(item)
+                continue
+            if event.get("item_id") in ours:
+                continue  # their arguments' deltas
+            await self._apply(self.session.backend_event(run_id, event))
+        return held
+
+    async def _with_mcp(self, request: DelegationRequest) -> tuple[dict[str, McpRoute], DelegationRequest]:
+        """The request with each MCP server's tools as functions the backend may call (named label__tool). Live
+        has no approval events: only the tools a server's require_approval exempts are offered."""
+        servers = [t for t in request.tools if t.get("type") == "mcp"]
+        if not servers:
+            return {}, request
+        cfg = self.session.config.mcp
+        policy = McpPolicy(cfg.enabled, cfg.allowed_hosts, cfg.max_servers)
+        try:
+            parsed = parse_tools(servers, "session.delegation.responses.tools", Dialect.GA, policy)
+        except ProtocolError as exc:
+            raise McpFailure(McpError("protocol_error", exc.message)) from None
+        routes: dict[str, McpRoute] = {}
+        functions = [t for t in request.tools if t.get("type") == "function"]
+        for server in parsed:
+            assert isinstance(server, McpServer)
+            for tool in await self.mcp.list_tools(server):
+                if server.allows(tool) and not server.needs_approval(tool):
+                    name = f"{server.server_label}__{tool.name}"[:64]
+                    routes[name] = McpRoute(server, tool)
+                    functions.append({"type": "function", "name": name, "description": tool.description or "",
+                                      "parameters": tool.input_schema})
+        return routes, replace(request, tools=functions)
+
+    async def _call_mcp(self, run_id: str, route: McpRoute, call: dict[str, Any]) -> dict[str, Any]:
+        """Make the call; its mcp_call item goes to the session, its output back to the backend."""
+        item: dict[str, Any] = {"type": "mcp_call", "id": new_id("mcp"), "server_label": route.server.server_label,
+                                "name": route.tool.name, "arguments": call.get("arguments") or "{}"}
+        try:
+            output = await self.mcp.call(route.server, route.tool.name, item["arguments"])
+            item.update(output=output, error=None, status="completed")
+        except McpFailure as exc:
+            output = f"The tool failed: {exc.error.message}"
+            item.update(output=None, error=exc.error.wire(), status="failed")
+        await self._apply(self.session.backend_event(run_id, {"type": "response.output_item.done",
+                                                              "output_index": 0, "item": item}))
+        return {"type": "function_call_output", "call_id": call["call_id"], "output": output}
