@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.core.effects import SendEvent
 from gateway.realtime.events import Dialect, new_id
 from gateway.realtime.session import Session
 from gateway.runtime.auth import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, SecretTooLarge
@@ -66,8 +67,8 @@ class ClientSecrets:
         except SessionRefused as exc:
             raise HttpError(400, str(exc), "invalid_session", "session") from None
         created = session.open()[0]
-        assert isinstance(created, dict)
-        return created["session"]
+        assert isinstance(created, SendEvent)
+        return created.event["session"]
 
     async def create_ga(self, request: Request) -> Response:
         authorize(request, self.gateway)

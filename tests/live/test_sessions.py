@@ -115,3 +115,31 @@ async def test_a_sideband_watches_and_steers(start_gateway: StartGateway) -> Non
         async with sdk(gateway).live.sideband.connect(session_id=session_id):
             pass
     assert refused.value.response.status_code == 404
+
+
+async def test_keys_and_our_client_secrets_open_a_live_session(start_gateway: StartGateway, monkeypatch: Any) -> None:
+    """OpenAI defines no client secret for Live; ours (minted with a key) open one too, as an extra."""
+    monkeypatch.setenv("GATEWAY_API_KEYS", "sk-live-test-" + "x" * 20)
+    gateway = await start_gateway()
+    secret = (await sdk(gateway, "sk-live-test-" + "x" * 20).realtime.client_secrets.create(
+        session={"type": "realtime"})).value
+    assert secret.startswith("ek_")
+    async with sdk(gateway, secret).live.connect() as connection:
+        await LiveClient(connection).start()
+    with pytest.raises(InvalidStatus) as refused:
+        async with sdk(gateway, "sk-wrong").live.connect():
+            pass
+    assert refused.value.response.status_code == 401
+
+
+async def test_a_draining_gateway_tells_and_ends_a_live_session(start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(server__drain_seconds=1.0, server__drain_notice_seconds=0.5)
+    async with live(gateway) as client:
+        drain = asyncio.create_task(gateway.gateway.drain(1.0, 0.5))
+        notice = (await client.until("error", timeout=5))[-1]["error"]
+        assert notice["code"] == "server_shutting_down" and notice["type"] == "server_error"
+        with pytest.raises(Exception) as closed:  # noqa: B017 - the SDK raises its connection-closed error
+            await client.recv(timeout=5)
+        assert "1001" in str(closed.value)
+        await drain
+    assert not gateway.sessions
