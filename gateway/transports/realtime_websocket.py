@@ -141,8 +141,8 @@ class UnknownPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await receive()  # websocket.connect
-        await deny_handshake(scope, send, 404, f"No WebSocket endpoint at {scope['path'][:200]}: the Realtime API is "
-                             "at /v1/realtime, GPT-Live at /v1/live/sessions.", "not_found")
+        await deny_handshake(scope, send, 404, f"No WebSocket endpoint at {scope['path'][:200]}: GPT-Live is at "
+                             "/v1/live/sessions, the Realtime API at /v1/realtime.", "not_found")
 
 
 def realtime_route(gateway: Gateway, path: str = "/v1/realtime") -> WebSocketRoute:
