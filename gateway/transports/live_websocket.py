@@ -103,7 +103,10 @@ class LiveEndpoint:
 
         gateway.opened(runner, f"Live WebSocket, {client[0] if client else '?'}", going_away)
         try:
-            await send({"type": "websocket.accept"})
+            # Browsers authenticate with subprotocols (the Realtime page's scheme) and fail a handshake that
+            # selects none of those offered; OpenAI's Live clients offer none.
+            offered = scope.get("subprotocols") or []
+            await send({"type": "websocket.accept", "subprotocol": "realtime" if "realtime" in offered else None})
             await runner.start()
             while not connection.gone:
                 message = await receive()
