@@ -143,3 +143,17 @@ async def test_a_draining_gateway_tells_and_ends_a_live_session(start_gateway: S
         assert "1001" in str(closed.value)
         await drain
     assert not gateway.sessions
+
+
+async def test_a_sideband_hears_when_the_primary_connection_is_lost(start_gateway: StartGateway) -> None:
+    gateway = await start_gateway()
+    async with sdk(gateway).live.connect() as connection:
+        session_id = (await LiveClient(connection).start())["session"]["id"]
+        sideband_connection = await sdk(gateway).live.sideband.connect(session_id=session_id).enter()
+        sideband = LiveClient(sideband_connection)
+        await sideband.recv()
+    # The primary went without session.close.
+    closed = (await sideband.until("session.closed", timeout=5))[-1]
+    assert closed["reason"] == "connection_lost"
+    await sideband_connection.close()
+    assert not gateway.sessions
