@@ -26,6 +26,14 @@ class Reflect:
 
 
 @dataclass(frozen=True, slots=True)
+class Reply:
+    """Send this event (an error) to the connection whose message is being handled: the primary's go to the
+    sidebands too, a sideband's only to that sideband."""
+
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class DelegationRequest:
     """One run of the Responses delegation's backend: the session's ``delegation.responses`` settings and the
     input the run starts from (Responses input items: messages, function calls and their outputs)."""
@@ -63,5 +71,5 @@ class EndSession:
     """session.closed is out: close the connections (the primary with 1000, the sidebands too)."""
 
 
-Effect = (SendEvent | Reflect | RunVad | RunSmartTurn | StartResponse | StopResponse | Transcribe | PrepareTranscript
-          | RunDelegation | StopDelegation | EndSession | Mark | Fault)
+Effect = (SendEvent | Reflect | Reply | RunVad | RunSmartTurn | StartResponse | StopResponse | Transcribe
+          | PrepareTranscript | RunDelegation | StopDelegation | EndSession | Mark | Fault)

@@ -44,7 +44,15 @@ from gateway.core.semantic_vad import CheckTurn, SemanticTurnDetector, eagerness
 from gateway.core.vad import SpeechStarted, SpeechStopped, TurnDetector
 from gateway.core.values import ProtocolError, field_of, parse_json
 from gateway.live.audio import SessionAudio
-from gateway.live.effects import DelegationRequest, Effect, EndSession, Reflect, RunDelegation, StopDelegation
+from gateway.live.effects import (
+    DelegationRequest,
+    Effect,
+    EndSession,
+    Reflect,
+    Reply,
+    RunDelegation,
+    StopDelegation,
+)
 from gateway.live.events import (
     CLIENT_EVENTS,
     FIELDS,
@@ -238,18 +246,18 @@ class LiveSession:
             for name in required:
                 if name not in body:
                     raise ProtocolError("missing_required_parameter", f"Missing required parameter: '{name}'.", name)
-            if not sideband and self.webrtc and kind not in (data_channel_lists(self.settings)[0]  # type: ignore[arg-type]
-                                                             or CLIENT_EVENTS):
+            allowed_events = data_channel_lists(self.settings)[0] if self.webrtc and self.settings else None
+            if not sideband and allowed_events is not None and kind not in allowed_events:
                 raise ProtocolError("event_not_allowed", f"This data channel may not send '{kind}' "
                                     "(session.client.data_channel.allowed_client_events).", "type")
             return getattr(self, "_on_" + kind.replace(".", "_"))(body, event_id)
         except ProtocolError as exc:
-            return [SendEvent(error_event(exc.code, exc.message, exc.param, event_id))]
+            return [Reply(error_event(exc.code, exc.message, exc.param, event_id))]
         except Exception as exc:  # a bug must cost the client this event, never the session
             self._failures += 1
             message = f"The server failed to handle this event ({type(exc).__name__}); the session goes on."
             return [Fault(exc, self._failures),
-                    SendEvent(error_event("server_error", message, None, event_id, "server_error"))]
+                    Reply(error_event("server_error", message, None, event_id, "server_error"))]
 
     def start(self, body: Any, client_event_id: str | None = None) -> list[Effect]:
         """Start with this configuration (session.start's ``session``, or a WebRTC create's); ProtocolError if it
@@ -447,12 +455,14 @@ class LiveSession:
         # Barge-in: our speech stops at the next tick; no event says so (the model just stops talking).
         return self._stop_speaking()
 
-    def _stop_speaking(self) -> list[Effect]:
+    def _stop_speaking(self, closing: bool = False) -> list[Effect]:
         effects: list[Effect] = []
         voice, self._voice = self._voice, None
         if voice is not None:
             effects.append(StopResponse(voice.id))
             effects += self._voice_ended(voice)
+            if not closing and not voice.audio_done:  # cut off: what it delegated goes on all the same
+                effects += self._delegated_runs(voice)
         self._out.clear()
         self._queued = self._played
         for segment in self._segments:
@@ -565,7 +575,11 @@ class LiveSession:
             code = f"{error.backend}_backend_error" if isinstance(error, BackendError) else "server_error"
             message = str(error) if isinstance(error, BackendError) else f"The voice model failed: {error}"
             effects.append(SendEvent(error_event(code, message, error_type="server_error")))
-        # Delegations start their backend runs once the call's task is whole.
+        return effects + self._delegated_runs(voice)  # once the delegate calls' tasks are whole
+
+    def _delegated_runs(self, voice: _Voice) -> list[Effect]:
+        """The backend runs of a voice response's Responses delegations."""
+        effects: list[Effect] = []
         for index, (delegation_id, target) in voice.delegations.items():
             if target == "responses":
                 task = _task_of(voice.arguments.get(index, ""))
@@ -756,7 +770,7 @@ class LiveSession:
                 effects.append(SendEvent(error_event(
                     "context_injection_incomplete", f"The session closed before this {append.kind} append reached "
                     "its place on the timeline.", None, append.client_event_id)))
-            effects += self._stop_speaking()
+            effects += self._stop_speaking(closing=True)
             effects += [StopDelegation(run_id) for run_id in self._runs]
             effects.append(SendEvent(event("session.closed", client_event_id, reason=reason,
                                            session=self.settings.wire(),

@@ -24,7 +24,7 @@ from gateway.core.effects import SendEvent
 from gateway.core.ids import new_id
 from gateway.core.responder import Responder, Transcriber
 from gateway.core.values import ProtocolError
-from gateway.live.effects import DelegationRequest, EndSession, Reflect, RunDelegation, StopDelegation
+from gateway.live.effects import DelegationRequest, EndSession, Reflect, Reply, RunDelegation, StopDelegation
 from gateway.live.events import error_event
 from gateway.live.session import LiveSession
 from gateway.live.settings import data_channel_lists, server_event_allowed
@@ -71,7 +71,6 @@ class LiveRunner(CoreRunner):
         self.end_primary: End | None = None  # set by the transport
         self.media: Callable[[bytes], None] | None = None  # WebRTC: the outbound track takes each tick's audio
         self.sidebands: dict[object, tuple[Send, End]] = {}
-        self._origin: object | None = None  # the sideband whose message is being handled (None: the primary)
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._clock: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
@@ -95,12 +94,12 @@ class LiveRunner(CoreRunner):
     async def receive(self, message: str | bytes, sideband: object | None = None) -> None:
         """One client message from the primary connection or a sideband (``sideband``: its key)."""
         timeline = self.session.timeline_ms
-        self._origin = sideband
-        try:
-            effects = self.session.handle(message, sideband=sideband is not None)
-            await self._apply(effects)
-        finally:
-            self._origin = None
+        effects = self.session.handle(message, sideband=sideband is not None)
+        if sideband is not None and (to := self.sidebands.get(sideband)) is not None:
+            for reply in [e for e in effects if isinstance(e, Reply)]:  # a sideband's refusals are its own
+                await to[0](orjson.dumps(reply.event).decode())
+            effects = [e for e in effects if not isinstance(e, Reply)]
+        await self._apply(effects)
         await self._after_input(timeline)
 
     async def feed_audio(self, pcm: bytes) -> None:
@@ -152,6 +151,8 @@ class LiveRunner(CoreRunner):
         match effect:
             case Reflect(event):
                 await self._to_sidebands(event)
+            case Reply(event):
+                await self._send_event(event)
             case RunDelegation(run_id, request):
                 if self.backend is None:  # refused at session.start: cannot happen
                     await self._apply(self.session.backend_finished(run_id, "no delegation backend"))
@@ -179,12 +180,6 @@ class LiveRunner(CoreRunner):
             return
         self.trace.sent(event)
         text = orjson.dumps(event).decode()
-        caused_by = self._origin
-        if event["type"] == "error" and caused_by is not None:
-            sideband = self.sidebands.get(caused_by)
-            if sideband is not None:
-                await sideband[0](text)
-            return
         if self._primary_gets(event):
             await self._send(text)
         if event["type"] != "session.output_audio.delta":  # the sidebands get it reflected, with its times

@@ -13,7 +13,7 @@ import pytest
 from gateway.core.effects import Mark, RunSmartTurn, RunVad, SendEvent, StartResponse, StopResponse, Transcribe
 from gateway.core.responder import AudioOut, SpeechText, ToolCallArguments, ToolCallStart
 from gateway.core.vad import WINDOW_MS
-from gateway.live.effects import EndSession, Reflect, RunDelegation
+from gateway.live.effects import EndSession, Reflect, Reply, RunDelegation
 from gateway.live.session import LiveSession
 from gateway.live.timeline import spread
 from tests.conftest import make_config
@@ -22,7 +22,7 @@ FRAME = 4800  # 100 ms of pcm16 24 kHz
 
 
 def events(effects: list[Any], kind: str | None = None) -> list[dict[str, Any]]:
-    out = [e.event for e in effects if isinstance(e, SendEvent)]
+    out = [e.event for e in effects if isinstance(e, SendEvent | Reply)]
     return [e for e in out if kind is None or e["type"] == kind]
 
 
@@ -226,6 +226,26 @@ def test_responses_delegation_batches_the_outputs() -> None:
     live.backend_finished(continued.run_id)
     out = audio(live, 200)
     assert "It is sunny." in next(e for e in out if isinstance(e, StartResponse)).request.messages[-1].text
+
+
+def test_a_cut_off_voice_still_runs_its_delegation() -> None:
+    """An interruption cancels no delegated work: the voice is cut off after calling delegate, its run starts."""
+    live = started(delegation={"type": "responses", "responses": {"model": "m"}})
+    audio(live, 1500)
+    request = next(e for e in speak_turn(live) if isinstance(e, StartResponse)).request
+    live.response_output(request.response_id, ToolCallStart(0, "c", "delegate"))
+    live.response_output(request.response_id, ToolCallArguments(0, '{"task": "book it"}'))
+    out = vad(live, [0.9] * windows(200))  # barge-in before the response ended
+    (run,) = [e for e in out if isinstance(e, RunDelegation)]
+    assert run.request.input[-1]["content"] == "Task: book it"
+
+
+def test_an_empty_allow_list_allows_no_client_event() -> None:
+    live = LiveSession(make_config(), webrtc=True)
+    live.start({"model": "gpt-live-1", "client": {"data_channel": {"allowed_client_events": []}}})
+    (error,) = events(send(live, {"type": "session.close", "event_id": "x"}))
+    assert error["error"]["code"] == "event_not_allowed" and not live.closed
+    assert events(live.handle(orjson.dumps({"type": "session.close"}), sideband=True))[-1]["type"] == "session.closed"
 
 
 def test_spread_puts_words_on_the_grid() -> None:
