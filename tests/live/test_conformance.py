@@ -7,6 +7,8 @@ The voice model is the pipeline on a fake OpenAI server (real HTTP: STT and LLM)
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,9 +39,10 @@ def grid(events: list[dict[str, Any]]) -> None:
             assert e["start_ms"] % 200 == 0 and e["end_ms"] >= e["start_ms"], e
 
 
-async def test_client_delegation_transcript(start_pipeline: Any) -> None:
+async def test_client_delegation_transcript(start_pipeline: Any, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
     async with FakeOpenAI(reply=voice_model, transcript="Please check the staging status.") as fake:
-        gateway = await start_pipeline(fake, live__usage_interval_s=3.0)
+        gateway = await start_pipeline(fake, live__usage_interval_s=3.0, trace__jsonl_path=str(trace))
         async with live(gateway, instructions=SYSTEM, audio={"format": {"type": "audio/pcm", "rate": 24000},
                                                               "output": {"voice": "marin"}},
                         delegation={"type": "client"}) as client, Microphone(client) as mic:
@@ -110,6 +113,12 @@ async def test_client_delegation_transcript(start_pipeline: Any) -> None:
     # The voice model heard the user's words and was given one tool.
     turn = next(r for r in fake.chat_requests if any("staging" in (m.get("content") or "") for m in r.messages))
     assert [t["function"]["name"] for t in turn.body["tools"]] == ["delegate"]
+    # The trace has what the benchmark needs: end of speech to first audio, and the delegation's round trip.
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    answer = next(r for r in records if "speech_stopped" not in r and "stt_done_ms" in r)
+    assert 0 < answer["first_delta_ms"] and answer["stt_done_ms"] <= answer["first_delta_ms"]
+    moments = [r["event"] for r in records if "event" in r]
+    assert moments == ["delegation_created", "commentary_appended", "commentary_spoken", "commentary_appended"]
 
 
 def backend(body: dict[str, Any]) -> str | Script:
