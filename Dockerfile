@@ -34,8 +34,10 @@ RUN if ! command -v python3 >/dev/null; then \
     fi \
     && python3 -m venv /opt/venv
 
-# torch first, from the chosen index, so that no dependency's looser range pulls another build of it.
-RUN pip install torch==2.13.0 --index-url "${TORCH_INDEX}"
+# torch first, from the chosen index, so that no dependency's looser range pulls another build of it. The
+# Makefile's script (TORCH_INDEX: cpu, cuda, or an index URL, as here by default).
+COPY scripts/install_torch.py /tmp/
+RUN TORCH_INDEX="${TORCH_INDEX}" python /tmp/install_torch.py torch==2.13.0 && rm /tmp/install_torch.py
 
 WORKDIR /app
 COPY pyproject.toml setup.py MANIFEST.in README.md config.toml ./

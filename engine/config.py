@@ -32,8 +32,9 @@ class EngineConfig:
     # engine.kernels' Triton kernels on a GPU (false: the PyTorch ops, ~2.5x slower per frame).
     fused_kernels: bool = True
     # "thread": the engine runs in a worker thread of the gateway's process; "process": in engine processes
-    # (one per device, engine.process) that every gateway process shares over IPC (gateway.responders.engine_client).
-    mode: str = "thread"
+    # (one per device, engine.process) that every gateway process shares over IPC (gateway.responders.engine_client);
+    # "auto": "process" on a host with GPUs, or when several workers share the engine, else "thread".
+    mode: str = "auto"
     # process mode: the devices, one engine process each ("cuda:0,cuda:1"; "auto": every GPU, else `device`).
     devices: str = "auto"
     # process mode: the folder of the IPC sockets ("" = a private temporary folder).

@@ -36,7 +36,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # set it) or set_autotune(False) runs each kernel with the first candidate that fits the shape instead.
 _autotune = os.environ.get("QWEN3_TTS_AUTOTUNE", "1") != "0"
 # Rows up to which a projection runs as the matrix-vector kernel; above it cuBLAS' GEMMs win
-# (scripts/bench_kernels.py on an H200).
+# (python -m bench engine --kernels on an H200).
 GEMV_MAX_ROWS = 2
 _enabled = True
 
@@ -483,7 +483,7 @@ if triton is not None:
 
     def _gemv_configs() -> list:
         # Few rows of W per program and long K blocks: many programs, each streaming its rows once (what
-        # autotuning chose on an H200 from a wider space, scripts/bench_kernels.py).
+        # autotuning chose on an H200 from a wider space, python -m bench engine --kernels).
         return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=3)
                 for bn in (1, 2, 4) for bk in (1024, 2048) for w in (4, 8)]
 

@@ -49,7 +49,11 @@ class _Engine:
 
 
 def gpu_count(python: str = sys.executable) -> int:
-    """GPUs torch sees, asked in a child process (the caller stays free of torch and CUDA)."""
+    """GPUs torch sees, asked in a child process (the caller stays free of torch and CUDA), or of this process's
+    torch when it has loaded it already."""
+    torch = sys.modules.get("torch") if python == sys.executable else None
+    if torch is not None:
+        return int(torch.cuda.device_count())
     out = subprocess.run([python, "-c", "import torch; print(torch.cuda.device_count())"], capture_output=True,
                          text=True, check=False)
     return int(out.stdout.strip() or 0) if out.returncode == 0 else 0

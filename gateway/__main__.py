@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from typing import NoReturn
 
@@ -71,8 +72,17 @@ def _workers(value: str) -> int:
     raise argparse.ArgumentTypeError(f"expected a number of processes or auto, got {value!r}")
 
 
+def program_name() -> str:
+    """The command as the user typed it, for the usage line and the errors: ``python -m gateway`` when run
+    so (the interpreter's own name), else the installed script's name."""
+    run_as_module = getattr(sys.modules["__main__"], "__spec__", None)
+    if run_as_module is not None and run_as_module.name == __spec__.name:
+        return f"{os.path.basename(sys.executable) or 'python'} -m gateway"
+    return "voice-gateway"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="gateway", description="Realtime voice gateway")
+    parser = Parser(prog=program_name(), description="Realtime voice gateway")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("--host", help="address to listen on (default from config: 127.0.0.1); another than "

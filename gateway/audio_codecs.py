@@ -8,7 +8,7 @@ pitch kept) before the codec. ``decode_upload`` reads an uploaded file of the ac
 float32 mono at the rate asked for, refusing what is not audio, is cut short, or is too long.
 
 PyAV is a dependency of the package; a host that runs the gateway from a bare set of wheels without it (the
-GPU benchmark host: scripts/gpu_capacity.sh speech) serves pcm at speed 1 only, and says so (NoCodecs) for
+GPU benchmark host, whose wheels python -m bench.wheels gathers) serves pcm at speed 1 only, and says so (NoCodecs) for
 the rest.
 """
 

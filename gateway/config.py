@@ -404,7 +404,7 @@ def check(config: Config) -> None:
     _one_of("live.eagerness", live.eagerness, ("low", "medium", "high", "auto"))
     _one_of("responder.kind", config.responder.kind, ("auto", "echo", "pipeline", "local"))
     _one_of("tts.engine", config.tts.engine, ("auto", "tone", "piper", "qwen3"))
-    _one_of("engine.mode", engine.mode, ("thread", "process"))
+    _one_of("engine.mode", engine.mode, ("auto", "thread", "process"))
     for name in ("heartbeat_ms", "start_timeout_s"):
         if getattr(engine, name) <= 0:
             raise ConfigError(f"option engine.{name}: must be > 0, got {getattr(engine, name)}")
@@ -415,11 +415,12 @@ def check(config: Config) -> None:
     # [tts] engine "auto" is qwen3 when the engine is configured (gateway.responders.build.tts_kind).
     configured = bool(engine.checkpoint or engine.endpoints)
     qwen3 = config.tts.engine == "qwen3" or (config.tts.engine == "auto" and configured)
-    if qwen3 and not engine.checkpoint and not (engine.mode == "process" and engine.endpoints):
+    if qwen3 and not engine.checkpoint and not (engine.mode != "thread" and engine.endpoints):
         raise ConfigError('option tts.engine = "qwen3" needs [engine] checkpoint')
-    if server.workers > 1 and engine.mode != "process" and qwen3:
+    if server.workers > 1 and engine.mode == "thread" and qwen3:
         raise ConfigError('several workers ([server] workers, --workers) with the Qwen3-TTS engine need [engine] '
-                          'mode = "process": in mode "thread" each worker would load its own copy of the model')
+                          'mode = "process" (or "auto"): in mode "thread" each worker would load its own copy of the '
+                          'model')
     speech, voices = config.speech, config.voices
     for name in ("max_input_chars", "max_instructions_chars", "retry_after_s"):
         _at_least(f"speech.{name}", getattr(speech, name), 1)

@@ -21,7 +21,8 @@ CHATTY = ("aioice", "aiortc", "httpx", "httpx2", "huggingface_hub", "transformer
 def configure_logging(level: str, prefix: str = "") -> None:
     level = level.upper()
     logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s")
-    # Warnings a client can cause over and over (gateway/log_repeats.py): one line per interval and kind.
+    # Warnings and errors a client can cause over and over (gateway/log_repeats.py): one line per interval and
+    # origin, and every different traceback.
     for handler in logging.getLogger().handlers:
         handler.addFilter(RepeatedWarnings())
     debug = logging.getLevelName(level) == logging.DEBUG

@@ -7,7 +7,7 @@ sentences at several rates. Pairs of one speaker (other sentence, other rate) ar
 the gateway computes it (engine.clone.prepare, x-vector only); the cosine similarities of both sets of pairs
 give the threshold at equal error rate and the margins on either side.
 
-    python scripts/calibrate_consent.py --checkpoint tests/data/qwen3_tts_tiny_base [--json out.json]
+    python -m scripts.calibrate_consent --checkpoint tests/data/qwen3_tts_tiny_base [--json out.json]
 
 Needs espeak-ng (apt-get install espeak-ng) and the local extra (piper). On the random-weight tiny checkpoint
 the figures pin the CI threshold, not a real speaker encoder's: run it with the real Base checkpoint to set a
@@ -23,7 +23,6 @@ import json
 import platform
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,10 +30,8 @@ import av
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from engine import checkpoint, clone  # noqa: E402
-from gateway.runtime.consent import similarity  # noqa: E402
+from engine import checkpoint, clone
+from gateway.runtime.consent import similarity
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog while the farmer watches from the gate.",

@@ -10,7 +10,7 @@ Runs in an oracle environment with the official package, never in the project ve
     python3.11 -m venv /work/oracle-venv-codec && . /work/oracle-venv-codec/bin/activate
     pip install torch==2.13.0 && pip install transformers==4.57.3 accelerate==1.12.0 einops \
         soundfile librosa onnxruntime safetensors && pip install --no-deps qwen-tts==0.1.1
-    python scripts/make_codec_reference.py
+    python -m scripts.make_codec_reference
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Needs espeak-ng (``apt-get install espeak-ng``; made with eSpeak NG 1.51 from Debian 12, voice en-us,
 170 words per minute) and the project's virtualenv (numpy, soxr). Usage::
 
-    python scripts/make_fixtures.py [--out tests/fixtures]
+    python -m scripts.make_fixtures [--out tests/fixtures]
 
 Every file is pcm16 mono 24 kHz. espeak-ng's 22.05 kHz output is resampled with soxr (HQ), trimmed
 to its audible part, and scaled to -20 dBFS RMS; noise comes from a seeded generator, so the output
@@ -42,19 +42,24 @@ QUESTIONS = {
 PAUSED_SENTENCE = 'I want to fly from Boston to <break time="700ms"/> Denver on Friday.'
 
 
-def speak(text: str, ssml: bool = False, rate_wpm: int = 170) -> np.ndarray:
+def speak(text: str, ssml: bool = False, rate_wpm: int = 170, voice: str = "en-us") -> np.ndarray:
     """espeak-ng → float64 mono at 24 kHz, trimmed to the audible part, at SPEECH_RMS_DBFS.
 
-    ``ssml``: ``text`` is SSML (e.g. ``<break time="800ms"/>`` for a pause inside a sentence)."""
+    ``ssml``: ``text`` is SSML (e.g. ``<break time="800ms"/>`` for a pause inside a sentence); ``voice``:
+    espeak-ng's voice, with a variant after "+" ("en-gb-scotland+f3")."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "speech.wav"
         args = ["-m", f"<speak>{text}</speak>"] if ssml else [text]
-        subprocess.run(["espeak-ng", "-v", "en-us", "-s", str(rate_wpm), "-w", str(path), *args], check=True)
+        subprocess.run(["espeak-ng", "-v", voice, "-s", str(rate_wpm), "-w", str(path), *args], check=True)
         with wave.open(str(path), "rb") as w:
             assert w.getnchannels() == 1 and w.getsampwidth() == 2
             rate = w.getframerate()
             x = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float64) / 32768.0
-    x = soxr.resample(x, rate, RATE, quality="HQ")
+    return level(soxr.resample(x, rate, RATE, quality="HQ"))
+
+
+def level(x: np.ndarray) -> np.ndarray:
+    """Speech ``x`` trimmed to its audible part, at SPEECH_RMS_DBFS."""
     loud = np.nonzero(np.abs(x) > 0.01 * np.abs(x).max())[0]
     x = x[loud[0] : loud[-1] + 1]
     return x * (10 ** (SPEECH_RMS_DBFS / 20) / np.sqrt(np.mean(x**2)))

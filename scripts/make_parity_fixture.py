@@ -7,12 +7,12 @@ It runs in its own virtualenv, because qwen-tts pins transformers 4.57.3 (the ga
     pip install torch==2.13.0
     pip install transformers==4.57.3 accelerate==1.12.0 einops soundfile librosa onnxruntime
     pip install --no-deps qwen-tts==0.1.1
-    python scripts/make_parity_fixture.py --out tests/data/qwen3_tts_tiny            # the committed fixtures
-    python scripts/make_parity_fixture.py --config tiny-base --out tests/data/qwen3_tts_tiny_base
-    python scripts/make_parity_fixture.py --config tiny-design --out tests/data/qwen3_tts_tiny_design
-    python scripts/make_parity_fixture.py --config tiny-instruct --out tests/data/qwen3_tts_tiny_instruct
-    python scripts/make_parity_fixture.py --config real-0.6b --out /tmp/q06 --device cuda   # real size
-    python scripts/make_parity_fixture.py --config real-1.7b-base --out /tmp/q17b --device cuda
+    python -m scripts.make_parity_fixture --out tests/data/qwen3_tts_tiny            # the committed fixtures
+    python -m scripts.make_parity_fixture --config tiny-base --out tests/data/qwen3_tts_tiny_base
+    python -m scripts.make_parity_fixture --config tiny-design --out tests/data/qwen3_tts_tiny_design
+    python -m scripts.make_parity_fixture --config tiny-instruct --out tests/data/qwen3_tts_tiny_instruct
+    python -m scripts.make_parity_fixture --config real-0.6b --out /tmp/q06 --device cuda   # real size
+    python -m scripts.make_parity_fixture --config real-1.7b-base --out /tmp/q17b --device cuda
 
 --config names a geometry (tiny, real-0.6b, real-1.7b) and a kind (CustomVoice unless -base: voice cloning,
 -design: VoiceDesign, -instruct: a tiny CustomVoice labelled 1.7B, which follows instructions); see CONFIGS.
@@ -36,7 +36,8 @@ import types
 from pathlib import Path
 
 import torch
-from make_codec_reference import randomize_ as randomize_decoder
+
+from scripts.make_codec_reference import randomize_ as randomize_decoder
 
 
 def _stub_unused_audio_modules() -> None:
@@ -501,7 +502,7 @@ def cpu_drift(out: Path) -> None:
 
 README = """# Qwen3-TTS 12Hz parity fixture ({config}, seed {seed})
 
-Written by `scripts/make_parity_fixture.py --config {config}` through the official qwen-tts 0.1.1 code;
+Written by `python -m scripts.make_parity_fixture --config {config}` through the official qwen-tts 0.1.1 code;
 random weights, so the audio is noise: it pins numbers, not quality.
 
 - config.json, generation_config.json, model.safetensors: the talker checkpoint (official parameter names).

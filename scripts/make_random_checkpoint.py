@@ -1,6 +1,6 @@
 """A Qwen3-TTS 12Hz checkpoint of real geometry with seeded random weights, written by the engine's own modules.
 
-    python scripts/make_random_checkpoint.py --config real-0.6b --out /tmp/q06 [--seed 1234]
+    python -m scripts.make_random_checkpoint --config real-0.6b --out /tmp/q06 [--seed 1234]
 
 What the GPU benchmarks load where only the geometry matters (speed, memory, capacity): the same config.json,
 speech tokenizer config and tokenizer files as scripts/make_parity_fixture.py writes for --config (every kind
@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 
 import torch
-from make_parity_fixture import CONFIGS, build_tokenizer, model_config, randomize
 from safetensors.torch import save_file
 
 from engine.codec import CodecDecoder
 from engine.encoder import SpeechEncoder
 from engine.speaker import SpeakerEncoder, SpeakerEncoderConfig
 from engine.talker import ModelConfig, Qwen3TTS
+from scripts.make_parity_fixture import CONFIGS, build_tokenizer, model_config, randomize
 
 GENERATION = {"do_sample": True, "repetition_penalty": 1.05, "temperature": 0.9, "top_p": 1.0, "top_k": 50,
               "subtalker_dosample": True, "subtalker_temperature": 0.9, "subtalker_top_p": 1.0,

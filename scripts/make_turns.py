@@ -1,8 +1,8 @@
-"""Make the recorded turns that scripts/bench_turns.py measures end-of-turn detection on.
+"""Make the recorded turns that `python -m bench turns` measures end-of-turn detection on.
 
 Usage::
 
-    python scripts/make_turns.py [--out artifacts/turns]
+    python -m scripts.make_turns [--out artifacts/turns]
 
 Each turn is one user utterance, 0.5 s of silence before it and 10 s after (longer than the longest
 wait of semantic_vad, 8 s at eagerness low), pcm16 mono 24 kHz at -20 dBFS RMS. Two kinds:
@@ -43,7 +43,8 @@ from pathlib import Path
 
 import numpy as np
 import soxr
-from make_fixtures import RATE, SPEECH_RMS_DBFS, gaps, silence, speak, write_wav
+
+from scripts.make_fixtures import RATE, SPEECH_RMS_DBFS, gaps, silence, speak, write_wav
 
 PAUSES_MS = (400, 700, 1000, 1500)
 LEAD_MS = 500

@@ -22,6 +22,9 @@ if not torch.cuda.is_available():
 
 import asyncio  # noqa: E402
 import base64
+import gc
+import logging
+import traceback
 import wave
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -43,6 +46,61 @@ from tests.paths import FIXTURES
 
 GA_EVENTS = TypeAdapter(RealtimeServerEvent)
 BETA_EVENTS = TypeAdapter(BetaServerEvent)
+
+
+# --- no ERROR line and no traceback in any test's log -------------------------------------------------
+
+ERROR_LOGS_EXPECTED = "error_logs_expected"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{ERROR_LOGS_EXPECTED}(why): the test logs ERROR lines or tracebacks on "
+                            "purpose (it provokes a bug, or cancels an app that never answers): they are not checked")
+
+
+class ErrorLines(logging.Handler):
+    """What a test logged at ERROR or above, or with a traceback, from any logger: a client-caused event is never
+    one (WARNING at most, and no traceback), so each is a bug of ours. Kept as text: a record holds its failure,
+    the failure its frames."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno < logging.ERROR and not record.exc_info:
+            return
+        line = f"{record.levelname} {record.name} ({record.pathname}:{record.lineno}): {record.getMessage()}"
+        if record.exc_info and record.exc_info[1] is not None:
+            line += "\n" + "".join(traceback.format_exception(record.exc_info[1])).rstrip()
+        self.lines.append(line)
+
+
+@pytest.fixture(scope="session")
+def error_lines() -> Iterator[ErrorLines]:
+    handler = ErrorLines()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    yield handler
+    root.removeHandler(handler)
+
+
+@pytest.fixture(autouse=True)
+def no_error_lines(request: pytest.FixtureRequest, error_lines: ErrorLines) -> Iterator[None]:
+    """Fails a test whose log (its fixtures' teardown included) has an ERROR line or a traceback, unless it is
+    marked ``error_logs_expected``. Set up before the test's other fixtures, so torn down after them."""
+    error_lines.lines.clear()
+    yield
+    found, error_lines.lines = error_lines.lines, []
+    if found and request.node.get_closest_marker(ERROR_LOGS_EXPECTED) is None:
+        pytest.fail("logged an ERROR line or a traceback (a client-caused event must not; a bug of ours did):\n"
+                    + "\n".join(found), pytrace=False)
+
+
+def no_error_lines_in(log: str) -> None:
+    """The check above, for the log of a gateway a test ran as a process of its own."""
+    found = [line for line in log.splitlines() if " ERROR " in line or line.startswith("Traceback")]
+    assert not found, "the gateway logged an ERROR line or a traceback:\n" + log[-4000:]
 
 
 def load_pcm(name: str) -> bytes:
@@ -114,6 +172,10 @@ async def start_gateway() -> AsyncIterator[StartGateway]:
         return served
 
     yield start
+    # A client the test left open (the openai SDK's, in a reference cycle) is closed by the SDK when it is
+    # collected, on the loop running then: collected now, it closes on this test's loop, not failing on a later's.
+    gc.collect()
+    await asyncio.sleep(0.05)
     for served in started:
         await served.stop()
 

@@ -24,7 +24,7 @@ BAD = [
     ("local", "stt_threads", 0, "local.stt_threads: must be at least 1"),
     ("responder", "kind", "robot", "responder.kind: expected auto, echo, pipeline or local, got 'robot'"),
     ("tts", "engine", "espeak", "tts.engine: expected auto, tone, piper or qwen3"),
-    ("engine", "mode", "fork", "engine.mode: expected thread or process"),
+    ("engine", "mode", "fork", "engine.mode: expected auto, thread or process"),
     ("engine", "heartbeat_ms", 0.0, "engine.heartbeat_ms: must be > 0"),
     ("semantic_vad", "pause_ms", 10, "semantic_vad.pause_ms: must be between 64 and 2000"),
     ("semantic_vad", "recheck_ms", 50, r"semantic_vad.recheck_ms: must be 0 \(off\) or at least 100"),
@@ -60,7 +60,8 @@ def test_options_that_go_together() -> None:
     config = load_config(env={"GATEWAY_TTS_ENGINE": "qwen3"})
     with pytest.raises(ConfigError, match=r'tts.engine = "qwen3" needs \[engine\] checkpoint'):
         check(config)
-    config = load_config(env={"GATEWAY_ENGINE_CHECKPOINT": "/models/q", "GATEWAY_SERVER_WORKERS": "2"})
+    config = load_config(env={"GATEWAY_ENGINE_CHECKPOINT": "/models/q", "GATEWAY_SERVER_WORKERS": "2",
+                              "GATEWAY_ENGINE_MODE": "thread"})
     with pytest.raises(ConfigError, match='several workers .* need \\[engine\\] mode = "process"'):
         check(config)
     config.engine.mode = "process"

@@ -20,10 +20,13 @@ def test_the_site_builds_strictly(tmp_path: Path):
                            cwd=ROOT, capture_output=True, text=True, timeout=300,
                            env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1"})
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    # The pages include the files they describe, whole: the default configuration and the benchmark results.
+    # The pages include the files they describe, whole: the default configuration; the benchmarks page links each
+    # figure to its record, which the site serves beside it.
     configuration = (tmp_path / "configuration" / "index.html").read_text()
     assert "max_out_of_band_responses" in configuration and "ready_requires_backends" in configuration
-    assert "20 spoken questions to the local models" in (tmp_path / "benchmarks" / "index.html").read_text()
+    benchmarks = (tmp_path / "benchmarks" / "index.html").read_text()
+    linked = re.findall(r'href="\.\./runs/([^"]+\.json)"', benchmarks)
+    assert linked and all((tmp_path / "runs" / name).is_file() for name in linked)
 
 
 def test_the_readme_is_one_screen_and_its_links_resolve():

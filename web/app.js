@@ -1,5 +1,6 @@
-// The page's entry: the tabs, the banner of what answers (health.js), the Access form (access.js), and the
-// Conversation tab (conversation.js). A new tab is a module beside conversation.js, wired here.
+// The page's entry: the tabs, the banner of what answers (health.js), the Access form (access.js), the voice
+// menus (voices.js) and the Conversation tab (conversation.js). A new tab is a module beside conversation.js,
+// wired here.
 import { setUpAccess } from "./access.js";
 import {
   applySettings,
@@ -13,12 +14,14 @@ import {
 } from "./conversation.js";
 import { $ } from "./dom.js";
 import { watchHealth } from "./health.js";
-import { renderLatency } from "./latency.js";
+import { renderLatency, watchChartWidth } from "./latency.js";
 import { clearNotices } from "./notices.js";
 import { setUpTabs } from "./tabs.js";
+import { setUpVoices, showConversationVoices } from "./voices.js";
 
 setUpTabs();
 setUpAccess();
+setUpVoices();
 $("connect").addEventListener("click", () => (live() ? disconnect() : connect()));
 $("settings").addEventListener("submit", (e) => {
   e.preventDefault();
@@ -32,5 +35,6 @@ $("clear-errors").addEventListener("click", clearNotices);
 navigator.mediaDevices?.addEventListener?.("devicechange", listMicrophones);
 setState("idle");
 renderLatency();
+watchChartWidth();
 listMicrophones();
-watchHealth();
+watchHealth((health) => showConversationVoices(health?.responder));

@@ -11,6 +11,7 @@ import { fetchServerLatency, mark, turnOf } from "./latency.js";
 import { showNotice } from "./notices.js";
 import { stats } from "./state.js";
 import { appendText, entry, known, note, setText, showHeard } from "./transcript.js";
+import { chooseVoice, requested } from "./voices.js";
 
 let ws = null;
 let rtc = null; // the WebRTC call ({send, close}) when that transport is chosen
@@ -372,8 +373,8 @@ function sessionUpdate() {
       }
     : null;
   const instructions = $("instructions").value.trim();
-  // A voice only when the engine has several to choose from (the menu is off otherwise).
-  const voice = !$("voice").disabled && $("voice").value ? { voice: $("voice").value } : {};
+  // A voice only when the gateway has several to choose from (the menu is off otherwise).
+  const voice = !$("voice").disabled && $("voice").value ? { voice: requested($("voice").value) } : {};
   return {
     type: "session.update",
     session: {
@@ -398,7 +399,7 @@ function showSession(held) {
   if (typeof held?.instructions === "string") $("instructions").value = held.instructions;
   const input = held?.audio?.input;
   const voice = held?.audio?.output?.voice;
-  if (voice && !$("voice").disabled) $("voice").value = voice;
+  if (voice && !$("voice").disabled) chooseVoice($("voice"), voice);
   if (input && "turn_detection" in input) {
     const vad = input.turn_detection;
     $("vad").checked = vad !== null;

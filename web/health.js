@@ -1,5 +1,4 @@
-// What answers, and whether it can: the banner at the top, from /healthz (polled), and the voice menu, which
-// offers only the voices the configured speech engine can tell apart.
+// What answers, and whether it can: the banner at the top, from /healthz (polled).
 import { $, escapeHtml } from "./dom.js";
 import { stats } from "./state.js";
 
@@ -57,7 +56,6 @@ function render(health) {
   $("backends").innerHTML = Object.entries(responder.models ?? {})
     .map(([role, model]) => chip(role, model, backends[role]))
     .join("");
-  renderVoices(responder);
 }
 
 // One backend: its role and model, and whether it answered its last check.
@@ -70,25 +68,4 @@ function chip(role, model, backend) {
   const problem = state === "down" ? `: unreachable (${backend.last_error})` : "";
   return `<li data-role="${role}" data-state="${state}" title="${escapeHtml(details.join("; "))}">` +
     `${ROLES[role] ?? role} ${escapeHtml(model)}${escapeHtml(problem)}</li>`;
-}
-
-// The voice menu: the engine's voices, or one entry saying there is no choice to make.
-function renderVoices(responder) {
-  const select = $("voice");
-  const voices = responder.voices;
-  const chosen = select.value;
-  if (Array.isArray(voices) && voices.length) {
-    if (select.dataset.offered === voices.join()) return;
-    select.replaceChildren(...voices.map((v) => new Option(v, v)));
-    if (voices.includes(chosen)) select.value = chosen;
-    select.dataset.offered = voices.join();
-    select.disabled = false;
-    select.title = "";
-    return;
-  }
-  const only = responder.kind === "echo" ? "your own voice (echo)" : `${responder.models?.tts ?? "the engine"}: one voice`;
-  select.replaceChildren(new Option(only, ""));
-  select.dataset.offered = "";
-  select.disabled = true;
-  select.title = "The configured speech engine has one voice: every name sounds the same";
 }

@@ -56,27 +56,41 @@ function recordServerLatency(responseId, figures) {
   renderLatency();
 }
 
-// The chart: per turn, one bar per milestone from the end of speech, on one axis in ms.
+// The chart: per turn, one bar per milestone from the end of speech, on one axis in ms. Drawn at the width it
+// is shown at, one unit a CSS pixel, so that its text keeps its size on a phone; the legend wraps to fit.
+const LEGEND_ITEM = 108; // px: a swatch and the longest label ("turn detected")
+let drawnWidth = 0;
+
 export function renderLatency() {
+  const chart = $("latency-chart");
+  const measured = chart.getBoundingClientRect().width;
+  const chartWidth = Math.round(measured || drawnWidth || 640); // a hidden tab keeps the width it had
+  drawnWidth = chartWidth;
   const turns = stats.turns.slice(-CHART_TURNS);
-  const [left, top, width, bar, gap] = [64, 28, 520, 9, 10];
+  const perRow = Math.max(1, Math.floor(chartWidth / LEGEND_ITEM));
+  const legendRows = Math.ceil(STAGES.length / perRow);
+  const [left, bar, gap] = [56, 14, 10];
+  const top = legendRows * 20 + 12;
+  const width = chartWidth - left - 40; // the rest: the longest bar's value
   const groupHeight = STAGES.length * bar + gap;
-  const axisY = top + turns.length * groupHeight + 4;
+  // With no turns yet, one empty row says so, clear of the axis' labels.
+  const axisY = top + Math.max(1, turns.length) * groupHeight + 4;
   const highest = Math.max(500, ...turns.flatMap((t) => Object.values(t.marks)));
-  const step = niceStep(highest / 5);
+  const step = niceStep(highest / (chartWidth < 480 ? 3 : 5));
   const max = Math.ceil(highest / step) * step;
   const x = (ms) => left + (ms / max) * width;
   const parts = [];
   // The grid first: the bars are drawn over it.
   for (let ms = 0; ms <= max; ms += step) {
     parts.push(`<line x1="${x(ms)}" x2="${x(ms)}" y1="${top - 4}" y2="${axisY}" class="grid"/>`,
-      `<text x="${x(ms)}" y="${axisY + 14}" text-anchor="middle" class="tick">${ms}</text>`);
+      `<text x="${x(ms)}" y="${axisY + 16}" text-anchor="middle" class="tick">${ms}</text>`);
   }
-  parts.push(`<text x="${left + width}" y="${axisY + 28}" text-anchor="end" class="tick">ms after the end of your speech</text>`);
+  parts.push(`<text x="${left + width}" y="${axisY + 34}" text-anchor="end" class="tick">ms after the end of your speech</text>`);
   STAGES.forEach(([, label, color, meaning], i) => {
-    const lx = left + i * 104;
-    parts.push(`<g><title>${meaning}</title><rect x="${lx}" y="6" width="10" height="10" fill="${color}"/>`,
-      `<text x="${lx + 14}" y="15" class="legend">${label}</text></g>`);
+    const lx = (i % perRow) * LEGEND_ITEM;
+    const ly = Math.floor(i / perRow) * 20 + 4;
+    parts.push(`<g><title>${meaning}</title><rect x="${lx}" y="${ly + 2}" width="11" height="11" fill="${color}"/>`,
+      `<text x="${lx + 16}" y="${ly + 12}" class="legend">${label}</text></g>`);
   });
   turns.forEach((turn, g) => {
     const y0 = top + g * groupHeight;
@@ -90,13 +104,23 @@ export function renderLatency() {
       const y = y0 + i * bar;
       parts.push(`<rect class="bar" data-stage="${stage}" x="${left}" y="${y}" width="${Math.max(1, x(ms) - left).toFixed(1)}" ` +
         `height="${bar - 1}" fill="${color}"><title>${meaning}: ${shown} ms</title></rect>`,
-        `<text x="${x(ms) + 3}" y="${y + bar - 2}" class="value">${shown}</text>`);
+        `<text x="${x(ms) + 3}" y="${y + bar - 3}" class="value">${shown}</text>`);
     });
   });
-  if (!turns.length) parts.push(`<text x="${left}" y="${top + 10}" class="tick">no turns yet: speak after Start</text>`);
-  const chart = $("latency-chart");
-  chart.setAttribute("viewBox", `0 0 640 ${axisY + 34}`);
+  if (!turns.length) { // over the grid, on a ground of its own
+    parts.push(`<rect x="${left + 1}" y="${top + groupHeight / 2 - 14}" width="${width - 2}" height="20" fill="white"/>`,
+      `<text x="${left + 6}" y="${top + groupHeight / 2}" class="tick">no turns yet: speak after Start</text>`);
+  }
+  chart.setAttribute("viewBox", `0 0 ${chartWidth} ${axisY + 40}`);
   chart.innerHTML = parts.join("");
+}
+
+// Drawn again when its width changes (a phone turned, a window resized, its tab shown).
+export function watchChartWidth() {
+  new ResizeObserver(() => {
+    const shown = Math.round($("latency-chart").getBoundingClientRect().width);
+    if (shown && shown !== drawnWidth) renderLatency();
+  }).observe($("latency-chart"));
 }
 
 // 1, 2 or 5 times a power of ten: an axis step a reader can add up.

@@ -1,10 +1,11 @@
 // The page's Speech tab: /v1/audio/speech streamed into the player as it is made (first-byte time shown),
-// in a built-in voice or a custom one, with instructions where the engine follows them; and a custom voice
-// made here: the speaker's consent recorded in the browser, then a sample of their voice (or, with a
-// VoiceDesign checkpoint, a voice from a description). Uses the Access panel's API key.
+// in one of the gateway's voices or a custom one (the menu is voices.js's, as the Conversation tab's), with
+// instructions where the engine follows them; and a custom voice made here: the speaker's consent recorded in
+// the browser, then a sample of their voice (or, with a VoiceDesign checkpoint, a voice from a description),
+// where the gateway has what that needs, else the tab says what it lacks. Uses the Access panel's API key.
 import { Player, RATE } from "./audio.js";
-
-const $ = (id) => document.getElementById(id);
+import { $ } from "./dom.js";
+import { api, fillMenu, loadVoices, onVoices, refreshCustomVoices, requested } from "./voices.js";
 
 // What the tests read, and the panel renders from.
 const state = {
@@ -63,21 +64,6 @@ const recordings = { consent: null, sample: null }; // Blobs
 let recorder = null; // the MediaRecorder running, with what it records
 let player = null;
 
-function headers(extra = {}) {
-  const key = $("api-key")?.value.trim();
-  return key ? { Authorization: `Bearer ${key}`, ...extra } : extra;
-}
-
-async function api(path, options = {}) {
-  const reply = await fetch(`/v1${path}`, { ...options, headers: headers(options.headers) });
-  if (!reply.ok) {
-    const body = await reply.json().catch(() => ({}));
-    const param = body.error?.param ? ` (${body.error.param})` : "";
-    throw new Error(`${path}: ${reply.status} ${body.error?.message ?? reply.statusText}${param}`);
-  }
-  return reply;
-}
-
 function fail(err) {
   state.errors.push(err.message);
   const li = document.createElement("li");
@@ -94,7 +80,7 @@ async function speak() {
   const body = {
     model: "tts-1",
     input: $("speech-text").value,
-    voice: voice.startsWith("voice_") ? { id: voice } : voice,
+    voice: requested(voice),
     response_format: "pcm",
     stream_format: "audio",
   };
@@ -146,37 +132,38 @@ async function speak() {
 
 // --- Voices ----------------------------------------------------------------------------------------
 
-async function loadCapabilities() {
-  const caps = await (await api("/audio/capabilities")).json();
+// The tab as the gateway's voices and capabilities make it (voices.js calls it whenever they change).
+function render({ capabilities: caps, custom }) {
+  if (!caps) return;
+  const first = state.capabilities === null;
   state.capabilities = caps;
+  state.voices = custom;
+  fillMenu($("speech-voice"));
+  renderCustomVoices(custom);
+  if (!first) return;
   $("speech-model").textContent = `Speaking with ${caps.model}.`;
   $("speech-instructions-label").hidden = !caps.instructions;
   $("design").hidden = !caps.design;
-  $("speech-make-note").textContent = caps.cloning
-    ? `Record the speaker reading the consent phrase, then a sample of their voice (at most ${caps.limits.max_sample_seconds} s).`
-    : "Cloning a voice needs a Qwen3-TTS Base checkpoint and speech-to-text on the gateway; this one has neither or one.";
   const languages = $("consent-language");
   languages.replaceChildren(...Object.keys(caps.consent_phrases).map((code) => new Option(code, code)));
   languages.value = "en";
   showPhrase();
+  // Making a voice: what cannot work here is off, and the note says what the gateway lacks for it.
+  for (const id of ["consent-language", "record-consent", "record-sample"]) $(id).disabled = !caps.cloning;
+  $("voice-name").disabled = !caps.cloning && !caps.design;
+  const lacks = (what) => `it lacks ${what.join(" and ")}`;
+  $("speech-make-note").textContent = caps.cloning
+    ? `Record the speaker reading the consent phrase, then a sample of their voice (at most ${caps.limits.max_sample_seconds} s).`
+    : `This gateway cannot clone a voice: ${lacks(caps.missing.cloning)}.` +
+      (caps.design ? "" : ` Nor design one from a description: ${lacks(caps.missing.design)}.`);
 }
 
 function showPhrase() {
   $("consent-phrase").textContent = state.capabilities?.consent_phrases[$("consent-language").value] ?? "";
 }
 
-async function loadVoices() {
-  state.voices = (await (await api("/audio/voices")).json()).data;
-  const builtIn = state.capabilities?.voices ?? ["alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer",
-    "verse", "marin", "cedar"];
-  const select = $("speech-voice");
-  const chosen = select.value;
-  const custom = document.createElement("optgroup");
-  custom.label = "Custom voices";
-  custom.append(...state.voices.map((v) => new Option(`${v.name} (${v.type === "prompt" ? "designed" : "cloned"})`, v.id)));
-  select.replaceChildren(...builtIn.map((name) => new Option(name, name)), ...(state.voices.length ? [custom] : []));
-  if ([...select.options].some((o) => o.value === chosen)) select.value = chosen;
-  $("custom-voices").replaceChildren(...state.voices.map((v) => {
+function renderCustomVoices(custom) {
+  $("custom-voices").replaceChildren(...custom.map((v) => {
     const li = document.createElement("li");
     li.textContent = `${v.name} `;
     const small = document.createElement("small");
@@ -192,7 +179,7 @@ async function loadVoices() {
 
 async function deleteVoice(id) {
   await api(`/audio/voices/${encodeURIComponent(id)}`, { method: "DELETE" });
-  await loadVoices();
+  await refreshCustomVoices();
 }
 
 async function toggleRecording(what) {
@@ -240,7 +227,7 @@ async function createVoice() {
     voice.append("audio_sample", recordings.sample, `sample.${extension(recordings.sample)}`);
     const created = await (await api("/audio/voices", { method: "POST", body: voice })).json();
     state.created.push(created.id);
-    await loadVoices();
+    await refreshCustomVoices();
     $("speech-voice").value = created.id;
   } catch (err) {
     fail(err);
@@ -256,7 +243,7 @@ async function designVoice() {
       body: JSON.stringify({ type: "prompt", name: $("voice-name").value, prompt: $("design-prompt").value }),
     })).json();
     state.created.push(created.id);
-    await loadVoices();
+    await refreshCustomVoices();
     $("speech-voice").value = created.id;
   } catch (err) {
     fail(err);
@@ -265,27 +252,13 @@ async function designVoice() {
 
 // --- The tab ---------------------------------------------------------------------------------------
 
-// tabs.js shows the panel; the first showing (and the first after the key changes) loads what it lists.
-let loaded = false;
-async function load() {
-  if (loaded) return;
-  try {
-    await loadCapabilities();
-    await loadVoices();
-    loaded = true;
-  } catch (err) {
-    fail(err);
-  }
-}
-
 $("speech-tab").innerHTML = MARKUP;
-document.querySelector("#tabs [data-tab='speech']").addEventListener("click", load);
+onVoices(render);
+// tabs.js shows the panel; the first showing loads what it lists (voices.js loads it again when the key changes).
+document.querySelector("#tabs [data-tab='speech']").addEventListener("click", () => loadVoices().catch(fail));
 $("speech-speak").addEventListener("click", speak);
 $("consent-language").addEventListener("change", showPhrase);
 $("record-consent").addEventListener("click", () => toggleRecording("consent").catch(fail));
 $("record-sample").addEventListener("click", () => toggleRecording("sample").catch(fail));
 $("create-voice").addEventListener("click", createVoice);
 $("design-voice").addEventListener("click", designVoice);
-$("api-key").addEventListener("change", () => {
-  loaded = false;
-});

@@ -36,8 +36,8 @@ def parse_json(text: str | bytes, what: str = "The message") -> Any:
 
 
 def _too_deep(value: Any) -> bool:
-    """Whether JSON ``value`` nests objects and arrays deeper than MAX_JSON_DEPTH."""
-    level: list[Any] = [value]
+    """Whether JSON ``value`` nests objects and arrays deeper than MAX_JSON_DEPTH (a scalar nests nothing)."""
+    level: list[Any] = [value] if isinstance(value, dict | list) else []
     for _ in range(MAX_JSON_DEPTH):
         level = [v for c in level for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, dict | list)]
         if not level:

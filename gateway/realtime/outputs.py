@@ -8,9 +8,10 @@ closed by the response; items of a response that joins the conversation are adde
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass, field
 from typing import Any
+
+import pybase64
 
 from gateway.audio import OutputEncoder
 from gateway.realtime.conversation import BYTES_PER_MS, Conversation, EventMaker, Item, snapshot
@@ -90,7 +91,7 @@ class MessageOut(Output):
         encoded = self.encoder.encode(pcm)
         if not encoded:  # a G.711 resampler may hold all of a short chunk back
             return []
-        return self._event("response.output_audio.delta", content_index=0, delta=base64.b64encode(encoded).decode())
+        return self._event("response.output_audio.delta", content_index=0, delta=pybase64.b64encode_as_string(encoded))
 
     def close(self, completed: bool, flush: bool) -> list[Effect]:
         """``flush``: send the encoder's held-back tail (a completed message heard by the client itself)."""
@@ -104,7 +105,7 @@ class MessageOut(Output):
         tail = self.encoder.flush() if flush else b""
         if tail:
             effects.extend(self._event("response.output_audio.delta", content_index=0,
-                                       delta=base64.b64encode(tail).decode()))
+                                       delta=pybase64.b64encode_as_string(tail)))
         if self.audio:
             effects.extend(self._event("response.output_audio.done", content_index=0))
             effects.extend(self._event("response.output_audio_transcript.done", content_index=0, transcript=text))

@@ -25,14 +25,16 @@ handler becomes a server_error event, and the session goes on.
 
 from __future__ import annotations
 
-import base64
 import binascii
+import weakref
 from collections.abc import Collection
 from dataclasses import replace
 from enum import Enum
+from functools import partial
 from typing import Any
 
 import orjson
+import pybase64
 
 from gateway.config import Config
 from gateway.core.responder import BackendError, ResponseOutput
@@ -59,6 +61,17 @@ from gateway.realtime.transcription import InputTranscription
 from gateway.realtime.turns import InputAudio
 
 MIN_COMMIT_MS = 100
+
+
+def wire_event(dialect: Dialect, kind: str, **fields: Any) -> list[Effect]:
+    """The effect that sends a new server event as ``dialect`` has it; none for an event the dialect lacks."""
+    return wire_effects({"type": kind, "event_id": new_id("event"), **fields}, dialect)
+
+
+def wire_effects(event: dict[str, Any], dialect: Dialect) -> list[Effect]:
+    """The effect that sends this (GA-shaped) event in the client's dialect; none if the dialect lacks it."""
+    wire = to_wire(event, dialect)
+    return [] if wire is None else [SendEvent(wire)]
 
 
 class Phase(Enum):
@@ -99,15 +112,19 @@ class Session:
             type=session_type,
         )
         self.input = InputAudio(config, self.settings.input_format)
-        self.conversation = Conversation(self._event, config.session)
+        # The parts hold nothing that leads back to the session (no bound method of it): a closed session is
+        # freed at once by reference counting, its conversation's audio with it, not at the next full collection.
+        event = partial(wire_event, dialect)
+        ended = weakref.WeakMethod(self._response_ended)
+        self.conversation = Conversation(event, config.session)
         self.conversation.reserved_text_bytes = self._settings_size(self.settings)
         self.mcp_policy = McpPolicy(config.mcp.enabled, config.mcp.allowed_hosts, config.mcp.max_servers)
-        self.listings = McpListings(self._event, self.conversation)
-        self.responses = Responses(self._event, self.conversation, self.listings, dialect, server_playout,
+        self.listings = McpListings(event, self.conversation)
+        self.responses = Responses(event, self.conversation, self.listings, dialect, server_playout,
                                    self.mcp_policy, config.mcp.max_rounds, config.session.max_out_of_band_responses,
-                                   self._response_ended)
+                                   lambda resp: ended()(resp))  # type: ignore[misc]  # alive while it drives them
         # The runner says whether it can transcribe and whether its responder reads transcripts.
-        self.transcription = InputTranscription(self._event, self.conversation, config)
+        self.transcription = InputTranscription(event, self.conversation, config)
         self._interrupted = False  # the user barged in and is still speaking
         # A turn ended while the conversation's response ran and was left alone (interrupt_response false):
         # it is answered when that response ends.
@@ -208,7 +225,7 @@ class Session:
                 "audio",
             )
         try:
-            raw = base64.b64decode(audio, validate=True)
+            raw = pybase64.b64decode(audio, validate=True)
         except (binascii.Error, ValueError):
             raise ProtocolError("invalid_base64", "'audio' is not valid base64.", "audio") from None
         return self.input_audio(self.input.decoder.decode(raw))
@@ -529,12 +546,10 @@ class Session:
     # --- event building ---------------------------------------------------------------------------
 
     def _event(self, kind: str, **fields: Any) -> list[Effect]:
-        return self._wire({"type": kind, "event_id": new_id("event"), **fields})
+        return wire_event(self.dialect, kind, **fields)
 
     def _wire(self, event: dict[str, Any]) -> list[Effect]:
-        """The effect that sends this (GA-shaped) event in the client's dialect; none if the dialect lacks it."""
-        wire = to_wire(event, self.dialect)
-        return [] if wire is None else [SendEvent(wire)]
+        return wire_effects(event, self.dialect)
 
     def _session_event(self, kind: str) -> SendEvent:
         if self.dialect is Dialect.BETA and not self.responds:

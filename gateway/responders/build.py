@@ -10,7 +10,7 @@ import importlib.util
 import logging
 
 from engine.api import TTSEngine
-from engine.supervisor import EngineStartError
+from engine.supervisor import EngineStartError, resolve_devices
 from gateway.config import Config, ConfigError
 from gateway.core.responder import Responder, Transcriber
 from gateway.responders.echo import EchoResponder
@@ -60,6 +60,21 @@ def tts_kind(config: Config) -> str:
     return "piper" if installed(LOCAL_TTS) else "tone"
 
 
+def engine_mode(config: Config) -> str:
+    """[engine] mode, "auto" resolved once (the config keeps the answer, and the devices): "process" where the
+    engine processes are named ([engine] endpoints), several workers share the engine, or the devices hold a
+    GPU (one engine process each); else "thread"."""
+    engine = config.engine
+    if engine.mode == "auto":
+        if engine.endpoints or config.server.workers > 1:
+            engine.mode = "process"
+        else:
+            devices = resolve_devices(engine.devices, engine.device)  # asks torch in a child process
+            engine.mode = "process" if any(d.startswith("cuda") for d in devices) else "thread"
+            engine.devices = ",".join(devices)
+    return engine.mode
+
+
 def build_tts_engine(config: Config) -> TTSEngine:
     """[tts] engine: "tone", "piper", "qwen3" (an [engine] checkpoint, or endpoints of running engine
     processes) or "auto"; a qwen3 engine runs as [engine] mode says: in a thread here, or in engine processes.
@@ -74,7 +89,7 @@ def build_tts_engine(config: Config) -> TTSEngine:
 
         return PiperEngine.shared(config.local.tts_threads)
     engine: TTSEngine
-    if config.engine.mode == "process":
+    if engine_mode(config) == "process":
         try:
             engine = EngineClient.from_config(config.engine)
         except EngineStartError as exc:

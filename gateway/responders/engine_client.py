@@ -1,12 +1,13 @@
 """The gateway's side of the engine processes (engine.process): engine.api.TTSEngine over ZeroMQ.
 
 EngineClient holds one DEALER socket per engine process (one per GPU) and places each new stream on the
-least loaded one that is up (the streams it reported at its last heartbeat, all gateway processes
-together, plus those opened here since). Streams behave as the in-process engine's do: feed, end and cancel
-return at once (the message is queued on the socket), packets arrive in an asyncio queue, and a cancelled
-stream's iteration ends at once; a packet that arrives for a stream this side no longer knows is answered
-with a cancel. A prepared voice travels as bytes with each stream that speaks in it; `prepare` clones one
-from reference audio in an engine process.
+one that is up with the smallest share of its rows in use (the streams it reported at its last heartbeat,
+all gateway processes together, plus those opened here since, over its rows). Streams behave as the
+in-process engine's do: feed, end and cancel return at once (the message is queued on the socket), packets
+arrive in an asyncio queue, and a cancelled stream's iteration ends at once; a packet that arrives for a
+stream this side no longer knows is answered with a cancel. A prepared voice travels as bytes with each
+stream that speaks in it, so every engine process speaks it; `prepare` clones one from reference audio in
+an engine process.
 
 An engine process that stops (its connection drops), goes silent for protocol.MISSED_HEARTBEATS
 heartbeats, or comes back as a new instance fails every stream it held with a BackendError("tts"): that
@@ -236,11 +237,12 @@ class EngineClient:
             self._voices.pop(token, None)
 
     def _pick(self) -> EngineLink:
-        """The least loaded engine process that is up."""
+        """The engine process that is up with the smallest share of its rows in use (GPUs of one kind have as
+        many rows each: the fewest streams)."""
         up = [link for link in self.links if link.up]
         if not up:
             raise BackendError("tts", "no TTS engine process is up (a restarted one answers once it has loaded)")
-        return min(up, key=lambda li: li.load + li.opened)
+        return min(up, key=lambda li: (li.load + li.opened) / max(1, int(li.hello["rows"])))
 
     @property
     def where(self) -> str:

@@ -11,11 +11,14 @@ at the next token. A reply is short: a token cap, and cut at a sentence end (see
 
 The prompt is the whole conversation, so its prefill would grow turn by turn (about 5 ms a token
 here): the model keeps each recent session's KV cache, and a turn feeds only the tokens after the
-prefix it shares with the last one (the new user turn, a few dozen tokens).
+prefix it shares with the last one (the new user turn, a few dozen tokens). A session's first turn
+starts from the KV cache of the demo's prompt (system prompt and examples, the same for every session
+that keeps the default instructions), computed once, so it too feeds only its own question.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.metadata
 import importlib.util
@@ -217,6 +220,7 @@ class LocalLlm:
         self._prompt_turns = [{"role": "system", "content": config.system_prompt}]
         for question, answer in config.examples.items():
             self._prompt_turns += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        self._prompt_cache: _Kept | None = None  # their KV cache, made on first use in the model thread
         self._warned_of_tools = False
 
     async def stream_chat(
@@ -282,6 +286,8 @@ class LocalLlm:
         with self._model.lock:
             kept = self._model.kept.pop(session, None)
         ids, dropped = self._prompt(messages, kept.dropped if kept else 0)
+        if kept is None:
+            kept = self._from_the_prompt(ids)
         fed: list[int] = []  # the tokens in the cache
         cache = DynamicCache()
         if kept is not None and kept.dropped == dropped:
@@ -322,6 +328,24 @@ class LocalLlm:
                     self._model.kept[session] = _Kept(dropped, fed, cache)
                     while len(self._model.kept) > self.config.cached_sessions:
                         self._model.kept.popitem(last=False)
+
+
+    def _from_the_prompt(self, ids: list[int]) -> _Kept | None:
+        """A copy of the demo prompt's KV cache when ``ids`` begin with that prompt (a session that keeps the
+        default instructions, its examples not yet left out); runs in the model thread."""
+        import torch  # noqa: PLC0415
+        from transformers import DynamicCache  # noqa: PLC0415
+
+        if self._prompt_cache is None:
+            prompt = self._model.tokenizer.apply_chat_template(self._prompt_turns, return_dict=False)
+            cache = DynamicCache()
+            with torch.inference_mode():
+                self._model.model(torch.tensor([prompt]), **{self._model.cache_arg: cache}, logits_to_keep=1)
+            self._prompt_cache = _Kept(0, prompt, cache)
+        prompt = self._prompt_cache.ids
+        if ids[: len(prompt)] != prompt:
+            return None
+        return _Kept(0, prompt, copy.deepcopy(self._prompt_cache.cache))
 
 
 def _sample(logits: torch.Tensor, temperature: float) -> int:

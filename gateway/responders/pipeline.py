@@ -80,12 +80,26 @@ class BridgeSettings:
     max_segment_chars: int = 160
 
 
-_Outputs = asyncio.Queue[ResponseOutput | asyncio.Task[None]]
+# The marks that the LLM reader's and the audio player's tasks have ended (see PipelineResponder._speak).
+_READER_ENDED, _PLAYER_ENDED = object(), object()
+_Outputs = asyncio.Queue[ResponseOutput | object]
 LlmOutput = str | ToolCallStart | ToolCallArguments | LlmUsage
 
 
 def _tts_error(exc: Exception) -> BackendError:
     return exc if isinstance(exc, BackendError) else BackendError("tts", f"{type(exc).__name__}: {exc}"[:200])
+
+
+async def _transcript_text(transcript: asyncio.Task[str]) -> str:
+    """A turn's transcript, shielded: closing the response must not cancel the item's transcription. A failure
+    comes as a new error: the task's own, raised here and through the response's frames, which hold the task
+    (the request's transcripts), would keep them all in a reference cycle."""
+    try:
+        return await asyncio.shield(transcript)
+    except BackendError as exc:
+        raise BackendError(exc.backend, exc.cause) from None
+    finally:
+        del transcript
 
 
 class PipelineResponder:
@@ -166,8 +180,7 @@ class PipelineResponder:
                     if transcript is None:
                         raise BackendError("stt", "the turn was not transcribed: no STT ([stt] base_url is empty "
                                            "and the local STT is off or not installed)")
-                    # shield: closing this response must not cancel the item's transcription.
-                    text = await asyncio.shield(transcript)
+                    text = await _transcript_text(transcript)
                 except BackendError:
                     if i == turn:
                         raise
@@ -225,16 +238,19 @@ class PipelineResponder:
         incremental = self.tts_engine.incremental and not segmented
         reader = asyncio.create_task(self._read_llm(chat, stream, incremental, outputs, written, held))
         player = asyncio.create_task(self._play(stream, outputs, written))
-        reader.add_done_callback(outputs.put_nowait)
-        player.add_done_callback(outputs.put_nowait)
+        # Each task's end is told by a marker, not the task: a task that failed or was cancelled keeps its
+        # frame in its exception's traceback, the frame holds `outputs`, and the three would make a cycle.
+        reader.add_done_callback(lambda _: outputs.put_nowait(_READER_ENDED))
+        player.add_done_callback(lambda _: outputs.put_nowait(_PLAYER_ENDED))
         finished = False
         try:
             while True:
                 out = await outputs.get()
-                if isinstance(out, asyncio.Task):
-                    if (exc := out.exception()) is not None:
+                if out is _READER_ENDED or out is _PLAYER_ENDED:
+                    ended = reader if out is _READER_ENDED else player
+                    if (exc := ended.exception()) is not None:
                         raise exc
-                    if out is player:  # all audio is out; the reader ended the stream or the engine stopped
+                    if ended is player:  # all audio is out; the reader ended the stream or the engine stopped
                         finished = True
                         break
                     continue
@@ -247,6 +263,8 @@ class PipelineResponder:
             reader.cancel()
             player.cancel()
             await asyncio.gather(reader, player, return_exceptions=True)
+            # A task's failure raised here holds this frame in its traceback: the frame lets go of the tasks.
+            reader = player = ended = exc = None
 
     async def _read_llm(
         self, chat: AsyncIterator[LlmOutput], stream: TTSStream, incremental: bool, outputs: _Outputs,

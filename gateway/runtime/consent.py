@@ -5,7 +5,7 @@ A consent recording is the voice's owner reading this deployment's consent phras
 words missed or misheard (``[voices] phrase_match``, the share of the phrase's words, or characters in
 Chinese, Japanese and Korean, found in order in the transcript). A voice sample must then be the same
 speaker: the cosine similarity of the two recordings' speaker embeddings (the Qwen3-TTS Base checkpoint's
-speaker encoder) at least ``[voices] similarity_threshold`` (calibrated in bench/RESULTS.md).
+speaker encoder) at least ``[voices] similarity_threshold`` (calibrated by scripts/calibrate_consent.py).
 
 The phrases cover the languages the Qwen3-TTS checkpoints speak. A language is named by its BCP 47 tag
 ("en-US"); its primary subtag picks the phrase.

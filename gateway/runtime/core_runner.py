@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from gateway.audio import Float32Array
 from gateway.core.effects import (
     Fault,
     Mark,
@@ -38,9 +39,9 @@ log = logging.getLogger(__name__)
 
 Send = Callable[[str], Awaitable[None]]
 
-# Input audio waiting for the VAD beyond this (5 s of pcm16 24 kHz) makes the next client message
+# Input audio waiting for the VAD beyond this (5 s in 32 ms windows) makes the next client message
 # wait: back-pressure on a client that streams far faster than the VAD runs.
-MAX_VAD_BACKLOG_BYTES = 5 * 48_000
+MAX_VAD_BACKLOG_WINDOWS = 5000 // 32
 
 
 def log_fault(session_id: str, fault: Fault) -> None:
@@ -97,11 +98,12 @@ class CoreRunner:
         # Transcriptions by user item id: they outlive the responses that wait for them.
         self._transcripts: dict[str, asyncio.Task[str]] = {}
         # The early transcription of the turn in its closing pause: (what it transcribes, its pieces).
-        self._prepared: tuple[PrepareTranscript, asyncio.Task[list[str]]] | None = None
-        # Audio for the VAD, run by one task at a time: appends are not held up by the VAD's latency,
-        # and audio that arrives during a VAD call goes into the next one (a session catches up).
-        self._vad_backlog = bytearray()
+        self._prepared: tuple[PrepareTranscript, asyncio.Task[None], list[str]] | None = None
+        # What the VAD's probabilities (they come back to _vad_result) made the session do, carried out in
+        # order by one task at a time; and a client message waiting for the VAD to catch up.
+        self._vad_effects: list[Any] = []
         self._vad_task: asyncio.Task[None] | None = None
+        self._vad_caught_up: asyncio.Future[None] | None = None
         self._smart_turn = smart_turn
         self._on_backend_error = on_backend_error
         self._checks: set[asyncio.Task[None]] = set()  # Smart Turn calls under way
@@ -126,11 +128,21 @@ class CoreRunner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # A task that failed or was cancelled keeps its frame, and so this runner, in its exception's traceback:
+        # let go of the tasks, so that the session (its conversation's audio) is freed now, not by the collector.
+        self._forget_tasks()
+
+    def _forget_tasks(self) -> None:
+        """Let go of every finished task (a subclass adds its own)."""
+        self._responses.clear()
+        self._transcripts.clear()
+        self._checks.clear()
 
     async def _wait_vad(self) -> None:
-        """Back-pressure: wait while the VAD's backlog is long (see MAX_VAD_BACKLOG_BYTES)."""
-        if len(self._vad_backlog) > MAX_VAD_BACKLOG_BYTES and self._vad_task is not None:
-            await asyncio.wait([self._vad_task])
+        """Back-pressure: wait while the VAD's backlog is long (see MAX_VAD_BACKLOG_WINDOWS)."""
+        if self.vad is not None and self.vad.queued > MAX_VAD_BACKLOG_WINDOWS:
+            self._vad_caught_up = asyncio.get_running_loop().create_future()
+            await self._vad_caught_up
 
     async def _apply(self, effects: Iterable[Any]) -> None:
         for effect in effects:
@@ -171,14 +183,39 @@ class CoreRunner:
             await self._send(orjson.dumps(event).decode())
 
     async def _run_vad_on(self, pcm: bytes) -> None:
-        self._vad_backlog += pcm
-        if self._vad_task is not None:
-            return  # the running VAD task takes it with the rest of the backlog
-        if self._vad_batcher is None or self.vad.windows_pending(len(self._vad_backlog)) == 0:
-            # No model call to wait for (the audio completes no window): buffer it now.
-            await self._apply(self.session.vad_result(self.vad.process(self._take_vad_backlog())))
-        else:
-            self._vad_task = asyncio.create_task(self._run_vad())
+        if self._vad_batcher is None:
+            await self._apply(self.session.vad_result(self.vad.process(pcm)))
+            return
+        # The batcher hands the probabilities to _vad_result; appends are not held up meanwhile.
+        self._vad_batcher.feed(self.vad, pcm, self._vad_result)
+        if not self.vad.queued:  # no window to wait for (the audio completes none): buffered now
+            effects = self.session.vad_result(())
+            if self._vad_task is None:
+                await self._apply(effects)
+            else:  # after the VAD's events still being carried out
+                self._vad_effects += effects
+
+    def _vad_result(self, probabilities: Float32Array) -> None:
+        """The batched VAD's probabilities for this session's audio, in order, on the loop."""
+        if self._vad_caught_up is not None and self.vad.queued <= MAX_VAD_BACKLOG_WINDOWS:
+            self._vad_caught_up.set_result(None)
+            self._vad_caught_up = None
+        if self._closed:
+            return
+        self._vad_effects += self.session.vad_result(probabilities)
+        if self._vad_effects and self._vad_task is None:
+            self._vad_task = asyncio.create_task(self._apply_vad_effects())
+
+    async def _apply_vad_effects(self) -> None:
+        try:
+            while self._vad_effects:
+                effects, self._vad_effects = self._vad_effects, []
+                await self._apply(effects)
+        except Exception:  # a broken VAD must not take the session with it
+            log.exception("carrying out the VAD's events failed")
+            self._vad_effects.clear()
+        finally:
+            self._vad_task = None
 
     def _start_response(self, request: ResponseRequest) -> None:
         transcripts = {m.item_id: self._transcripts[m.item_id] for m in request.messages
@@ -197,9 +234,10 @@ class CoreRunner:
     def _prepare_transcript(self, effect: PrepareTranscript) -> None:
         self._drop_prepared()
         if effect.pcm is not None and self.transcriber is not None:
-            task = asyncio.create_task(self._pieces(effect), context=self._context)
+            got: list[str] = []
+            task = asyncio.create_task(self._pieces(effect, got), context=self._context)
             task.add_done_callback(lambda t: t.cancelled() or t.exception())  # Transcribe reports it
-            self._prepared = effect, task
+            self._prepared = effect, task, got
 
     def _start_transcription(self, effect: Transcribe) -> None:
         # The early result is taken now: a PrepareTranscript later in this batch drops what is left.
@@ -208,24 +246,6 @@ class CoreRunner:
         # A failure is reported to the client at once; a response may await it or not.
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._transcripts[effect.item_id] = task
-
-    def _take_vad_backlog(self) -> bytes:
-        pcm = bytes(self._vad_backlog)
-        self._vad_backlog.clear()
-        return pcm
-
-    async def _run_vad(self) -> None:
-        """Sessions' windows are batched into shared model calls (see VadBatcher)."""
-        assert self._vad_batcher is not None
-        try:
-            while self._vad_backlog and not self._closed:
-                probabilities = await self._vad_batcher.process(self.vad, self._take_vad_backlog())
-                await self._apply(self.session.vad_result(probabilities))
-        except Exception:  # a broken VAD must not take the session with it
-            log.exception("VAD failed; %d bytes of input audio not analysed", len(self._vad_backlog))
-            self._vad_backlog.clear()
-        finally:
-            self._vad_task = None
 
     async def _check_turn(self, effect: RunSmartTurn) -> None:
         probability = None
@@ -242,25 +262,23 @@ class CoreRunner:
             self._prepared[1].cancel()
             self._prepared = None
 
-    async def _pieces(self, effect: PrepareTranscript) -> list[str]:
+    async def _pieces(self, effect: PrepareTranscript, got: list[str]) -> None:
+        """The early transcription, each piece kept in ``got`` as it comes (a failure keeps those before it)."""
         assert self.transcriber is not None and effect.pcm is not None
         async with aclosing(self.transcriber.transcribe(effect.pcm, effect.language, effect.prompt)) as pieces:
-            return [piece async for piece in pieces]
+            async for piece in pieces:
+                got.append(piece)
 
     def _take_prepared(self, effect: Transcribe) -> AsyncIterator[str] | None:
         """The early transcription's pieces if it transcribed exactly this item's audio."""
         prepared, self._prepared = self._prepared, None
         if prepared is None:
             return None
-        early, task = prepared
+        early, task, got = prepared
         if (early.pcm, early.language, early.prompt) != (effect.pcm, effect.language, effect.prompt):
             task.cancel()
             return None
-
-        async def pieces() -> AsyncIterator[str]:
-            for piece in await task:
-                yield piece
-        return pieces()
+        return _pieces_of(task, got)
 
     async def _transcribe(self, effect: Transcribe, early: AsyncIterator[str] | None = None) -> str:
         """Streams the item's transcript to the client as it comes (``early``: the pieces its early
@@ -277,12 +295,15 @@ class CoreRunner:
                         await self._apply(self.session.input_transcript_delta(effect.item_id, piece))
         except Exception as exc:  # any transcriber's failure is an STT failure, for the responses awaiting it
             error = exc if isinstance(exc, BackendError) else BackendError("stt", f"{type(exc).__name__}: {exc}")
-            log.warning("transcription of %s failed: %s", effect.item_id, error)
-            self._backend_failed(error)
-            await self._apply(self.session.input_transcribed(effect.item_id, None, str(error)))
-            if error is exc:
-                raise
-            raise error from exc
+            try:
+                log.warning("transcription of %s failed: %s", effect.item_id, error)
+                self._backend_failed(error)
+                await self._apply(self.session.input_transcribed(effect.item_id, None, str(error)))
+                if error is exc:
+                    raise
+                raise error from exc
+            finally:
+                del error  # raised, it holds this frame in its traceback: kept here as well, the two make a cycle
         text = text.strip()
         await self._apply(self.session.input_transcribed(effect.item_id, text))
         return text
@@ -306,4 +327,27 @@ class CoreRunner:
             # Also on cancellation (barge-in, response.cancel): closes the responder's HTTP streams
             # and TTS stream; the session has already sent this response's response.done.
             await stream.aclose()
-        await self._apply(self.session.response_finished(rid, error))
+        try:
+            await self._apply(self.session.response_finished(rid, error))
+        finally:
+            del error  # its traceback holds this frame: kept here as well, the two make a cycle
+
+
+async def _pieces_of(task: asyncio.Task[None], got: list[str]) -> AsyncIterator[str]:
+    """The pieces an early transcription found (kept in ``got`` as they came), then its failure if it failed: what
+    came before a failure is streamed first, as without the early start. The failure, raised here, holds this frame
+    in its traceback: the frame lets go of it and of the task that holds it, or they would make a cycle."""
+    failure: BaseException | None = None
+    try:
+        await task
+    except Exception as exc:
+        failure = exc
+    finally:
+        del task
+    for piece in got:
+        yield piece
+    if failure is not None:
+        try:
+            raise failure
+        finally:
+            failure = None

@@ -41,6 +41,20 @@ log = logging.getLogger(__name__)
 CONSENT_FIELDS = ("id", "object", "name", "language", "created_at")
 VOICE_FIELDS = ("id", "object", "name", "type", "created_at", "prompt")
 
+# What making a voice needs, in the words of the refusals and of what /v1/audio/capabilities says is missing.
+BASE_CHECKPOINT = 'a Qwen3-TTS Base checkpoint ([engine] checkpoint, with [tts] engine = "qwen3")'
+DESIGN_CHECKPOINT = "a Qwen3-TTS VoiceDesign checkpoint ([engine] checkpoint)"
+SPEECH_TO_TEXT = "speech-to-text ([stt] base_url, or the local models' [local] stt)"
+
+
+def missing_models(engine: TTSEngine, transcriber: Transcriber | None) -> dict[str, list[str]]:
+    """What this gateway lacks to clone a voice (a Base checkpoint, and speech-to-text to hear the consent)
+    and to design one (a VoiceDesign checkpoint): an empty list where it lacks nothing."""
+    kinds = getattr(engine, "kinds", ())
+    cloning = [need for need, had in ((BASE_CHECKPOINT, "base" in kinds), (SPEECH_TO_TEXT, transcriber is not None))
+               if not had]
+    return {"cloning": cloning, "design": [] if "voice_design" in kinds else [DESIGN_CHECKPOINT]}
+
 
 class VoiceRefused(Exception):
     """A request the library turns down: `kind` is invalid (400), unsupported (415), too_large (413),
@@ -85,8 +99,7 @@ class VoiceLibrary:
                                           f"{', '.join(sorted(consent.CONSENT_PHRASES))}.", "language")
         audio = await self._decode(recording, self.config.max_consent_seconds)
         if transcriber is None:
-            raise VoiceRefused("unavailable", "Checking a consent recording needs speech-to-text: set [stt] base_url, "
-                                              "or install the local models ([local] stt).", "recording",
+            raise VoiceRefused("unavailable", f"Checking a consent recording needs {SPEECH_TO_TEXT}.", "recording",
                                "consent_check_unavailable")
         transcript = await self._transcribe(transcriber, audio, primary, recording.field)
         heard = consent.phrase_heard(transcript, primary)
@@ -133,8 +146,7 @@ class VoiceLibrary:
         self._check_name(name)
         prepare = getattr(engine, "prepare", None)
         if prepare is None or "base" not in getattr(engine, "kinds", ()):
-            raise VoiceRefused("unavailable", "Cloning a voice needs a Qwen3-TTS Base checkpoint ([engine] checkpoint, "
-                                              f"with [tts] engine = \"qwen3\"); this gateway speaks with "
+            raise VoiceRefused("unavailable", f"Cloning a voice needs {BASE_CHECKPOINT}; this gateway speaks with "
                                               f"{_engine_name(engine)}.", "audio_sample", "voice_cloning_unavailable")
         audio = await self._decode(sample, self.config.max_sample_seconds)
         meta = await asyncio.to_thread(self.store.get, "consents", consent_id)
@@ -171,9 +183,8 @@ class VoiceLibrary:
             raise VoiceRefused("invalid", f"'prompt' is longer than {self.config.max_prompt_chars} characters.",
                                "prompt")
         if "voice_design" not in getattr(engine, "kinds", ()):
-            raise VoiceRefused("unavailable", "A voice from a prompt needs a Qwen3-TTS VoiceDesign checkpoint "
-                                              "([engine] checkpoint); this gateway speaks with "
-                                              f"{_engine_name(engine)}.", "prompt", "voice_design_unavailable")
+            raise VoiceRefused("unavailable", f"A voice from a prompt needs {DESIGN_CHECKPOINT}; this gateway speaks "
+                                              f"with {_engine_name(engine)}.", "prompt", "voice_design_unavailable")
         meta = {"id": new_id(VOICE_PREFIX), "object": "audio.voice", "name": name, "type": "prompt",
                 "created_at": int(time.time()), "prompt": prompt, "script_hint": script_hint, "model": model}
         await self._create("voices", meta, {})

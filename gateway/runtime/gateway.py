@@ -13,6 +13,7 @@ import asyncio
 import gc
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +39,7 @@ from gateway.runtime.custom_voices import SessionVoices, VoiceLibrary
 from gateway.runtime.health import Backends
 from gateway.runtime.live_runner import LiveRunner
 from gateway.runtime.session_runner import Playout, SessionRunner
-from gateway.runtime.silero import SileroModel, SileroVAD, VadBatcher
+from gateway.runtime.silero import SWITCH_INTERVAL_S, SileroModel, SileroVAD, VadBatcher
 from gateway.runtime.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError
 from gateway.runtime.speech import SpeechService
 from gateway.runtime.trace import ACTIVE_SESSIONS, TurnTrace
@@ -108,10 +109,9 @@ class Gateway:
         self._hurry = asyncio.Event()  # a second signal: the drain closes what is left at once
         self.ready = False
         self._vad_model: SileroModel | None = None
+        # The VAD's own thread: its batches never wait for the event loop (onnxruntime releases the GIL).
         self._vad_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
-        self._vad_batcher = VadBatcher(
-            self._vad_executor, config.vad.inline_windows, config.vad.batch_interval_ms
-        )
+        self._vad_batcher = VadBatcher(self._vad_executor, config.vad.batch_interval_ms)
         # Smart Turn (semantic_vad) has a thread of its own: its calls take tens of milliseconds, and the
         # sessions' VAD batches must not queue behind them.
         self._smart_turn_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smart-turn")
@@ -121,6 +121,7 @@ class Gateway:
         self.backends: Backends | None = None  # their health, once started
         self._backend_check: asyncio.Task[None] | None = None
         self._started = False
+        self._switch_interval = sys.getswitchinterval()
         self.speech = SpeechService(config)  # /v1/audio/speech: its engine and its share of it
         self.voices = VoiceLibrary(config.voices)  # the deployment's custom voices ([voices] dir)
         self.delegation: DelegationBackend | None = None  # GPT-Live's Responses delegation backend, once started
@@ -164,6 +165,9 @@ class Gateway:
         # Everything loaded so far (openai, pydantic, onnxruntime, torch) lives as long as the process:
         # keep it out of the collector, so full collections stay short and the loop keeps its pace.
         gc.freeze()
+        # The VAD's thread gets the GIL at once when it asks, not after the loop's next 5 ms of Python.
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self.ready = True
         # A backend that is down is named now, not at the first user's turn (which it would fail).
         self.backends = Backends(self.responder, self.transcriber, self.config.server.backend_check_s)
@@ -185,6 +189,7 @@ class Gateway:
             if close is not None:
                 await close()  # the backends' HTTP connection pools
         gc.unfreeze()  # what start-up kept out of the collector may go now
+        sys.setswitchinterval(self._switch_interval)
         if self._trace_sink is not None:
             self._trace_sink.close()
 

@@ -145,6 +145,10 @@ class LiveRunner(CoreRunner):
     def _tasks(self) -> list[asyncio.Task[Any] | None]:
         return [*super()._tasks(), *self._runs.values(), self._clock, self._watch]
 
+    def _forget_tasks(self) -> None:
+        super()._forget_tasks()
+        self._runs.clear()
+
     # --- effects -------------------------------------------------------------------------------------
 
     async def _carry_out(self, effect: Any) -> None:

@@ -106,6 +106,10 @@ class SessionRunner(CoreRunner):
     def _tasks(self) -> list[asyncio.Task[Any] | None]:
         return [*super()._tasks(), *self._mcp_tasks]
 
+    def _forget_tasks(self) -> None:
+        super()._forget_tasks()
+        self._mcp_tasks.clear()
+
     async def _carry_out(self, effect: Any) -> None:
         match effect:
             case ListMcpTools():

@@ -4,16 +4,19 @@
 - ``SileroVAD``: one per session; turns pcm16 24 kHz input into one speech probability per 32 ms
   window (512 samples at 16 kHz), exactly like the reference ``OnnxWrapper`` in
   ``silero_vad/utils_vad.py``. ``process_many`` runs several sessions' windows in one batched call,
-  and ``VadBatcher`` gathers the sessions' requests into those calls.
+  and ``VadBatcher`` runs every session's windows of an event loop in such calls, in the VAD's thread.
 
 The turn detection over the probabilities is the sans-I/O core's (gateway/core/vad.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from importlib import resources
 from pathlib import Path
@@ -22,8 +25,8 @@ import numpy as np
 import onnxruntime
 
 from gateway.audio import SAMPLE_RATE, Float32Array, StreamResampler, bytes_to_int16, int16_to_float32
-from gateway.runtime.batcher import MicroBatcher
 
+log = logging.getLogger(__name__)
 MODEL_PACKAGE = "silero_vad.data"
 MODEL_FILE = "silero_vad.onnx"
 MODEL_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"
@@ -32,6 +35,7 @@ MODEL_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3
 VAD_RATE = 16_000
 WINDOW = 512  # samples at 16 kHz per model call
 CONTEXT = 64  # samples of the previous window prepended to each call (the model needs them)
+NO_WINDOWS = np.zeros((0, WINDOW), dtype=np.float32)
 
 
 class ModelChecksumError(RuntimeError):
@@ -97,16 +101,19 @@ class SileroVAD:
         # QQ (cubic interpolation): the VAD needs no stopband to speak of, and QQ holds back almost nothing
         # (LQ held ~12 ms, so the window an append completes waited for the next append: 20 ms later).
         self._resampler = StreamResampler(SAMPLE_RATE, VAD_RATE, dtype="float32", quality="QQ")
+        self.queued = 0
+        """Windows fed to a VadBatcher whose probabilities have not been delivered yet."""
         self.reset()
 
     def reset(self) -> None:
         """Start over as for a new stream (window count back to 0)."""
         self._resampler.reset()
-        self._odd = b""
+        self._raw = bytearray()  # input not resampled yet (see _take_windows)
+        self._input_bytes = 0
         self._pending = np.zeros(0, dtype=np.float32)
         self._context = np.zeros(CONTEXT, dtype=np.float32)
         self._state = np.zeros((2, 1, 128), dtype=np.float32)
-        self._input_samples = 0
+        self._framed = 0  # whole windows taken from the resampler's output
         self.windows = 0
         """Windows processed since the last reset; window i starts at input time 32·i ms."""
 
@@ -123,22 +130,29 @@ class SileroVAD:
 
         The resampler releases output in bursts, so the exact count is unknown until it runs.
         """
-        total = self._input_samples + (len(self._odd) + nbytes) // 2
-        return max(0, total * VAD_RATE // SAMPLE_RATE // WINDOW - self.windows)
+        total = (self._input_bytes + nbytes) // 2
+        return max(0, total * VAD_RATE // SAMPLE_RATE // WINDOW - self._framed)
 
     def _take_windows(self, pcm24k: bytes) -> Float32Array:
-        if self._odd:
-            pcm24k = self._odd + pcm24k
-        self._odd = pcm24k[-1:] if len(pcm24k) & 1 else b""
-        samples = bytes_to_int16(pcm24k[: len(pcm24k) & ~1])
-        self._input_samples += len(samples)
-        return self._frame(self._resampler.process(int16_to_float32(samples)))
+        """The whole windows the input so far completes, [n, 512]. Input that cannot complete one yet (no
+        resampler output could) waits as it is: the resampler runs once per window rather than per append,
+        on the same samples (its output does not depend on how its input is cut)."""
+        pending = self.windows_pending(len(pcm24k))
+        self._input_bytes += len(pcm24k)
+        self._raw += pcm24k
+        if not pending:
+            return NO_WINDOWS
+        n = len(self._raw) & ~1
+        samples = int16_to_float32(bytes_to_int16(memoryview(self._raw)[:n]))
+        del self._raw[:n]  # an odd byte stays for the next append
+        return self._frame(self._resampler.process(samples))
 
     def _frame(self, samples: Float32Array) -> Float32Array:
         """Append 16 kHz samples to the partial window; return whole windows as [n, 512]."""
         buf = np.concatenate((self._pending, samples)) if len(self._pending) else samples
         n = len(buf) // WINDOW
         self._pending = buf[n * WINDOW :].copy()
+        self._framed += n
         return buf[: n * WINDOW].reshape(n, WINDOW)
 
     def _run(self, windows: Float32Array) -> Float32Array:
@@ -158,47 +172,157 @@ def process_many(items: Sequence[tuple[SileroVAD, bytes]]) -> list[Float32Array]
     Equivalent to calling each ``process`` in turn, bit for bit whatever else shares the batch (so a
     session's turns are the same alone or among others: tests/runtime/test_vad.py checks it on the
     machine that runs the tests), but a batch of 8+ streams costs ~48 µs of CPU per window instead of
-    ~90 µs (scripts/bench_vad.py). All VADs must share one model, and each VAD may appear only once.
+    ~90 µs (python -m bench turns). All VADs must share one model, and each VAD may appear only once.
     """
     if not items:
         return []
-    model = items[0][0].model
-    if any(vad.model is not model for vad, _ in items):
-        raise ValueError("process_many needs VADs that share one SileroModel")
     if len({id(vad) for vad, _ in items}) != len(items):
         raise ValueError("process_many: a VAD appears twice; concatenate its audio instead")
-    vads = [vad for vad, _ in items]
-    windows = [vad._take_windows(pcm) for vad, pcm in items]
+    return _infer([vad for vad, _ in items], [vad._take_windows(pcm) for vad, pcm in items])
+
+
+def _infer(vads: list[SileroVAD], windows: list[Float32Array]) -> list[Float32Array]:
+    """Each VAD's windows [n, 512] through the model in order: step k runs every VAD's k-th window in one
+    call. Rows are gathered and split with numpy; each VAD keeps views of the step's arrays."""
+    model = vads[0].model
+    if any(vad.model is not model for vad in vads):
+        raise ValueError("a batch needs VADs that share one SileroModel")
     results = [np.empty(len(w), dtype=np.float32) for w in windows]
+    x = np.empty((len(vads), CONTEXT + WINDOW), dtype=np.float32)
     for step in range(max(len(w) for w in windows)):
         rows = [i for i, w in enumerate(windows) if len(w) > step]
-        x = np.stack([np.concatenate((vads[i]._context, windows[i][step])) for i in rows])
-        state = np.concatenate([vads[i]._state for i in rows], axis=1)
-        probs, new_state = model.infer(x, state)
+        n = len(rows)
+        x[:n, :CONTEXT] = np.stack([vads[i]._context for i in rows])
+        x[:n, CONTEXT:] = np.stack([windows[i][step] for i in rows])
+        probs, new_state = model.infer(x[:n], np.concatenate([vads[i]._state for i in rows], axis=1))
+        contexts = x[:n, -CONTEXT:].copy()
         for j, i in enumerate(rows):
             results[i][step] = probs[j]
-            vads[i]._state = new_state[:, j : j + 1, :].copy()
-            vads[i]._context = windows[i][step][-CONTEXT:].copy()
+            vads[i]._state = new_state[:, j : j + 1]
+            vads[i]._context = contexts[j]
     for vad, w in zip(vads, windows, strict=True):
         vad.windows += len(w)
     return results
 
 
-class VadBatcher:
-    """Many sessions' VAD in shared batched model calls (gateway.runtime.batcher), from one event loop.
+Deliver = Callable[[Float32Array], None]
 
-    A batch of 8+ streams costs ~48 µs a window instead of ~90 µs, and far fewer model calls. Batches start
-    at most every ``interval_ms``; one of at most ``inline_windows`` windows runs on the loop, a bigger one in
-    ``executor`` (or inline when it is None). A session's chunks run in order, one per batch, and a session
-    sends its next audio only once its last result is in.
+# The interpreter's switch interval while the VAD's thread serves (the gateway sets it): a thread that asks
+# for the GIL gets it within this long, where the default 5 ms let a busy event loop hold up each batch at
+# both its takes of the GIL (after its wait, after the model call). Measured with a loop busy in Python: a
+# batch's turnaround P95 29-41 ms at 5 ms, 11-12 ms at 1 ms.
+SWITCH_INTERVAL_S = 0.001
+
+
+class VadBatcher:
+    """Every session's VAD of one event loop in shared batched model calls, run in ``executor`` (one thread:
+    the VAD's own; None: on the loop).
+
+    ``feed`` (on the loop, where a session's audio arrives) resamples the audio and queues the windows it
+    completes. A batch starts at most every ``interval_ms`` and takes every window queued by then, of every
+    session (a session's several windows in order, its k-th in step k); its probabilities come back to the
+    loop in one callback per batch, which hands each session its own (``deliver``, in order). So a window
+    waits for the batch under way and the interval, never for the loop's other work, nor for its session's
+    earlier windows to come back; and a batch of 8+ streams costs ~48 µs a window instead of ~90 µs.
     """
 
-    def __init__(self, executor: Executor | None = None, inline_windows: int = 4, interval_ms: float = 0) -> None:
-        self._batcher: MicroBatcher[tuple[SileroVAD, bytes], Float32Array] = MicroBatcher(
-            process_many, executor, interval_s=interval_ms / 1000, key=lambda request: id(request[0]),
-            inline=lambda items: sum(vad.windows_pending(len(pcm)) for vad, pcm in items) <= inline_windows,
-        )
+    def __init__(self, executor: Executor | None = None, interval_ms: float = 0) -> None:
+        self._executor = executor
+        self._interval = interval_ms / 1000
+        self._lock = threading.Lock()
+        self._queue: list[tuple[SileroVAD, Float32Array, Deliver]] = []
+        self._armed = False  # a batch is due or under way: what is fed meanwhile joins it or the next
+        self._next_at = 0.0  # time.monotonic() of the next batch's earliest start
+        # The thread waits out the interval on an event never set: a wait that profilers see as one, where
+        # time.sleep looks like work (scripts/cpu_stages.py).
+        self._pause = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def feed(self, vad: SileroVAD, pcm24k: bytes, deliver: Deliver) -> int:
+        """Queue the windows ``pcm24k`` completes (returned: how many) for the next batch; ``deliver`` gets
+        their probabilities on the loop, after those of the session's earlier windows. ``vad.queued``
+        counts the session's windows whose probabilities have not been delivered yet."""
+        windows = vad._take_windows(pcm24k)
+        if not len(windows):
+            return 0
+        vad.queued += len(windows)
+        with self._lock:
+            self._queue.append((vad, windows, deliver))
+            if self._armed:
+                return len(windows)
+            self._armed = True
+        loop = self._loop = asyncio.get_running_loop()
+        if self._executor is not None:
+            self._executor.submit(self._work)
+        else:
+            loop.call_later(max(0.0, self._next_at - time.monotonic()), self._run_on_loop)
+        return len(windows)
 
     async def process(self, vad: SileroVAD, pcm24k: bytes) -> Float32Array:
-        """``vad.process(pcm24k)``, batched with whatever other sessions are asking for."""
-        return await self._batcher.submit((vad, pcm24k))
+        """``vad.process(pcm24k)``, batched with whatever other sessions feed meanwhile."""
+        done: asyncio.Future[Float32Array] = asyncio.get_running_loop().create_future()
+        if not self.feed(vad, pcm24k, lambda probs: done.done() or done.set_result(probs)):
+            return np.empty(0, dtype=np.float32)
+        return await done
+
+    def _take(self) -> list[tuple[SileroVAD, Float32Array, Deliver]]:
+        """What is queued, the batcher disarmed when nothing is: the next feed arms it again."""
+        with self._lock:
+            items, self._queue = self._queue, []
+            self._armed = bool(items)
+        return items
+
+    def _work(self) -> None:
+        """The VAD's thread: batches, each at most every interval, until nothing is queued."""
+        assert self._loop is not None
+        while True:
+            if (wait := self._next_at - time.monotonic()) > 0:
+                self._pause.wait(wait)
+            self._next_at = time.monotonic() + self._interval
+            items = self._take()
+            if not items:
+                return
+            self._loop.call_soon_threadsafe(self._deliver, items, self._run(items))
+
+    def _run_on_loop(self) -> None:
+        """Without an executor: the same batches, run on the loop."""
+        self._next_at = time.monotonic() + self._interval
+        items = self._take()
+        if items:
+            self._deliver(items, self._run(items))
+            asyncio.get_running_loop().call_later(self._interval, self._run_on_loop)
+
+    @staticmethod
+    def _run(items: list[tuple[SileroVAD, Float32Array, Deliver]]) -> list[Float32Array] | BaseException:
+        """The batch's probabilities, one array per item; the exception if the model failed."""
+        try:
+            sessions: dict[SileroVAD, list[int]] = {}
+            for k, (vad, _, _) in enumerate(items):
+                sessions.setdefault(vad, []).append(k)
+            if len(sessions) == len(items):  # one item per session: no merging
+                return _infer([vad for vad, _, _ in items], [windows for _, windows, _ in items])
+            merged = _infer(list(sessions), [np.concatenate([items[k][1] for k in ks]) for ks in sessions.values()])
+            out: list[Float32Array] = [np.empty(0, dtype=np.float32)] * len(items)
+            for probs, ks in zip(merged, sessions.values(), strict=True):
+                offset = 0
+                for k in ks:
+                    out[k] = probs[offset : offset + len(items[k][1])]
+                    offset += len(items[k][1])
+            return out
+        except Exception as exc:  # handed to the loop: a broken VAD must not stop the thread
+            return exc
+
+    @staticmethod
+    def _deliver(items: list[tuple[SileroVAD, Float32Array, Deliver]],
+                 results: list[Float32Array] | BaseException) -> None:
+        """On the loop: each session its probabilities (none when the batch failed), in the queue's order."""
+        if isinstance(results, BaseException):
+            log.error("VAD failed; %d windows of input audio not analysed", sum(len(w) for _, w, _ in items),
+                      exc_info=results)
+            results = [np.empty(0, dtype=np.float32)] * len(items)
+        for (vad, windows, deliver), probs in zip(items, results, strict=True):
+            vad.queued -= len(windows)
+            try:
+                deliver(probs)
+            except Exception:  # one session's failure is not the others'
+                log.exception("handling the VAD's probabilities failed")

@@ -114,7 +114,7 @@ class SmartTurnModel:
     """The Smart Turn v3.2 ONNX model: one InferenceSession for the whole process.
 
     One intra-op thread, as for Silero: the gateway's parallelism comes from its sessions, and a batch
-    of several turns keeps one core busy (scripts/bench_turns.py measures the cost per turn).
+    of several turns keeps one core busy (python -m bench turns measures the cost per turn).
     """
 
     _shared: SmartTurnModel | None = None
@@ -166,7 +166,7 @@ class SmartTurnModel:
 class SmartTurnBatcher:
     """Many sessions' Smart Turn requests in shared batched model calls (gateway.runtime.batcher), from one
     event loop: up to ``max_batch`` turns a call, always in ``executor``, never on the loop (per turn ~10 ms
-    of features and ~80-100 ms of model on a 2-core VM, batched or not: scripts/bench_turns.py).
+    of features and ~80-100 ms of model on a 2-core VM, batched or not: python -m bench turns).
     """
 
     def __init__(self, model: SmartTurnModel, executor: Executor, max_batch: int = 1) -> None:

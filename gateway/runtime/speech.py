@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 from collections import deque
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -32,6 +33,28 @@ log = logging.getLogger(__name__)
 ENGINE_POLL_S = 0.02
 # Requests at once when the engine has no stream cap of its own (piper, tone).
 DEFAULT_MAX_STREAMS = 8
+
+
+def distinct_voices(engine: TTSEngine, config: Config, prepared: Collection[str] = ()) -> list[dict[str, Any]]:
+    """The voices that sound different, one entry each: ``voice``, the name to ask for; ``names``, every name
+    that selects it (the OpenAI names [engine.voices] maps to a speaker, and the speaker's own); ``speaker``,
+    who speaks it. The voices prepared at start (``prepared``, [voices.NAME]) are one each. An engine that
+    takes any name and speaks them all alike (piper, the tone engine) has one, whose ``names`` is None and
+    whose ``voice`` is the sessions' default."""
+    names = engine.voices
+    if names is None:
+        speaker = getattr(engine, "model_name", type(engine).__name__)
+        return [{"voice": config.session.voice, "names": None, "speaker": speaker}]
+    mapped = {name.lower(): speaker.lower() for name, speaker in config.engine.voices.items()}
+    by_speaker: dict[str, list[str]] = {}
+    for name in sorted(names):
+        by_speaker.setdefault(mapped.get(name, name), []).append(name)
+    voices = []
+    for speaker, selecting in by_speaker.items():
+        selecting.sort(key=lambda name: (name == speaker, name))  # the names mapped to it first, its own last
+        voices.append({"voice": selecting[0], "names": selecting, "speaker": speaker})
+    voices += [{"voice": name, "names": [name], "speaker": name} for name in sorted(prepared) if name not in names]
+    return sorted(voices, key=lambda v: v["voice"])
 
 
 class SpeechBusy(Exception):

@@ -3,33 +3,43 @@ connections.
 
 When every worker accepts on the one listening socket, whoever calls accept first wins: the kernel gives
 connections to whichever worker's loop happens to wake first, and on a 16-core host three workers of twelve
-ran 3-5x the loop lag of the rest (bench/RESULTS.md). Here only the parent accepts, in a thread of its own,
-and passes the connection's file descriptor over a Unix socket (SCM_RIGHTS) to the ready worker with the
-fewest open connections; the worker adopts it into its uvicorn server as if it had accepted it, so nothing
-else changes and the parent never reads a byte of it.
+ran 3-5x the loop lag of the rest (the gateway benchmark, before this hand-off). Here only the parent
+accepts, in a thread of its own, and passes the connection's file descriptor over a Unix socket (SCM_RIGHTS)
+to the ready worker with the fewest open connections; the worker adopts it into its uvicorn server as if it
+had accepted it, so nothing else changes and the parent never reads a byte of it.
 
 A worker's load is what it last reported in the shared ``Loads`` (its open connections, sessions included,
 and how many connections it had been handed by then) plus what the parent handed it since: exact, also
 when a burst arrives faster than the workers report. A worker that is not ready (loading its models, or
 being started again) gets none; a connection no worker can take is closed, as a full accept queue drops it.
+
+The parent keeps its copy of each connection until the worker says it has adopted it (it sends back the tag
+that came with it): a worker killed with connections still in its handoff queue, unread, would take them
+with it. When a worker dies, or closes its end, what it had not adopted goes to the others.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import itertools
 import logging
 import multiprocessing
+import selectors
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, MutableSequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 REPORT_S = 0.02  # how often a worker reports its open connections
+# Each connection goes with a tag, which the worker sends back once it has adopted the connection.
+TAG = struct.Struct("!Q")
+ACK_TAGS = 256  # tags a worker sends back in one message at most
 
 
 @dataclass
@@ -63,15 +73,29 @@ class Flag(Protocol):
     def is_set(self) -> bool: ...
 
 
+@dataclass
+class _Worker:
+    """The parent's side of one worker: its handoff end, its ready flag, and the connections it was handed."""
+
+    slot: int
+    end: socket.socket
+    ready: Flag
+    handed: int = 0  # connections handed to it since it started
+    unadopted: dict[int, socket.socket] = field(default_factory=dict)  # the parent's copies, by tag, until adopted
+
+
 class Dispatcher:
-    """The parent's accept loop: each new connection to the least loaded ready worker."""
+    """The parent's accept loop: each new connection to the least loaded ready worker, kept until adopted."""
 
     def __init__(self, listener: socket.socket, loads: Loads) -> None:
         self._listener = listener
         self._loads = loads
-        self._ends: dict[int, tuple[socket.socket, Flag]] = {}  # each worker's handoff end, and its ready flag
-        self._handed: dict[int, int] = {}  # connections handed to each worker since it started
+        self._workers: dict[int, _Worker] = {}
+        self._tags = itertools.count()
         self._lock = threading.Lock()
+        # The listener and every worker's end (its acknowledgements, and its close when it dies).
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(listener, selectors.EVENT_READ)
         self._thread = threading.Thread(target=self._run, name="accept", daemon=True)
         self._stopped = False
 
@@ -81,79 +105,145 @@ class Dispatcher:
     def started(self, slot: int, end: socket.socket, ready: Flag) -> None:
         """Worker `slot` started: once `ready` is set, hand it connections over `end`."""
         with self._lock:
-            self._ends[slot] = (end, ready)
-            self._handed[slot] = 0
+            worker = _Worker(slot, end, ready)
+            self._workers[slot] = worker
+            self._selector.register(end, selectors.EVENT_READ, worker)
 
     def gone(self, slot: int) -> None:
-        """Worker `slot` is dead: hand it nothing more, and forget what it reported."""
+        """Worker `slot` is dead: hand it nothing more, forget what it reported, and hand the connections it had
+        not adopted to the others."""
         with self._lock:
-            end = self._ends.pop(slot, None)
             self._loads.open[slot] = self._loads.adopted[slot] = 0  # its only writer is gone
-        if end is not None:
-            end[0].close()
+            worker = self._workers.get(slot)
+            if worker is not None:
+                self._retire(worker)
 
     def stop(self) -> None:
         self._stopped = True
         try:
-            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the loop
         except OSError:
             pass
         self._thread.join(timeout=5)
+        with self._lock:
+            for worker in self._workers.values():
+                for conn in worker.unadopted.values():
+                    conn.close()
+                worker.unadopted.clear()
+        self._selector.close()
 
     def load(self, slot: int) -> int:
         loads = self._loads
-        return loads.open[slot] + max(0, self._handed[slot] - loads.adopted[slot])
+        return loads.open[slot] + max(0, self._workers[slot].handed - loads.adopted[slot])
 
     def _run(self) -> None:
         while not self._stopped:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                if self._stopped:
-                    return
+            for key, _ in self._selector.select():
+                if key.fileobj is self._listener:
+                    self._accept()
+                    continue
+                worker = key.data
+                with self._lock:
+                    # An end retired meanwhile (by `gone`) is closed: its event is stale.
+                    if self._workers.get(worker.slot) is worker and not self._read_acknowledgements(worker):
+                        self._retire(worker)  # its end closed: the worker is gone, or going
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self._listener.accept()
+        except OSError:
+            if not self._stopped:
                 time.sleep(0.01)  # EMFILE and the like: let the workers close some first
-                continue
-            with conn:
-                self._hand(conn)
+            return
+        with self._lock:
+            self._hand(conn)
 
     def _hand(self, conn: socket.socket) -> None:
-        with self._lock:
-            ready = [slot for slot, (_, flag) in self._ends.items() if flag.is_set()]
-            for slot in sorted(ready, key=self.load):
-                try:
-                    socket.send_fds(self._ends[slot][0], [b"c"], [conn.fileno()])
-                except OSError as exc:  # the worker died under us: its watcher forgets it soon
-                    log.debug("handoff to worker %d failed: %s", slot, exc)
-                    continue
-                self._handed[slot] += 1
-                return
+        """Send `conn` to the least loaded ready worker, keeping the parent's copy until the worker adopts it;
+        closed when no worker can take it. Called with the lock held."""
+        ready = [worker for worker in self._workers.values() if worker.ready.is_set()]
+        for worker in sorted(ready, key=lambda w: self.load(w.slot)):
+            tag = next(self._tags)
+            try:
+                socket.send_fds(worker.end, [TAG.pack(tag)], [conn.fileno()])
+            except OSError as exc:  # the worker died under us: its watcher forgets it soon
+                log.debug("handoff to worker %d failed: %s", worker.slot, exc)
+                continue
+            worker.handed += 1
+            worker.unadopted[tag] = conn
+            return
+        conn.close()
         log.warning("no worker can take a connection now; closed")
+
+    def _read_acknowledgements(self, worker: _Worker) -> bool:
+        """Let go of the connections `worker` says it adopted; False once its end is closed."""
+        while True:
+            try:
+                data = worker.end.recv(ACK_TAGS * TAG.size, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False
+            for (tag,) in TAG.iter_unpack(data):
+                conn = worker.unadopted.pop(tag, None)
+                if conn is not None:
+                    conn.close()
+
+    def _retire(self, worker: _Worker) -> None:
+        """Hand `worker` nothing more; what it had not adopted goes to the others. Called with the lock held."""
+        self._read_acknowledgements(worker)  # what it adopted before it died stays its own (and is lost with it)
+        del self._workers[worker.slot]
+        self._selector.unregister(worker.end)
+        worker.end.close()
+        unadopted = list(worker.unadopted.values())
+        worker.unadopted.clear()
+        if unadopted:
+            log.info("worker %d is gone: %d connection(s) it had not adopted go to the others", worker.slot,
+                     len(unadopted))
+        for conn in unadopted:
+            self._hand(conn)
 
 
 async def adopt(handoff: Handoff, accept: Callable[[socket.socket], None], open_connections: Callable[[], int]) -> None:
     """In a worker: give every connection that arrives on the handoff socket to `accept`, from the event loop,
-    and report the worker's load until cancelled."""
+    tell the parent it was adopted, and report the worker's load until cancelled."""
     loop = asyncio.get_running_loop()
     end, loads, slot = handoff.end, handoff.loads, handoff.slot
     end.setblocking(False)
     adopted = 0
+    unacknowledged: list[bytes] = []  # tags of connections adopted that the parent has not been told of
+
+    def acknowledge() -> None:
+        while unacknowledged:
+            batch = unacknowledged[:ACK_TAGS]
+            try:
+                end.send(b"".join(batch))
+            except BlockingIOError:
+                return  # the parent is busy: told at the next report
+            except OSError:  # the parent is gone
+                unacknowledged.clear()
+                return
+            del unacknowledged[:len(batch)]
 
     def readable() -> None:
         nonlocal adopted
         while True:
             try:
-                _, fds, _, _ = socket.recv_fds(end, 1, 16)
+                tag, fds, _, _ = socket.recv_fds(end, TAG.size, 1)
             except BlockingIOError:
-                return
+                break
             except OSError:  # the parent is gone: the worker notices it and stops
                 loop.remove_reader(end.fileno())
-                return
+                break
             if not fds:
                 loop.remove_reader(end.fileno())
-                return
-            for fd in fds:
-                adopted += 1
-                accept(socket.socket(fileno=fd))
+                break
+            adopted += 1
+            accept(socket.socket(fileno=fds[0]))
+            unacknowledged.append(tag)
+        acknowledge()
 
     loop.add_reader(end.fileno(), readable)
     try:
@@ -161,6 +251,7 @@ async def adopt(handoff: Handoff, accept: Callable[[socket.socket], None], open_
             count = adopted  # first: a connection adopted meanwhile is counted by the parent as handed
             loads.open[slot] = open_connections()
             loads.adopted[slot] = count
+            acknowledge()
             await asyncio.sleep(REPORT_S)
     finally:
         loop.remove_reader(end.fileno())

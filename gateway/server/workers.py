@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 from engine.supervisor import EngineStartError, EngineSupervisor, resolve_devices
 from gateway.config import Config, ConfigError, check
 from gateway.logs import configure_logging
-from gateway.responders.build import tts_kind
+from gateway.responders.build import engine_mode, tts_kind
 from gateway.runtime.auth import Auth
 from gateway.runtime.capacity import Capacity, Counts, shared_counts
 from gateway.server.handoff import Dispatcher, Handoff, Loads, handoff_pair
@@ -74,13 +74,13 @@ def cpu_count() -> int:
 
 
 def worker_count(config: Config) -> int:
-    """[server] workers, 0 (auto) resolved: with a Qwen3-TTS engine in engine processes on a GPU, one per
-    CPU core less two per engine process (its step loop and its CUDA launches); otherwise 1. The options
-    are checked first (gateway.config.check)."""
+    """[server] workers, 0 (auto) resolved: with a Qwen3-TTS engine in engine processes on GPUs (by default
+    on a host with GPUs: [engine] mode "auto"), one per CPU core less two per engine process (its step loop
+    and its CUDA launches); otherwise 1. The options are checked first (gateway.config.check)."""
     check(config)
     workers, engine = config.server.workers, config.engine
     qwen3 = tts_kind(config) == "qwen3"
-    if workers or not qwen3 or engine.mode != "process":
+    if workers or not qwen3 or engine_mode(config) != "process":
         return workers or 1
     if engine.endpoints:
         engines = len([e for e in engine.endpoints.split(",") if e.strip()])
@@ -95,8 +95,8 @@ def worker_count(config: Config) -> int:
 
 @dataclasses.dataclass
 class Hooks:
-    """What a program that embeds the gateway (scripts/bench_gateway.py) adds to each worker: module-level
-    functions (a spawned worker imports them by name)."""
+    """What a program that embeds the gateway (bench/serve.py, the benchmarks' gateway) adds to each worker:
+    module-level functions (a spawned worker imports them by name)."""
 
     responder: Callable[[Config], Responder | None] | None = None  # the worker's responder (None: configured)
     serving: Callable[[GatewayServer], Awaitable[None]] | None = None  # runs while the worker serves
@@ -177,7 +177,7 @@ class Workers:
         """The engine processes every worker shares, when a Qwen3-TTS engine runs in engine processes that
         nobody else started ([engine] endpoints): the workers connect to their endpoints."""
         engine = self.config.engine
-        if tts_kind(self.config) != "qwen3" or engine.mode != "process" or engine.endpoints:
+        if tts_kind(self.config) != "qwen3" or engine_mode(self.config) != "process" or engine.endpoints:
             return None
         if not engine.checkpoint:
             raise ConfigError('option tts.engine = "qwen3" needs [engine] checkpoint')

@@ -12,8 +12,10 @@
   GET    /v1/audio/voices                      every voice of the deployment (not in the SDK)
   GET    /v1/audio/voices/{id}                 (not in the SDK)
   DELETE /v1/audio/voices/{id}
-  GET    /v1/audio/capabilities                what this gateway's speech offers: its voices, whether it
-                                               follows instructions, clones, designs; the consent phrases
+  GET    /v1/audio/capabilities                what this gateway's speech offers: its voices (those that
+                                               sound different, once each), whether it follows
+                                               instructions, clones, designs (what it lacks to); the
+                                               consent phrases
 
 Voices belong to the deployment: every route needs an API key (a client secret is refused). An upload
 over ``[voices] max_file_bytes`` is a 413 naming its field; audio that is not of the accepted containers a
@@ -30,8 +32,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.runtime.consent import CONSENT_PHRASES
-from gateway.runtime.custom_voices import Upload, VoiceLibrary, VoiceRefused
+from gateway.runtime.custom_voices import Upload, VoiceLibrary, VoiceRefused, missing_models
 from gateway.runtime.gateway import Gateway
+from gateway.runtime.speech import distinct_voices
 from gateway.transports.rest import HttpError, authorize, json_object, read_body, string_field
 
 STATUS = {"invalid": 400, "full": 400, "unsupported": 415, "too_large": 413, "not_found": 404, "unavailable": 501,
@@ -200,18 +203,22 @@ class VoiceRoutes:
             raise _refused(exc) from None
 
     async def capabilities(self, request: Request) -> Response:
-        """What the page's Speech tab offers: the engine's voices (None: any name), whether it follows
-        instructions, clones and designs voices, and the consent phrases."""
+        """What the page offers: the engine's voice names (None: any name) and the voices that sound
+        different (``distinct_voices``: the voice menus), whether it follows instructions, clones and designs
+        voices and what it lacks to (``missing``), and the consent phrases."""
         authorize(request, self.gateway)
         engine = await self.gateway.speech.engine()
-        kinds = getattr(engine, "kinds", [])
         voices = engine.voices
+        prepared = getattr(self.gateway.responder, "prepared", {})
+        missing = missing_models(engine, self.gateway.transcriber)
         return JSONResponse({
             "model": getattr(engine, "model_name", type(engine).__name__),
             "voices": sorted(voices) if voices is not None else None,
+            "distinct_voices": distinct_voices(engine, self.gateway.config, prepared),
             "instructions": bool(getattr(engine, "follows_instructions", False)),
-            "cloning": "base" in kinds and self.gateway.transcriber is not None,
-            "design": "voice_design" in kinds,
+            "cloning": not missing["cloning"],
+            "design": not missing["design"],
+            "missing": missing,
             "consent_phrases": CONSENT_PHRASES,
             "limits": {"max_file_bytes": self.config.max_file_bytes,
                        "max_sample_seconds": self.config.max_sample_seconds,

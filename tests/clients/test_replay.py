@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.fake_openai import FakeOpenAI
 from gateway.clients import cli as client
 from gateway.clients.replay import Options, main, replay
-from tests.fake_openai import FakeOpenAI
 from tests.paths import FIXTURES
 
 TWO_TURNS = FIXTURES / "two_turns.wav"

@@ -4,8 +4,9 @@ described in text), CustomVoice 1.7B with instructions. The kind comes from conf
 codes equal the official ones; the speaker embedding and the speech tokenizer's codes of a reference recording
 equal the official ones; a clone's streamed audio is the official waveform.
 
-The same tests run against fixtures made elsewhere, e.g. real-size checkpoints on a GPU (scripts/gpu_capacity.sh
-family): QWEN3_TTS_FAMILY=/tmp/f06b,/tmp/f17d QWEN3_TTS_DEVICE=cuda pytest tests/engine/test_family.py
+The same tests run against fixtures made elsewhere, e.g. real-size checkpoints on a GPU (python -m
+scripts.make_parity_fixture --config real-0.6b-base ...): QWEN3_TTS_FAMILY=/tmp/f06b,/tmp/f17d QWEN3_TTS_DEVICE=cuda
+pytest tests/engine/test_family.py
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.fake_openai import FakeOpenAI
 from engine import ipc
 from engine.api import Sampling, TTSChunk, TTSError
 from engine.config import EngineConfig
@@ -28,7 +29,6 @@ from gateway.config import VoiceConfig
 from gateway.core.responder import BackendError
 from gateway.responders.engine_client import EngineClient
 from tests.conftest import Served, audio_of, connect, load_pcm, make_config, silence
-from tests.fake_openai import FakeOpenAI
 from tests.paths import DATA, FIXTURES, TINY_CHECKPOINT
 
 FIXTURE = TINY_CHECKPOINT

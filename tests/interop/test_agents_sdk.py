@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,8 +15,8 @@ import pytest
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner
 
-from tests.fake_openai import Call, FakeOpenAI, Script
-from tests.paths import JS
+from bench.fake_openai import Call, FakeOpenAI, Script
+from tests.paths import JS, NODE
 
 calls: list[str] = []
 
@@ -110,7 +109,7 @@ JS_DIR = JS
 @pytest.mark.parametrize("scenario", ["tool", "handoff"])
 async def test_the_js_agents_sdk_runs_a_tool_and_hands_off(gateway, fake: FakeOpenAI, scenario: str):
     """@openai/agents-realtime under Node: its own WebSocket transport (the ws package) takes a ws:// URL."""
-    node = shutil.which("node")
+    node = NODE
     if node is None or not (JS_DIR / "node_modules" / "@openai" / "agents-realtime").is_dir():
         pytest.skip("needs node and tests/js/node_modules (make test runs npm ci there)")
     url = f"ws://127.0.0.1:{gateway.port}/v1/realtime?model=gpt-realtime"

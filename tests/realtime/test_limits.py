@@ -186,6 +186,7 @@ async def test_truncate_then_cancel_gets_no_error(start_gateway: StartGateway):
         assert len(base64.b64decode(item["content"][0]["audio"])) == 300 * 48
 
 
+@pytest.mark.error_logs_expected("a handler made to fail: the bug is logged in full, once")
 async def test_a_failing_handler_costs_one_event_not_the_session(
     start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
@@ -204,3 +205,16 @@ async def test_a_failing_handler_costs_one_event_not_the_session(
         assert (await client.until("response.done"))[-1]["response"]["status"] == "completed"
     logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(logged) == 1 and logged[0].exc_info is not None and "RuntimeError: a bug" in caplog.text
+
+
+async def test_a_scalar_message_is_refused_and_the_session_goes_on(gateway, caplog):
+    """A message that is JSON but no object (it crashed the depth check: server_error and a traceback)."""
+    async with connect(gateway) as client:
+        for text in ("5", "-1.5e3", "true", "false", "null", '"response.create"'):
+            await client.send_raw(text)
+            error = (await client.until("error"))[-1]["error"]
+            assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_json"), text
+            assert error["message"] == "A client event must be a JSON object.", text
+        await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        assert (await client.until("response.done"))[-1]["response"]["status"] == "completed"
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]

@@ -307,7 +307,7 @@ async def run_turn(executor: SlowExecutor | None, commit_early: bool = False) ->
         sent.append(orjson.loads(message))
 
     session = Session(make_config())
-    batcher = VadBatcher(executor, inline_windows=0) if executor else None
+    batcher = VadBatcher(executor) if executor else None
     runner = SessionRunner(session, EchoResponder(pace=0), SileroVAD(SileroModel()), record, batcher)
     await runner.start()
     audio = load_pcm("one_sentence.wav")

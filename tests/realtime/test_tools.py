@@ -12,12 +12,12 @@ from typing import Any
 import orjson
 import pytest
 
+from bench.fake_openai import Call, FakeOpenAI, Script, tokenize
 from gateway.core.responder import ToolCallArguments, ToolCallStart
 from gateway.realtime.effects import CallMcp, ListMcpTools, SendEvent, StartResponse, StopResponse
 from gateway.realtime.session import Session
 from gateway.realtime.tools import McpTool
 from tests.conftest import audio_of, connect, make_config, types
-from tests.fake_openai import Call, FakeOpenAI, Script, tokenize
 
 WEATHER = {
     "type": "function",

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import orjson
 import pytest
 
+from bench.fake_openai import FakeOpenAI, tokenize
 from gateway.realtime.effects import PrepareTranscript, Transcribe
 from gateway.realtime.events import Dialect
 from gateway.realtime.session import Session
@@ -22,7 +23,6 @@ from gateway.runtime.gateway import Gateway
 from gateway.runtime.session_runner import SessionRunner
 from gateway.runtime.silero import SileroModel, SileroVAD
 from tests.conftest import StartGateway, connect, load_pcm, make_config, silence, types
-from tests.fake_openai import FakeOpenAI, tokenize
 
 TRANSCRIPT = "Turn on the lights in the kitchen, please."
 SPEECH = load_pcm("one_sentence.wav")

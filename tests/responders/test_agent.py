@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from bench.fake_openai import FakeOpenAI
 from gateway.responders.pipeline import BridgeSettings, PipelineResponder
 from gateway.responders.remote import LlmClient
 from gateway.responders.tone_tts import ToneEngine
 from gateway.server.serve import GatewayServer
 from tests.conftest import audio_of, connect, load_pcm, make_config, silence
-from tests.fake_openai import FakeOpenAI
 from tests.paths import TINY_CHECKPOINT
 
 REPLY = "Sure thing. Tomorrow looks sunny and warm, with a light breeze from the west all afternoon."

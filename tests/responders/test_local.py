@@ -291,7 +291,7 @@ def test_auto_picks_the_local_models_when_no_llm_is_configured(local_config: Any
 
 async def test_the_local_stt_hears_the_projects_spoken_fixtures():
     """whisper tiny.en on the espeak-ng voice of the fixtures: the demo's 20 questions (tests/fixtures/demo; the
-    words that show each was heard) as often as bench/RESULTS.md records, and the other fixtures' sentences."""
+    words that show each was heard) as often as the demo's benchmark records, and the other fixtures' sentences."""
     questions = orjson.loads((FIXTURES / "demo" / "questions.json").read_bytes())
     misheard = []
     for question in questions:
@@ -348,6 +348,27 @@ def test_a_sessions_next_turn_reuses_its_kv_cache_and_says_the_same(local_config
     usage = steps[-1]
     assert isinstance(usage, LlmUsage) and usage.input_tokens == len(prompt) and usage.cached_tokens >= shared
     assert len(llm._model.kept["session-1"].ids) > len(prompt)
+
+
+def test_a_sessions_first_turn_starts_from_the_prompts_kv_cache_and_says_the_same(local_config: Any):
+    from gateway.responders.local_llm import LocalLlm
+
+    llm = LocalLlm(local_config.local, "default")
+    question = {"role": "user", "content": "How many legs does a spider have?"}
+    steps = list(llm._generate("first-turn", llm._prompt_turns + [question], 24, 0.0))
+    assert llm._prompt_cache is not None
+    prompt = len(llm._prompt_cache.ids)
+    usage = steps[-1]
+    # Only the question was fed: the system prompt and the examples came from their cache.
+    assert isinstance(usage, LlmUsage) and prompt > 50 and usage.cached_tokens == prompt < usage.input_tokens
+    # Greedy, the reply is the same as from a fresh cache.
+    fresh = LocalLlm(local_config.local, "default")
+    fresh._from_the_prompt = lambda ids: None  # type: ignore[method-assign]
+    alone = list(fresh._generate("first-turn-fresh", fresh._prompt_turns + [question], 24, 0.0))
+    assert said(steps) == said(alone) and alone[-1].cached_tokens == 0
+    # A session with instructions of its own starts from nothing.
+    own = [{"role": "system", "content": "Answer like a pirate."}, question]
+    assert list(llm._generate("own-instructions", own, 4, 0.0))[-1].cached_tokens == 0
 
 
 BY_NAME = """

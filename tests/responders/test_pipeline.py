@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bench.fake_openai import FakeOpenAI, tokenize
 from engine.api import TTSError
 from engine.voices import VoicePrompt
 from gateway.config import ConfigError, VoiceConfig, load_config
@@ -35,7 +36,6 @@ from gateway.responders.pipeline import BridgeSettings, PipelineResponder
 from gateway.responders.remote import LlmClient, SttClient
 from gateway.responders.tone_tts import ToneEngine, ToneStream, tone_pcm
 from tests.conftest import StartGateway, audio_of, connect
-from tests.fake_openai import FakeOpenAI, tokenize
 
 REPLY = "Sure, I can help with that. The weather today is sunny and warm, with a light breeze."
 TRANSCRIPT = "What is the weather like?"

@@ -13,11 +13,11 @@ from typing import Any
 import orjson
 import pytest
 
+from bench.fake_openai import FakeOpenAI
 from gateway.responders.pipeline import BridgeSettings, PipelineResponder
 from gateway.responders.remote import LlmClient
 from gateway.responders.tone_tts import ToneEngine
 from tests.conftest import StartGateway, connect, load_pcm, silence
-from tests.fake_openai import FakeOpenAI
 
 
 def free_port() -> int:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from bench.fake_openai import Call, FakeOpenAI, Script
 from tests.conftest import audio_of, connect, types
-from tests.fake_openai import Call, FakeOpenAI, Script
 from tests.mcp_server import McpTestServer, free_port
 from tests.paths import ROOT
 

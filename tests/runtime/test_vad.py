@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 import soxr
 
 from gateway.audio import InputDecoder, OutputEncoder
 from gateway.core.vad import SpeechStarted, SpeechStopped, TurnDetector
+from gateway.realtime.session import Session
+from gateway.responders.echo import EchoResponder
+from gateway.runtime.session_runner import SessionRunner
 from gateway.runtime.silero import (
     MODEL_SHA256,
     WINDOW,
@@ -23,7 +28,7 @@ from gateway.runtime.silero import (
     VadBatcher,
     process_many,
 )
-from tests.conftest import FIXTURES, load_pcm, split
+from tests.conftest import FIXTURES, load_pcm, make_config, silence, split
 
 MANIFEST = json.loads((FIXTURES / "fixtures.json").read_text())
 
@@ -126,11 +131,80 @@ async def test_batcher_batches_sessions_and_keeps_each_in_order(
         return np.concatenate(out)
 
     with ThreadPoolExecutor(1) as executor:
-        for batcher in (VadBatcher(executor, inline_windows=4), VadBatcher()):
+        for batcher in (VadBatcher(executor), VadBatcher()):
             results = await asyncio.gather(*(session(batcher, name) for name in names))
             for name, probs in zip(names, results, strict=True):
                 np.testing.assert_allclose(probs, fixture_probs[name], atol=1e-5)
     assert max(batch_sizes) >= 6
+
+
+WAVS = sorted(path.name for path in FIXTURES.glob("*.wav"))
+
+
+async def test_batched_vad_finds_the_per_session_turns_to_the_sample(model: SileroModel) -> None:
+    """Every recorded fixture streamed at once through one VadBatcher in its thread, each in appends of its own
+    size, the batches mixed by the appends' timing: each session gets the per-session VAD's probabilities bit
+    for bit, so its turns start and stop at the same sample."""
+    reference = {name: SileroVAD(model).process(load_pcm(name)) for name in WAVS}
+    vads = {name: SileroVAD(model) for name in WAVS}
+    got: dict[str, list[np.ndarray]] = {name: [] for name in WAVS}
+    # 20 ms appends, and others that bring several windows at once or none (odd sizes split samples).
+    chunks = {name: split(load_pcm(name), [960 + 1441 * (k % 3) + k % 2]) for k, name in enumerate(WAVS)}
+    with ThreadPoolExecutor(1, thread_name_prefix="vad") as executor:
+        batcher = VadBatcher(executor, interval_ms=5)
+        for step in range(max(map(len, chunks.values()))):
+            for name in WAVS:
+                if step < len(chunks[name]):
+                    batcher.feed(vads[name], chunks[name][step], got[name].append)
+            await asyncio.sleep(0.003 * (step % 3))
+        for _ in range(500):
+            if not any(vad.queued for vad in vads.values()):
+                break
+            await asyncio.sleep(0.01)
+    assert max(map(len, reference.values())) > 100
+    for name in WAVS:
+        probs = np.concatenate(got[name])
+        assert np.array_equal(probs, reference[name]), name
+        assert TurnDetector().feed(probs) == TurnDetector().feed(reference[name]), name
+    turns = [e for name in WAVS for e in TurnDetector().feed(reference[name])]
+    assert sum(isinstance(e, SpeechStopped) for e in turns) >= 8  # the comparison covers real turns
+
+
+async def test_sessions_on_the_batched_vad_send_the_per_session_turn_times(model: SileroModel) -> None:
+    """Through the session runner: sessions sharing the batched VAD send speech_started and speech_stopped
+    at the same input-audio times as sessions with a VAD of their own."""
+
+    async def turns(batcher: VadBatcher | None) -> dict[str, list[tuple[str, int]]]:
+        sent: dict[str, list[dict]] = {name: [] for name in WAVS}
+        runners = {}
+        for name in WAVS:
+            async def record(message: str, events: list[dict] = sent[name]) -> None:
+                events.append(orjson.loads(message))
+            session = Session(make_config(vad__create_response=False))
+            runners[name] = SessionRunner(session, EchoResponder(pace=0), SileroVAD(model), record, batcher)
+            await runners[name].start()
+        chunks = {name: split(load_pcm(name) + silence(600), [960]) for name in WAVS}
+        for step in range(max(map(len, chunks.values()))):
+            for name in WAVS:
+                if step < len(chunks[name]):
+                    await runners[name].receive(orjson.dumps({"type": "input_audio_buffer.append", "audio":
+                                                              base64.b64encode(chunks[name][step]).decode()}))
+            await asyncio.sleep(0.002 * (step % 2))
+        for _ in range(500):
+            if not any(runner.vad.queued for runner in runners.values()):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the last events carried out
+        for runner in runners.values():
+            await runner.close()
+        return {name: [(e["type"], e.get("audio_start_ms", e.get("audio_end_ms"))) for e in events
+                       if e["type"].startswith("input_audio_buffer.speech_")] for name, events in sent.items()}
+
+    alone = await turns(None)
+    with ThreadPoolExecutor(1, thread_name_prefix="vad") as executor:
+        batched = await turns(VadBatcher(executor, interval_ms=10))
+    assert batched == alone
+    assert sum(len(t) for t in alone.values()) >= 16
 
 
 def test_windows_pending_is_a_tight_upper_bound(model: SileroModel) -> None:

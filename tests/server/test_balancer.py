@@ -14,8 +14,8 @@ import pytest
 import websockets
 from openai import AsyncOpenAI
 
-from tests.balancer import API_KEY, Gateway, Nginx, holds, metric, nginx_missing
-from tests.conftest import Client, load_pcm, silence
+from bench.nginx import API_KEY, Gateway, Nginx, holds, metric, nginx_missing
+from tests.conftest import Client, load_pcm, no_error_lines_in, silence
 
 pytestmark = pytest.mark.skipif(nginx_missing() is not None, reason=nginx_missing() or "")
 
@@ -38,6 +38,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway,
             nginx.stop()
         first.stop()
         second.stop()
+    for gateway in (first, second):
+        no_error_lines_in("".join(gateway.log))
 
 
 def sdk(url: str, key: str = API_KEY) -> AsyncOpenAI:
@@ -72,8 +74,9 @@ async def test_the_page_and_a_client_secret_across_gateways(cluster):
     status, page = await get(f"{nginx.url}/")
     assert status == 200 and b"<html" in page
     # Minted by one gateway, used on the other: both hold the same signing key.
-    secret = await sdk(first.url).realtime.client_secrets.create(
-        session={"type": "realtime", "instructions": "Speak like a pirate."})
+    async with sdk(first.url) as minting:  # closed here, on this test's loop
+        secret = await minting.realtime.client_secrets.create(
+            session={"type": "realtime", "instructions": "Speak like a pirate."})
     async with session(second.url, secret.value) as (client, _):
         assert client.received[0]["session"]["instructions"] == "Speak like a pirate."
     async with session(nginx.url, secret.value) as (client, _):  # and through nginx, wherever it lands

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +50,25 @@ def test_a_bad_value_in_the_environment_is_one_line_too():
                             env={"PATH": "/usr/bin:/bin", "GATEWAY_SERVER_PORT": "99999"}, timeout=120)
     assert answer.returncode == 2
     assert answer.stderr == "error: option server.port: must be between 0 and 65535, got 99999\n"
+
+
+SCRIPT = Path(sys.executable).with_name("voice-gateway")  # the installed script beside the interpreter
+
+
+@pytest.mark.parametrize("how", ["module", "script"])
+def test_usage_and_errors_name_the_command_as_it_was_typed(how: str):
+    """`python -m gateway` and the installed `voice-gateway` each say their own name, in the usage line and in
+    the error's pointer to the help."""
+    if how == "module":
+        command, name = [sys.executable, "-m", "gateway"], f"{Path(sys.executable).name} -m gateway"
+    elif SCRIPT.exists():
+        command, name = [str(SCRIPT)], "voice-gateway"
+    else:
+        pytest.skip(f"no installed voice-gateway script beside {sys.executable}")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}  # this checkout's gateway, whatever is installed
+    shown = subprocess.run([*command, "--help"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert shown.returncode == 0 and shown.stdout.startswith(f"usage: {name} [-h] {{serve,"), shown.stdout
+    refused = subprocess.run([*command, "serve", "--port", "http"], cwd=ROOT, capture_output=True, text=True,
+                             env=env, timeout=120)
+    assert refused.returncode == 2
+    assert refused.stderr.endswith(f"(see {name} serve --help)\n"), refused.stderr

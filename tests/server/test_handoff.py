@@ -1,19 +1,26 @@
 """The parent's dispatcher of `serve --workers N` on real sockets: each connection goes to the ready worker
 with the fewest open connections (counting those handed to it since it last reported), none to a worker that
-is not ready, and a connection no worker can take is closed."""
+is not ready, and a connection no worker can take is closed; one a worker had not adopted when it died goes
+to another."""
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 
-from gateway.server.handoff import Dispatcher, Loads, handoff_pair
+import pytest
+
+from gateway.server.handoff import TAG, Dispatcher, Loads, handoff_pair
 from gateway.server.serve import listen
 
 
-def received(end: socket.socket, timeout: float = 5.0) -> socket.socket:
+def received(end: socket.socket, timeout: float = 5.0, adopt: bool = True) -> socket.socket:
+    """A connection handed over `end`, adopted as a worker does (its tag sent back) unless `adopt` is False."""
     end.settimeout(timeout)
-    _, fds, _, _ = socket.recv_fds(end, 1, 1)
+    tag, fds, _, _ = socket.recv_fds(end, TAG.size, 1)
+    if adopt:
+        end.send(tag)
     return socket.socket(fileno=fds[0])
 
 
@@ -52,6 +59,75 @@ def test_connections_go_to_the_ready_worker_with_the_fewest_open_connections() -
         clients.append(socket.create_connection(("127.0.0.1", port)))
         clients[-1].settimeout(5)
         assert clients[-1].recv(1) == b""  # no worker: the parent closes it
+    finally:
+        dispatcher.stop()
+        listener.close()
+        for sock in clients + [end for pair in ends for end in pair]:
+            sock.close()
+
+
+def test_a_connection_a_dead_worker_had_not_adopted_goes_to_another() -> None:
+    listener = listen("127.0.0.1", 0)
+    loads = Loads.shared(2)
+    flags = [threading.Event(), threading.Event()]
+    ends = [handoff_pair() for _ in range(2)]
+    dispatcher = Dispatcher(listener, loads)
+    for slot, ((ours, _), flag) in enumerate(zip(ends, flags, strict=True)):
+        dispatcher.started(slot, ours, flag)
+        flag.set()
+    dispatcher.start()
+    port = listener.getsockname()[1]
+    clients = []
+    try:
+        # Worker 0 adopts one connection, then another arrives in its queue and it dies before reading it.
+        clients.append(socket.create_connection(("127.0.0.1", port)))
+        adopted = received(ends[0][1])
+        loads.open[0], loads.adopted[0] = 1, 1
+        clients.append(socket.create_connection(("127.0.0.1", port)))
+        with received(ends[1][1]):  # the least loaded, worker 1 takes the second
+            pass
+        loads.open[1], loads.adopted[1] = 1, 1
+        clients.append(socket.create_connection(("127.0.0.1", port)))
+        time.sleep(0.2)  # handed to worker 0 (tied, first), which never reads it
+        ends[0][1].close()  # killed: its end closes with the connection unread in its queue
+        dispatcher.gone(0)
+        with received(ends[1][1]) as conn:  # the parent kept its copy: worker 1 gets the very connection
+            clients[2].sendall(b"ping")
+            assert conn.recv(4) == b"ping"
+        # The one worker 0 had adopted is its own: lost with it, not handed on twice.
+        adopted.close()
+        clients[0].settimeout(5)
+        assert clients[0].recv(1) == b""
+        ends[1][1].settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            socket.recv_fds(ends[1][1], TAG.size, 1)
+    finally:
+        dispatcher.stop()
+        listener.close()
+        for sock in clients + [end for pair in ends for end in pair]:
+            sock.close()
+
+
+def test_a_worker_that_closes_its_end_hands_back_what_it_had_not_adopted() -> None:
+    """Its watcher has not reaped it yet: the closed end is enough."""
+    listener = listen("127.0.0.1", 0)
+    loads = Loads.shared(2)
+    flags = [threading.Event(), threading.Event()]
+    ends = [handoff_pair() for _ in range(2)]
+    dispatcher = Dispatcher(listener, loads)
+    dispatcher.started(0, ends[0][0], flags[0])
+    flags[0].set()
+    dispatcher.start()
+    clients = []
+    try:
+        clients.append(socket.create_connection(("127.0.0.1", listener.getsockname()[1])))
+        time.sleep(0.2)  # in worker 0's queue, unread
+        dispatcher.started(1, ends[1][0], flags[1])
+        flags[1].set()
+        ends[0][1].close()
+        with received(ends[1][1]) as conn:
+            clients[0].sendall(b"ping")
+            assert conn.recv(4) == b"ping"
     finally:
         dispatcher.stop()
         listener.close()

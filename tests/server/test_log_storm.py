@@ -105,3 +105,36 @@ def test_repeated_warnings_pass_once_per_interval_with_a_count():
     assert limiter.filter(summary)
     assert summary.getMessage() == "Exceeded concurrency limit. x [999 more like this in the last 10 s not shown]"
     assert limiter.filter(record("Exceeded concurrency limit. %s", name="another.logger"))
+
+
+def test_records_of_different_origins_or_tracebacks_are_never_held_back_for_each_other():
+    """The kind is the origin: logger, call site and template, and a record's traceback (its exception types
+    and the lines they came through). Eight different 500s are eight tracebacks; the same one again is held."""
+    now = [0.0]
+    limiter = RepeatedWarnings(interval_s=10, clock=lambda: now[0])
+
+    def failure(kind: type[Exception]) -> logging.LogRecord:
+        try:
+            if kind is KeyError:
+                {}["missing"]
+            else:
+                len(5)  # type: ignore[arg-type]
+        except Exception:
+            exc_info = sys.exc_info()
+        return logging.LogRecord("uvicorn.error", logging.ERROR, "httptools_impl.py", 427,
+                                 "Exception in ASGI application\n", (), exc_info)
+
+    assert limiter.filter(failure(KeyError))
+    assert limiter.filter(failure(TypeError))  # another bug behind the first: shown
+    assert not limiter.filter(failure(KeyError))  # the first again, within the interval: held back
+    # The same exception type raised elsewhere is another traceback.
+    try:
+        raise KeyError("elsewhere")
+    except KeyError:
+        elsewhere = logging.LogRecord("uvicorn.error", logging.ERROR, "httptools_impl.py", 427,
+                                      "Exception in ASGI application\n", (), sys.exc_info())
+    assert limiter.filter(elsewhere)
+    # One template logged from two call sites: two origins.
+    first = logging.LogRecord("gateway.x", logging.WARNING, "a.py", 10, "%s", ("one failure",), None)
+    second = logging.LogRecord("gateway.x", logging.WARNING, "b.py", 20, "%s", ("another",), None)
+    assert limiter.filter(first) and limiter.filter(second)

@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from tests.conftest import no_error_lines_in
 from tests.paths import ROOT
 
 CHATTER = """
@@ -41,6 +42,31 @@ def test_the_libraries_chatter_shows_only_at_debug(level: str):
         assert len(lines) == 1, lines
     else:
         assert all(any(c in line for line in lines) for c in chatter), lines
+
+
+FAILURES = """
+import logging
+from gateway.logs import configure_logging
+configure_logging("INFO")
+
+def handle(body):  # two different bugs that clients' requests reach
+    return {}["missing"] if body == "a" else len(body)
+
+for body in ["a", 5, "a", 5]:
+    try:
+        handle(body)
+    except Exception:
+        logging.getLogger("uvicorn.error").exception("Exception in ASGI application\\n")  # as uvicorn logs a 500
+"""
+
+
+def test_two_different_failures_in_a_row_each_get_their_own_traceback():
+    """The repeat filter holds back the same traceback within its interval, never a different one."""
+    run = subprocess.run([sys.executable, "-c", FAILURES], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("Exception in ASGI application") == 2, run.stderr
+    assert run.stderr.count("Traceback") == 2, run.stderr
+    assert "KeyError: 'missing'" in run.stderr and "TypeError: object of type 'int' has no len()" in run.stderr
 
 
 def free_port() -> int:
@@ -80,4 +106,5 @@ def test_ctrl_c_ends_an_idle_gateway_within_a_second(tmp_path):
         if process.poll() is None:
             process.kill()
     log = (tmp_path / "gateway.log").read_text()
-    assert "Traceback" not in log and "drained: 0 session(s) left" in log
+    assert "drained: 0 session(s) left" in log
+    no_error_lines_in(log)

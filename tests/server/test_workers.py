@@ -22,9 +22,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import websockets
 
-from tests.conftest import Client, audio_of, connect, load_pcm, silence
-from tests.fake_openai import FakeOpenAI
+from bench.fake_openai import FakeOpenAI
+from tests.conftest import Client, audio_of, connect, load_pcm, no_error_lines_in, silence
 from tests.paths import ROOT, TINY_CHECKPOINT
 
 FIXTURE = TINY_CHECKPOINT
@@ -99,6 +100,7 @@ async def serve(tmp_path: Path, **env: str) -> AsyncIterator[Gateway]:
         if process.poll() is None:
             process.kill()
             process.wait()
+    no_error_lines_in(gateway.text())
 
 
 @contextlib.asynccontextmanager
@@ -165,6 +167,50 @@ async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one
         assert all(gone(pid) for pid in pids.values())
 
 
+async def open_session(port: int, held: list[websockets.ClientConnection]) -> str:
+    """'served' (session.created came, the connection is kept in `held`), 'refused' (a 503 with OpenAI's error
+    body) or what went wrong: the connection was lost."""
+    try:
+        ws = await websockets.connect(f"ws://127.0.0.1:{port}/v1/realtime", open_timeout=30)
+    except websockets.InvalidStatus as exc:
+        error = json.loads(exc.response.body)["error"]
+        return "refused" if exc.response.status_code == 503 and error["message"] and error["type"] else repr(exc)
+    except (OSError, TimeoutError, websockets.WebSocketException) as exc:
+        return repr(exc)
+    held.append(ws)
+    try:
+        event = json.loads(await asyncio.wait_for(ws.recv(), 30))
+    except (TimeoutError, websockets.WebSocketException) as exc:
+        return repr(exc)
+    return "served" if event["type"] == "session.created" else repr(event)
+
+
+async def test_connections_handed_to_a_worker_as_it_is_killed_are_served_by_the_other(tmp_path: Path) -> None:
+    """The parent keeps each connection until a worker has adopted it. Worker 0 is stopped (it adopts nothing)
+    while sessions arrive, half of them handed to it, and then killed; more arrive as it dies. Every one is
+    served by worker 1 or refused with a 503, none lost."""
+    async with serve(tmp_path, GATEWAY_RESPONDER_KIND="echo") as gateway:
+        pid = gateway.worker_pids()[0]
+        held: list[websockets.ClientConnection] = []
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            first = [asyncio.create_task(open_session(gateway.port, held)) for _ in range(8)]
+            await asyncio.sleep(1.0)
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        second = []
+        for _ in range(8):  # while it dies and is reaped
+            second.append(asyncio.create_task(open_session(gateway.port, held)))
+            await asyncio.sleep(0.02)
+        outcomes = await asyncio.gather(*first, *second)
+        for ws in held:
+            await ws.close()
+        assert all(outcome in ("served", "refused") for outcome in outcomes), outcomes
+        assert outcomes.count("served") == 16  # room enough: none was refused either
+        assert re.search(r"worker 0 is gone: \d+ connection\(s\) it had not adopted go to the others", gateway.text())
+        await gateway.wait_for(r"worker 0 \(pid \d+\) exited with status -9")
+
+
 @pytest.mark.skipif(not FIXTURE.exists(), reason="the tiny Qwen3-TTS checkpoint is missing")
 async def test_two_workers_speak_through_one_engine_process(tmp_path: Path) -> None:
     reply = "Hello world, this is a test."
@@ -220,6 +266,27 @@ def test_the_worker_count_auto_is_one_unless_a_gpu_engine_runs_in_engine_process
     on_cpu = {"engine__endpoints": "", "engine__checkpoint": "x", "engine__devices": "cpu"}
     assert workers.worker_count(make_config(**engines | on_cpu)) == 1
     with pytest.raises(ConfigError, match='mode = "process"'):
-        workers.worker_count(make_config(tts__engine="qwen3", engine__checkpoint="x", server__workers=2))
+        workers.worker_count(make_config(tts__engine="qwen3", engine__checkpoint="x", engine__mode="thread",
+                                         server__workers=2))
     with pytest.raises(ConfigError, match="server.workers"):
         workers.worker_count(make_config(server__workers=-1))
+
+
+def test_the_defaults_size_a_host_by_its_cores_and_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[engine] mode "auto" and [server] workers 0: one engine process per GPU and a worker per core less two
+    per GPU, with no option; on a host without a GPU, one process with the engine in a thread."""
+    from engine import supervisor
+    from gateway.server import workers
+    from tests.conftest import make_config
+
+    monkeypatch.setattr(workers, "cpu_count", lambda: 64)
+    monkeypatch.setattr(supervisor, "gpu_count", lambda python=None: 4)
+    config = make_config(tts__engine="qwen3", engine__checkpoint="x")
+    assert workers.worker_count(config) == 64 - 2 * 4
+    assert (config.engine.mode, config.engine.devices) == ("process", "cuda:0,cuda:1,cuda:2,cuda:3")
+    monkeypatch.setattr(supervisor, "gpu_count", lambda python=None: 0)
+    config = make_config(tts__engine="qwen3", engine__checkpoint="x")
+    assert workers.worker_count(config) == 1 and config.engine.mode == "thread"
+    config = make_config(tts__engine="qwen3", engine__checkpoint="x", server__workers=3)  # several: processes
+    assert workers.worker_count(config) == 3
+    assert workers.engine_mode(config) == "process" and config.engine.devices == "auto"

@@ -21,6 +21,7 @@ import orjson
 import pytest
 import websockets
 from prometheus_client import REGISTRY
+from starlette.routing import Route, WebSocketRoute
 from websockets.client import ClientProtocol
 from websockets.uri import parse_uri
 
@@ -127,6 +128,47 @@ async def test_deep_json_is_a_400_on_every_way_in(start_gateway, caplog):
     no_tracebacks(caplog)
 
 
+# JSON that is neither an object nor an array: it used to crash the depth check (a 500, or server_error).
+SCALARS = ("5", "-1.5e3", "true", "false", "null")
+
+
+async def test_scalar_json_is_a_400_on_every_route_that_reads_a_body(start_gateway, caplog):
+    """A bare number, true, false or null where a JSON object belongs gets the 400 a JSON string gets. Every
+    route of the app that takes a body is tried (path parameters filled in), so a new one cannot be missed."""
+    gateway = await start_gateway(webrtc__enabled=True)
+    reading_json = set()
+    for route in gateway.app.routes:
+        assert isinstance(route, Route | WebSocketRoute), route  # a Mount's routes would need walking here
+        for method in sorted((getattr(route, "methods", None) or set()) - {"GET", "HEAD"}):
+            path = re.sub(r"\{[^}]+\}", "x", route.path)
+            answers = {}
+            for body in ('"an object"', *SCALARS):
+                request = get(path, method, "Content-Type: application/json\r\n", body.encode())
+                status, _, raw = await raw_http(gateway.port, request)
+                error = orjson.loads(raw)["error"] if raw else {}
+                answers[body] = (status, error.get("code"), error.get("message"))
+            status, code, message = answers['"an object"']
+            assert status < 500 and set(answers.values()) == {(status, code, message)}, (method, path, answers)
+            if message and "must be a JSON object" in message:
+                assert (status, code) == (400, "invalid_json"), (method, path, answers)
+                reading_json.add(f"{method} {path}")
+    assert reading_json == {
+        "POST /v1/realtime/client_secrets", "POST /v1/realtime/sessions", "POST /v1/realtime/transcription_sessions",
+        "POST /v1/audio/speech", "POST /v1/audio/voice_consents", "POST /v1/audio/voice_consents/x",
+        "POST /v1/audio/voices",
+    }
+    # The WebRTC form's session part is JSON too.
+    offer = await aiortc_offer()
+    for session in ('"an object"', *SCALARS):
+        form = (f'--b\r\nContent-Disposition: form-data; name="sdp"\r\n\r\n{offer}\r\n'
+                f'--b\r\nContent-Disposition: form-data; name="session"\r\n\r\n{session}\r\n--b--\r\n')
+        status, _, body = await raw_http(gateway.port, offer_request(form.encode(), "multipart/form-data; boundary=b"))
+        error = orjson.loads(body)["error"]
+        assert status == 400 and error["message"] == "The 'session' part must be a JSON object.", (session, body)
+    assert not gateway.webrtc.calls and not gateway.sessions
+    no_tracebacks(caplog)
+
+
 def offer_request(sdp: bytes, content_type: str = "application/sdp") -> bytes:
     return get("/v1/realtime/calls", "POST", f"Content-Type: {content_type}\r\n", sdp)
 
@@ -222,6 +264,95 @@ async def test_an_offer_without_what_dtls_and_ice_need_is_a_400(start_gateway, c
     gc.collect()  # a task whose exception was never retrieved reports it when collected
     await asyncio.sleep(0.5)
     no_tracebacks(caplog)
+
+
+def offer_prefixes(offer: str) -> list[str]:
+    """``offer`` cut at each line boundary, and at each character of its m= and c= lines."""
+    lines = offer.split("\r\n")
+    cuts = []
+    for i, line in enumerate(lines):
+        head = "\r\n".join(lines[:i])
+        cuts.append(head)
+        if line.startswith(("m=", "c=")):
+            cuts += [f"{head}\r\n{line[:k]}" for k in range(2, len(line))]
+    return cuts
+
+
+async def refused_offer(port: int, sdp: str, path: str) -> tuple[int, dict]:
+    status, headers, body = await raw_http(port, get(path, "POST", "Content-Type: application/sdp\r\n", sdp.encode()))
+    if status == 201:  # still an offer aiortc can answer: hang it up
+        hang_up = get(headers["location"], "DELETE")
+        assert (await raw_http(port, hang_up))[0] == 204
+        return status, {}
+    return status, orjson.loads(body)["error"]
+
+
+async def test_every_prefix_of_an_offer_is_answered_or_refused_as_invalid_offer(start_gateway, caplog):
+    """aiortc's parser fails on a cut m= or c= line with a bare AssertionError and on an a=fmtp without its
+    a=rtpmap with StopIteration (a RuntimeError from the coroutine it escapes): each is a 400 naming the offer."""
+    gateway = await start_gateway(webrtc__enabled=True)
+    offer = await aiortc_offer()
+    fmtp = offer.replace("\r\na=rtpmap:", "\r\na=fmtp:111 minptime=10;useinbandfec=1\r\na=rtpmap:", 1)
+    cases = offer_prefixes(offer) + [fmtp]
+    assert len(cases) > 100
+    answered = 0
+    for sdp in cases:
+        for path in ("/v1/realtime/calls", "/v1/realtime"):
+            status, error = await refused_offer(gateway.port, sdp + "\r\n", path)
+            answered += status == 201
+            assert status == 201 or (status, error["code"], error["type"]) == (400, "invalid_offer",
+                                                                               "invalid_request_error"), (sdp, error)
+            assert status == 201 or "The " in error["message"], error
+    assert answered <= 4  # the whole offer, and no more than a cut of its last attribute or two
+    status, _ = await refused_offer(gateway.port, fmtp, "/v1/realtime/calls")
+    assert status == 400
+    await asyncio.sleep(0.5)
+    assert not gateway.webrtc.calls and not gateway.sessions
+    gc.collect()  # a task whose exception was never retrieved reports it when collected
+    await asyncio.sleep(0.5)
+    no_tracebacks(caplog)
+
+
+async def test_an_offer_bundling_a_missing_mid_is_refused_before_aiortc_sees_it(start_gateway, caplog):
+    gateway = await start_gateway(webrtc__enabled=True)
+    offer = await aiortc_offer()
+    group = next(line for line in offer.split("\r\n") if line.startswith("a=group:BUNDLE "))
+    cases = [
+        # aiortc bundles onto the first mid's transport: with no such section, onto None, and the call's
+        # close fails with an AttributeError in a task nobody awaits
+        replaced(offer, "a=group:BUNDLE ", "a=group:BUNDLE 7 " + group.removeprefix("a=group:BUNDLE ")),
+        replaced(offer, "a=group:BUNDLE ", group + " 7"),  # a third section that is not there
+        offer.split("\r\nm=application")[0],  # the data channel's section cut off, its mid still bundled
+        without(offer, "a=mid:"),  # sections without a mid, bundled by theirs
+    ]
+    for sdp in cases:
+        status, error = await refused_offer(gateway.port, sdp, "/v1/realtime/calls")
+        assert (status, error["code"]) == (400, "invalid_offer"), error
+        assert "BUNDLE" in error["message"] and "mid" in error["message"], error
+    assert not gateway.webrtc.calls and not gateway.sessions
+    gc.collect()
+    await asyncio.sleep(0.5)
+    no_tracebacks(caplog)
+
+
+@pytest.mark.error_logs_expected("aiortc's own task fails on the offer it is given past the checks")
+async def test_a_failing_peer_connection_close_does_not_escape_the_calls_close(start_gateway, caplog):
+    """An offer aiortc half sets up (past the signalling's checks, straight to the registry): its answer fails,
+    and so does aiortc's close of the peer connection; the call is closed all the same and the answer's own
+    error is the one raised."""
+    from gateway.realtime.events import Dialect
+
+    gateway = await start_gateway(webrtc__enabled=True)
+    offer = await aiortc_offer()
+    group = next(line for line in offer.split("\r\n") if line.startswith("a=group:BUNDLE "))
+    offer = replaced(offer, "a=group:BUNDLE ", "a=group:BUNDLE 7 " + group.removeprefix("a=group:BUNDLE "))
+    session = gateway.gateway.new_session(Dialect.GA, server_playout=True)
+    with pytest.raises(AttributeError, match="attribute 'transport'"):
+        await gateway.webrtc.answer(session, offer, "127.0.0.1")
+    assert not gateway.webrtc.calls
+    assert "closing its peer connection failed (AttributeError" in caplog.text
+    gc.collect()  # aiortc's failed task reports its exception now, in this test, when collected
+    await asyncio.sleep(0.1)
 
 
 async def test_one_clients_pending_calls_do_not_lock_out_another(start_gateway, caplog):

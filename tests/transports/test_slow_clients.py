@@ -225,6 +225,7 @@ async def test_upgrade_heads_the_handshake_parser_cannot_take_are_answered_and_c
     assert status == 200
 
 
+@pytest.mark.error_logs_expected("its stand-in app never answers and is cancelled at the end: uvicorn logs that")
 async def test_a_handshake_the_app_never_answers_is_closed_at_the_head_deadline():
     """The server's protocols in front of an app that never answers a handshake (none of ours does that;
     the deadline holds whatever the app)."""

@@ -21,14 +21,15 @@ from openai import AsyncOpenAI
 from prometheus_client import REGISTRY
 from pydantic import BaseModel, ConfigDict
 
+from bench.fake_openai import FakeOpenAI
 from engine.api import Sampling
 from gateway.audio_codecs import RESPONSE_FORMATS
 from gateway.responders.pipeline import BridgeSettings, PipelineResponder
 from gateway.responders.remote import LlmClient
 from gateway.responders.text_bridge import TextBridge
 from gateway.responders.tone_tts import ToneEngine, tone_pcm
+from gateway.runtime.custom_voices import BASE_CHECKPOINT, DESIGN_CHECKPOINT, SPEECH_TO_TEXT
 from tests.conftest import Served, StartGateway, audio_of, connect
-from tests.fake_openai import FakeOpenAI
 from tests.paths import DATA, TINY_CHECKPOINT
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -330,6 +331,32 @@ async def test_instructions_reach_a_checkpoint_that_follows_them(start_gateway: 
     capabilities = await client.get("/audio/capabilities", cast_to=object)
     assert capabilities["instructions"] is True and "alloy" in capabilities["voices"]
     assert not capabilities["cloning"] and not capabilities["design"]
+
+
+async def test_the_capabilities_offer_each_voice_once_and_name_what_is_missing(start_gateway: StartGateway) -> None:
+    """Names that [engine.voices] maps to one speaker are one voice, the speaker's own name with them; an
+    engine that speaks every name alike is one voice; what the gateway lacks to clone or design is named."""
+    voices = {"alloy": "vivian", "coral": "serena", "marin": "Serena"}
+    gateway = await start_gateway(**{**QWEN3, "engine__voices": voices})
+    capabilities = await sdk(gateway).get("/audio/capabilities", cast_to=object)
+    assert capabilities["voices"] == ["alloy", "coral", "dylan", "eric", "marin", "ryan", "serena", "vivian"]
+    assert capabilities["distinct_voices"] == [  # the tiny checkpoint's speakers: vivian, ryan, serena, eric, dylan
+        {"voice": "alloy", "names": ["alloy", "vivian"], "speaker": "vivian"},
+        {"voice": "coral", "names": ["coral", "marin", "serena"], "speaker": "serena"},
+        {"voice": "dylan", "names": ["dylan"], "speaker": "dylan"},
+        {"voice": "eric", "names": ["eric"], "speaker": "eric"},
+        {"voice": "ryan", "names": ["ryan"], "speaker": "ryan"},
+    ]
+    assert capabilities["missing"] == {"cloning": [BASE_CHECKPOINT, SPEECH_TO_TEXT], "design": [DESIGN_CHECKPOINT]}
+    assert not capabilities["cloning"] and not capabilities["design"]
+
+    async with FakeOpenAI() as stt:  # a speech-to-text: cloning now lacks the checkpoint only
+        tone = await start_gateway(tts__engine="tone", stt__base_url=stt.base_url, stt__model="whisper-test")
+        capabilities = await sdk(tone).get("/audio/capabilities", cast_to=object)
+    assert capabilities["voices"] is None
+    assert capabilities["distinct_voices"] == [{"voice": "alloy", "names": None,
+                                                "speaker": "tone (a test signal, no speech)"}]
+    assert capabilities["missing"] == {"cloning": [BASE_CHECKPOINT], "design": [DESIGN_CHECKPOINT]}
 
 
 async def test_without_pyav_pcm_is_still_served(start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch) -> None:

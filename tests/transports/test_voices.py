@@ -14,11 +14,11 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
+from bench.fake_openai import FakeOpenAI
 from gateway.audio import wav_bytes
 from gateway.runtime.consent import CONSENT_PHRASES
 from tests import speakers
 from tests.conftest import Served, StartGateway, audio_of, connect, make_config
-from tests.fake_openai import FakeOpenAI
 from tests.paths import DATA, TINY_CHECKPOINT
 
 pytestmark = [pytest.mark.skipif(speakers.missing() is not None, reason=speakers.missing() or ""),
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.skipif(speakers.missing() is not None, reason=speakers
 
 CHECKPOINTS = ",".join(str(p) for p in (TINY_CHECKPOINT, DATA / "qwen3_tts_tiny_base", DATA / "qwen3_tts_tiny_design"))
 # The tiny Base checkpoint's random speaker encoder puts every voice near cosine 1; 0.998 separates piper's joe
-# from espeak-ng's voices there (bench/RESULTS.md, scripts/calibrate_consent.py).
+# from espeak-ng's voices there (python -m scripts.calibrate_consent).
 TINY_THRESHOLD = 0.998
 
 

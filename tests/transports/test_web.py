@@ -28,11 +28,11 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
     pytest.skip("chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True)
 
+from bench.fake_openai import FakeOpenAI  # noqa: E402
 from gateway.responders.build import LOCAL_STT, installed  # noqa: E402 - after the skips
 from gateway.responders.pipeline import BridgeSettings, PipelineResponder  # noqa: E402
 from gateway.responders.remote import LlmClient  # noqa: E402
 from gateway.responders.tone_tts import ToneEngine  # noqa: E402
-from tests.fake_openai import FakeOpenAI  # noqa: E402
 from tests.paths import ROOT  # noqa: E402
 
 SPEECH = ROOT / "tests" / "fixtures" / "one_sentence.wav"

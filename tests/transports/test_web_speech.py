@@ -14,10 +14,12 @@ import pytest
 
 async_api = pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
 
+from bench.fake_openai import FakeOpenAI  # noqa: E402
 from gateway.audio import wav_bytes  # noqa: E402 - after the skip
+from gateway.runtime.custom_voices import BASE_CHECKPOINT, DESIGN_CHECKPOINT  # noqa: E402
 from tests import speakers  # noqa: E402
 from tests.paths import DATA, TINY_CHECKPOINT  # noqa: E402
-from tests.transports.test_web import CHROMIUM, chromium_args, until  # noqa: E402
+from tests.transports.test_web import CHROMIUM, chromium_args, pipeline, until  # noqa: E402
 
 if CHROMIUM is None:
     pytest.skip("chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True)
@@ -57,6 +59,34 @@ async def test_the_speech_tab_streams_into_the_player(start_gateway) -> None:
     assert shown and abs(int(shown[1]) - stats["firstByteMs"]) <= 0.5, timing
 
 
+MENU = "(id) => [...document.getElementById(id).options].map((o) => o.text)"
+MAKING = ["#voice-name", "#consent-language", "#record-consent", "#record-sample", "#create-voice"]
+
+
+async def test_the_page_offers_the_voices_there_are_and_says_what_making_one_lacks(start_gateway) -> None:
+    """The demo's case: speech-to-text, an engine that speaks every name alike, no Qwen3-TTS checkpoint. Both
+    tabs offer its one voice (not OpenAI's ten names, spoken alike), in full; the Speech tab names what
+    making a voice lacks, and only that, and turns off what needs it."""
+    async with FakeOpenAI() as fake:
+        gateway = await start_gateway(pipeline(fake.base_url), stt__base_url=fake.base_url, stt__model="whisper-test")
+        problems: list[str] = []
+        async with async_api.async_playwright() as playwright:
+            browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=chromium_args(speakers_wav(None)))
+            try:
+                page = await open_speech_tab(browser, gateway, problems)
+                await until(page, "document.querySelector('#voice').options[0].value === 'alloy'")
+                menus = [await page.evaluate(MENU, menu) for menu in ("voice", "speech-voice")]
+                disabled = [await page.is_disabled(f"#{menu}") for menu in ("voice", "speech-voice")]
+                note = await page.text_content("#speech-make-note")
+                making = [await page.is_disabled(control) for control in MAKING]
+            finally:
+                await browser.close()
+    assert menus == [["tone (a test signal, no speech)"]] * 2 and disabled == [True, True]
+    assert note == (f"This gateway cannot clone a voice: it lacks {BASE_CHECKPOINT}. "
+                    f"Nor design one from a description: it lacks {DESIGN_CHECKPOINT}.")
+    assert all(making) and problems == []
+
+
 @pytest.mark.skipif(speakers.missing() is not None, reason=speakers.missing() or "")
 async def test_a_voice_recorded_in_the_browser(start_gateway, tmp_path: Path) -> None:
     """The fake microphone reads the consent phrase (piper's joe, then a pause, in a loop); the page records
@@ -73,6 +103,10 @@ async def test_a_voice_recorded_in_the_browser(start_gateway, tmp_path: Path) ->
         try:
             page = await open_speech_tab(browser, gateway, problems)
             assert await page.text_content("#consent-phrase") == speakers.CONSENT_PHRASES["en"]
+            # The tiny checkpoint's five speakers, alloy the name [engine.voices] gives vivian; all of it on.
+            assert await page.evaluate(MENU, "speech-voice") == ["alloy (vivian)", "dylan", "eric", "ryan", "serena"]
+            assert not any([await page.is_disabled(control) for control in MAKING if control != "#create-voice"])
+            assert (await page.text_content("#speech-make-note")).startswith("Record the speaker reading")
             for what in ("consent", "sample"):
                 await page.click(f"#record-{what}")
                 await page.wait_for_timeout(2 * loop_ms)  # the phrase whole at least once, wherever the loop is

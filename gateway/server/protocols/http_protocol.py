@@ -24,7 +24,7 @@ and every open connection counts against ``limit_concurrency`` (past it, 503s fo
 
 Why httptools rather than h11: in a burst of requests, each gateway process parses its share one after
 another, and h11 (pure Python) cost the gateway 80 to 100 µs more CPU per request and response
-(scripts/bench_transport.py; bench/RESULTS.md). httptools also takes what h11 refused itself: two Host
+(python -m bench transport). httptools also takes what h11 refused itself: two Host
 headers and an HTTP/1.1 request without one are the front door's 400s. This leans on uvicorn's httptools
 protocol internals (its parser callbacks, scope, cycle, flow control and upgrade hand-over): pyproject.toml
 pins uvicorn's minor version, and tests/transports/test_slow_clients.py exercises each limit.
@@ -154,6 +154,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         protocol = self.transport.get_protocol()
         assert isinstance(protocol, LimitedWebSocketProtocol)
         protocol.answer_by(self._head_deadline, slot)
+        # Done with: the parser and this protocol hold each other (its callbacks), and uvicorn lets go of the
+        # parser only when the connection is lost, which this protocol no longer hears of.
+        self.parser = None  # type: ignore[assignment]
 
     # --- deadlines ---------------------------------------------------------------------------------
 

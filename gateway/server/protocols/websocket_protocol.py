@@ -2,17 +2,20 @@
 
 uvicorn already applies back-pressure both ways: it stops reading a connection once a message waits for
 the app, and a send waits while the socket's write buffer is above its high-water mark (64 KiB), so a
-client that never reads holds that much and no more. What it lacks, and this subclass adds:
+client that never reads holds that much and no more. Stopping and resuming costs two changes of the event
+loop's epoll set, for every message of every client (an audio append every 20 ms): here reading stops only
+once MAX_WAITING messages wait, or more bytes than the connection's free allowance below (one large
+message). What uvicorn lacks, and this subclass adds:
 
 - A send deadline (``[server] send_timeout_s``): a send that has waited that long for a client that
   does not read aborts the connection. Closing it politely would wait behind the very buffer that is
   stuck (so would uvicorn's keepalive timeout: its ping and close frame queue up behind it); the app
   sees a disconnect with code 1011 and reason "send timeout", and its session is freed.
 - A process-wide bound on buffered inbound bytes. Each connection may hold up to
-  ``[server] inbound_free_bytes`` (a message being read, one waiting, one being handled); past that
+  ``[server] inbound_free_bytes`` (a message being read, those waiting, one being handled); past that
   it needs one of ``inbound_budget_bytes // (2 * max_message_bytes)`` large-message slots and stops
-  reading until one is free. A slot holder can always finish its message (its room is reserved), so
-  slots never deadlock; they are given first come, first served.
+  reading until one is free (and, holding one, after each message). A slot holder can always finish its
+  message (its room is reserved), so slots never deadlock; they are given first come, first served.
   Peak memory of inbound messages, the copies made while handling them included: at most
   2 x inbound_budget_bytes + 3 x connections x (inbound_free_bytes + one socket read of 256 KiB).
 
@@ -54,6 +57,9 @@ SEND_TIMEOUTS = Counter("gateway_send_timeouts_total",
 INBOUND_WAITS = Counter("gateway_inbound_budget_waits_total",
                         "Times a connection stopped reading to wait for a large-message slot")
 
+# Messages of one connection waiting for the app before it stops reading (within its free bytes).
+MAX_WAITING = 16
+
 
 class InboundBudget:
     """Large-message slots shared by a process's connections, handed out first come, first served."""
@@ -94,6 +100,7 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._queued: deque[int] = deque()  # sizes of the messages waiting for the app
+        self._queued_bytes = 0  # their sum
         self._app_holds = 0  # size of the message the app is handling (until it asks for the next)
         self._parser_holds = 0  # size of the last message, still referenced by websockets' parser
         self._waiting_slot = False
@@ -165,7 +172,7 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
     # --- inbound bound ------------------------------------------------------------------------------
 
     def _held(self) -> int:
-        return (len(self.conn.reader.buffer) + sum(len(f) for f in self.frames) + sum(self._queued)
+        return (len(self.conn.reader.buffer) + sum(len(f) for f in self.frames) + self._queued_bytes
                 + self._app_holds + self._parser_holds)
 
     def data_received(self, data: bytes) -> None:
@@ -183,10 +190,16 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
     def send_receive_event_to_app(self) -> None:
         size = sum(len(f) for f in self.frames)
         queued = self.queue.qsize()
+        paused, self.read_paused = self.read_paused, True  # uvicorn's pause after every message: not here
         super().send_receive_event_to_app()
+        self.read_paused = paused
         self._parser_holds = size
         if self.queue.qsize() > queued:
             self._queued.append(size)
+            self._queued_bytes += size
+        if not paused and (self.queue.qsize() >= MAX_WAITING or self._held() > self.free_bytes):
+            self.read_paused = True
+            self.transport.pause_reading()
 
     def _drop_parsed_frame(self) -> None:
         """websockets' parser keeps its last frame referenced (a local of its generator) until the next one
@@ -209,6 +222,7 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
         message = await self.queue.get()
         if message["type"] == "websocket.receive" and self._queued:
             self._app_holds = self._queued.popleft()
+            self._queued_bytes -= self._app_holds
         if self.read_paused and self.queue.empty():
             self.read_paused = False
             if not self._waiting_slot:

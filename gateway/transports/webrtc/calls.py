@@ -13,7 +13,8 @@ from ``[server] max_sessions``, which counts a call only once it is connected. A
 again: when the oldest of the pending calls in the way is dropped.
 
 An offer is checked before aiortc gets it (``sdp_problem``): aiortc accepts an offer without a DTLS
-fingerprint, or with an ICE password too short to be one, and fails later in a task of its own.
+fingerprint, with an ICE password too short to be one or with a BUNDLE group naming a section it lacks, and
+fails later in a task of its own.
 
 Behind a balancer the answer names this node: ``[webrtc] advertised_host`` replaces the address of its
 host candidates (aiortc binds the interfaces' own addresses, private ones in a pod or behind 1:1 NAT), and
@@ -31,6 +32,7 @@ import re
 import secrets
 import socket
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -229,6 +231,17 @@ class OutboundAudio(PacedTrack):
 # --- one call -------------------------------------------------------------------------------------
 
 
+def _weakly(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """``method`` called through a weak reference to its object (nothing once the object is gone)."""
+    ref = weakref.WeakMethod(method)
+
+    async def call(*args: object) -> None:
+        if (bound := ref()) is not None:
+            await bound(*args)
+    return call
+
+
+
 class Call:
     """One peer connection and its session; ``close`` frees both, whichever side ends the call."""
 
@@ -239,8 +252,10 @@ class Call:
         self.created = time.monotonic()
         self.pc = RTCPeerConnection(registry.rtc_configuration)
         self.session = session
-        self.playout = OutboundAudio(self._on_playout)
-        self.runner = registry.gateway.new_runner(session, self._send, self.playout)
+        # Its parts call back through weak references, and `close` takes its listeners off the peer connection
+        # and channel: a call that ends is freed at once by reference counting, not by the collector.
+        self.playout = OutboundAudio(_weakly(self._on_playout))
+        self.runner = registry.gateway.new_runner(session, _weakly(self._send), self.playout)
         self.connected = False  # the peer connection came up: the call counts as a session
         self._channel: RTCDataChannel | None = None
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
@@ -279,9 +294,18 @@ class Call:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self.registry.gateway.close_session(self.runner, client_gone)
+        try:
+            await self.registry.gateway.close_session(self.runner, client_gone)
+        except Exception:
+            log.exception("call %s: closing its session failed", self.id)
         self.playout.stop()
-        await self.pc.close()
+        try:
+            await self.pc.close()
+        except Exception as exc:  # aiortc's teardown of what it set up from the peer's offer
+            log.warning("call %s: closing its peer connection failed (%s: %s)", self.id, type(exc).__name__, exc)
+        self.pc.remove_all_listeners()
+        if self._channel is not None:
+            self._channel.remove_all_listeners()
         log.info("call %s closed (%d playout underruns)", self.id, self.playout.underruns)
 
     def close_soon(self, client_gone: bool = True) -> None:
@@ -390,10 +414,20 @@ def sdp_problem(sdp: str) -> str | None:
     some of these and fails later, in a task nobody awaits (a missing fingerprint: an AssertionError)."""
     try:
         description = SessionDescription.parse(sdp)
-    except (ValueError, KeyError, IndexError) as exc:  # aiortc's parser on a malformed attribute
-        return f"The SDP offer cannot be used: {type(exc).__name__}: {exc}"
+    except Exception as exc:  # aiortc's parser fails as it may: a bare AssertionError on a cut m= or c= line,
+        # StopIteration on an a=fmtp without its a=rtpmap, ValueError or KeyError on a malformed attribute
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return f"The SDP offer cannot be used: it does not parse ({detail}); check its m=, c= and a= lines."
     if not description.media:
         return "The offer has no media: it needs an audio track (m=audio) and/or a data channel (m=application)."
+    # aiortc bundles every section onto the transport of the group's first mid, and onto None when no
+    # section has it: the call then fails, and so does its close, in tasks of aiortc's own.
+    mids = {media.rtp.muxId for media in description.media}
+    for group in description.group:
+        missing = [mid for mid in group.items if mid not in mids] if group.semantic == "BUNDLE" else []
+        if missing:
+            return (f"The offer's BUNDLE group (a=group:BUNDLE) names mid {missing[0]!r}, which no media section "
+                    "has (a=mid).")
     for index, media in enumerate(description.media):
         where = f"media section {index} (m={media.kind})"
         if media.dtls is None or not media.dtls.fingerprints:  # aiortc drops both without an a=setup

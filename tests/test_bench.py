@@ -1,0 +1,104 @@
+"""The benchmark tool: a --small gateway level on the CPU writes a whole record, a level whose load side did not
+keep up is INVALID and no result, targets take valid levels only, and docs/benchmarks.md is what the records
+make."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench import page, record
+from bench.suites import NAMES
+from bench.targets import evaluate
+from bench.validity import Bounds, judge
+from tests.paths import ROOT
+
+
+def small_gateway(records: Path, *options: str) -> dict[str, Any]:
+    """One level of 2 sessions through the gateway (one process, the engine in its thread on the tiny checkpoint: the
+    quickest to start), the fakes and the load generator; its record."""
+    done = subprocess.run([sys.executable, "-m", "bench", "gateway", "--small", "--sessions", "2", "--arrivals",
+                           "poisson", "--spread", "1", "--workers", "1", "--engine-mode", "thread", "--records",
+                           str(records), *options], cwd=ROOT,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    (path,) = (records / "small").glob("*.json")
+    assert f"record: {path}" in done.stdout
+    return json.loads(path.read_text())
+
+
+def test_the_cli_lists_every_suite():
+    done = subprocess.run([sys.executable, "-m", "bench", "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=True)
+    for suite in (*NAMES, "page"):
+        assert f"    {suite}" in done.stdout
+
+
+def test_a_small_gateway_level_writes_its_record(tmp_path: Path):
+    rec = small_gateway(tmp_path)
+    assert (rec["suite"], rec["small"], rec["device"]) == ("gateway", True, "cpu")
+    assert rec["command"].startswith("python -m bench gateway --small --sessions 2")
+    assert rec["commit"] and rec["date"].endswith("Z") and rec["setup"] == "tiny, 0 GPUs, 1 worker"
+    assert rec["machine"]["cores"] >= rec["machine"]["cores_used"] >= 1 and rec["machine"]["gpus"] == []
+    assert rec["settings"]["gateway"]["engine.checkpoint"].endswith("tests/data/qwen3_tts_tiny")
+    (level,) = rec["levels"]
+    assert (level["sessions"], level["arrivals"], level["model"], level["workers"]) == (2, "poisson", "tiny", 1)
+    for figure in ("first_delta_p95_ms", "vad_late_p95_ms", "worker_lag_p99_ms", "barge_in_p95_ms",
+                   "cpu_s_per_session_min"):
+        assert figure in level
+    assert isinstance(level["audio_errors"], int) and len(level["worker_lag_p99_each_ms"]) == 1
+    load = level["load"]
+    assert load["client_processes"] == 1 and load["client_lag_p99_ms"] >= 0 and load["late_starts"] >= 0
+    # the fakes' own view of their answers: never sooner than their fixed latencies, one answer of each per turn
+    fake = load["fake"]
+    assert fake["stt_p50_ms"] >= fake["stt_ms"] == 100 and fake["llm_p50_ms"] >= fake["llm_ms"] == 80
+    assert fake["requests"] >= 2 and fake["lag_p99_ms"] >= 0
+    # the verdict follows from the load figures and the bounds the record keeps
+    bounds = Bounds(**rec["validity_bounds"])
+    assert level["invalid"] == judge(load, bounds) and level["valid"] is (not level["invalid"])
+    assert rec["valid"] is level["valid"] and rec["targets"] == []  # the tiny model bears on no target
+
+
+def test_an_overloaded_load_side_is_invalid_not_a_result(tmp_path: Path):
+    # no margin at all over the fakes' fixed latencies: any real answer is over it, as an overloaded fake's is
+    rec = small_gateway(tmp_path, "--max-fake-over", "0")
+    (level,) = rec["levels"]
+    assert level["valid"] is False and rec["valid"] is False
+    assert any(reason.startswith("fake STT P95") and "100 ms fixed" in reason for reason in level["invalid"])
+    assert rec["validity_bounds"]["fake_over"] == 0
+
+
+def test_targets_take_valid_levels_only_and_capacity_needs_two_runs():
+    def run(first_delta: float, valid: bool | None) -> dict[str, Any]:
+        return {"responder": "pipeline", "tts": "engine", "model": "0.6b", "sessions_per_gpu": 1000,
+                "arrivals": "poisson", "first_delta_p95_ms": first_delta, "valid": valid}
+
+    def verdict(levels: list[dict[str, Any]]) -> dict[str, Any]:
+        return next(t for t in evaluate("gateway", levels) if t["id"] == "gateway.0.6b.1000.first_delta")
+
+    assert verdict([run(180, True), run(190, True)]) == verdict([run(190, True), run(180, True)])
+    both = verdict([run(180, True), run(190, True)])
+    assert (both["figure"], both["status"], both["met"]) == (190, "met", True)
+    one = verdict([run(180, True), run(900, False)])  # the overloaded run is no result, good or bad
+    assert (one["figure"], one["status"], one["met"], one["invalid_runs"]) == (180, "1 of 2 runs", False, 1)
+    assert verdict([run(900, False), run(900, False)])["status"] == "invalid"
+    assert verdict([run(180, True), run(260, True)])["status"] == "not met"
+    assert verdict([run(180, None), run(190, None)])["load_checked"] is False  # imported: not judged
+
+
+def test_the_benchmarks_page_is_what_the_records_make():
+    records = record.load()
+    assert records, "bench/runs/ holds the records the page is made from"
+    text = page.PAGE.read_text()
+    assert text == page.render(records), "docs/benchmarks.md is stale: python -m bench page"
+    for rec in records:
+        assert {"suite", "setup", "date", "commit", "command", "machine", "levels", "targets"} <= rec.keys()
+    linked = set(re.findall(r"\(runs/([^)]+\.json)\)", text))
+    assert linked and linked <= {rec["file"] for rec in records}
+    # every target a record bears on shows its current figure
+    shown = {(t["what"]) for rec in records for t in rec["targets"] if t["status"] != "invalid"}
+    assert all(f"| {what} |" in text for what in shown)
