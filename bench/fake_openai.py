@@ -1,7 +1,9 @@
 """A fake OpenAI-compatible STT + LLM server: real HTTP on loopback, for tests and benchmarks (the remote
 model servers neither can run here).
 
-It serves POST /v1/chat/completions (streamed as SSE in OpenAI's chunk format, or whole) and
+It serves POST /v1/chat/completions (streamed as SSE in OpenAI's chunk format, or whole), POST /v1/responses
+(the Responses API's streaming events, as OpenAI sends them; off with ``responses_api=False``: a 404, as a
+server without it answers) and
 POST /v1/audio/transcriptions (multipart; with ``stt_streams``, a request with stream=true is answered
 as OpenAI's gpt-4o-transcribe does: SSE transcript.text.delta events, then transcript.text.done with
 the text and token usage; without it the flag is ignored and the text comes whole, as whisper servers
@@ -113,6 +115,7 @@ class FakeOpenAI:
         usage: bool = True,
         stt_streams: bool = False,
         stt_tokens_per_s: float = 0.0,  # 0: as fast as possible
+        responses_api: bool = True,
         reuse_port: bool = False,
     ) -> None:
         """``usage``: report token counts when asked (stream_options.include_usage); some servers never do."""
@@ -129,6 +132,7 @@ class FakeOpenAI:
         self.model = model
         self.usage = usage
         self.stt_streams, self.stt_tokens_per_s = stt_streams, stt_tokens_per_s
+        self.responses_api = responses_api
         self.reuse_port = reuse_port
         self.requests: list[Recorded] = []
         # ("stt" or "llm", seconds from a request's arrival to the first bytes of its answer's content)
@@ -145,6 +149,10 @@ class FakeOpenAI:
         return [r for r in self.requests if r.path.endswith("/chat/completions")]
 
     @property
+    def responses_requests(self) -> list[Recorded]:
+        return [r for r in self.requests if r.path.endswith("/responses")]
+
+    @property
     def stt_requests(self) -> list[Recorded]:
         return [r for r in self.requests if r.path.endswith("/audio/transcriptions")]
 
@@ -152,6 +160,8 @@ class FakeOpenAI:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/audio/transcriptions", self._transcribe)
+        if self.responses_api:
+            app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         # Cancelling the handler when the client disconnects is how a closed stream is noticed
         # even while the handler sleeps (time to first token, hang).
@@ -306,6 +316,74 @@ class FakeOpenAI:
         await response.write_eof()
         rec.finished = True
         return response
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/responses, streamed: the reply's message and function calls as Responses events."""
+        body = orjson.loads(await request.read())
+        rec = Recorded(request.path, body)
+        self.requests.append(rec)
+        try:
+            script = self._script(body)
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await response.prepare(request)
+            seq = iter(range(1_000_000))
+            snapshot: dict[str, Any] = {"id": f"resp_{uuid.uuid4().hex[:24]}", "object": "response",
+                                        "created_at": int(time.time()), "status": "in_progress", "model": self.model,
+                                        "output": [], "instructions": body.get("instructions"),
+                                        "tools": body.get("tools", []), "usage": None}
+
+            async def send(kind: str, **fields: Any) -> None:
+                data = {"type": kind, "sequence_number": next(seq), **fields}
+                await response.write(f"event: {kind}\n".encode() + _sse(data))
+
+            await send("response.created", response=dict(snapshot))
+            await send("response.in_progress", response=dict(snapshot))
+            output: list[dict[str, Any]] = []
+            tokens = tokenize(script.text)
+            if tokens:
+                item_id = f"msg_{uuid.uuid4().hex[:24]}"
+                item = {"id": item_id, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+                await send("response.output_item.added", output_index=0, item=item)
+                place = {"item_id": item_id, "output_index": 0, "content_index": 0}
+                await send("response.content_part.added", **place, part={"type": "output_text", "text": "",
+                                                                         "annotations": []})
+                for token in tokens:
+                    await send("response.output_text.delta", **place, delta=token, logprobs=[])
+                    rec.tokens_sent += 1
+                part = {"type": "output_text", "text": script.text, "annotations": []}
+                await send("response.output_text.done", **place, text=script.text, logprobs=[])
+                await send("response.content_part.done", **place, part=part)
+                item = {**item, "status": "completed", "content": [part]}
+                await send("response.output_item.done", output_index=0, item=item)
+                output.append(item)
+            for call in script.calls:
+                index = len(output)
+                arguments = call.arguments if isinstance(call.arguments, str) else orjson.dumps(call.arguments).decode()
+                item = {"id": f"fc_{uuid.uuid4().hex[:24]}", "type": "function_call", "status": "in_progress",
+                        "call_id": f"call_{uuid.uuid4().hex[:24]}", "name": call.name, "arguments": ""}
+                await send("response.output_item.added", output_index=index, item=item)
+                for piece in _pieces(arguments):
+                    await send("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                               delta=piece)
+                await send("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                           arguments=arguments)
+                item = {**item, "status": "completed", "arguments": arguments}
+                await send("response.output_item.done", output_index=index, item=item)
+                output.append(item)
+            input_tokens = len(orjson.dumps(body.get("input", []))) // 4
+            usage = {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+                     "output_tokens": len(tokens), "output_tokens_details": {"reasoning_tokens": 0},
+                     "total_tokens": input_tokens + len(tokens)}
+            await send("response.completed", response={**snapshot, "status": "completed", "output": output,
+                                                       "usage": usage})
+            await response.write_eof()
+            rec.finished = True
+            return response
+        except (asyncio.CancelledError, ConnectionResetError):
+            rec.closed_by_client = True
+            raise
+        finally:
+            rec.done.set()
 
     async def _models(self, request: web.Request) -> web.Response:
         model = {"id": "fake", "object": "model", "created": 0, "owned_by": "fake"}

@@ -247,6 +247,39 @@ class TwilioConfig:
 
 
 @dataclass
+class LiveConfig:
+    """[live]: GPT-Live sessions (/v1/live/sessions). Its voice model is the gateway's own conversational path (the
+    [responder]), its delegated backend any OpenAI-compatible server."""
+
+    models: str = "gpt-live-1,gpt-live-1.1"  # the model names served (a prefix such as openai/ is accepted)
+    instructions: str = ""  # the voice model's instructions when a session sends none ("" = [session] instructions)
+    voice: str = ""  # the voice that speaks an unmapped built-in name ("" = [session] voice)
+    voices: dict[str, str] = field(default_factory=dict)  # built-in voice name -> TTS voice
+    # how readily a pause ends the user's turn ([semantic_vad]'s levels)
+    eagerness: str = bounded("high", choices=("low", "medium", "high", "auto"))
+    max_session_s: float = bounded(3600.0, above=0)  # a session's life: its expires_at, then it closes "expired"
+    no_audio_timeout_s: float = bounded(30.0, above=0)  # a session without input audio this long closes "expired"
+    # one append's content, in tokens (estimated: gateway.live.settings.tokens)
+    max_append_tokens: int = bounded(500, at_least=1)
+    max_pending_appends: int = bounded(32, at_least=1)  # appends waiting for their place on the timeline
+    max_instructions_tokens: int = bounded(16384, at_least=1)
+    max_input_tokens: int = bounded(8192, at_least=1)  # startup input history
+    # delegations a session keeps (the oldest client one is forgotten beyond it)
+    max_delegations: int = bounded(64, at_least=1)
+    max_response_runs: int = bounded(4, at_least=1)  # Responses delegation runs at once
+    max_response_items: int = bounded(64, at_least=1)  # response.item.create items waiting for response.create
+    # input that may run ahead of the output's real-time pace before a client waits
+    max_lead_ms: int = bounded(3000, at_least=1)
+    usage_interval_s: float = bounded(15.0, above=0)  # session.usage.updated every this much of the timeline
+    delegation_base_url: str = ""  # the Responses delegation's server ("" = [llm] base_url)
+    delegation_api_key_env: str = "DELEGATION_API_KEY"  # its key's variable ("" or unset: [llm] api_key_env's)
+    # "responses", "chat" (completions), or "auto": Responses where the server has it
+    delegation_api: str = bounded("auto", choices=("auto", "responses", "chat"))
+    delegation_model: str = ""  # the backend model to call whatever a session names ("" = the session's)
+    delegation_timeout_s: float = bounded(120.0, above=0)
+
+
+@dataclass
 class TraceConfig:
     jsonl_path: str = ""
 
@@ -308,6 +341,7 @@ class Config:
     sip: SipConfig = field(default_factory=SipConfig)
     twilio: TwilioConfig = field(default_factory=TwilioConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    live: LiveConfig = field(default_factory=LiveConfig)
     speech: SpeechConfig = field(default_factory=SpeechConfig)
     voices: VoicesConfig = field(default_factory=VoicesConfig)
 
@@ -478,6 +512,8 @@ def check(config: Config) -> None:
         if not semantic.pause_ms <= wait <= 60_000:
             raise ConfigError(f"option semantic_vad.{level}_max_wait_ms: must be between pause_ms "
                               f"({semantic.pause_ms}) and 60000, got {wait}")
+    if not any(m.strip() for m in config.live.models.split(",")):
+        raise ConfigError("option live.models: name at least one model")
     if config.responder.kind == "pipeline" and not config.llm.base_url:
         raise ConfigError('option responder.kind = "pipeline" needs [llm] base_url')
     if config.responder.kind == "local" and config.stt.audio_in:

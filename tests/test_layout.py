@@ -12,7 +12,7 @@ from tests.paths import ROOT
 OWN = ("gateway", "engine")
 
 
-SANS_IO = ("realtime", "core")  # the protocol cores and what they share
+SANS_IO = ("realtime", "live", "core")  # the protocol cores and what they share
 
 
 def test_the_sans_io_cores_import_no_event_loop_thread_or_model() -> None:

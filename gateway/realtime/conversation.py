@@ -21,10 +21,10 @@ from typing import Any
 from gateway.audio import InputDecoder
 from gateway.config import SessionConfig
 from gateway.core.responder import Message, ToolCall
+from gateway.core.values import non_empty
 from gateway.realtime.effects import Effect
 from gateway.realtime.events import ProtocolError, new_id
 from gateway.realtime.items import parse_item
-from gateway.realtime.values import non_empty
 
 BYTES_PER_MS = 48  # pcm16 mono at 24 kHz, the session's internal format
 

@@ -8,9 +8,13 @@ gateway/realtime/settings.py's.
 
 from __future__ import annotations
 
-import secrets
 from enum import Enum
 from typing import Any
+
+# Shared with every protocol core (gateway/core/), and named here too: the Realtime modules take them from their
+# catalogue.
+from gateway.core.ids import new_id as new_id
+from gateway.core.values import ProtocolError as ProtocolError
 
 
 class Dialect(Enum):
@@ -95,20 +99,6 @@ _BETA_PART_TYPES = {"output_audio": "audio", "output_text": "text"}
 AUDIO_FORMATS = ("pcm16", "g711_ulaw", "g711_alaw")
 # The GA shape's names of the audio formats.
 GA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(10)}"
-
-
-class ProtocolError(Exception):
-    """A client event the gateway refuses; becomes an ``error`` event and changes nothing."""
-
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
 
 
 def error_event(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.core.values import choice, field_of, non_empty
 from gateway.realtime.events import new_id
-from gateway.realtime.values import choice, field_of, non_empty
 
 # Content part types: GA assistant parts are output_*, beta's are bare.
 GA_PART_TYPES = {"audio": "output_audio", "text": "output_text"}

@@ -11,11 +11,11 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.core.values import field_of, non_empty, parse_metadata, parse_prompt, parse_reasoning
 from gateway.realtime.events import Dialect, ProtocolError
 from gateway.realtime.items import parse_item
 from gateway.realtime.settings import SessionSettings, check_voice, parse_temperature, response_format
 from gateway.realtime.tools import McpPolicy, Tool, parse_tool_choice, parse_tools
-from gateway.realtime.values import field_of, non_empty, parse_metadata, parse_prompt, parse_reasoning
 
 
 @dataclass(frozen=True, slots=True)

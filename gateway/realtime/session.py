@@ -40,6 +40,7 @@ from gateway.config import Config
 from gateway.core.responder import BackendError, ResponseOutput
 from gateway.core.semantic_vad import CheckTurn
 from gateway.core.vad import SpeechStarted, SpeechStopped, TurnEvent
+from gateway.core.values import field_of, non_empty, parse_json
 from gateway.realtime.conversation import BYTES_PER_MS, Conversation, Item, item_from_client
 from gateway.realtime.effects import ClearPlayout, Denoise, Effect, Fault, Mark, RunSmartTurn, RunVad, SendEvent
 from gateway.realtime.events import (
@@ -58,7 +59,6 @@ from gateway.realtime.settings import SessionSettings, TurnDetection, parse_sess
 from gateway.realtime.tools import McpPolicy, McpTool, parse_tool_choice, parse_tools
 from gateway.realtime.transcription import InputTranscription
 from gateway.realtime.turns import InputAudio
-from gateway.realtime.values import field_of, non_empty, parse_json
 
 MIN_COMMIT_MS = 100
 

@@ -6,9 +6,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gateway.core.values import choice, field_of, non_empty, parse_prompt, parse_reasoning
 from gateway.realtime.events import AUDIO_FORMATS, GA_FORMATS, Dialect, ProtocolError
 from gateway.realtime.tools import Tool
-from gateway.realtime.values import choice, field_of, non_empty, parse_prompt, parse_reasoning
 
 # What a beta session reports as its temperature until the client sets one (OpenAI's default).
 DEFAULT_TEMPERATURE = 0.8

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from gateway.core.values import field_of
 from gateway.realtime.events import Dialect, ProtocolError
-from gateway.realtime.values import field_of
 
 # Function names as chat-completions servers accept them (OpenAI's rule; vLLM passes them to the template).
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -24,15 +25,19 @@ from prometheus_client import Counter
 
 from gateway.config import Config, ConfigError, check
 from gateway.core.responder import Responder, Transcriber
+from gateway.live.session import LiveSession
 from gateway.realtime.effects import Fault, SendEvent
 from gateway.realtime.events import Dialect, error_event
 from gateway.realtime.session import Session
 from gateway.responders.build import build_responder, build_transcriber
+from gateway.responders.delegation import DelegationBackend
 from gateway.runtime import mcp_client
 from gateway.runtime.auth import Auth, ClientSecret
 from gateway.runtime.capacity import Capacity
+from gateway.runtime.core_runner import Send, log_fault
 from gateway.runtime.health import Backends
-from gateway.runtime.session_runner import Playout, Send, SessionRunner, log_fault
+from gateway.runtime.live_runner import LiveRunner
+from gateway.runtime.session_runner import Playout, SessionRunner
 from gateway.runtime.silero import SWITCH_INTERVAL_S, SileroModel, SileroVAD, VadBatcher
 from gateway.runtime.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError
 from gateway.runtime.speech import SpeechService
@@ -98,8 +103,8 @@ class Gateway:
         self.transcriber: Transcriber | None = None
         self.auth = auth if auth is not None else Auth.from_env(os.environ)
         self.capacity = capacity if capacity is not None else Capacity(config.server.max_sessions)
-        self.sessions: set[SessionRunner] = set()
-        self._ends: dict[SessionRunner, End] = {}
+        self.sessions: set[SessionRunner | LiveRunner] = set()
+        self._ends: dict[SessionRunner | LiveRunner, End] = {}
         self._emptied = asyncio.Event()  # set whenever the last session of this process ends
         self._hurry = asyncio.Event()  # a second signal: the drain closes what is left at once
         self.ready = False
@@ -119,6 +124,7 @@ class Gateway:
         self._switch_interval = sys.getswitchinterval()
         self.speech = SpeechService(config)  # /v1/audio/speech: its engine and its share of it
         self.voices = VoiceLibrary(config.voices)  # the deployment's custom voices ([voices] dir)
+        self.delegation: DelegationBackend | None = None  # GPT-Live's Responses delegation backend, once started
 
     async def start(self) -> None:
         """Load the models and open what the sessions share, in worker threads (the local models' first
@@ -153,6 +159,7 @@ class Gateway:
         except SmartTurnModelError as exc:
             raise ConfigError(str(exc)) from None
         self._smart_turn = SmartTurnBatcher(model, self._smart_turn_executor, semantic.max_batch)
+        self.delegation = DelegationBackend.from_config(self.config)
         if self.config.trace.jsonl_path:
             self._trace_sink = open(self.config.trace.jsonl_path, "a", buffering=1)  # noqa: SIM115
         # Everything loaded so far (openai, pydantic, onnxruntime, torch) lives as long as the process:
@@ -177,7 +184,7 @@ class Gateway:
         self._vad_executor.shutdown(wait=False, cancel_futures=True)
         self._smart_turn_executor.shutdown(wait=False, cancel_futures=True)
         await self.speech.aclose()
-        for part in (self.responder, self.transcriber):
+        for part in (self.responder, self.transcriber, self.delegation):
             close = getattr(part, "aclose", None)
             if close is not None:
                 await close()  # the backends' HTTP connection pools
@@ -271,15 +278,37 @@ class Gateway:
             session.voices = SessionVoices(frozenset(session.voices), self.voices.store)
         return runner
 
-    def opened(self, runner: SessionRunner, how: str, end: End) -> None:
+    def new_live_session(self, webrtc: bool = False) -> LiveSession:
+        """A GPT-Live session for a new connection (started by its session.start, or by a WebRTC create)."""
+        voices = self.responder.voices if self.responder is not None else None
+        if voices is not None and getattr(self.responder, "voice_source", None) is not None:
+            voices = SessionVoices(frozenset(voices), self.voices.store)
+        return LiveSession(self.config, webrtc=webrtc, voices=voices, now_s=time.time(),
+                           backend=self.delegation is not None)
+
+    def new_live_runner(self, session: LiveSession, send: Send) -> LiveRunner:
+        """A runner for a GPT-Live session on this gateway's responder, VAD model, trace and delegation backend."""
+        assert self._vad_model is not None and self.responder is not None
+        return LiveRunner(
+            session, self.responder, SileroVAD(self._vad_model), send, self.delegation,
+            vad_batcher=self._vad_batcher, trace=TurnTrace(session.id, self._trace_sink),
+            transcriber=self.transcriber, smart_turn=self._smart_turn,
+            on_backend_error=self.backends.failed if self.backends is not None else None,
+        )
+
+    def runner(self, session_id: str) -> SessionRunner | LiveRunner | None:
+        """This process's running session of that id."""
+        return next((r for r in self.sessions if r.trace.session_id == session_id), None)
+
+    def opened(self, runner: SessionRunner | LiveRunner, how: str, end: End) -> None:
         """A session admitted (its slot taken) is running; ``end`` closes it from the server's side."""
         self.sessions.add(runner)
         self._ends[runner] = end
         self._emptied.clear()
         ACTIVE_SESSIONS.set(len(self.sessions))
-        log.info("session %s opened (%s shape, %s)", runner.session.settings.id, runner.session.dialect.value, how)
+        log.info("session %s opened (%s, %s)", runner.trace.session_id, runner.shape, how)
 
-    async def close_session(self, runner: SessionRunner, client_gone: bool) -> None:
+    async def close_session(self, runner: SessionRunner | LiveRunner, client_gone: bool) -> None:
         """End a session's tasks and forget it; ``client_gone``: the client's side ended it."""
         if client_gone and runner in self.sessions:
             DISCONNECTS.labels("response" if runner.responding else "idle").inc()
@@ -289,7 +318,7 @@ class Gateway:
             del self._ends[runner]
             self.capacity.release()
             ACTIVE_SESSIONS.set(len(self.sessions))
-            log.info("session %s closed", runner.session.settings.id)
+            log.info("session %s closed", runner.trace.session_id)
             if not self.sessions:
                 self._emptied.set()
 

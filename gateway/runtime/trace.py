@@ -121,6 +121,14 @@ class TurnTrace:
         elif (run := self._running.get(response_id)) is not None:
             run.times.setdefault(name, now)
 
+    def moment(self, name: str) -> None:
+        """A session's event outside the turns' stages (a Live delegation created, a commentary appended, its
+        speech's first audio): a record of its own, at loop time ``at_ms``, for the figures that span turns."""
+        record = {"session_id": self.session_id, "event": name, "at_ms": round(self._now() * 1000, 3)}
+        self.records.append(record)
+        if self.sink is not None:
+            self.sink.write(json.dumps(record) + "\n")
+
     def cancelled(self, response_id: str) -> None:
         if (run := self._running.get(response_id)) is not None:
             run.cancel = self._now()

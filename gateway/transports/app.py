@@ -4,6 +4,9 @@
   POST   /v1/realtime/calls, /v1/realtime   WebRTC signalling (gateway/transports/webrtc/signalling.py)
   POST   /v1/realtime/client_secrets, /v1/realtime/sessions, /v1/realtime/transcription_sessions
                                             ephemeral client secrets (gateway/transports/client_secrets.py)
+  WS     /v1/live/sessions                  a GPT-Live session (gateway/transports/live_websocket.py)
+  POST   /v1/live/sessions                  a GPT-Live session over WebRTC (gateway/transports/webrtc/live_calls.py)
+  WS     /v1/live/sessions/{id}/attach      a GPT-Live session's sideband
   GET    /v1/realtime/sessions/{id}/turns   a live session's latency trace
   POST   /v1/audio/speech                   text to speech (gateway/transports/speech.py)
   /v1/audio/voice_consents, /v1/audio/voices, /v1/audio/capabilities
@@ -48,6 +51,7 @@ from gateway.transports.calls.control import CallControl, call_control_routes
 from gateway.transports.calls.phone_calls import PhoneCalls
 from gateway.transports.client_secrets import client_secret_routes
 from gateway.transports.guard import FrontDoor, Hosts, Origins
+from gateway.transports.live_websocket import live_routes
 from gateway.transports.realtime_websocket import RealtimeEndpoint, UnknownPath
 from gateway.transports.rest import HttpError, authorize, error_response, http_error_response
 from gateway.transports.sip.listener import SipListener
@@ -111,7 +115,7 @@ class Pages:
         """A live session's latency trace: its last turns, stage by stage (the page's latency panel)."""
         authorize(request, self.gateway, secrets_allowed=True)
         session_id = request.path_params["session_id"]
-        runner = next((r for r in self.gateway.sessions if r.session.settings.id == session_id), None)
+        runner = self.gateway.runner(session_id)
         if runner is None:
             raise HttpError(404, "No such session.", "session_not_found")
         body = {"session_id": session_id, "turns": list(runner.trace.records)}
@@ -162,6 +166,7 @@ def routes(gateway: Gateway, signalling: Signalling, phones: Phones) -> list[Bas
     table: list[BaseRoute] = []
     for path in ("/v1/realtime", "/realtime"):
         table += [WebSocketRoute(path, realtime), Route(path, pages.upgrade_required, methods=["GET"])]
+    table += live_routes(gateway)
     table += client_secret_routes(gateway)
     table += speech_routes(gateway)
     table += voice_routes(gateway)

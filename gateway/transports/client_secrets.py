@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.realtime.effects import SendEvent
+from gateway.core.effects import SendEvent
 from gateway.realtime.events import Dialect, new_id
 from gateway.realtime.session import Session
 from gateway.runtime.auth import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, SecretTooLarge

@@ -63,24 +63,25 @@ class RealtimeEndpoint:
         gateway = self.gateway
         origin = headers.get("origin")
         if origin is not None and not self.origins.allows(origin, headers.get("host")):
-            await _deny(scope, send, 403, "This origin may not open a session ([server] allowed_origins).",
+            await deny_handshake(scope, send, 403, "This origin may not open a session ([server] allowed_origins).",
                         "origin_not_allowed")
             return
         try:
             credential = gateway.auth.check(credential_of(headers, offered))
         except AuthError as exc:
-            await _deny(scope, send, 401, str(exc), "invalid_api_key")
+            await deny_handshake(scope, send, 401, str(exc), "invalid_api_key")
             return
         query = parse_qs(scope["query_string"].decode("latin-1"))
         if "call_id" in query:  # a sideband: attach to a call's running session (gateway/transports/sideband.py)
             if credential.secret is not None:
-                await _deny(scope, send, 401, "A sideband needs an API key, not a client secret.", "invalid_api_key")
+                await deny_handshake(scope, send, 401, "A sideband needs an API key, not a client secret.",
+                                     "invalid_api_key")
                 return
             await self.sidebands.serve(scope, receive, send, query["call_id"][0],
-                                       lambda status, message, code: _deny(scope, send, status, message, code))
+                                       lambda status, message, code: deny_handshake(scope, send, status, message, code))
             return
         if (refusal := gateway.admit()) is not None:
-            await _deny(scope, send, 503, refusal.message, refusal.code, "server_error", refusal.retry_after_s)
+            await deny_handshake(scope, send, 503, refusal.message, refusal.code, "server_error", refusal.retry_after_s)
             return
         beta = "realtime=v1" in (headers.get("openai-beta") or "") or BETA_SUBPROTOCOL in offered
         kind = "transcription" if query.get("intent") == ["transcription"] else "realtime"
@@ -89,7 +90,7 @@ class RealtimeEndpoint:
                                           session_type=kind, secret=credential.secret)
         except SessionRefused as exc:
             gateway.capacity.release()
-            await _deny(scope, send, 400, str(exc), "invalid_session")
+            await deny_handshake(scope, send, 400, str(exc), "invalid_session")
             return
         gone = False  # the client's side ended the connection
         ended = False  # the server's side closed it
@@ -130,7 +131,7 @@ class RealtimeEndpoint:
             await gateway.close_session(runner, client_gone=gone and not ended)
 
 
-async def _deny(scope: Scope, send: Send, status: int, message: str, code: str,
+async def deny_handshake(scope: Scope, send: Send, status: int, message: str, code: str,
                 kind: str = "invalid_request_error", retry_after_s: int | None = None) -> None:
     """Refuse the handshake with an HTTP response (where the server supports it), else a bare 403."""
     log.info("WebSocket refused (%d): %s", status, message)
@@ -151,8 +152,8 @@ class UnknownPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await receive()  # websocket.connect
-        await _deny(scope, send, 404, f"No WebSocket endpoint at {scope['path'][:200]}: the Realtime API is at "
-                    "/v1/realtime.", "not_found")
+        await deny_handshake(scope, send, 404, f"No WebSocket endpoint at {scope['path'][:200]}: GPT-Live is at "
+                             "/v1/live/sessions, the Realtime API at /v1/realtime.", "not_found")
 
 
 def realtime_route(gateway: Gateway, path: str = "/v1/realtime") -> WebSocketRoute:

@@ -7,8 +7,8 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from gateway.core.values import parse_json
 from gateway.realtime.events import ProtocolError
-from gateway.realtime.values import parse_json
 from gateway.runtime.auth import AuthError, Credential, bearer, error_body
 from gateway.runtime.gateway import Gateway
 
@@ -69,7 +69,7 @@ async def read_json_object(request: Request, limit: int) -> dict[str, Any]:
 
 def json_object(text: bytes | str, what: str, not_object_code: str) -> dict[str, Any]:
     """A JSON object a client sent (``what`` names it in the 400 error), or HttpError. The one parser of
-    every way in (gateway.realtime.values.parse_json): the WebSocket's depth limit holds here too."""
+    every way in (gateway.core.values.parse_json): the WebSocket's depth limit holds here too."""
     try:
         value = parse_json(text, what)
     except ProtocolError as exc:

@@ -153,3 +153,36 @@ async def test_openai_npm_client_creates_a_voice_and_speaks_in_it(start_gateway,
     speech = result["speech"]
     assert speech["status"] == 200 and speech["type"] == "audio/wav" and speech["head"].startswith("RIFF")
     assert speech["bytes"] > 44 + 1920 * 2
+
+
+@pytest.mark.skipif(NODE is None or not (JS / "node_modules" / "@ai-sdk" / "openai").is_dir(),
+                    reason="needs node and tests/js/node_modules (make test runs npm ci in tests/js)")
+async def test_vercel_ai_sdk_live_session_turn_and_delegation(start_pipeline, tmp_path, monkeypatch):
+    """The Vercel AI SDK's GPT-Live model (@ai-sdk/openai, api "live") under Node: a session, a spoken turn, a
+    client delegation answered with commentary that the voice model speaks; every event through its strict
+    parser."""
+    from bench.fake_openai import FakeOpenAI
+    from tests.helpers.live import voice_model
+
+    monkeypatch.setenv("GATEWAY_API_KEYS", KEY)
+    speech = tmp_path / "speech.pcm"
+    speech.write_bytes(load_pcm("question_sky.wav") + silence(500))
+    async with FakeOpenAI(reply=voice_model, transcript="Please check the staging status.") as fake:
+        gateway = await start_pipeline(fake)
+        process = await asyncio.create_subprocess_exec(
+            NODE, str(JS / "vercel_live.mjs"), f"http://127.0.0.1:{gateway.port}/v1", str(speech), cwd=JS,
+            env={"PATH": "/usr/bin:/bin", "OPENAI_API_KEY": KEY}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, (out.decode(), err.decode())
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert result["url"] == f"ws://127.0.0.1:{gateway.port}/v1/live/sessions"
+    assert result["errors"] == []
+    assert result["started"]["sessionId"].startswith("live_")
+    assert result["user"] == "Please check the staging status."
+    assert [d["target"] for d in result["delegations"]] == ["client"]
+    assert "answer" in result["acknowledged"]
+    assert result["assistant"].startswith("Okay, checking now.") and "Staging is healthy." in result["assistant"]
+    assert result["speechChunks"] > 0 and result["audioChunks"] > result["speechChunks"]
+    assert result["closed"]["reason"] == "close_requested" and result["closed"]["usage"]["seconds"] >= 5
+    assert not gateway.sessions

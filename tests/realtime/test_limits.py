@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from gateway.core.responder import AudioOut, SpeechText
+from gateway.core.values import MAX_JSON_DEPTH
 from gateway.realtime.session import Session
-from gateway.realtime.values import MAX_JSON_DEPTH
 from gateway.responders.echo import EchoResponder
 from tests.conftest import StartGateway, connect, load_pcm, make_config, silence, types
 from tests.helpers.session import SECOND, events_of, send, start_response

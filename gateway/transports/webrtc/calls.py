@@ -35,7 +35,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from aiortc import (
@@ -50,10 +50,12 @@ from aiortc.sdp import SessionDescription
 
 from gateway.audio import Upsampler2x
 from gateway.config import ConfigError
+from gateway.live.session import LiveSession
 from gateway.realtime.session import Session
 from gateway.runtime.gateway import Refusal
 from gateway.transports.playout import PlayoutQueue
 from gateway.transports.sideband import Sideband
+from gateway.transports.webrtc.live_calls import LiveCall
 from gateway.transports.webrtc.media import (
     AIORTC_JITTER_PREFETCH,
     FRAME_SAMPLES,
@@ -415,7 +417,7 @@ class CallRegistry:
         self.gateway = gateway
         self.options: WebRTCOptions = gateway.config.webrtc
         self.rtc_configuration = ice_configuration(self.options)
-        self.calls: dict[str, Call] = {}
+        self.calls: dict[str, Call | LiveCall] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     @property
@@ -443,7 +445,7 @@ class CallRegistry:
         this module (aiortc is an optional extra)."""
         return sdp_problem(sdp)
 
-    def _retry_after(self, pending: list[Call]) -> int:
+    def _retry_after(self, pending: list[Call | LiveCall]) -> int:
         """Seconds until the oldest of ``pending`` is dropped for not connecting (the room a retry needs)."""
         oldest = min(call.created for call in pending)
         return max(1, math.ceil(oldest + self.options.connect_timeout_s - time.monotonic()))
@@ -475,7 +477,22 @@ class CallRegistry:
         await call.close()
         return True
 
-    def connected(self, call: Call) -> None:
+
+    async def answer_live(self, session: LiveSession, offer_sdp: str, client: str,
+                          started: list[Any]) -> tuple[LiveCall, str]:
+        """A new GPT-Live call from ``client`` for ``session`` (``started``: its start's effects, sent once its data
+        channel opens) and the SDP answer, as ``answer``."""
+        call = LiveCall(self, session, client, started)
+        self.calls[call.id] = call
+        try:
+            address = await resolve_advertised(self.options.advertised_host)
+            answer = await call.answer(offer_sdp)
+            return call, advertise(answer, address) if address is not None else answer
+        except BaseException:
+            await call.close()
+            raise
+
+    def connected(self, call: Call | LiveCall) -> None:
         """The call's peer connection is up: from now on it is a session, counted in max_sessions."""
         call.connected = True
         if (refusal := self.gateway.admit()) is not None:

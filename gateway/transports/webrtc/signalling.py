@@ -6,6 +6,9 @@
                                         (under ``[webrtc] advertised_url`` when set: this node's own URL)
   DELETE /v1/realtime/calls/{call_id}   hang up → 204
   POST   /v1/realtime?model=...         beta signalling (application/sdp) → 201; beta-shaped events
+  POST   /v1/live/sessions              GPT-Live: JSON {session, transport: {type: "webrtc", sdp}} → 201
+                                        {session: {id}, transport: {type: "webrtc", sdp}}; the session starts
+                                        here (its configuration refused: 400 with the Live error's code and param)
 
 Each needs an API key or a client secret when keys are configured (``Authorization: Bearer``); a call
 opened with a client secret starts from the secret's session configuration, then the offer's.
@@ -18,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.config import ConfigError
+from gateway.core.values import ProtocolError
+from gateway.live.events import check_fields
 from gateway.realtime.events import Dialect
 from gateway.runtime.gateway import Gateway, SessionRefused, configure
 from gateway.transports.rest import HttpError, authorize, json_object, read_body
@@ -144,6 +149,50 @@ class Signalling:
         return Response(answer, 201, media_type="application/sdp",
                         headers={"Location": f"{base}/v1/realtime/calls/{call.id}"})
 
+    async def post_live(self, request: Request) -> Response:
+        """A GPT-Live session over WebRTC; our ``ek_`` secrets are accepted as well as keys (our extra)."""
+        authorize(request, self.gateway, secrets_allowed=True)
+        calls = self.calls
+        if calls is None:
+            raise HttpError(404, "WebRTC is off on this gateway ([webrtc] enabled, and the webrtc extra).",
+                            "webrtc_disabled")
+        client = request.client.host if request.client else ""
+        if (refusal := calls.unavailable(client)) is not None:
+            raise HttpError(refusal.status, refusal.message, refusal.code,
+                            kind="server_error" if refusal.status >= 500 else "rate_limit_error",
+                            headers={"Retry-After": str(refusal.retry_after_s)})
+        if request.headers.get("content-type", "").split(";", 1)[0].strip().lower() != "application/json":
+            raise HttpError(415, "Send {session, transport} as application/json.", "unsupported_content_type")
+        body = json_object(await read_body(request, MAX_OFFER_BYTES), "The body", "invalid_request")
+        session = self.gateway.new_live_session(webrtc=True)
+        try:
+            check_fields(body, {"session", "transport"})
+            transport = body.get("transport")
+            if not isinstance(transport, dict) or transport.get("type") != "webrtc":
+                raise ProtocolError("invalid_value", "'transport' must be {\"type\": \"webrtc\", \"sdp\": ...}.",
+                                    "transport")
+            check_fields(transport, {"type", "sdp"}, "transport")
+            offer = transport.get("sdp")
+            if not isinstance(offer, str):
+                raise ProtocolError("missing_required_parameter", "Missing required parameter: 'transport.sdp'.",
+                                    "transport.sdp")
+            if "session" not in body:
+                raise ProtocolError("missing_required_parameter", "Missing required parameter: 'session'.",
+                                    "session")
+            started = session.start(body["session"])
+        except ProtocolError as exc:
+            raise HttpError(400, exc.message, exc.code, exc.param) from None
+        if (problem := offer_problem(offer) or calls.offer_problem(offer)) is not None:
+            raise HttpError(400, problem, "invalid_offer", "transport.sdp")
+        try:
+            call, answer = await calls.answer_live(session, offer, client, started)
+        except ConfigError as exc:
+            raise HttpError(503, str(exc), "unavailable", kind="server_error") from None
+        except Exception as exc:  # aiortc raises ValueError and others on offers it cannot use
+            raise HttpError(400, f"The SDP offer cannot be used: {exc}", "invalid_offer", "transport.sdp") from None
+        log.info("Live call %s answered", call.id)
+        return JSONResponse({"session": {"id": call.id}, "transport": {"type": "webrtc", "sdp": answer}}, 201)
+
     async def delete_call(self, request: Request) -> Response:
         authorize(request, self.gateway, secrets_allowed=True)
         call = self.calls.calls.get(request.path_params["call_id"]) if self.calls else None
@@ -160,5 +209,6 @@ def signalling_routes(signalling: Signalling) -> list[Route]:
             Route(prefix + "/realtime/calls", signalling.post_call, methods=["POST"]),
             Route(prefix + "/realtime/calls/{call_id}", signalling.delete_call, methods=["DELETE"]),
             Route(prefix + "/realtime", signalling.post_beta, methods=["POST"]),
+            Route(prefix + "/live/sessions", signalling.post_live, methods=["POST"]),
         ]
     return routes

@@ -6,7 +6,16 @@ from typing import Any
 
 import orjson
 
-from gateway.realtime.events import ProtocolError
+
+class ProtocolError(Exception):
+    """A client event the gateway refuses; becomes an ``error`` event and changes nothing."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
 
 # Client JSON nested deeper is refused: echoed back (session.tools, response.metadata, ...) it could
 # not be written (orjson writes at most 254 levels), and no Realtime event or REST body needs a tenth of it.
