@@ -20,7 +20,6 @@ if [ -d .whl-oracle ]; then  # the peers suite's official qwen-tts: --oracle-sit
     .whl-oracle/*.whl || exit 1
 fi
 export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH
-export GATEWAY_SEMANTIC_VAD_MODEL_PATH=$PWD/.site-slim/smart-turn-v3.2-cpu.onnx
 { nvidia-smi -L; nproc; python3 -c "import torch; print(torch.__version__, torch.version.cuda)"; } >>"$log" 2>&1
 for command in "$@"; do
   echo "[$(date -u +%T)] python3 -m bench $command --device cuda" | tee -a "$log"

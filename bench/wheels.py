@@ -8,9 +8,8 @@ aiohttp and uvloop. This downloads, for CPython 3.12 on manylinux x86_64:
 - .whl/: the gateway's runtime that the host lacks or has too old (openai's aiohttp transport wants aiohttp >=
   3.14.4; pyzmq for the engine processes; uvicorn, starlette and httptools for the server; py-spy for the CPU by
   stage; pybase64 for the audio payloads). Not mcp: the benchmarks' gateway runs with [mcp] off.
-- .site-slim/: of the silero-vad and pipecat-ai wheels (23 MB), the two model files the gateway reads: the Silero
-  package with its ONNX model (copied into the host's site as it is) and the Smart Turn model ([semantic_vad]
-  model_path names it).
+- .site-slim/: of the silero-vad wheel, the Silero package with its ONNX model (2 MB, copied into the host's site
+  as it is). The Smart Turn model needs nothing: the gateway ships it (gateway/models).
 - with --oracle, .whl-oracle/: the official qwen-tts 0.1.1 and transformers 4.57.3, for the peers suite
   (--oracle-site) and the parity fixtures; with --speech-formats, .whl-speech/: PyAV, for the speech API's
   compressed formats (pcm needs none).
@@ -36,8 +35,7 @@ annotated-types==0.8.0 typing-extensions==4.16.0 anyio==4.16.0 aiohttp==3.14.5 m
 propcache==0.5.4 frozenlist==1.8.0 aiosignal==1.4.0 aiohappyeyeballs==2.7.1 attrs==26.1.0 starlette==1.10.0
 uvicorn==0.54.0 httptools==0.9.0 py-spy==0.4.3 cryptography==50.0.2 cffi==2.0.0 pycparser==2.23
 pybase64==1.5.1""".split()
-SLIM = ["silero-vad==6.2.3", "pipecat-ai==1.14.0"]
-SMART_TURN = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
+SLIM = ["silero-vad==6.2.3"]
 # qwen-tts pins transformers 4.57.3, which wants tokenizers <= 0.23.0 and huggingface-hub < 1.0; librosa and
 # soundfile are imported by its model files
 ORACLE = """qwen-tts==0.1.1 transformers==4.57.3 tokenizers==0.22.1 huggingface-hub==0.36.0 accelerate==1.12.0
@@ -56,17 +54,14 @@ def download(names: list[str], into: Path) -> None:
 
 
 def slim(into: Path) -> None:
-    """The two model files of the silero-vad and pipecat-ai wheels."""
+    """The Silero package of the silero-vad wheel, with its model."""
     with tempfile.TemporaryDirectory() as folder:
         download(SLIM, Path(folder))
         (silero,) = Path(folder).glob("silero_vad-*.whl")
-        (pipecat,) = Path(folder).glob("pipecat_ai-*.whl")
         with zipfile.ZipFile(silero) as wheel:
             for name in wheel.namelist():
                 if name.startswith("silero_vad/") and (name.endswith(".py") or name.endswith("/silero_vad.onnx")):
                     wheel.extract(name, into)
-        with zipfile.ZipFile(pipecat) as wheel, wheel.open(SMART_TURN) as model:
-            (into / Path(SMART_TURN).name).write_bytes(model.read())
 
 
 def main() -> int:
