@@ -90,8 +90,10 @@ class Gateway:
                 ready += 1
             if ready == self.workers:
                 return
+        _stop(self.process, 90)
+        tail = _log_tail(self.log)  # before stop() removes the folder that holds the log
         self.stop()
-        raise SystemExit(f"the gateway did not start (exit status {self.process.returncode}):\n{_log_tail(self.log)}")
+        raise SystemExit(f"the gateway did not start (exit status {self.process.returncode}):\n{tail}")
 
     @property
     def url(self) -> str:

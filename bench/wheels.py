@@ -7,7 +7,8 @@ aiohttp and uvloop. This downloads, for CPython 3.12 on manylinux x86_64:
 
 - .whl/: the gateway's runtime that the host lacks or has too old (openai's aiohttp transport wants aiohttp >=
   3.14.4; pyzmq for the engine processes; uvicorn, starlette and httptools for the server; py-spy for the CPU by
-  stage; pybase64 for the audio payloads). Not mcp: the benchmarks' gateway runs with [mcp] off.
+  stage; pybase64 for the audio payloads; aiosipua, which the app imports for phone calls). Not mcp, nor
+  webrtc-noise-gain: the benchmarks' gateway runs with [mcp] off and no noise reduction.
 - .site-slim/: of the silero-vad wheel, the Silero package with its ONNX model (2 MB, copied into the host's site
   as it is). The Smart Turn model needs nothing: the gateway ships it (gateway/models).
 - with --oracle, .whl-oracle/: the official qwen-tts 0.1.1 and transformers 4.57.3, for the peers suite
@@ -34,7 +35,7 @@ truststore==0.10.5 jiter==0.19.0 sniffio==1.3.1 pydantic==2.14.3 pydantic-core==
 annotated-types==0.8.0 typing-extensions==4.16.0 anyio==4.16.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1
 propcache==0.5.4 frozenlist==1.8.0 aiosignal==1.4.0 aiohappyeyeballs==2.7.1 attrs==26.1.0 starlette==1.10.0
 uvicorn==0.54.0 httptools==0.9.0 py-spy==0.4.3 cryptography==50.0.2 cffi==2.0.0 pycparser==2.23
-pybase64==1.5.1""".split()
+pybase64==1.5.1 aiosipua==0.7.1""".split()
 SLIM = ["silero-vad==6.2.3"]
 # qwen-tts pins transformers 4.57.3, which wants tokenizers <= 0.23.0 and huggingface-hub < 1.0; librosa and
 # soundfile are imported by its model files

@@ -112,8 +112,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     port = args.port or free_port()
     trace = Path(tempfile.mkdtemp(prefix="bench-trace-")) / "trace.jsonl"
+    # [server] max_sessions is the gateway's total: a level of 1000 per GPU on several GPUs must not meet it.
     settings: dict[str, Any] = {**bench_settings(port), "trace.jsonl_path": str(trace),
-                                "server.worker_balance": args.worker_balance}
+                                "server.worker_balance": args.worker_balance, "server.max_sessions": max(1000, *counts)}
     if args.responder == "echo":
         # the echo alone: not the local models "auto" picks where they are installed, nor their whisper
         settings |= {"responder.kind": "echo", "responder.echo_pace": 1.0, "local.stt": False}

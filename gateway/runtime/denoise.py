@@ -13,7 +13,6 @@ It costs ~1 s of CPU per minute of audio (scripts/bench_noise.py), little enough
 from __future__ import annotations
 
 import numpy as np
-from webrtc_noise_gain import AudioProcessor
 
 from gateway.audio import RationalResampler
 
@@ -27,6 +26,10 @@ class Denoiser:
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
+        # Imported by the first session that turns noise reduction on: the native library (9 MB) stays out of
+        # the processes of a deployment that never uses it.
+        from webrtc_noise_gain import AudioProcessor
+
         gain, level = LEVELS[kind]
         self._processor = AudioProcessor(gain, level)
         self._down = RationalResampler(2, 3)
