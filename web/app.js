@@ -37,4 +37,4 @@ setState("idle");
 renderLatency();
 watchChartWidth();
 listMicrophones();
-watchHealth((health) => showConversationVoices(health?.responder));
+watchHealth((health) => showConversationVoices(health?.responder, health?.auth_required));

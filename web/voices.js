@@ -103,8 +103,9 @@ export function requested(value) {
   return value.startsWith("voice_") ? { id: value } : value;
 }
 
-// The Conversation tab's menu: the echo's own voice, or the gateway's voices once listed.
-export function showConversationVoices(responder) {
+// The Conversation tab's menu: the echo's own voice, or the gateway's voices once listed (on a gateway with
+// keys, once the Access form has one: asking without would only be refused).
+export function showConversationVoices(responder, authRequired = false) {
   const select = $("voice");
   if (!responder) return;
   if (responder.kind === "echo") {
@@ -115,6 +116,10 @@ export function showConversationVoices(responder) {
     return;
   }
   if (!listeners.has(renderConversationMenu)) onVoices(renderConversationMenu);
+  if (authRequired && !$("api-key").value.trim()) {
+    renderConversationMenu();
+    return;
+  }
   loadVoices().catch(() => {}); // said in the menu (voices.problem)
 }
 

@@ -163,7 +163,7 @@ class Signalling:
                             headers={"Retry-After": str(refusal.retry_after_s)})
         if request.headers.get("content-type", "").split(";", 1)[0].strip().lower() != "application/json":
             raise HttpError(415, "Send {session, transport} as application/json.", "unsupported_content_type")
-        body = json_object(await read_body(request, MAX_OFFER_BYTES), "The body", "invalid_request")
+        body = json_object(await read_body(request, MAX_OFFER_BYTES), "The body", "invalid_json")
         session = self.gateway.new_live_session(webrtc=True)
         try:
             check_fields(body, {"session", "transport"})
