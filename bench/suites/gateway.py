@@ -33,7 +33,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from bench import checkpoints, cpu_stages
+from bench import checkpoints, cpu_stages, live_load
 from bench.launcher import Fakes, Gateway, bench_settings, engine_settings, free_port, split_cores
 from bench.load import CONNECT_LEAD_S, Pool, Sessions, run_sessions, scenario_s
 from bench.stats import pct, rounded
@@ -53,6 +53,8 @@ TURN_STAGES = ("speech_stopped", "committed", "stt_done", "llm_first_token", "tt
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--protocol", choices=["realtime", "live"], default="realtime", help="the sessions' "
+                        "protocol: Realtime (/v1/realtime) or GPT-Live (/v1/live/sessions; pipeline responder only)")
     parser.add_argument("--responder", choices=["pipeline", "echo"], default="pipeline")
     parser.add_argument("--tts", choices=["engine", "tone"], default="engine", help="pipeline: the TTS")
     parser.add_argument("--model", help="the checkpoint's model (0.6b, 1.7b; --small: tiny)")
@@ -89,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.backends:
         return backend_calls(args)
+    live = args.protocol == "live"
+    if live and args.responder != "pipeline":
+        raise SystemExit("--protocol live: the pipeline responder only (GPT-Live's voice model is the pipeline)")
     small = args.small
     cuda = args.device == "cuda"
     gpus = args.gpus if cuda else 0
@@ -109,6 +114,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fake_processes = args.fake_processes or max(1, math.ceil(max(counts) / 1000))
     profile = args.profile if args.profile is not None else (0.0 if small else 15.0)
     gateway_cpus, load_cpus = split_cores(args.client_cpus)
+    turn_wait_ms = 0
+    if live:  # no speech_stopped: a turn's end is the end of its speech in the audio and the pause that ends it
+        from gateway.config import load_config
+
+        turn_wait_ms = load_config().semantic_vad.pause_ms
 
     port = args.port or free_port()
     trace = Path(tempfile.mkdtemp(prefix="bench-trace-")) / "trace.jsonl"
@@ -134,14 +144,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         pool = Pool(clients, load_cpus)
         for run_index, (n, label) in enumerate(plan):
             profiler = Profiler(gateway, profile, args.spread or scenario_s(args.responder))
-            result, start, end = run_sessions(pool, gateway.url, n, args.responder, args.cycles, args.spread,
-                                              label == "aligned", seed=n)
+            if live:
+                result, start, end = live_load.run_sessions(pool, gateway.live_url, "live", "capacity", n,
+                                                            args.cycles, args.spread, label == "aligned", seed=n)
+                result.first_delta_ms = [ms - turn_wait_ms for ms in result.end_to_audio_ms]
+            else:
+                result, start, end = run_sessions(pool, gateway.url, n, args.responder, args.cycles, args.spread,
+                                                  label == "aligned", seed=n)
             time.sleep(1.5)  # the probes' last records
             traces = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
             trace.write_text("")  # the gateway appends to it: what follows belongs to the next level
             level = summarise(n, label, result, gateway.records(start, end), traces, start, end)
             level |= {"run": sum(1 for m, lb in plan[:run_index] if (m, lb) == (n, label)) + 1,
-                      "responder": args.responder, "tts": args.tts if args.responder == "pipeline" else None,
+                      "protocol": args.protocol, "responder": args.responder,
+                      "tts": args.tts if args.responder == "pipeline" else None,
                       "model": model, "gpus": gpus, "workers": gateway.workers,
                       "sessions_per_gpu": n // gpus if gpus else n}
             shares = profiler.shares()
@@ -162,8 +178,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         what = "tone TTS"
     count = levels[0]["workers"] if levels else workers
     setup = f"{what}, {gpus} GPU{'s' if gpus != 1 else ''}, {count} worker{'s' if count != 1 else ''}"
+    setup += ", GPT-Live" if live else ""
     return {"setup": setup, "settings": {
-        "responder": args.responder, "tts": args.tts, "model": model, "gpus": gpus, "workers": workers,
+        "protocol": args.protocol, "responder": args.responder, "tts": args.tts, "model": model, "gpus": gpus,
+        "workers": workers,
         "sessions": counts, "arrivals": labels, "aligned_sessions": aligned_at, "cycles": args.cycles,
         "clients": clients, "fake_processes": fake_processes, "client_cpus": args.client_cpus,
         "gateway_cpus": gateway_cpus or "all", "load_cpus": load_cpus or "all", "profile_s": profile,
