@@ -19,7 +19,8 @@ Levels, the two protocols one after the other on the one gateway:
   own trace (speech_stopped → the first audio it sent), and for Realtime speech_stopped → first audio and where
   its audio_end_ms put the end of speech against the client's;
 - cpu: --cpu-sessions sessions at once (Poisson arrivals over one scenario), --cpu-turns turns each: the gateway
-  process's CPU seconds over the level per minute of the sessions' audio (session-minutes), its loop lag;
+  process's CPU seconds over the level per minute of the sessions' audio (session-minutes; the gateway's CPU
+  with no session, measured for IDLE_S before the levels, is in it and beside it), its loop lag;
 - delegation (Live only, a gateway of its own on fakes whose voice model delegates each turn without a word): the
   client answers session.delegation.created at once with a session.commentary.append; round trip = created's
   arrival → the first audible audio after it (the commentary's paraphrase), P50/P95, with the gateway's trace
@@ -52,6 +53,7 @@ HELP = "GPT-Live beside Realtime: end of speech to first audio, the delegation r
 HOW = """\
     python -m bench live --small      # 1 session x 3 turns a protocol, 3 sessions for CPU, 2 delegations
     python -m bench live              # 2 sessions x 12 turns, 8 sessions x 4 turns for CPU, 2 x 8 delegations"""
+IDLE_S = 5.0  # the gateway's own CPU, measured with no session before the levels
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,6 +109,12 @@ class Served:
         except BaseException:
             self.fakes.stop()
             raise
+        # what the gateway costs with no session: in each level's CPU, spread over its session-minutes
+        since = time.time()
+        time.sleep(IDLE_S)
+        rows = [r for rs in self.gateway.records(since, time.time()).values() for r in rs]
+        self.idle_cpu = (rows[-1]["cpu_s"] - rows[0]["cpu_s"]) * 60 / (rows[-1]["t"] - rows[0]["t"]) \
+            if len(rows) > 1 else math.nan
 
     def __enter__(self) -> Served:
         return self
@@ -126,6 +134,7 @@ class Served:
         audio_min = n * len(live_load.timeline(scenario, repeats)) / 48000 / 60
         level = figures(result, self.gateway.records(start, end), traces, audio_min)
         level = {"measure": measure, "protocol": protocol, "sessions": n, "turns_per_session": repeats, **level,
+                 "gateway_idle_cpu_s_per_min": rounded(self.idle_cpu, 3),
                  "load": result.load() | {"fake": self.fakes.figures(start, end)}}
         mark(level, args.bounds)
         print(line(level), flush=True)
