@@ -85,6 +85,27 @@ def turn_of(spans: list[tuple[float, float]], position_ms: float) -> int | None:
     return ended[-1] if ended else None
 
 
+def turn_ends(pcm: bytes) -> list[float]:
+    """Where each turn of ``pcm`` can end at the earliest (ms of the audio): where the gateway's own VAD
+    (gateway.core.vad on Silero, [vad] and [semantic_vad] as configured) puts the end of its speech, plus the
+    pause that must follow before Smart Turn is asked ([semantic_vad] pause_ms). Realtime's VAD lateness is
+    measured from the same point (audio_end_ms + silence); turns depend on the audio alone, so this is exact."""
+    from gateway.config import load_config
+    from gateway.core.vad import SpeechStopped, TurnDetector
+    from gateway.runtime.silero import SileroModel, SileroVAD
+
+    config = load_config(env={})
+    vad, pause_ms = config.vad, config.semantic_vad.pause_ms
+    detector = TurnDetector(vad.threshold, vad.prefix_padding_ms, pause_ms, vad.min_speech_ms)
+    stops = [ev.audio_end_ms for ev in detector.feed(SileroVAD(SileroModel.shared()).process(pcm))
+             if isinstance(ev, SpeechStopped)]
+    out = []
+    for start, end in speech_spans(pcm):
+        mine = [stop for stop in stops if start < stop <= end + GAP_MS]
+        out.append((max(mine) if mine else end) + pause_ms)
+    return out
+
+
 def nearest(spans: list[tuple[float, float]], end_ms: float) -> int:
     """The turn whose speech ends nearest ``end_ms`` (a speech_stopped's audio_end_ms)."""
     return min(range(len(spans)), key=lambda k: abs(spans[k][1] - end_ms))
@@ -149,10 +170,11 @@ async def stream(ws: Any, messages: list[str], start_at: float, result: Sessions
     return t0
 
 
-async def live_session(url: str, name: str, pcm: bytes, messages: list[str], start_at: float,
-                       result: Sessions) -> None:
+async def live_session(url: str, name: str, pcm: bytes, messages: list[str], start_at: float, result: Sessions,
+                       ends: list[float] | None = None) -> None:
     """One Live session: session.start CONNECT_LEAD_S before ``start_at`` (loop time), the audio from then, then
-    session.close once the timeline's ticks are in."""
+    session.close once the timeline's ticks are in. With ``ends`` (``turn_ends``), each turn's first audio is
+    also timed from there (``first_delta_ms``: the gateway suite's turn end → first audio)."""
     import orjson  # the load generator's processes only
     import websockets
 
@@ -221,6 +243,8 @@ async def live_session(url: str, name: str, pcm: bytes, messages: list[str], sta
         return
     answered = answers(spans, t0, [first for first, _ in heard])
     result.end_to_audio_ms += answered.values()
+    if ends is not None:
+        result.first_delta_ms += [spans[k][1] + ms - ends[k] for k, ms in answered.items()]
     result.barge_in_ms += barge_ins(spans, t0, heard)
     if len(answered) < len(spans):
         result.audio_errors.append(f"{len(answered)} of {len(spans)} turns answered")
@@ -284,7 +308,8 @@ async def realtime_session(url: str, pcm: bytes, messages: list[str], start_at: 
             result.vad_end_offset_ms.append(stops[-1][1] - spans[k][1])
 
 
-def session_process(url: str, protocol: str, name: str, repeats: int, plan: list[float], zero: float) -> dict:
+def session_process(url: str, protocol: str, name: str, repeats: int, plan: list[float], zero: float,
+                    ends: list[float] | None) -> dict:
     """One load-generator process: its sessions, each starting at an offset (s) from the wall time ``zero``."""
 
     async def run() -> Sessions:
@@ -296,7 +321,7 @@ def session_process(url: str, protocol: str, name: str, repeats: int, plan: list
         probe = asyncio.create_task(lag_probe(lambda lag: lags.append(lag * 1000)))
         base = loop.time() - time.time() + zero
         if protocol == "live":
-            sessions = [live_session(url, name, pcm, messages, base + offset, result) for offset in plan]
+            sessions = [live_session(url, name, pcm, messages, base + offset, result, ends) for offset in plan]
         else:
             sessions = [realtime_session(url, pcm, messages, base + offset, result) for offset in plan]
         await asyncio.gather(*sessions)
@@ -308,14 +333,17 @@ def session_process(url: str, protocol: str, name: str, repeats: int, plan: list
 
 
 def run_sessions(pool: Pool, url: str, protocol: str, name: str, n: int, repeats: int, spread: float,
-                 aligned: bool, seed: int) -> tuple[Sessions, float, float]:
+                 aligned: bool, seed: int, timed_from_turn_end: bool = False) -> tuple[Sessions, float, float]:
     """n sessions of scenario ``name`` over the pool's processes; what they measured, and the level's start and
-    end (wall time). Poisson arrivals over ``spread`` seconds (0: one scenario's length), or all at once."""
-    length_s = len(timeline(name, repeats)) / 48000
+    end (wall time). Poisson arrivals over ``spread`` seconds (0: one scenario's length), or all at once.
+    ``timed_from_turn_end``: Live's first audio also from ``turn_ends``."""
+    pcm = timeline(name, repeats)
+    ends = turn_ends(pcm) if timed_from_turn_end else None
+    length_s = len(pcm) / 48000
     offsets = arrivals(n, spread or length_s, aligned, random.Random(seed))
     zero = time.time() + CONNECT_LEAD_S + 1.0 + n * 0.002
     start = time.time()
-    shares = [(url, protocol, name, repeats, offsets[k :: pool.processes], zero) for k in range(pool.processes)
+    shares = [(url, protocol, name, repeats, offsets[k :: pool.processes], zero, ends) for k in range(pool.processes)
               if offsets[k :: pool.processes]]
     result = Sessions()
     for part in pool.map(session_process, shares):

@@ -13,6 +13,24 @@ workers' spread, where a turn's time goes (the gateway's own trace), and the loa
 load generator's lag, the fakes' latencies and lag): a level whose load side did not keep up is INVALID
 (bench/validity.py).
 
+--protocol live runs GPT-Live sessions (/v1/live/sessions, bench/live_load.py) on the same audio and fakes: the
+scenario's two turns, turn 1's reply cut by turn 2 (Live has no response.cancel: turn 2's reply plays to the
+end of the scenario), each target mapped (bench/targets.py, docs/live.md):
+- stop → first delta becomes turn end → first audio: Live sends no speech_stopped, so a turn's end is the
+  moment the client's clock reached the earliest point it can end in the audio (live_load.turn_ends: where the
+  gateway's own VAD, run on the same audio, ends its speech, plus [semantic_vad] pause_ms; the point Realtime's
+  VAD late is measured from), and first audio the arrival of the first non-silent 100 ms delta, plus its first
+  audible sample's place in it. The figure holds what Realtime splits into stop → first delta and VAD late (here
+  with Smart Turn's verdict in it), and the output clock's tick (audio ready between ticks waits up to 100 ms):
+  bound 250 + 40 + 100 = 390 ms;
+- VAD late: inside the figure above (no event to time it by), reported as none;
+- barge-in: our speech stops at the gateway's next tick after the VAD hears the user, and no event says so: the
+  user's speech start in the audio → the last audible sample of our speech, heard. Bound 250 ms: the VAD's
+  min_speech_ms (64), a window (32), its batch interval (10), a tick (100) and Realtime's 40 of VAD lateness;
+- worst worker loop lag P99 (20 ms) and the load side's validity as for Realtime;
+- audio errors: error events, a delta that is not 100 ms, output ticks missing once the audio is sent, a turn
+  with no reply heard, no session.closed after session.close.
+
 --tts tone speaks with a tone engine (25 ms to first audio, then real time) and --responder echo answers
 with the user's audio: the gateway without a model. --backends measures instead what the STT and LLM clients
 cost the event loop per call (the fakes with no latency; the openai package's plain calls beside them).
@@ -45,6 +63,8 @@ HOW = """\
     python -m bench gateway --device cuda --model 0.6b --gpus 1 --workers 12 --client-cpus 4   # 1000 x 2, aligned
     python -m bench gateway --device cpu --responder echo --tts tone --workers 1 --sessions 10,50,100
     python -m bench gateway --backends                                 # the STT and LLM clients' CPU per call
+    python -m bench gateway --small --protocol live                    # GPT-Live sessions, a CPU rehearsal
+    python -m bench gateway --device cuda --model 0.6b --gpus 1 --client-cpus 4 --protocol live   # Live, 1000 x 2
 
 Levels default to 1000 sessions per GPU twice (Poisson), then once aligned; `--sessions`, `--arrivals`,
 `--aligned-sessions` change them. The record's levels hold the figures of the load side beside the gateway's."""
@@ -114,11 +134,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     fake_processes = args.fake_processes or max(1, math.ceil(max(counts) / 1000))
     profile = args.profile if args.profile is not None else (0.0 if small else 15.0)
     gateway_cpus, load_cpus = split_cores(args.client_cpus)
-    turn_wait_ms = 0
-    if live:  # no speech_stopped: a turn's end is the end of its speech in the audio and the pause that ends it
-        from gateway.config import load_config
-
-        turn_wait_ms = load_config().semantic_vad.pause_ms
 
     port = args.port or free_port()
     trace = Path(tempfile.mkdtemp(prefix="bench-trace-")) / "trace.jsonl"
@@ -146,8 +161,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             profiler = Profiler(gateway, profile, args.spread or scenario_s(args.responder))
             if live:
                 result, start, end = live_load.run_sessions(pool, gateway.live_url, "live", "capacity", n,
-                                                            args.cycles, args.spread, label == "aligned", seed=n)
-                result.first_delta_ms = [ms - turn_wait_ms for ms in result.end_to_audio_ms]
+                                                            args.cycles, args.spread, label == "aligned", seed=n,
+                                                            timed_from_turn_end=True)
             else:
                 result, start, end = run_sessions(pool, gateway.url, n, args.responder, args.cycles, args.spread,
                                                   label == "aligned", seed=n)
