@@ -12,15 +12,16 @@ speech_stopped). First output audio is the arrival of the first delta holding a 
 that sample's place in it: on Live, in the continuous 100 ms session.output_audio.delta stream (silence
 included); on Realtime, in the reply's response.output_audio.delta events (bench/live_load.py says it exactly).
 
-Levels, the two protocols one after the other on the one gateway:
+Levels, the two protocols one after the other on the one gateway, each level's sessions arriving as a Poisson
+process over one turn's length (so they overlap for all but their first turn):
 
 - latency: --latency-sessions sessions of --turns turns each (a sentence, then 2 s of silence; the reply, one
   short sentence, is over before the next turn): end of speech → first audio P50/P95, and beside it the gateway's
   own trace (speech_stopped → the first audio it sent), and for Realtime speech_stopped → first audio and where
   its audio_end_ms put the end of speech against the client's;
-- cpu: --cpu-sessions sessions at once (Poisson arrivals over one scenario), --cpu-turns turns each: the gateway
-  process's CPU seconds over the level per minute of the sessions' audio (session-minutes; the gateway's CPU
-  with no session, measured for IDLE_S before the levels, is in it and beside it), its loop lag;
+- cpu: --cpu-sessions sessions, --cpu-turns turns each: the gateway process's CPU seconds over the level per
+  minute of the sessions' audio (session-minutes; the gateway's CPU with no session, measured for IDLE_S before
+  the levels, is in it and beside it), its loop lag;
 - delegation (Live only, a gateway of its own on fakes whose voice model delegates each turn without a word): the
   client answers session.delegation.created at once with a session.commentary.append; round trip = created's
   arrival → the first audible audio after it (the commentary's paraphrase), P50/P95, with the gateway's trace
@@ -58,9 +59,8 @@ IDLE_S = 5.0  # the gateway's own CPU, measured with no session before the level
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, help="latency: turns per session (default 12; --small 3)")
-    parser.add_argument("--latency-sessions", type=int, help="latency: sessions, Poisson arrivals over one "
-                        "turn (default 2; --small 1)")
-    parser.add_argument("--cpu-sessions", type=int, help="cpu: sessions at once (default 8; --small 3)")
+    parser.add_argument("--latency-sessions", type=int, help="latency: sessions (default 2; --small 1)")
+    parser.add_argument("--cpu-sessions", type=int, help="cpu: sessions (default 8; --small 3)")
     parser.add_argument("--cpu-turns", type=int, help="cpu: turns per session (default 4; --small 2)")
     parser.add_argument("--delegations", type=int, help="delegation: turns (each delegated) per session, two "
                         "sessions (default 8; --small 2, one session)")
@@ -127,7 +127,8 @@ class Served:
     def level(self, pool: Pool, measure: str, protocol: str, scenario: str, n: int, repeats: int,
               args: argparse.Namespace) -> dict[str, Any]:
         url = self.gateway.live_url if protocol == "live" else self.gateway.url
-        result, start, end = live_load.run_sessions(pool, url, protocol, scenario, n, repeats, 0.0, False, seed=n)
+        spread = len(live_load.timeline(scenario, 1)) / 48000  # arrivals over one turn: the sessions overlap
+        result, start, end = live_load.run_sessions(pool, url, protocol, scenario, n, repeats, spread, False, seed=n)
         time.sleep(1.5)  # the probes' last records
         traces = [json.loads(line) for line in self.trace.read_text().splitlines()] if self.trace.exists() else []
         self.trace.write_text("")  # the gateway appends to it: what follows belongs to the next level
