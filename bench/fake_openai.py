@@ -97,6 +97,24 @@ class Script:
 Reply = str | Script | Callable[[dict[str, Any]], str | Script]
 
 
+def delegating(reply: str, task: str = "check the staging status") -> Callable[[dict[str, Any]], str | Script]:
+    """A GPT-Live voice model (``--delegate``): a request offering the ``delegate`` tool whose last message is the
+    user's delegates ``task`` without a word, a note it is told to speak ("... in your own words: TEXT") is TEXT,
+    anything else (a Realtime session's turns among them) is ``reply``."""
+
+    def answer(body: dict[str, Any]) -> str | Script:
+        last = body["messages"][-1]
+        content = last["content"] if isinstance(last.get("content"), str) else ""
+        if last["role"] == "system" and "in your own words" in content:
+            return content.rsplit(": ", 1)[-1]
+        offered = {tool.get("function", {}).get("name") for tool in body.get("tools") or []}
+        if "delegate" in offered and last["role"] == "user":
+            return Script("", [Call("delegate", {"task": task})])
+        return reply
+
+    return answer
+
+
 class FakeOpenAI:
     def __init__(
         self,
@@ -498,7 +516,7 @@ async def _serve(args: argparse.Namespace) -> None:
     fake = FakeOpenAI(
         host=args.host,
         port=args.port,
-        reply=reply,
+        reply=delegating(reply) if args.delegate else reply,
         transcript=args.transcript,
         stt_ms=args.stt_ms,
         ttft_ms=args.ttft_ms,
@@ -547,6 +565,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0, help="0 = any free port (printed)")
     parser.add_argument("--reply", default="Hello! How can I help you today?")
     parser.add_argument("--reply-file", help="read the reply text from this file")
+    parser.add_argument("--delegate", action="store_true", help="answer as a GPT-Live voice model that delegates "
+                        "each user turn and speaks the notes it is told to (see delegating)")
     parser.add_argument("--transcript", default="What is the weather like?")
     parser.add_argument("--stt-ms", type=float, default=0.0, help="transcription latency")
     parser.add_argument("--ttft-ms", type=float, default=0.0, help="time to first token")

@@ -100,6 +100,10 @@ class Gateway:
         return f"ws://127.0.0.1:{self.port}/v1/realtime"
 
     @property
+    def live_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/live/sessions"
+
+    @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
@@ -128,10 +132,11 @@ class Gateway:
 
 
 class Fakes:
-    """The fake STT and LLM (bench/fake_openai.py) as `processes` processes on one port."""
+    """The fake STT and LLM (bench/fake_openai.py) as `processes` processes on one port; ``delegate``: the LLM is a
+    GPT-Live voice model that delegates each user turn (fake_openai.delegating)."""
 
     def __init__(self, processes: int, cpus: str = "", stt_ms: float = STT_MS, llm_ms: float = LLM_MS,
-                 reply: str = REPLY) -> None:
+                 reply: str = REPLY, delegate: bool = False) -> None:
         self.processes, self.stt_ms, self.llm_ms = processes, stt_ms, llm_ms
         self.port = free_port()
         self.stats = Path(tempfile.mkdtemp(prefix="bench-fakes-"))
@@ -142,7 +147,8 @@ class Fakes:
                 self._procs.append(subprocess.Popen(
                     [sys.executable, "-m", "bench.fake_openai", "--port", str(self.port), "--reuse-port",
                      "--stt-ms", f"{stt_ms:g}", "--ttft-ms", f"{llm_ms:g}", "--reply", reply,
-                     "--stats", str(self.stats / f"fake-{k}.jsonl"), *(["--cpus", cpus] if cpus else [])],
+                     "--stats", str(self.stats / f"fake-{k}.jsonl"), *(["--cpus", cpus] if cpus else []),
+                     *(["--delegate"] if delegate else [])],
                     cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True))
         for proc in self._procs:
             if not (proc.stdout and proc.stdout.readline().startswith("listening")):

@@ -103,6 +103,10 @@ class Sessions:
     stop_late_ms: list[float] = field(default_factory=list)  # speech_stopped after the audio that ended it
     send_late_ms: list[float] = field(default_factory=list)  # each append after its time on the client's clock
     lag_p99_ms: list[float] = field(default_factory=list)  # each load-generator process's
+    # bench/live_load.py's, timed from the end of speech in the audio sent
+    end_to_audio_ms: list[float] = field(default_factory=list)
+    delegation_ms: list[float] = field(default_factory=list)  # Live: delegation.created -> its commentary heard
+    vad_end_offset_ms: list[float] = field(default_factory=list)  # Realtime: speech_stopped's audio_end_ms - it
     late_starts: int = 0  # sessions whose connection was not ready at their start time
 
     def merge(self, other: dict[str, Any]) -> None:

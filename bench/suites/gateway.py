@@ -13,6 +13,24 @@ workers' spread, where a turn's time goes (the gateway's own trace), and the loa
 load generator's lag, the fakes' latencies and lag): a level whose load side did not keep up is INVALID
 (bench/validity.py).
 
+--protocol live runs GPT-Live sessions (/v1/live/sessions, bench/live_load.py) on the same audio and fakes: the
+scenario's two turns, turn 1's reply cut by turn 2 (Live has no response.cancel: turn 2's reply plays to the
+end of the scenario), each target mapped (bench/targets.py, docs/live.md):
+- stop → first delta becomes turn end → first audio: Live sends no speech_stopped, so a turn's end is the
+  moment the client's clock reached the earliest point it can end in the audio (live_load.turn_ends: where the
+  gateway's own VAD, run on the same audio, ends its speech, plus [semantic_vad] pause_ms; the point Realtime's
+  VAD late is measured from), and first audio the arrival of the first non-silent 100 ms delta, plus its first
+  audible sample's place in it. The figure holds what Realtime splits into stop → first delta and VAD late (here
+  with Smart Turn's verdict in it), and the output clock's tick (audio ready between ticks waits up to 100 ms):
+  bound 250 + 40 + 100 = 390 ms;
+- VAD late: inside the figure above (no event to time it by), reported as none;
+- barge-in: our speech stops at the gateway's next tick after the VAD hears the user, and no event says so: the
+  user's speech start in the audio → the last audible sample of our speech, heard. Bound 250 ms: the VAD's
+  min_speech_ms (64), a window (32), its batch interval (10), a tick (100) and Realtime's 40 of VAD lateness;
+- worst worker loop lag P99 (20 ms) and the load side's validity as for Realtime;
+- audio errors: error events, a delta that is not 100 ms, output ticks missing once the audio is sent, a turn
+  with no reply heard, no session.closed after session.close.
+
 --tts tone speaks with a tone engine (25 ms to first audio, then real time) and --responder echo answers
 with the user's audio: the gateway without a model. --backends measures instead what the STT and LLM clients
 cost the event loop per call (the fakes with no latency; the openai package's plain calls beside them).
@@ -33,7 +51,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from bench import checkpoints, cpu_stages
+from bench import checkpoints, cpu_stages, live_load
 from bench.launcher import Fakes, Gateway, bench_settings, engine_settings, free_port, split_cores
 from bench.load import CONNECT_LEAD_S, Pool, Sessions, run_sessions, scenario_s
 from bench.stats import pct, rounded
@@ -45,6 +63,8 @@ HOW = """\
     python -m bench gateway --device cuda --model 0.6b --gpus 1 --workers 12 --client-cpus 4   # 1000 x 2, aligned
     python -m bench gateway --device cpu --responder echo --tts tone --workers 1 --sessions 10,50,100
     python -m bench gateway --backends                                 # the STT and LLM clients' CPU per call
+    python -m bench gateway --small --protocol live                    # GPT-Live sessions, a CPU rehearsal
+    python -m bench gateway --device cuda --model 0.6b --gpus 1 --client-cpus 4 --protocol live   # Live, 1000 x 2
 
 Levels default to 1000 sessions per GPU twice (Poisson), then once aligned; `--sessions`, `--arrivals`,
 `--aligned-sessions` change them. The record's levels hold the figures of the load side beside the gateway's."""
@@ -53,6 +73,8 @@ TURN_STAGES = ("speech_stopped", "committed", "stt_done", "llm_first_token", "tt
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--protocol", choices=["realtime", "live"], default="realtime", help="the sessions' "
+                        "protocol: Realtime (/v1/realtime) or GPT-Live (/v1/live/sessions; pipeline responder only)")
     parser.add_argument("--responder", choices=["pipeline", "echo"], default="pipeline")
     parser.add_argument("--tts", choices=["engine", "tone"], default="engine", help="pipeline: the TTS")
     parser.add_argument("--model", help="the checkpoint's model (0.6b, 1.7b; --small: tiny)")
@@ -89,6 +111,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.backends:
         return backend_calls(args)
+    live = args.protocol == "live"
+    if live and args.responder != "pipeline":
+        raise SystemExit("--protocol live: the pipeline responder only (GPT-Live's voice model is the pipeline)")
     small = args.small
     cuda = args.device == "cuda"
     gpus = args.gpus if cuda else 0
@@ -135,14 +160,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         pool = Pool(clients, load_cpus)
         for run_index, (n, label) in enumerate(plan):
             profiler = Profiler(gateway, profile, args.spread or scenario_s(args.responder))
-            result, start, end = run_sessions(pool, gateway.url, n, args.responder, args.cycles, args.spread,
-                                              label == "aligned", seed=n)
+            if live:
+                result, start, end = live_load.run_sessions(pool, gateway.live_url, "live", "capacity", n,
+                                                            args.cycles, args.spread, label == "aligned", seed=n,
+                                                            timed_from_turn_end=True)
+            else:
+                result, start, end = run_sessions(pool, gateway.url, n, args.responder, args.cycles, args.spread,
+                                                  label == "aligned", seed=n)
             time.sleep(1.5)  # the probes' last records
             traces = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
             trace.write_text("")  # the gateway appends to it: what follows belongs to the next level
             level = summarise(n, label, result, gateway.records(start, end), traces, start, end)
             level |= {"run": sum(1 for m, lb in plan[:run_index] if (m, lb) == (n, label)) + 1,
-                      "responder": args.responder, "tts": args.tts if args.responder == "pipeline" else None,
+                      "protocol": args.protocol, "responder": args.responder,
+                      "tts": args.tts if args.responder == "pipeline" else None,
                       "model": model, "gpus": gpus, "workers": gateway.workers,
                       "sessions_per_gpu": n // gpus if gpus else n}
             shares = profiler.shares()
@@ -163,8 +194,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         what = "tone TTS"
     count = levels[0]["workers"] if levels else workers
     setup = f"{what}, {gpus} GPU{'s' if gpus != 1 else ''}, {count} worker{'s' if count != 1 else ''}"
+    setup += ", GPT-Live" if live else ""
     return {"setup": setup, "settings": {
-        "responder": args.responder, "tts": args.tts, "model": model, "gpus": gpus, "workers": workers,
+        "protocol": args.protocol, "responder": args.responder, "tts": args.tts, "model": model, "gpus": gpus,
+        "workers": workers,
         "sessions": counts, "arrivals": labels, "aligned_sessions": aligned_at, "cycles": args.cycles,
         "clients": clients, "fake_processes": fake_processes, "client_cpus": args.client_cpus,
         "gateway_cpus": gateway_cpus or "all", "load_cpus": load_cpus or "all", "profile_s": profile,
