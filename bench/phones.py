@@ -74,7 +74,9 @@ class Baresip:
                 self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.ctrl_port)
                 break
             await asyncio.sleep(0.1)
-        assert self._writer is not None, "baresip did not open its control port"
+        if self._writer is None:
+            await self.stop()
+            raise RuntimeError(f"baresip did not open its control port:\n{self.log()[-2000:]}")
         self._task = asyncio.create_task(self._read())
 
     async def _read(self) -> None:

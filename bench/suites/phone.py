@@ -131,9 +131,23 @@ async def wait_idle(gateway: Gateway) -> None:
         await asyncio.sleep(0.1)
 
 
+async def started_phone(folder: Path, mic: Path) -> Baresip:
+    """A phone, started: a second or third try, on other free ports, if one was taken before baresip bound it
+    (the machine's other programs pick free ports too)."""
+    attempt = 0
+    while True:
+        phone = Baresip(folder / f"phone-{attempt}", mic, jitter_buffer=False)
+        try:
+            await phone.start()
+            return phone
+        except RuntimeError:
+            attempt += 1
+            if attempt == 3:
+                raise
+
+
 async def sip_trial(port: int, folder: Path, mic: Path, listen_s: float) -> tuple[float | None, float]:
-    phone = Baresip(folder, mic, jitter_buffer=False)
-    await phone.start()
+    phone = await started_phone(folder, mic)
     try:
         await phone.command("dial", f"sip:agent@127.0.0.1:{port}")
         await phone.event("CALL_ESTABLISHED")
@@ -142,7 +156,7 @@ async def sip_trial(port: int, folder: Path, mic: Path, listen_s: float) -> tupl
         await phone.event("CALL_CLOSED")
     finally:
         await phone.stop()
-    return call_latency(folder)
+    return call_latency(phone.folder)
 
 
 async def ws_trial(url: str, pcm: bytes, end_frame: int, timeout_s: float) -> float | None:
@@ -270,10 +284,10 @@ async def cpu_level(gateway: Gateway, sip_port: int | None, folder: Path, calls:
 
 
 async def sip_calls(gateway: Gateway, port: int, folder: Path, mic: Path, calls: int, seconds: float) -> float:
-    phones = [Baresip(folder / f"cpu-call-{k}", mic, jitter_buffer=False) for k in range(calls)]
+    phones: list[Baresip] = []
     try:
-        for phone in phones:
-            await phone.start()
+        for k in range(calls):
+            phones.append(await started_phone(folder / f"call-{k}", mic))
         for phone in phones:
             await phone.command("dial", f"sip:agent@127.0.0.1:{port}")
             await asyncio.sleep(0.25)  # within [sip] invites_per_second_per_source
