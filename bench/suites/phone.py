@@ -12,7 +12,7 @@ a phone has it, after 0-200 ms of silence, a new amount each trial, and before s
              sent (``enc``: from its first frame, at the answer) and what it decoded (``dec``: from the first
              packet the gateway sent, which then sends one every 20 ms, silence too); the phone's jitter buffer
              is off, so a packet is decoded as it arrives. The two recordings end together, at the hang-up, so
-             the difference of their lengths is how much later ``dec`` started (``dump_offset_ms``: the gateway's
+             the difference of their lengths is how much later ``dec`` started (``dump_offsets_ms``: the gateway's
              first packet after the phone's, to a frame); each call's latency is measured on ``enc``'s clock
              with it. Aligned by their starts instead (``start_aligned``), a call would be early by that much.
   WebSocket: a plain client sends the same audio at 24 kHz in 20 ms appends on a real-time clock and notes when
