@@ -135,6 +135,9 @@ TARGETS: tuple[Target, ...] = (
            "http_p95_ms", 5, "ms", {"concurrency": 24, "sessions": 200}),
     Target("local.1", "local", "end of speech → first audio P50, local models, 1 session",
            "end_of_speech_to_first_delta_p50_ms", 1500, "ms", {"sessions": 1}),
+    Target("phone.sip.added", "phone", "what SIP adds to end of speech → first audio P95, against WebSocket (fake "
+           "backends, tone TTS)", "added_p95_ms", 20, "ms", {"measure": "latency", "path": "sip",
+                                                            "responder": "pipeline"}),
     Target("balancer.drain", "balancer", "sessions lost when a gateway behind nginx drains", "sessions_lost", 0, "",
            {"measure": "drain"}),
 )

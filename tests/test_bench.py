@@ -1,6 +1,6 @@
 """The benchmark tool: a --small gateway level on the CPU writes a whole record, a level whose load side did not
-keep up is INVALID and no result, targets take valid levels only, and docs/benchmarks.md is what the records
-make."""
+keep up is INVALID and no result, targets take valid levels only, docs/benchmarks.md is what the records
+make, and the phone suite times a call on its phone's recordings and both paths side by side."""
 
 from __future__ import annotations
 
@@ -8,11 +8,16 @@ import json
 import re
 import subprocess
 import sys
+import wave
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
+
 from bench import page, record
-from bench.suites import NAMES
+from bench.phones import BARESIP
+from bench.suites import NAMES, phone
 from bench.targets import evaluate
 from bench.validity import Bounds, judge
 from tests.paths import ROOT
@@ -102,3 +107,48 @@ def test_the_benchmarks_page_is_what_the_records_make():
     # every target a record bears on shows its current figure
     shown = {(t["what"]) for rec in records for t in rec["targets"] if t["status"] != "invalid"}
     assert all(f"| {what} |" in text for what in shown)
+
+
+def _dump(path: Path, seconds: float, sound: tuple[float, float]) -> None:
+    """A phone's recording at 8 kHz: silence with a tone over `sound` (start, end) seconds."""
+    t = np.arange(int(seconds * 8000)) / 8000
+    samples = np.where((t >= sound[0]) & (t < sound[1]), 8000 * np.sin(2 * np.pi * 440 * t), 0)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(samples.astype("<i2").tobytes())
+
+
+def test_a_calls_latency_is_timed_on_recordings_aligned_by_their_ends(tmp_path: Path):
+    # what the phone sent: the question's sound ends at 1.6 s; what it heard started 40 ms later (its recording is
+    # 40 ms shorter at the hang-up), and the answer is at 2.3 s of it: 2.34 s on the sent clock, 740 ms later
+    _dump(tmp_path / "dump-call-enc.wav", 7.04, (0.5, 1.6))
+    _dump(tmp_path / "dump-call-dec.wav", 7.0, (2.3, 4.0))
+    latency, offset = phone.call_latency(tmp_path)
+    assert latency is not None and round(latency * 1000) == 740 and round(offset * 1000) == 40
+    _dump(tmp_path / "dump-call-dec.wav", 7.0, (1.0, 1.2))  # heard nothing after the question
+    assert phone.call_latency(tmp_path)[0] is None
+
+
+@pytest.mark.skipif(BARESIP is None, reason="baresip is not installed (apt-get install baresip)")
+def test_a_small_phone_run_times_both_paths_and_their_cpu(tmp_path: Path):
+    done = subprocess.run([sys.executable, "-m", "bench", "phone", "--small", "--trials", "1", "--calls", "1",
+                           "--seconds", "4", "--records", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    (path,) = (tmp_path / "small").glob("*.json")
+    rec = json.loads(path.read_text())
+    latency = {lv["path"]: lv for lv in rec["levels"] if lv["measure"] == "latency"}
+    cpu = {lv["path"]: lv for lv in rec["levels"] if lv["measure"] == "cpu"}
+    assert latency.keys() == cpu.keys() == {"sip", "websocket"}
+    for level in latency.values():  # the fakes' fixed 180 ms and the VAD's silence are in every answer
+        assert level["answered"] == 1 and level["end_of_speech_to_first_audio_p50_ms"] > 500
+        assert level["load"]["fake"]["stt_ms"] == 100 and level["load"]["client_lag_p99_ms"] >= 0
+    sip = latency["sip"]
+    assert sip["added_p95_ms"] == pytest.approx(sip["end_of_speech_to_first_audio_p95_ms"]
+                                                - latency["websocket"]["end_of_speech_to_first_audio_p95_ms"], abs=0.2)
+    assert abs(sip["dump_offsets_ms"][0]) <= phone.MAX_OFFSET_MS
+    assert all(level["cpu_s"] > 0 and level["cpu_s_per_call_min"] == pytest.approx(level["cpu_s"] * 15, rel=0.01)
+               for level in cpu.values())
+    assert [t["id"] for t in rec["targets"]] == ["phone.sip.added"]

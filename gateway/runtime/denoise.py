@@ -7,7 +7,7 @@ resampler to 16 kHz and back (gateway.audio.RationalResampler), and up to 10 ms 
 the audio is delayed by at most ~12 ms. ``near_field`` (a handset, a headset) suppresses at the
 suppressor's level 2 ("high", ~15 dB), ``far_field`` (a speakerphone, a room) at level 3 ("very high",
 ~20 dB) with its automatic gain on, since a far talker is quiet. ``strength`` is reported, not used.
-It costs ~1 s of CPU per minute of audio (scripts/bench_noise.py), little enough to run inline in the runner.
+It costs ~1 s of CPU per minute of audio (`python -m bench noise`), little enough to run inline in the runner.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Noise reduction acts: what the measurement (scripts/bench_noise.py) shows it does, asserted.
+"""Noise reduction acts: what the measurement (`python -m bench noise`) shows it does, asserted.
 
 It takes ~14 dB of stationary noise out of the input audio and leaves speech as loud and as plainly speech
 (Silero still hears it); a session with ``noise_reduction`` set keeps the cleaned audio, so the STT gets it.

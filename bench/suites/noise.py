@@ -1,38 +1,44 @@
 """Noise reduction measured: speech mixed with noise at several SNRs, with it off and on.
 
 For each noise (the fixtures' pink noise, tests/fixtures/noise.wav, looped; and babble: four of the demo
-questions played backwards at once) and SNR (speech RMS over noise RMS), it reports:
+questions played backwards at once) and SNR (speech RMS over noise RMS), a level:
   - VAD false starts: turns the gateway's turn detector (Silero + server_vad defaults) starts in 20 s of the
     noise alone, at the level it has in the mix;
   - WER: the local STT's (faster-whisper tiny.en, the local extra) word error rate over the demo questions;
-  - CPU: the denoiser's process time per minute of audio (one session-minute).
-
-    python scripts/bench_noise.py [--snr 0,5,10] [--kinds near_field,far_field] [--questions 21]
-
-``measure()`` returns the rows as dicts (a bench suite's records); ``main()`` prints them as a table.
+and per reduction kind, CPU: the denoiser's process time per minute of audio fed in 20 ms chunks as a phone
+sends it (one session-minute; process time: comparable on a busy machine). Nothing here has a load side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from bench.load import FIXTURES
 from gateway.audio import SAMPLE_RATE, wav_to_pcm16
 from gateway.core.vad import SpeechStarted, TurnDetector
 from gateway.runtime.denoise import Denoiser
 from gateway.runtime.silero import SileroVAD
 
-FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+HELP = "noise reduction: VAD false starts and the local STT's WER in noise, off and on; its CPU per session-minute"
+HOW = """\
+    python -m bench noise --small                  # pink and babble at 10 dB, near_field, 3 questions
+    python -m bench noise                          # 0, 5 and 10 dB, near_field and far_field, 21 questions"""
 NOISE_SECONDS = 20
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--snr", help="comma-separated SNRs in dB (default 0,5,10; --small 10)")
+    parser.add_argument("--kinds", help="reduction kinds beside off (default near_field,far_field; --small "
+                        "near_field)")
+    parser.add_argument("--questions", type=int, help="demo questions mixed (default 21; --small 3)")
 
 
 def load(path: Path) -> np.ndarray:
@@ -100,13 +106,13 @@ def word_errors(reference: list[str], hypothesis: list[str]) -> int:
 
 
 def measure(snrs: Iterable[float] = (0, 5, 10), kinds: Iterable[str | None] = (None, "near_field", "far_field"),
-            limit: int = 21) -> list[dict[str, object]]:
+            limit: int = 21) -> list[dict[str, Any]]:
     from gateway.responders.local_stt import LocalStt  # the local extra
 
     stt = LocalStt.shared()
     speech = questions(limit)
     level = np.mean([speech_rms(x) for x, _ in speech])
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     for noise_name, noise in noises().items():
         for snr in snrs:
             noise_level = level / 10 ** (snr / 20)
@@ -119,10 +125,12 @@ def measure(snrs: Iterable[float] = (0, 5, 10), kinds: Iterable[str | None] = (N
                     heard = stt._transcribe_pcm(clean(pcm, kind), None, "en")
                     errors += word_errors(words(text), words(heard))
                     total += len(words(text))
-                rows.append({"noise": noise_name, "snr_db": snr, "noise_reduction": kind or "off",
-                             "vad_false_starts": false_starts(clean(alone, kind)),
+                rows.append({"measure": "noise", "noise": noise_name, "snr_db": snr,
+                             "noise_reduction": kind or "off", "vad_false_starts": false_starts(clean(alone, kind)),
                              "false_starts_per": f"{NOISE_SECONDS} s", "wer": round(errors / total, 3),
-                             "utterances": len(mixes)})
+                             "utterances": len(mixes), "valid": None, "invalid": []})
+                print(f"{noise_name:8} {snr:>4g} dB {kind or 'off':>10}: VAD false starts "
+                      f"{rows[-1]['vad_false_starts']} / {NOISE_SECONDS} s, WER {rows[-1]['wer']:.1%}", flush=True)
     return rows
 
 
@@ -136,25 +144,16 @@ def cpu_ms_per_minute(kind: str) -> float:
     return (time.process_time() - start) * 1000
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--snr", default="0,5,10")
-    parser.add_argument("--kinds", default="near_field,far_field")
-    parser.add_argument("--questions", type=int, default=21)
-    args = parser.parse_args()
-    kinds = [None, *[k for k in args.kinds.split(",") if k]]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"machine {platform.node()} ({platform.processor() or platform.machine()}), {time.strftime('%Y-%m-%d')}, "
-          f"commit {commit}: python {' '.join(sys.argv)}")
-    rows = measure([float(s) for s in args.snr.split(",")], kinds, args.questions)
-    print(f"{'noise':8} {'SNR dB':>6} {'reduction':>10} {'VAD false starts':>17} {'WER':>6}")
-    for row in rows:
-        print(f"{row['noise']:8} {row['snr_db']:>6g} {row['noise_reduction']:>10} "
-              f"{row['vad_false_starts']:>10} / {NOISE_SECONDS} s {row['wer']:>6.1%}")
-    for kind in kinds[1:]:
-        assert kind is not None
-        print(f"CPU, {kind}: {cpu_ms_per_minute(kind):.0f} ms per session-minute (20 ms chunks, this machine)")
-
-
-if __name__ == "__main__":
-    main()
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    snrs = [float(s) for s in (args.snr or ("10" if args.small else "0,5,10")).split(",")]
+    kinds = [k for k in (args.kinds or ("near_field" if args.small else "near_field,far_field")).split(",") if k]
+    limit = args.questions or (3 if args.small else 21)
+    levels = measure(snrs, [None, *kinds], limit)
+    for kind in kinds:
+        cpu = cpu_ms_per_minute(kind)
+        levels.append({"measure": "cpu", "noise_reduction": kind, "cpu_ms_per_session_min": round(cpu),
+                       "valid": None, "invalid": []})
+        print(f"CPU, {kind}: {cpu:.0f} ms per session-minute (20 ms chunks)", flush=True)
+    return {"setup": f"{limit} questions, local STT", "settings": {"snr_db": snrs, "kinds": kinds, "questions": limit,
+                                                                   "noise_seconds": NOISE_SECONDS},
+            "levels": levels}
