@@ -7,6 +7,9 @@ they are the session's media clock.
 
 from __future__ import annotations
 
+import base64
+from functools import cache
+
 import numpy as np
 
 from gateway.audio import SAMPLE_RATE, InputDecoder, OutputEncoder, StreamResampler, bytes_to_int16
@@ -46,6 +49,13 @@ class SessionAudio:
     def frame_bytes(self, ms: int) -> int:
         return self.rate * ms // 1000 * self.bytes_per_sample
 
+    def encode_delta(self, pcm: bytes, ms: int, silent: bool = False) -> str:
+        """``encode_frame`` as a delta's base64. ``silent``: ``pcm`` is all zeros, and in pcm16 24 kHz, which
+        most ticks of most sessions are, its delta is one string made once."""
+        if silent and self._encoder is None and self._down is None:
+            return _silent_delta(len(pcm))
+        return base64.b64encode(self.encode_frame(pcm, ms)).decode()
+
     def encode_frame(self, pcm: bytes, ms: int) -> bytes:
         """``ms`` of output in the session's format from ``ms`` of pcm16 24 kHz, exactly as long: a resampler's
         held-back start is made up with silence, once."""
@@ -63,3 +73,8 @@ class SessionAudio:
         frame = bytes(self._out[:size])
         del self._out[:size]
         return frame
+
+
+@cache
+def _silent_delta(size: int) -> str:
+    return base64.b64encode(bytes(size)).decode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +21,16 @@ from gateway.core.effects import (
 
 @dataclass(frozen=True, slots=True)
 class Reflect:
-    """Send this event to the session's sidebands only (the reflected input and output audio)."""
+    """Send this event to the session's sidebands only (the reflected input and output audio), with ``audio`` in
+    its ``field`` as base64: encoded by ``wire`` only where a sideband is there to get it (most sessions have none,
+    and the audio is every append and every tick)."""
 
     event: dict[str, Any]
+    field: str
+    audio: bytes
+
+    def wire(self) -> dict[str, Any]:
+        return {**self.event, self.field: base64.b64encode(self.audio).decode()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -409,8 +409,7 @@ class LiveSession:
             return []
         if not timeline_counted:
             self.input_samples += len(pcm) // 2 * self.audio.rate // 24000
-        effects: list[Effect] = [Reflect({"type": "session.input_audio.append",
-                                          "audio": base64.b64encode(pcm).decode()})] if pcm else []
+        effects: list[Effect] = [Reflect({"type": "session.input_audio.append"}, "audio", pcm)] if pcm else []
         heard = bytes(len(pcm)) if self.muted else pcm  # muted: the model hears silence, the timeline goes on
         self._heard += heard
         self._received_ms += len(pcm) / BYTES_PER_MS
@@ -621,10 +620,10 @@ class LiveSession:
                 effects.append(Mark("commentary_spoken"))
             self._first_audio = None
         pcm = speech + bytes(TICK_BYTES - n)
-        effects.append(SendEvent({"type": "session.output_audio.delta",
-                                  "delta": base64.b64encode(self.audio.encode_frame(pcm, TICK_MS)).decode()}))
-        effects.append(Reflect({"type": "session.output_audio.delta", "delta": base64.b64encode(pcm).decode(),
-                                "start_ms": start_ms, "end_ms": end_ms}))
+        delta = self.audio.encode_delta(pcm, TICK_MS, silent=n == 0)
+        effects.append(SendEvent({"type": "session.output_audio.delta", "delta": delta}))
+        effects.append(Reflect({"type": "session.output_audio.delta", "start_ms": start_ms, "end_ms": end_ms},
+                               "delta", pcm))
         self._place_words(begin, self._played, start_ms)
         for at in sorted(self._out_text):
             if at + GRID_MS <= end_ms or (n == 0 and not self._out):

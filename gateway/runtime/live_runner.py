@@ -153,8 +153,9 @@ class LiveRunner(CoreRunner):
 
     async def _carry_out(self, effect: Any) -> None:
         match effect:
-            case Reflect(event):
-                await self._to_sidebands(event)
+            case Reflect():
+                if self.sidebands:
+                    await self._to_sidebands(effect.wire())
             case Reply(event):
                 await self._send_event(event)
             case RunDelegation(run_id, request):

@@ -92,7 +92,8 @@ def test_one_output_delta_per_100_ms_of_input_in_the_session_format(fmt: dict[st
     deltas = events(out, "session.output_audio.delta")
     assert len(deltas) == 25 and {len(base64.b64decode(d["delta"])) for d in deltas} == {size}
     assert all("event_id" not in d for d in deltas)
-    reflected = [e.event for e in out if isinstance(e, Reflect) and e.event["type"] == "session.output_audio.delta"]
+    reflected = [e.wire() for e in out if isinstance(e, Reflect) and e.event["type"] == "session.output_audio.delta"]
+    assert [base64.b64decode(r["delta"]) for r in reflected] == [bytes(4800)] * 25
     assert [(r["start_ms"], r["end_ms"]) for r in reflected] == [(i * 100, i * 100 + 100) for i in range(25)]
 
 
