@@ -98,6 +98,11 @@ class SemanticTurnDetector:
         self.vad.reset(until_ms)
         self.vad.feed(held)
 
+    @property
+    def pause_start_ms(self) -> float | None:
+        """Where the pause under way began, in a turn: where the turn ends if the pause is its end; else None."""
+        return self._pause_start
+
     def feed(self, probs: Sequence[float] | Float32Array) -> list[TurnEvent | CheckTurn]:
         """Feed the next windows' speech probabilities in order; return the events and checks they cause."""
         if self._pending is not None:

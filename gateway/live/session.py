@@ -25,7 +25,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import Config
-from gateway.core.effects import Fault, Mark, RunSmartTurn, RunVad, SendEvent, StartResponse, StopResponse, Transcribe
+from gateway.core.effects import (
+    Fault,
+    Mark,
+    PrepareTranscript,
+    RunSmartTurn,
+    RunVad,
+    SendEvent,
+    StartResponse,
+    StopResponse,
+    Transcribe,
+)
 from gateway.core.ids import new_id
 from gateway.core.responder import (
     AudioOut,
@@ -178,6 +188,9 @@ class LiveSession:
         self._heard_start_ms = 0.0
         self._received_ms = 0.0  # input audio given to the VAD
         self._speech: tuple[str, float] | None = None  # (item id, start ms) while the user speaks
+        # The pause whose turn is being transcribed early: the turn's audio up to it is what a Smart Turn check
+        # asks about, and what the turn commits if the check or the wait ends it.
+        self._early_pause: float | None = None
         self._utterances: dict[str, tuple[float, float]] = {}  # user items being transcribed: their spans
         # The voice model's context.
         self._history: deque[Message] = deque(maxlen=MAX_HISTORY)
@@ -426,7 +439,11 @@ class LiveSession:
         """Speech probabilities of the audio of earlier RunVad effects, in order."""
         if self.closed:
             return []
-        return self._turn_events(self.turns.feed(probabilities))
+        effects = self._turn_events(self.turns.feed(probabilities))
+        if self._early_pause is not None and self.turns.pause_start_ms != self._early_pause:
+            self._early_pause = None  # the user went on: the early transcript is of a turn that was not
+            effects.append(PrepareTranscript(None))
+        return effects
 
     def smart_turn_result(self, seq: int, probability: float | None) -> list[Effect]:
         if self.closed:
@@ -442,7 +459,16 @@ class LiveSession:
                 effects += self._speech_stopped(ev.audio_end_ms)
             elif isinstance(ev, CheckTurn):
                 effects.append(RunSmartTurn(ev.seq, self._audio(max(ev.start_ms, ev.end_ms - 8000), ev.end_ms)))
+                effects += self._transcribe_early()
         return effects
+
+    def _transcribe_early(self) -> list[Effect]:
+        """The turn's transcription starts while Smart Turn and the pause decide whether it is over."""
+        pause = self.turns.pause_start_ms
+        if self._speech is None or pause is None or pause == self._early_pause:
+            return []
+        self._early_pause = pause
+        return [PrepareTranscript(self._audio(self._speech[1], pause))]
 
     def _audio(self, start_ms: float, end_ms: float) -> bytes:
         begin = max(0, int((start_ms - self._heard_start_ms) * BYTES_PER_MS) & ~1)
@@ -473,7 +499,7 @@ class LiveSession:
     def _speech_stopped(self, end_ms: float) -> list[Effect]:
         assert self._speech is not None
         item_id, start = self._speech
-        self._speech = None
+        self._speech = self._early_pause = None
         pcm = self._audio(start, end_ms)
         self._utterances[item_id] = (start, end_ms)
         self._history.append(Message(item_id, "user", audio=pcm))

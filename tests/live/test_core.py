@@ -10,7 +10,16 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.core.effects import Mark, RunSmartTurn, RunVad, SendEvent, StartResponse, StopResponse, Transcribe
+from gateway.core.effects import (
+    Mark,
+    PrepareTranscript,
+    RunSmartTurn,
+    RunVad,
+    SendEvent,
+    StartResponse,
+    StopResponse,
+    Transcribe,
+)
 from gateway.core.responder import AudioOut, SpeechText, ToolCallArguments, ToolCallStart
 from gateway.core.vad import WINDOW_MS
 from gateway.live.effects import EndSession, Reflect, Reply, RunDelegation
@@ -105,6 +114,23 @@ def test_no_audio_no_clock() -> None:
     assert [e["type"] for e in events(out)] == ["error", "session.closed"]
     assert events(out)[0]["error"]["code"] == "context_injection_incomplete"
     assert isinstance(out[-1], EndSession)
+
+
+def test_a_turn_is_transcribed_while_its_pause_is_judged_and_a_turn_that_goes_on_drops_that() -> None:
+    """The transcription starts with the Smart Turn check, on the audio the turn commits if it is over."""
+    live = started()
+    audio(live, 3000, b"\x10\x00" * 72000)
+    out = speak_turn(live)
+    (early,) = [e for e in out if isinstance(e, PrepareTranscript)]
+    (transcribe,) = [e for e in out if isinstance(e, Transcribe)]
+    assert out.index(early) < out.index(transcribe) and early.pcm == transcribe.pcm and early.pcm
+    # A pause the model calls unfinished, then more speech: the early transcript is dropped.
+    out = vad(live, [0.9] * windows(1000) + [0.0] * windows(400))
+    check = next(e for e in out if isinstance(e, RunSmartTurn))
+    assert [e.pcm is not None for e in out if isinstance(e, PrepareTranscript)] == [True]
+    out = live.smart_turn_result(check.seq, 0.01) + vad(live, [0.9] * windows(500))
+    assert [e.pcm for e in out if isinstance(e, PrepareTranscript)] == [None]
+    assert not [e for e in out if isinstance(e, Transcribe)]
 
 
 def test_a_turn_is_transcribed_answered_and_spoken_on_the_timeline() -> None:
