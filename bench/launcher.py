@@ -38,10 +38,21 @@ def split_cores(client_cpus: int) -> tuple[str, str]:
     return cpu_spec(mine[:-client_cpus]), cpu_spec(mine[-client_cpus:])
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(*kinds: int) -> int:
+    """A loopback port free for every socket kind in ``kinds`` (TCP when none is named): SIP listens on one port
+    for both UDP and TCP. The port may still be taken before it is used; callers that start a peer retry."""
+    kinds = kinds or (socket.SOCK_STREAM,)
+    while True:
+        with socket.socket(socket.AF_INET, kinds[0]) as first:
+            first.bind(("127.0.0.1", 0))
+            port: int = first.getsockname()[1]
+            try:
+                for kind in kinds[1:]:
+                    with socket.socket(socket.AF_INET, kind) as other:
+                        other.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def _log_tail(path: Path, lines: int = 30) -> str:

@@ -16,6 +16,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.launcher import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "deploy" / "nginx" / "gateway.conf"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -27,12 +29,6 @@ START_TIMEOUT_S = 60.0
 def nginx_missing() -> str | None:
     """Why the balancer cannot run here, or None."""
     return None if os.access(NGINX, os.X_OK) else f"nginx is not installed ({NGINX}; apt-get install nginx)"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Gateway:

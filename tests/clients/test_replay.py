@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import struct
 import wave
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from bench.fake_openai import FakeOpenAI
+from bench.launcher import free_port
 from gateway.clients import cli as client
 from gateway.clients.replay import Options, main, replay
 from tests.paths import FIXTURES
@@ -146,12 +146,6 @@ async def test_client_prints_whole_transcripts_a_latency_line_per_turn_and_fails
         printed = capsys.readouterr().out
         assert "turn 1 (failed), no audio" in printed
         assert "error event: llm_backend_error" in printed and re.search(r"response resp_\w+ failed: ", printed)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from bench.fake_openai import FakeOpenAI
-from tests.phones.baresip import free_port
+from tests.phones.baresip import free_sip_port
 
 ANSWER = "The sky is blue because the air scatters blue sunlight the most."
 
@@ -30,7 +30,7 @@ async def phone_gateway(start_gateway: Any) -> Any:
         responder = PipelineResponder(LlmClient(fake.base_url, "llm-test", timeout_s=5), PiperEngine.shared(),
                                       BridgeSettings(starter_chars=10, max_segment_chars=120))
         responders.append(responder)
-        options = {"sip__enabled": True, "sip__port": free_port(), "stt__base_url": fake.base_url,
+        options = {"sip__enabled": True, "sip__port": free_sip_port(), "stt__base_url": fake.base_url,
                    "stt__model": "whisper-test", "calls__noise_reduction": ""}
         return await start_gateway(responder, **options | overrides)
 

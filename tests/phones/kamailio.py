@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.phones.baresip import free_port
+from tests.phones.baresip import free_sip_port
 
 KAMAILIO = shutil.which("kamailio") or (shutil.which("kamailio", path="/usr/sbin"))
 MODULES = "/usr/lib/x86_64-linux-gnu/kamailio/modules/"
@@ -51,7 +51,7 @@ request_route {{
 class Kamailio:
     def __init__(self, folder: Path, gateway_port: int) -> None:
         self.folder = folder
-        self.port = free_port()
+        self.port = free_sip_port()
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "kamailio.cfg").write_text(CONFIG.format(port=self.port, modules=MODULES, gateway=gateway_port))
         self.process: subprocess.Popen[bytes] | None = None

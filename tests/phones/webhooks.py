@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 from openai import AsyncOpenAI
 
-from tests.phones.baresip import free_port
+from bench.launcher import free_port
 
 KEY = secrets.token_bytes(32)
 SECRET = "whsec_" + base64.b64encode(KEY).decode()
@@ -40,7 +40,7 @@ class Receiver:
         app.router.add_post("/hook", self.handle)
         self.runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self.runner.setup()
-        port = free_port(1)
+        port = free_port()
         await web.TCPSite(self.runner, "127.0.0.1", port).start()
         self.url = f"http://127.0.0.1:{port}/hook"
         return self

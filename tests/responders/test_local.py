@@ -12,7 +12,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import orjson
 import pytest
 
+from bench.launcher import free_port
 from gateway.config import ConfigError, LocalConfig, check
 from gateway.core.responder import BackendError, LlmUsage, Responder, transcript_of
 from gateway.responders.build import LOCAL_LLM, LOCAL_STT, LOCAL_TTS, build_responder, build_transcriber, installed
@@ -48,12 +48,6 @@ def words(text: str) -> set[str]:
     """The words of ``text``, small numbers spelled out (the STT may hear "8" as "eight" and back)."""
     found = re.findall(r"[a-z0-9']+", text.lower())
     return {NUMBERS[int(w)] if w.isdigit() and int(w) < len(NUMBERS) else w for w in found}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -7,7 +7,6 @@ import base64
 import dataclasses
 import io
 import logging
-import socket
 import wave
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from bench.fake_openai import FakeOpenAI, tokenize
+from bench.launcher import free_port
 from engine.api import TTSError
 from engine.voices import VoicePrompt
 from gateway.config import ConfigError, VoiceConfig, load_config
@@ -71,13 +71,6 @@ class RecordingEngine(ToneEngine):
 async def fake() -> AsyncIterator[FakeOpenAI]:
     async with FakeOpenAI(reply=REPLY, transcript=TRANSCRIPT) as server:
         yield server
-
-
-def free_port() -> int:
-    """A loopback port with nothing listening on it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Transcribing(PipelineResponder):

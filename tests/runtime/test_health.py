@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import urllib.error
 import urllib.request
 from typing import Any
@@ -14,16 +13,11 @@ import orjson
 import pytest
 
 from bench.fake_openai import FakeOpenAI
+from bench.launcher import free_port
 from gateway.responders.pipeline import BridgeSettings, PipelineResponder
 from gateway.responders.remote import LlmClient
 from gateway.responders.tone_tts import ToneEngine
 from tests.conftest import StartGateway, connect, load_pcm, silence
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pipeline(llm_url: str) -> PipelineResponder:

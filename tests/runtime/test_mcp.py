@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from bench.fake_openai import Call, FakeOpenAI, Script
+from bench.launcher import free_port
 from tests.conftest import audio_of, connect, types
-from tests.mcp_server import McpTestServer, free_port
+from tests.mcp_server import McpTestServer
 from tests.paths import ROOT
 
 

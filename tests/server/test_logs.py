@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from bench.launcher import free_port
 from tests.conftest import no_error_lines_in
 from tests.paths import ROOT
 
@@ -67,12 +67,6 @@ def test_two_different_failures_in_a_row_each_get_their_own_traceback():
     assert run.stderr.count("Exception in ASGI application") == 2, run.stderr
     assert run.stderr.count("Traceback") == 2, run.stderr
     assert "KeyError: 'missing'" in run.stderr and "TypeError: object of type 'int' has no len()" in run.stderr
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_ctrl_c_ends_an_idle_gateway_within_a_second(tmp_path):

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from bench.launcher import free_port
 from gateway.responders.echo import EchoResponder
 from gateway.transports.sip import rtp
-from tests.phones.baresip import free_port
+from tests.phones.baresip import free_sip_port
 
 
 def dropped(counter: str, reason: str) -> float:
@@ -88,7 +89,7 @@ def rtp_port(answer: str) -> int:
 @pytest.fixture
 async def sip_gateway(start_gateway: Any) -> Any:
     async def start(**overrides: Any) -> Any:
-        options = {"sip__enabled": True, "sip__port": free_port(), "calls__noise_reduction": ""}
+        options = {"sip__enabled": True, "sip__port": free_sip_port(), "calls__noise_reduction": ""}
         return await start_gateway(EchoResponder(pace=1), **options | overrides)
     return start
 
@@ -267,7 +268,7 @@ async def test_sip_over_tls(sip_gateway: Any, tmp_path: Any, no_errors: None) ->
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
     cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "sip.pem"))
-    tls_port = free_port(socket.SOCK_STREAM)
+    tls_port = free_port()
     gateway = await sip_gateway(sip__tls_port=tls_port, sip__tls_cert=str(tmp_path / "sip.pem"),
                                 sip__tls_key=str(tmp_path / "sip.pem"))
     context = ssl.create_default_context()

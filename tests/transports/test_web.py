@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import urllib.request
 from collections.abc import AsyncIterator
 
@@ -22,6 +21,7 @@ import pytest
 
 async_api = pytest.importorskip("playwright.async_api", reason="Playwright for Python is not installed")
 
+from bench.launcher import free_port  # noqa: E402 - after the skip
 from tests.helpers.chromium import ARTIFACTS, CHROMIUM, open_page, until  # noqa: E402 - after the skip
 from tests.helpers.responders import realtime_pipeline  # noqa: E402
 
@@ -232,12 +232,6 @@ async def test_a_failed_reply_is_told_once_and_the_page_listens_again(start_gate
             ARTIFACTS.mkdir(exist_ok=True)
             await page.screenshot(path=str(ARTIFACTS / "page-failed.png"), full_page=True)
         assert problems == []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 DRAIN_NOTICE = {"type": "error", "event_id": "event_drain", "error": {
