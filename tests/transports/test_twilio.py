@@ -9,7 +9,6 @@ import base64
 import contextlib
 import hashlib
 import hmac
-import socket
 import xml.etree.ElementTree as ET
 from typing import Any
 from urllib.parse import urlencode
@@ -21,10 +20,10 @@ import pytest
 import websockets
 from openai import AsyncOpenAI
 
+from bench.launcher import free_port
 from gateway.audio import RationalResampler, ulaw_encode
 from gateway.responders.echo import EchoResponder
 from tests.conftest import load_pcm
-from tests.phones.baresip import free_port
 
 TOKEN = "twilio-auth-token-for-tests"
 
@@ -108,7 +107,7 @@ async def twilio_gateway(start_gateway: Any, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("TWILIO_AUTH_TOKEN", TOKEN)
 
     async def start(**overrides: Any) -> Any:
-        port = free_port(socket.SOCK_STREAM)  # Twilio signs the public URL it calls: known before the start
+        port = free_port()  # Twilio signs the public URL it calls: known before the start
         return await start_gateway(EchoResponder(pace=1), server__port=port, twilio__enabled=True,
                                    twilio__public_url=f"http://127.0.0.1:{port}", calls__noise_reduction="",
                                    **overrides)
