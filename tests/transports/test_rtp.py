@@ -1,10 +1,18 @@
-"""RTP, RFC 4733 and SDP without a network: the jitter buffer's order and holes, DTMF events, offers."""
+"""RTP, RFC 4733 and SDP: the jitter buffer's order and holes, DTMF events, offers, and a call's stream on
+loopback sockets."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import time
+
 import pytest
 
+from gateway.audio import RationalResampler
+from gateway.transports.playout import PlayoutQueue
 from gateway.transports.sip import rtp, sdp
+from gateway.transports.sip.media import FRAME, RATE, PortPool, RtpStream
 
 
 def packet(sequence: int, payload: bytes = b"\xff" * 160) -> rtp.Packet:
@@ -28,6 +36,35 @@ def test_packets_out_of_order_come_out_in_order_and_a_hole_waits_then_is_silence
     assert gap == 160 and buffer.lost == 1
     buffer.add(packet(9), 0.2)  # older than what went out
     assert buffer.ready(0.2) == [] and buffer.late == 1
+
+
+async def test_the_callers_audio_is_ready_as_its_packet_arrives_and_a_hole_waits_for_the_clock() -> None:
+    phone = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    phone.bind(("127.0.0.1", 0))
+    offer = sdp.Offer("127.0.0.1", phone.getsockname()[1], "PCMU", 0, None)
+    sockets = PortPool("127.0.0.1", 42000, 42100).open()
+    assert sockets is not None
+    stream = RtpStream(offer, sockets, 0.04, PlayoutQueue(RATE, FRAME, lambda: RationalResampler(1, 3)), "127.0.0.1")
+    await stream.start()
+    try:
+        to_us = ("127.0.0.1", stream.port)
+        phone.sendto(rtp.build(0, 1, 160, 7, b"\x00" * 160), to_us)
+        await asyncio.wait_for(stream.arrived.wait(), 2)  # no clock runs here: the packet woke the reader
+        stream.arrived.clear()
+        pcm, keys = stream.take_input(time.monotonic())
+        assert len(pcm) >= 2 * 3 * 100 and keys == []  # most of its 20 ms at 24 kHz (the resampler holds a few)
+        phone.sendto(rtp.build(0, 3, 480, 7, b"\x00" * 160), to_us)  # 2 is missing
+        await asyncio.wait_for(stream.arrived.wait(), 2)
+        stream.arrived.clear()
+        assert stream.take_input(time.monotonic()) == (b"", [])  # 3 waits for 2
+        stream.tick(time.monotonic())
+        assert stream.arrived.is_set()  # the clock wakes the reader while a hole waits
+        stream.arrived.clear()
+        await asyncio.sleep(0.05)  # past the hole's 40 ms
+        assert len(stream.take_input(time.monotonic())[0]) >= 2 * 3 * 300  # given up on 2: its silence, then 3
+    finally:
+        stream.close()
+        phone.close()
 
 
 def test_sequence_numbers_wrap() -> None:

@@ -1,9 +1,10 @@
 """A call's audio: G.711 over RTP on a port of its own, played on the endpoint's one media clock.
 
-Packets are taken as they arrive (``datagram_received``: checked and queued, nothing awaited); every
-20 ms the clock (``MediaClock``) runs each call's ``tick``: the packets now in order are decoded, put at
-24 kHz and fed to the session in one piece, the keys pressed go to the call, and one 20 ms frame of the
-agent's voice goes out (to where the caller's packets come from: symmetric RTP). Only the caller's
+Packets are taken as they arrive (``datagram_received``: checked and queued, nothing awaited) and wake the
+call's reader (``arrived``), which takes the caller's input at once (``take_input``): the packets now in
+order, decoded and put at 24 kHz, and the keys pressed. Every 20 ms the clock (``MediaClock``) runs each
+call's ``tick``: one 20 ms frame of the agent's voice goes out (to where the caller's packets come from:
+symmetric RTP), and a hole in the input that has waited long enough is given up. Only the caller's
 addresses (its SDP's, its signalling's) may send, then only from the port of their first packet, and
 only the payload types agreed: any other packet is dropped and counted.
 """
@@ -114,6 +115,8 @@ class RtpStream:
         self.last_heard = time.monotonic()
         self._last_report = 0.0
         self._transports: list[asyncio.DatagramTransport] = []
+        self.arrived = asyncio.Event()
+        """Set when input may be ready for ``take_input``: a packet came, or a hole may have waited enough."""
         self.closed = False
 
     async def start(self) -> None:
@@ -141,12 +144,17 @@ class RtpStream:
             return
         self._source = self._source or addr
         self._inbox.append((packet, time.monotonic()))
+        self.arrived.set()
 
     def send_dtmf(self, digits: str) -> None:
         self._dtmf_out.extend(digits)
 
-    def tick(self, now: float) -> tuple[bytes, list[str], list[tuple[str, str]]]:
-        """One 20 ms step: (caller's audio as pcm16 24 kHz, keys pressed, playout events)."""
+    def take_input(self, now: float) -> tuple[bytes, list[str]]:
+        """The caller's input ready now: (its audio as pcm16 24 kHz, keys pressed).
+
+        Taken as packets arrive rather than on the clock's tick: a packet in order would otherwise wait up to
+        a tick (10 ms on average) before the session hears it, and the end of the caller's speech with it.
+        """
         keys: list[str] = []
         while self._inbox:
             packet, arrival = self._inbox.popleft()
@@ -164,12 +172,18 @@ class RtpStream:
                 pieces.append(np.zeros(gap, dtype=np.int16))
             pieces.append(self._decode(payload))
         pcm = self._upsample.process(np.concatenate(pieces)).tobytes() if pieces else b""
+        return pcm, keys
+
+    def tick(self, now: float) -> list[tuple[str, str]]:
+        """One 20 ms step: a frame of the agent's voice out; returns the playout events it reached."""
+        if self._jitter.holding:
+            self.arrived.set()  # a hole's wait may be over
         frame, events = self.playout.take()
         self._send_frame(frame)
         if now - self._last_report >= RTCP_INTERVAL_S:
             self._last_report = now
             self._send(rtp.sender_report(self._ssrc, self._timestamp, self._sent_packets, self._sent_octets), True)
-        return pcm, keys, events
+        return events
 
     def _send_frame(self, frame: np.ndarray) -> None:
         if self._dtmf_sending is None and self._dtmf_out and self.offer.dtmf_payload_type is not None:
@@ -206,6 +220,7 @@ class RtpStream:
             return
         self._send(rtp.goodbye(self._ssrc), True)
         self.closed = True
+        self.arrived.set()  # its reader sees it closed
         for transport in self._transports:
             transport.close()
         for sock in self._sockets:

@@ -115,6 +115,11 @@ class JitterBuffer:
             return
         self._packets.setdefault(packet.sequence, (now, packet.timestamp, packet.payload))
 
+    @property
+    def holding(self) -> bool:
+        """Packets wait behind a hole."""
+        return bool(self._packets)
+
     def ready(self, now: float) -> list[tuple[int, bytes]]:
         """What can go out now, in order: (samples of silence before it, payload)."""
         out: list[tuple[int, bytes]] = []

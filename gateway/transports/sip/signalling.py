@@ -19,9 +19,9 @@ import re
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiosipua import SipMessage, SipRequest, SipResponse, parse_address, parse_cseq
 from prometheus_client import Counter
@@ -101,6 +101,7 @@ class SipLine:
         self.stream: RtpStream | None = None
         self.last_response: bytes | None = None
         self._retransmit: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
         self._requests: dict[str, asyncio.Task[None]] = {}  # our requests' branches, repeated until answered
 
     # --- the Line interface --------------------------------------------------------------------------
@@ -127,6 +128,7 @@ class SipLine:
         self.state = "answered"
         self._respond(200, body=body, final=True)
         self.endpoint.clock.add(self, self._tick)
+        self._reader = self.endpoint.spawn(self._read(stream, call))
         log.info("call %s answered: RTP %s:%d ↔ %s:%d (%s)", call.id, self.endpoint.host, stream.port,
                  *stream.remote, self.offer.codec)
 
@@ -204,16 +206,25 @@ class SipLine:
 
     # --- inside ---------------------------------------------------------------------------------------------
 
+    async def _read(self, stream: RtpStream, call: PhoneCall) -> None:
+        """The caller's input, into the session as it arrives."""
+        while not stream.closed:
+            await stream.arrived.wait()
+            stream.arrived.clear()
+            try:
+                pcm, keys = stream.take_input(time.monotonic())
+                if call.runner is not None and pcm:
+                    await call.runner.feed_audio(pcm)
+                for key in keys:
+                    await call.dtmf(key)
+            except Exception:
+                log.exception("call %s: its input failed", call.id)
+
     async def _tick(self, now: float) -> None:
         stream, call = self.stream, self.call
         if stream is None or call is None or stream.closed:
             return
-        pcm, keys, events = stream.tick(now)
-        if call.runner is not None and pcm:
-            await call.runner.feed_audio(pcm)
-        for key in keys:
-            await call.dtmf(key)
-        for kind, response_id in events:
+        for kind, response_id in stream.tick(now):
             await call.playout_event(kind, response_id)
         if time.monotonic() - stream.last_heard > self.endpoint.options.media_timeout_s:
             log.info("call %s: no RTP for %g s ([sip] media_timeout_s), hanging up", call.id,
@@ -286,6 +297,8 @@ class SipLine:
             return
         self.state = "ended"
         self.endpoint.clock.remove(self)
+        if self._reader is not None and self._reader is not asyncio.current_task():
+            self._reader.cancel()
         if self.stream is not None:
             self.stream.close()
             self.endpoint.ports.release(self.stream.port)
@@ -516,10 +529,11 @@ class SipEndpoint:
             while len(self._ended) > MAX_ENDED:
                 self._ended.popitem(last=False)
 
-    def spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def stop(self) -> None:
         for line in list(self.lines.values()):
