@@ -23,12 +23,16 @@ from bench.validity import Bounds, judge
 from tests.paths import ROOT
 
 
-def small_gateway(records: Path, *options: str) -> dict[str, Any]:
-    """One level of 2 sessions through the gateway (one process, the engine in its thread on the tiny checkpoint: the
-    quickest to start), the fakes and the load generator; its record."""
+@pytest.fixture(scope="module")
+def overloaded_level(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The record of one level of 2 sessions through the gateway (one process, the engine in its thread on the tiny
+    checkpoint: the quickest to start), the fakes and the load generator, judged with no margin at all over the fakes'
+    fixed latencies: any real answer is over it, as an overloaded fake's is. One run serves the tests of the record
+    and of its verdict (a run takes half a minute)."""
+    records = tmp_path_factory.mktemp("records")
     done = subprocess.run([sys.executable, "-m", "bench", "gateway", "--small", "--sessions", "2", "--arrivals",
                            "poisson", "--spread", "1", "--workers", "1", "--engine-mode", "thread", "--records",
-                           str(records), *options], cwd=ROOT,
+                           str(records), "--max-fake-over", "0"], cwd=ROOT,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     (path,) = (records / "small").glob("*.json")
@@ -43,8 +47,8 @@ def test_the_cli_lists_every_suite():
         assert f"    {suite}" in done.stdout
 
 
-def test_a_small_gateway_level_writes_its_record(tmp_path: Path):
-    rec = small_gateway(tmp_path)
+def test_a_small_gateway_level_writes_its_record(overloaded_level: dict[str, Any]):
+    rec = overloaded_level
     assert (rec["suite"], rec["small"], rec["device"]) == ("gateway", True, "cpu")
     assert rec["command"].startswith("python -m bench gateway --small --sessions 2")
     assert rec["commit"] and rec["date"].endswith("Z") and rec["setup"] == "tiny, 0 GPUs, 1 worker"
@@ -68,9 +72,8 @@ def test_a_small_gateway_level_writes_its_record(tmp_path: Path):
     assert rec["valid"] is level["valid"] and rec["targets"] == []  # the tiny model bears on no target
 
 
-def test_an_overloaded_load_side_is_invalid_not_a_result(tmp_path: Path):
-    # no margin at all over the fakes' fixed latencies: any real answer is over it, as an overloaded fake's is
-    rec = small_gateway(tmp_path, "--max-fake-over", "0")
+def test_an_overloaded_load_side_is_invalid_not_a_result(overloaded_level: dict[str, Any]):
+    rec = overloaded_level
     (level,) = rec["levels"]
     assert level["valid"] is False and rec["valid"] is False
     assert any(reason.startswith("fake STT P95") and "100 ms fixed" in reason for reason in level["invalid"])
