@@ -323,11 +323,22 @@ class CallRegistry:
         advertised address; aiortc's error if it cannot use the offer, ConfigError if that address cannot be
         found."""
         call = Call(self, session, client)
+        return call, await self._answer(call, offer_sdp)
+
+    async def answer_live(self, session: LiveSession, offer_sdp: str, client: str,
+                          started: list[Any]) -> tuple[LiveCall, str]:
+        """A new GPT-Live call from ``client`` for ``session`` (``started``: its start's effects, sent once its data
+        channel opens) and the SDP answer, as ``answer``."""
+        call = LiveCall(self, session, client, started)
+        return call, await self._answer(call, offer_sdp)
+
+    async def _answer(self, call: WebRTCCall, offer_sdp: str) -> str:
+        """``call``, registered, answers ``offer_sdp`` from the advertised address; it is closed if it cannot."""
         self.calls[call.id] = call
         try:
             address = await resolve_advertised(self.options.advertised_host)
             answer = await call.answer(offer_sdp)
-            return call, advertise(answer, address) if address is not None else answer
+            return advertise(answer, address) if address is not None else answer
         except BaseException:
             await call.close()
             raise
@@ -344,21 +355,6 @@ class CallRegistry:
             return False
         await call.close()
         return True
-
-
-    async def answer_live(self, session: LiveSession, offer_sdp: str, client: str,
-                          started: list[Any]) -> tuple[LiveCall, str]:
-        """A new GPT-Live call from ``client`` for ``session`` (``started``: its start's effects, sent once its data
-        channel opens) and the SDP answer, as ``answer``."""
-        call = LiveCall(self, session, client, started)
-        self.calls[call.id] = call
-        try:
-            address = await resolve_advertised(self.options.advertised_host)
-            answer = await call.answer(offer_sdp)
-            return call, advertise(answer, address) if address is not None else answer
-        except BaseException:
-            await call.close()
-            raise
 
     def connected(self, call: Call | LiveCall) -> None:
         """The call's peer connection is up: from now on it is a session, counted in max_sessions."""
