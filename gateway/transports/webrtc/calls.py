@@ -344,9 +344,9 @@ class CallRegistry:
             raise
 
     def sideband_call(self, call_id: str) -> Call | None:
-        """A connected call, for a sideband to attach to."""
+        """A connected Realtime call, for a sideband to attach to (a Live call's sideband is Live's own)."""
         call = self.calls.get(call_id)
-        return call if call is not None and call.connected else None
+        return call if isinstance(call, Call) and call.connected else None
 
     async def hang_up(self, call_id: str) -> bool:
         """End call ``call_id`` from the server's side (POST /v1/realtime/calls/{id}/hangup); False if none."""
