@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+import websockets
 
 pytest.importorskip("aiortc")
 
@@ -86,6 +87,11 @@ async def test_a_live_call_through_the_sdk(start_gateway: StartGateway) -> None:
         started = (await peer.until("session.started"))[-1]
         assert started["session"]["id"] == created.session.id
         assert "format" not in started["session"]["audio"]  # negotiated in SDP
+        with pytest.raises(websockets.InvalidStatus) as refused:  # a Realtime sideband is for Realtime calls
+            async with client.realtime.connect(call_id=created.session.id):
+                pass
+        assert refused.value.response.status_code == 404
+        assert orjson.loads(refused.value.response.body)["error"]["code"] == "call_not_found"
         async with client.live.sideband.connect(session_id=created.session.id) as connection:
             sideband = LiveClient(connection)
             assert (await sideband.recv())["type"] == "session.started"

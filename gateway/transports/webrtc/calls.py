@@ -38,14 +38,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-from aiortc import (
-    MediaStreamTrack,
-    RTCConfiguration,
-    RTCDataChannel,
-    RTCIceServer,
-    RTCPeerConnection,
-    RTCSessionDescription,
-)
+from aiortc import RTCConfiguration, RTCIceServer
 from aiortc.sdp import SessionDescription
 
 from gateway.audio import Upsampler2x
@@ -55,19 +48,13 @@ from gateway.realtime.session import Session
 from gateway.runtime.gateway import Refusal
 from gateway.transports.playout import PlayoutQueue
 from gateway.transports.sideband import Sideband
+from gateway.transports.webrtc.call_base import WebRTCCall
 from gateway.transports.webrtc.live_calls import LiveCall
-from gateway.transports.webrtc.media import (
-    AIORTC_JITTER_PREFETCH,
-    FRAME_SAMPLES,
-    RTC_RATE,
-    InboundAudio,
-    PacedTrack,
-    audio_frames,
-    set_jitter_prefetch,
-)
+from gateway.transports.webrtc.media import FRAME_SAMPLES, RTC_RATE, PacedTrack
 
 if TYPE_CHECKING:
     from gateway.runtime.gateway import Gateway
+    from gateway.runtime.session_runner import SessionRunner
 
 log = logging.getLogger(__name__)
 
@@ -142,154 +129,37 @@ def _weakly(method: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[N
     return call
 
 
+class Call(WebRTCCall):
+    """A Realtime call: the session's events also go to its sideband connections, and its playout reports what
+    the listener heard."""
 
-class Call:
-    """One peer connection and its session; ``close`` frees both, whichever side ends the call."""
+    playout: OutboundAudio
+    runner: SessionRunner
 
     def __init__(self, registry: CallRegistry, session: Session, client: str) -> None:
-        self.id = "rtc_" + secrets.token_hex(12)
-        self.registry = registry
-        self.client = client  # the address that made the offer (its pending calls are counted)
-        self.created = time.monotonic()
-        self.pc = RTCPeerConnection(registry.rtc_configuration)
+        super().__init__("rtc_" + secrets.token_hex(12), registry, client)
         self.session = session
-        # Its parts call back through weak references, and `close` takes its listeners off the peer connection
-        # and channel: a call that ends is freed at once by reference counting, not by the collector.
+        # Its parts call back through weak references: like the listeners `close` takes off, strong ones would
+        # keep a call that ends until the collector runs.
         self.playout = OutboundAudio(_weakly(self._on_playout))
         self.runner = registry.gateway.new_runner(session, _weakly(self._send), self.playout)
-        self.connected = False  # the peer connection came up: the call counts as a session
         self.sideband = Sideband()  # wss://.../v1/realtime?call_id=... connections to this call
-        self._channel: RTCDataChannel | None = None
-        self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
-        self._inbox_bytes = 0
-        self._started = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._closed = False
 
     async def answer(self, offer_sdp: str) -> str:
-        pc = self.pc
-        pc.on("datachannel", self._on_datachannel)
-        pc.on("track", self._on_track)
-        pc.on("connectionstatechange", self._on_connection_state)
-        await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
-        if "m=audio" in offer_sdp:
-            pc.addTrack(self.playout)
-        else:
+        if "m=audio" not in offer_sdp:
             # A text-only client (a data channel and no audio): replies in text, nothing to play.
             self.runner.playout = None
             self.session.settings = replace(self.session.settings, modalities=["text"])
-        # Non-trickle: setLocalDescription returns once ICE gathering is complete, so the
-        # answer carries every candidate.
-        await pc.setLocalDescription(await pc.createAnswer())
-        if "m=application" not in offer_sdp:
-            self._spawn(self._run_events())  # no data channel offered: audio only, events dropped
-        self._spawn(self._watchdog())
-        return pc.localDescription.sdp
+        return await super().answer(offer_sdp)
 
-    async def close(self, client_gone: bool = False) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.registry.calls.pop(self.id, None)
-        current = asyncio.current_task()
-        tasks = [t for t in self._tasks if t is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        try:
-            await self.registry.gateway.close_session(self.runner, client_gone)
-        except Exception:
-            log.exception("call %s: closing its session failed", self.id)
+    async def _start(self) -> None:
+        await self.runner.start()  # session.created
+
+    async def _session_closed(self) -> None:
         await self.sideband.close()
-        self.playout.stop()
-        try:
-            await self.pc.close()
-        except Exception as exc:  # aiortc's teardown of what it set up from the peer's offer
-            log.warning("call %s: closing its peer connection failed (%s: %s)", self.id, type(exc).__name__, exc)
-        self.pc.remove_all_listeners()
-        if self._channel is not None:
-            self._channel.remove_all_listeners()
+
+    def _log_closed(self) -> None:
         log.info("call %s closed (%d playout underruns)", self.id, self.playout.underruns)
-
-    def close_soon(self, client_gone: bool = True) -> None:
-        """Close from an aiortc callback without cancelling the task the callback runs in."""
-        if not self._closed:
-            self.registry.spawn(self.close(client_gone))
-
-    # --- callbacks and tasks ------------------------------------------------------------------------
-
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        # A dead input or event task would leave the call up but deaf (and the track's queue
-        # growing): end the call instead.
-        if not task.cancelled() and task.exception() is not None:
-            log.error("call %s failed", self.id, exc_info=task.exception())
-            self.close_soon(client_gone=False)
-
-    def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        # The first channel carries the events; OpenAI's clients name it "oai-events", others may not.
-        if self._channel is not None:
-            return
-        self._channel = channel
-        channel.on("message", self._on_message)
-        channel.on("close", self.close_soon)
-        self._spawn(self._run_events())
-
-    def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind != "audio":
-            return
-        prefetch = self.registry.options.jitter_prefetch
-        if prefetch != AIORTC_JITTER_PREFETCH:
-            for transceiver in self.pc.getTransceivers():
-                if transceiver.receiver.track is track:
-                    set_jitter_prefetch(transceiver.receiver, prefetch)
-        self._spawn(self._run_input(track))
-
-    def _on_message(self, message: str | bytes) -> None:
-        # A data channel has no back-pressure: a client whose events pile up unhandled past the
-        # per-connection allowance is cut off rather than allowed to fill the server's memory.
-        self._inbox_bytes += len(message)
-        if self._inbox_bytes > self.registry.gateway.config.server.inbound_free_bytes:
-            log.info("call %s: %d bytes of events waiting to be handled, closing", self.id, self._inbox_bytes)
-            self.close_soon(client_gone=False)
-            return
-        self._inbox.put_nowait(message)
-
-    def _on_connection_state(self) -> None:
-        if self.pc.connectionState == "connected" and not self.connected:
-            self.registry.connected(self)
-        elif self.pc.connectionState in ("failed", "closed"):
-            self.close_soon()
-
-    async def _watchdog(self) -> None:
-        timeout = self.registry.options.connect_timeout_s
-        await asyncio.sleep(timeout)
-        if not self.connected:
-            log.info("call %s: no connection after %g s ([webrtc] connect_timeout_s), closing", self.id, timeout)
-            self.close_soon(client_gone=False)
-
-    async def _run_events(self) -> None:
-        # session.created goes out first, then client events in the order they arrived.
-        await self.runner.start()
-        self._started.set()
-        while True:
-            message = await self._inbox.get()
-            self._inbox_bytes -= len(message)
-            await self.runner.receive(message)
-
-    async def _run_input(self, track: MediaStreamTrack) -> None:
-        inbound = InboundAudio()
-        async for frame in audio_frames(track):
-            if not self._started.is_set():
-                continue  # the session reads its audio from session.created on
-            pcm = inbound.convert(frame)
-            if len(pcm):
-                await self.runner.feed_audio(pcm.tobytes())
 
     async def _on_playout(self, kind: str, response_id: str) -> None:
         if kind == "output_audio_buffer.started":
@@ -298,9 +168,7 @@ class Call:
             await self.runner.playout_stopped(response_id)
 
     async def _send(self, text: str) -> None:
-        channel = self._channel
-        if channel is not None and channel.readyState == "open":
-            channel.send(text)
+        await super()._send(text)
         await self.sideband.send(text)
 
 
@@ -455,19 +323,30 @@ class CallRegistry:
         advertised address; aiortc's error if it cannot use the offer, ConfigError if that address cannot be
         found."""
         call = Call(self, session, client)
+        return call, await self._answer(call, offer_sdp)
+
+    async def answer_live(self, session: LiveSession, offer_sdp: str, client: str,
+                          started: list[Any]) -> tuple[LiveCall, str]:
+        """A new GPT-Live call from ``client`` for ``session`` (``started``: its start's effects, sent once its data
+        channel opens) and the SDP answer, as ``answer``."""
+        call = LiveCall(self, session, client, started)
+        return call, await self._answer(call, offer_sdp)
+
+    async def _answer(self, call: WebRTCCall, offer_sdp: str) -> str:
+        """``call``, registered, answers ``offer_sdp`` from the advertised address; it is closed if it cannot."""
         self.calls[call.id] = call
         try:
             address = await resolve_advertised(self.options.advertised_host)
             answer = await call.answer(offer_sdp)
-            return call, advertise(answer, address) if address is not None else answer
+            return advertise(answer, address) if address is not None else answer
         except BaseException:
             await call.close()
             raise
 
     def sideband_call(self, call_id: str) -> Call | None:
-        """A connected call, for a sideband to attach to."""
+        """A connected Realtime call, for a sideband to attach to (a Live call's sideband is Live's own)."""
         call = self.calls.get(call_id)
-        return call if call is not None and call.connected else None
+        return call if isinstance(call, Call) and call.connected else None
 
     async def hang_up(self, call_id: str) -> bool:
         """End call ``call_id`` from the server's side (POST /v1/realtime/calls/{id}/hangup); False if none."""
@@ -476,21 +355,6 @@ class CallRegistry:
             return False
         await call.close()
         return True
-
-
-    async def answer_live(self, session: LiveSession, offer_sdp: str, client: str,
-                          started: list[Any]) -> tuple[LiveCall, str]:
-        """A new GPT-Live call from ``client`` for ``session`` (``started``: its start's effects, sent once its data
-        channel opens) and the SDP answer, as ``answer``."""
-        call = LiveCall(self, session, client, started)
-        self.calls[call.id] = call
-        try:
-            address = await resolve_advertised(self.options.advertised_host)
-            answer = await call.answer(offer_sdp)
-            return call, advertise(answer, address) if address is not None else answer
-        except BaseException:
-            await call.close()
-            raise
 
     def connected(self, call: Call | LiveCall) -> None:
         """The call's peer connection is up: from now on it is a session, counted in max_sessions."""
