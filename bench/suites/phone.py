@@ -73,7 +73,8 @@ PUBLISHED = "1.09-1.46 s (SignalWire), 1.75 s (a tuned LiveKit), 1.85 s (Vapi)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trials", type=int, help="latency trials per path (default 10; --small 2)")
+    parser.add_argument("--trials", type=int, help="latency trials per path (default 10; --small 2; 0: the CPU "
+                        "levels only)")
     parser.add_argument("--calls", type=int, help="calls (and WebSocket sessions) at once for the CPU levels "
                         "(default 10; --small 2; 0: no CPU levels)")
     parser.add_argument("--seconds", type=float, help="how long the CPU levels' calls last (default 60; --small 10)")
@@ -362,24 +363,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         start = time.time()
         sip, ws, offsets, start_aligned, sip_lags, ws_lags = asyncio.run(
             latency_levels(gateway, sip_port, folder, trials, 12.0 if args.local else 7.0))
-        fake = {"fake": fakes.figures(start, time.time())} if fakes else {}
-        over_ws = latency_row("websocket", ws, trials, ws_lags)
-        over_ws["load"] |= fake
-        over_sip = latency_row("sip", sip, trials, sip_lags)
-        over_sip["load"] |= fake
-        over_sip |= {"dump_offsets_ms": [round(v) for v in offsets],
-                     "start_aligned_p50_ms": rounded(pct(start_aligned, 50), 1),
-                     "start_aligned_p95_ms": rounded(pct(start_aligned, 95), 1),
-                     "added_p50_ms": rounded(pct(sip, 50) - pct(ws, 50), 1),
-                     "added_p95_ms": rounded(pct(sip, 95) - pct(ws, 95), 1)}
-        if args.local:
-            over_sip["published"] = PUBLISHED
-        levels += [over_ws, over_sip]
-        print(f"end of speech -> first audio: SIP P50 {over_sip['end_of_speech_to_first_audio_p50_ms']} ms, P95 "
-              f"{over_sip['end_of_speech_to_first_audio_p95_ms']} ms; WebSocket P50 "
-              f"{over_ws['end_of_speech_to_first_audio_p50_ms']} ms, P95 "
-              f"{over_ws['end_of_speech_to_first_audio_p95_ms']} ms; SIP adds {over_sip['added_p95_ms']} ms at "
-              "P95", flush=True)
+        if trials:  # 0: the CPU levels only, after the warm-up call on each path
+            fake = {"fake": fakes.figures(start, time.time())} if fakes else {}
+            over_ws = latency_row("websocket", ws, trials, ws_lags)
+            over_ws["load"] |= fake
+            over_sip = latency_row("sip", sip, trials, sip_lags)
+            over_sip["load"] |= fake
+            over_sip |= {"dump_offsets_ms": [round(v) for v in offsets],
+                         "start_aligned_p50_ms": rounded(pct(start_aligned, 50), 1),
+                         "start_aligned_p95_ms": rounded(pct(start_aligned, 95), 1),
+                         "added_p50_ms": rounded(pct(sip, 50) - pct(ws, 50), 1),
+                         "added_p95_ms": rounded(pct(sip, 95) - pct(ws, 95), 1)}
+            if args.local:
+                over_sip["published"] = PUBLISHED
+            levels += [over_ws, over_sip]
+            print(f"end of speech -> first audio: SIP P50 {over_sip['end_of_speech_to_first_audio_p50_ms']} ms, P95 "
+                  f"{over_sip['end_of_speech_to_first_audio_p95_ms']} ms; WebSocket P50 "
+                  f"{over_ws['end_of_speech_to_first_audio_p50_ms']} ms, P95 "
+                  f"{over_ws['end_of_speech_to_first_audio_p95_ms']} ms; SIP adds {over_sip['added_p95_ms']} ms at "
+                  "P95", flush=True)
         if calls:
             for path, port in (("sip", sip_port), ("websocket", None)):
                 lags: list[float] = []
