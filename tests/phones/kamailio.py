@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from bench.phones import end
 from tests.phones.baresip import free_sip_port
 
 KAMAILIO = shutil.which("kamailio") or (shutil.which("kamailio", path="/usr/sbin"))
@@ -77,8 +78,4 @@ class Kamailio:
 
     async def stop(self) -> None:
         if self.process is not None:
-            self.process.terminate()
-            try:
-                await asyncio.to_thread(self.process.wait, 5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+            await end(self.process)
