@@ -51,6 +51,9 @@ class EngineConfig:
     # Instructions and voice descriptions (CustomVoice 1.7B, VoiceDesign): the most tokens, likewise held.
     max_instructions_tokens: int = field(default=256, metadata={"at_least": 1})
     voices: dict[str, str] = field(default_factory=dict)
+    # process mode: the Smart Turn end-of-turn model's ONNX file (engine.turn_model), run batched on this
+    # engine's device for every gateway process ("" = none). Set by the gateway ([semantic_vad] device).
+    turn_model: str = ""
 
     @classmethod
     def from_dict(cls, options: dict[str, Any]) -> EngineConfig:

@@ -13,7 +13,8 @@ client -> engine                                 engine -> client
   END    sid                                       STATS  token, json
   CANCEL sid                                       RESET  reason (this client's streams here are gone)
   STATS  token                                     VOICE  token, OK | INPUT | ENGINE, voice bytes or message
-  PREPARE token, audio, rate, text
+  PREPARE token, audio, rate, text                 TURN   token, OK | INPUT | ENGINE, P(complete) or message
+  TURN   token, audio
   BYE
 
 OPEN's JSON object holds the voice and, when there are any, "language", "instructions", "sampling" (the
@@ -22,7 +23,9 @@ when the stream's end came too): as FEED and END would say them. Its optional la
 (engine.voices.VoicePrompt.to_bytes). One object, not a frame per field: a burst of requests opens hundreds
 of streams at once, and every frame costs the sending event loop a few microseconds.
 PREPARE clones a voice from reference audio (float32 little-endian mono samples at `rate`, ASCII; `text` its
-transcript, "" = none); VOICE answers it.
+transcript, "" = none); VOICE answers it. TURN asks the end-of-turn model (engine.turn_model, on an engine
+started with one: its hello's "turns") whether a turn's audio is finished (float32 little-endian mono 16 kHz,
+its last 8 s at most); the answer's P(complete) is ASCII. The TURNs that arrive together run as one batch.
 
 Liveness runs both ways on the heartbeat. A client pings every heartbeat; the engine frees the streams
 of a client it has not heard from for MISSED_HEARTBEATS heartbeats (or one it can no longer send to), and
@@ -41,7 +44,7 @@ from engine.api import Sampling, TTSError
 
 HELLO, PING, PONG, OPEN, FEED, END, CANCEL, STATS, BYE = (b"hello", b"ping", b"pong", b"open", b"feed", b"end",
                                                           b"cancel", b"stats", b"bye")
-PREPARE = b"prepare"
+PREPARE, TURN = b"prepare", b"turn"
 PACKET, DONE, ERROR, RESET, VOICE = b"packet", b"done", b"error", b"reset", b"voice"
 INPUT, ENGINE = b"input", b"engine"  # an ERROR's cause: bad input (TTSError), or the engine failed
 OK = b"ok"

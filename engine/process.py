@@ -5,11 +5,14 @@ connected to it, over ZeroMQ (the protocol is in engine.ipc).
 
 One thread does everything. Between steps it takes in what the clients sent, so a cancel takes effect
 before the next step; then it runs one pass of the batching loop (engine.batcher.Batcher), whose deliveries
-go straight out on the socket. It binds only once the model is loaded and its CUDA graphs are captured,
-then prints one JSON line on stdout, {"ready": endpoint}, or {"error": message} when it cannot start:
-engine.supervisor waits for that line. It exits on SIGTERM (failing its open streams with a clear error
-first) and when the process that started it is gone (--parent); it ignores SIGINT, which a terminal's
-Ctrl-C sends to the whole process group: its supervisor stops it.
+go straight out on the socket. Started with an end-of-turn model ([engine] turn_model), it also answers
+whether turns are finished: the TURNs taken in together run as one batch before the next step.
+
+It binds only once the model is loaded and its CUDA graphs are captured, then prints one JSON line on
+stdout, {"ready": endpoint}, or {"error": message} when it cannot start: engine.supervisor waits for that
+line. It exits on SIGTERM (failing its open streams with a clear error first) and when the process that
+started it is gone (--parent); it ignores SIGINT, which a terminal's Ctrl-C sends to the whole process
+group: its supervisor stops it.
 """
 
 from __future__ import annotations
@@ -31,12 +34,16 @@ from engine import ipc
 from engine.api import TTSChunk, TTSError
 from engine.batcher import Batcher, Utterance
 from engine.config import EngineConfig
+from engine.turn_model import N_SAMPLES, TurnModel
 from engine.voices import VoiceError, VoicePrompt
 
 log = logging.getLogger("engine.process")
 
 DRAIN_LIMIT = 10_000  # messages taken in per pass, so a flood of them cannot stall the steps
 REMEMBERED_DROPS = 1024  # clients dropped lately, told so (RESET) if they speak again
+# Turns in one end-of-turn model call: bounds its memory and how long it holds the steps (and the heartbeats'
+# answers): a few ms for 64 on a GPU, ~100 ms a turn on a CPU core.
+MAX_TURN_BATCH = {"cuda": 64, "cpu": 2}
 
 
 class Client:
@@ -50,8 +57,13 @@ class Client:
 
 
 class EngineServer:
-    def __init__(self, batcher: Batcher, socket: zmq.Socket, heartbeat_s: float, parent: int | None = None) -> None:
+    def __init__(self, batcher: Batcher, socket: zmq.Socket, heartbeat_s: float, parent: int | None = None,
+                 turn_model: TurnModel | None = None) -> None:
         self.batcher = batcher
+        self.turn_model = turn_model
+        self._turns: list[tuple[Client, bytes, np.ndarray]] = []  # taken in, not yet given to the batcher
+        self._judging = False  # a batch of them is with the batcher
+        self.turns_judged = 0
         self.socket = socket
         self.heartbeat_s = heartbeat_s
         self.parent = parent
@@ -64,9 +76,10 @@ class EngineServer:
 
     def serve(self) -> None:
         while not self.stopping:
-            idle = not self.batcher.has_work()
+            idle = not self.batcher.has_work() and not self._turns
             if self.socket.poll(int(self.heartbeat_s * 1000) if idle else 0, zmq.POLLIN):
                 self._drain()
+            self._submit_turns()
             self._check_liveness()
             if self.batcher.has_work():
                 self.batcher.run_pass()
@@ -114,6 +127,14 @@ class EngineServer:
             audio = np.frombuffer(args[1], dtype="<f4")
             self.batcher.submit(lambda: self.batcher.prepare_voice(audio, rate, text or None),
                                 partial(self._prepared, client, token))
+        elif kind == ipc.TURN:
+            token, audio = args[0], np.frombuffer(args[1], dtype="<f4")
+            if self.turn_model is None:
+                self._send(client, [ipc.TURN, token, ipc.INPUT, b"this engine process has no end-of-turn model"])
+            elif not 0 < len(audio) <= N_SAMPLES:
+                self._send(client, [ipc.TURN, token, ipc.INPUT, f"a turn is 1 to {N_SAMPLES} samples".encode()])
+            else:
+                self._turns.append((client, token, audio))
         elif kind in (ipc.FEED, ipc.END):
             utterance = client.streams.get(args[0])
             if utterance is None:
@@ -124,13 +145,36 @@ class EngineServer:
             if utterance is not None:
                 utterance.cancel()
         elif kind == ipc.STATS:
-            stats = {**self.batcher.counters(), "instance": self.instance, "pid": os.getpid(),
-                     "clients": len(self.clients), "uptime_s": round(time.monotonic() - self.started, 3)}
+            stats = {**self.batcher.counters(), "turns": self.turns_judged, "instance": self.instance,
+                     "pid": os.getpid(), "clients": len(self.clients),
+                     "uptime_s": round(time.monotonic() - self.started, 3)}
             self._send(client, [ipc.STATS, args[0], json.dumps(stats).encode()])
         elif kind == ipc.BYE:
             self._drop(client, "said goodbye")
         else:
             raise ValueError("unknown kind")
+
+    def _submit_turns(self) -> None:
+        """The next batch of the turns taken in, as a job for the batching loop's thread (the one that owns the
+        device): one batch at a time, so the clients' messages are taken in between two."""
+        model, most = self.turn_model, MAX_TURN_BATCH.get(self.batcher.device.type, 2)
+        if not self._turns or model is None or self._judging:
+            return
+        batch, self._turns = self._turns[:most], self._turns[most:]
+        audio = np.stack([np.pad(a, (N_SAMPLES - len(a), 0)) for _, _, a in batch])
+        self._judging = True
+        self.batcher.submit(partial(model.predict, audio), partial(self._turned, batch))
+
+    def _turned(self, batch: list[tuple[Client, bytes, np.ndarray]], result: np.ndarray | BaseException) -> None:
+        self._judging = False
+        if isinstance(result, BaseException):
+            log.error("the end-of-turn model failed: %r", result)
+            answers = [[ipc.ENGINE, str(result).encode()]] * len(batch)
+        else:
+            answers = [[ipc.OK, f"{p:.6f}".encode()] for p in result.tolist()]
+            self.turns_judged += len(batch)
+        for (client, token, _), answer in zip(batch, answers, strict=True):
+            self._send(client, [ipc.TURN, token, *answer])
 
     @staticmethod
     def _text(utterance: Utterance, text: str | None, *, end: bool) -> None:
@@ -149,7 +193,7 @@ class EngineServer:
         return {"instance": self.instance, "pid": os.getpid(), "device": str(b.device),
                 "rows": b.max_streams * len(b.models), "voices": sorted(b.voices), "languages": sorted(b.languages),
                 "kinds": b.kinds, "fingerprints": b.fingerprints, "follows_instructions": b.follows_instructions,
-                "max_text_chars": b.max_text_chars,
+                "max_text_chars": b.max_text_chars, "turns": self.turn_model is not None,
                 "heartbeat_s": self.heartbeat_s}
 
     # -- what goes back --
@@ -249,13 +293,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         batcher = Batcher.from_config(config)
+        turn_model = TurnModel.from_onnx(config.turn_model, batcher.device) if config.turn_model else None
         socket = bind(args.endpoint)
     except Exception as exc:  # any start-up failure is reported to the supervisor, which does not retry it
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 2
-    server = EngineServer(batcher, socket, args.heartbeat_ms / 1000, args.parent)
-    log.info("serving %s (%s, %d rows each, on %s)", args.endpoint, ", ".join(batcher.kinds), batcher.max_streams,
-             batcher.device)
+    server = EngineServer(batcher, socket, args.heartbeat_ms / 1000, args.parent, turn_model)
+    log.info("serving %s (%s, %d rows each, on %s%s)", args.endpoint, ", ".join(batcher.kinds), batcher.max_streams,
+             batcher.device, ", with the end-of-turn model" if turn_model else "")
     print(json.dumps({"ready": args.endpoint}), flush=True)
     server.serve()
     socket.close()

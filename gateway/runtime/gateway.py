@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import IO, Any, NamedTuple, Protocol
 
 import orjson
@@ -31,6 +32,7 @@ from gateway.realtime.events import Dialect, error_event
 from gateway.realtime.session import Session
 from gateway.responders.build import build_responder, build_transcriber
 from gateway.responders.delegation import DelegationBackend
+from gateway.responders.engine_client import EngineClient
 from gateway.runtime import mcp_client
 from gateway.runtime.auth import Auth, ClientSecret
 from gateway.runtime.capacity import Capacity
@@ -39,10 +41,18 @@ from gateway.runtime.health import Backends
 from gateway.runtime.live_runner import LiveRunner
 from gateway.runtime.session_runner import Playout, SessionRunner
 from gateway.runtime.silero import SWITCH_INTERVAL_S, SileroModel, SileroVAD, VadBatcher
-from gateway.runtime.smart_turn import SmartTurnBatcher, SmartTurnModel, SmartTurnModelError
+from gateway.runtime.smart_turn import (
+    EngineSmartTurn,
+    SmartTurn,
+    SmartTurnBatcher,
+    SmartTurnModel,
+    SmartTurnModelError,
+    read_model,
+)
 from gateway.runtime.speech import SpeechService
 from gateway.runtime.trace import ACTIVE_SESSIONS, TurnTrace
 from gateway.runtime.voices.library import SessionVoices, VoiceLibrary
+from gateway.shipped import SMART_TURN_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +125,7 @@ class Gateway:
         # Smart Turn (semantic_vad) has a thread of its own: its calls take tens of milliseconds, and the
         # sessions' VAD batches must not queue behind them.
         self._smart_turn_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smart-turn")
-        self._smart_turn: SmartTurnBatcher | None = None
+        self._smart_turn: SmartTurn | None = None
         self._trace_sink: IO[str] | None = None
         self._held: list[HeldConnections] = []
         self.backends: Backends | None = None  # their health, once started
@@ -152,13 +162,7 @@ class Gateway:
             self.responder.voice_source = self.voices.prompt_for  # sessions speak in the custom voices too
         if self.config.mcp.enabled:
             await loop.run_in_executor(None, mcp_client.preload)
-        semantic = self.config.semantic_vad
-        try:
-            model = await loop.run_in_executor(None, SmartTurnModel, semantic.model_path or None,
-                                               semantic.model_sha256 or None)
-        except SmartTurnModelError as exc:
-            raise ConfigError(str(exc)) from None
-        self._smart_turn = SmartTurnBatcher(model, self._smart_turn_executor, semantic.max_batch)
+        self._smart_turn = await self._start_smart_turn()
         self.delegation = DelegationBackend.from_config(self.config)
         if self.config.trace.jsonl_path:
             self._trace_sink = open(self.config.trace.jsonl_path, "a", buffering=1)  # noqa: SIM115
@@ -172,6 +176,25 @@ class Gateway:
         # A backend that is down is named now, not at the first user's turn (which it would fail).
         self.backends = Backends(self.responder, self.transcriber, self.config.server.backend_check_s)
         self._backend_check = asyncio.create_task(self.backends.run())
+
+    async def _start_smart_turn(self) -> SmartTurn:
+        """Smart Turn where [semantic_vad] device puts it: the engine processes that run it (they were given
+        the model: gateway.responders.build.give_engine_turn_model), else onnxruntime here."""
+        semantic, loop = self.config.semantic_vad, asyncio.get_running_loop()
+        path = Path(semantic.model_path) if semantic.model_path else SMART_TURN_MODEL
+        engine = self.speech.loaded  # the responder's TTS engine, or the Qwen3-TTS engine loaded for the speech API
+        try:
+            if semantic.device != "cpu" and isinstance(engine, EngineClient) and engine.has_turn_model:
+                await loop.run_in_executor(None, read_model, path, semantic.model_sha256 or None)
+                return EngineSmartTurn(engine, self._smart_turn_executor)
+            if semantic.device == "engine":
+                raise ConfigError('option semantic_vad.device = "engine" needs the Qwen3-TTS engine in engine '
+                                  'processes that run the model ([engine] mode = "process", or endpoints of engine '
+                                  "processes started with [engine] turn_model)")
+            model = await loop.run_in_executor(None, SmartTurnModel, path, semantic.model_sha256 or None)
+        except SmartTurnModelError as exc:
+            raise ConfigError(str(exc)) from None
+        return SmartTurnBatcher(model, self._smart_turn_executor, semantic.max_batch)
 
     async def stop(self) -> None:
         if not self._started:

@@ -36,7 +36,7 @@ from gateway.responders.delegation import DelegationBackend
 from gateway.runtime.core_runner import CoreRunner, Send
 from gateway.runtime.mcp_client import McpClient, McpFailure
 from gateway.runtime.silero import SileroVAD, VadBatcher
-from gateway.runtime.smart_turn import SmartTurnBatcher
+from gateway.runtime.smart_turn import SmartTurn
 from gateway.runtime.trace import TurnTrace
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class LiveRunner(CoreRunner):
         vad_batcher: VadBatcher | None = None,
         trace: TurnTrace | None = None,
         transcriber: Transcriber | None = None,
-        smart_turn: SmartTurnBatcher | None = None,
+        smart_turn: SmartTurn | None = None,
         on_backend_error: Callable[[str], None] | None = None,
     ) -> None:
         """``send``: the primary connection's; ``backend``: the Responses delegation's (None: none configured)."""

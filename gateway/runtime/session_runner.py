@@ -28,7 +28,7 @@ from gateway.runtime.core_runner import CoreRunner, Send
 from gateway.runtime.denoise import Denoiser
 from gateway.runtime.mcp_client import McpClient, McpFailure
 from gateway.runtime.silero import SileroVAD, VadBatcher
-from gateway.runtime.smart_turn import SmartTurnBatcher
+from gateway.runtime.smart_turn import SmartTurn
 from gateway.runtime.trace import TurnTrace
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class SessionRunner(CoreRunner):
         trace: TurnTrace | None = None,
         playout: Playout | None = None,
         transcriber: Transcriber | None = None,
-        smart_turn: SmartTurnBatcher | None = None,
+        smart_turn: SmartTurn | None = None,
         on_backend_error: Callable[[str], None] | None = None,
     ) -> None:
         """See CoreRunner; ``playout``: server-side playout (WebRTC)."""

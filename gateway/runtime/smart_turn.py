@@ -5,6 +5,8 @@
   8 s of a turn, it returns P(the speaker has finished).
 - ``SmartTurnBatcher``: the sessions' requests in shared batched model calls, in a worker thread (a turn
   costs ~100 ms of CPU on a 2-core VM: never on the event loop).
+- ``EngineSmartTurn``: the same model on the engine processes' GPUs ([semantic_vad] device), batched there
+  with every worker's turns (engine.turn_model): here only the resampling, a millisecond a turn.
 
 The sans-I/O detector that asks for the model at each pause is the core's (gateway/core/semantic_vad.py).
 
@@ -15,11 +17,13 @@ LICENSES/smart-turn.txt, in the wheel too), checked by its SHA-256 when loaded.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnxruntime
@@ -29,8 +33,9 @@ from gateway.audio import SAMPLE_RATE, Float32Array, bytes_to_int16, int16_to_fl
 from gateway.config import SemanticVadConfig
 from gateway.core.semantic_vad import SECONDS
 from gateway.runtime.batcher import MicroBatcher
+from gateway.shipped import SMART_TURN_MODEL
 
-MODEL_FILE = Path(__file__).resolve().parent.parent / "models" / "smart-turn-v3.2-cpu.onnx"
+MODEL_FILE = SMART_TURN_MODEL
 MODEL_SHA256 = SemanticVadConfig.model_sha256
 """SHA-256 of smart-turn-v3.2-cpu.onnx (the [semantic_vad] model_sha256 default; the file in pipecat-ai==1.14.0)."""
 
@@ -99,15 +104,38 @@ def log_mel(audio: Float32Array) -> Float32Array:
     return ((mel + 4.0) / 4.0).astype(np.float32)
 
 
-def features(pcm24k: bytes) -> Float32Array:
-    """The model's input for a turn's pcm16 24 kHz audio (its last 8 s): [80, 800]."""
+def resampled_tail(pcm24k: bytes) -> Float32Array:
+    """A turn's pcm16 24 kHz audio as the model hears it: its last 8 s (or less), float32 at 16 kHz."""
     tail = pcm24k[-(SECONDS * SAMPLE_RATE * 2 + 2) :]  # a little over 8 s, whole samples
     tail = tail[len(tail) & 1 :]
     audio = soxr.resample(int16_to_float32(bytes_to_int16(tail)), SAMPLE_RATE, RATE, quality="HQ")
-    return log_mel(last_seconds(audio))
+    return np.asarray(audio[-N_SAMPLES:], dtype=np.float32)
+
+
+def features(pcm24k: bytes) -> Float32Array:
+    """The model's input for a turn's pcm16 24 kHz audio (its last 8 s): [80, 800]."""
+    return log_mel(last_seconds(resampled_tail(pcm24k)))
 
 
 # --- the model -------------------------------------------------------------------------------------
+
+
+def read_model(path: Path, sha256: str | None = MODEL_SHA256) -> bytes:
+    """The model file's bytes, checked against `sha256` (None or "": not checked); SmartTurnModelError."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SmartTurnModelError(f"cannot read the Smart Turn model {path} ([semantic_vad] model_path): "
+                                  f"{exc.strerror or exc}") from None
+    if sha256:
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != sha256.lower():
+            raise SmartTurnModelError(
+                f"Smart Turn model {path} has SHA-256 {actual}, expected {sha256.lower()}: a damaged "
+                "or different file; reinstall the gateway, or set [semantic_vad] model_path for a model of "
+                "your own"
+            )
+    return data
 
 
 class SmartTurnModel:
@@ -132,7 +160,7 @@ class SmartTurnModel:
             if actual != sha256.lower():
                 raise SmartTurnModelError(
                     f"Smart Turn model {self.path} has SHA-256 {actual}, expected {sha256.lower()}: a damaged "
-                    "or different file; reinstall the gateway, or set [semantic_vad] model_sha256 for a model of "
+                    "or different file; reinstall the gateway, or set [semantic_vad] model_path for a model of "
                     "your own"
                 )
         opts = onnxruntime.SessionOptions()
@@ -177,3 +205,28 @@ class SmartTurnBatcher:
     async def predict(self, pcm24k: bytes) -> float:
         """P(turn complete) for this turn's audio, batched with whatever other sessions are asking for."""
         return await self._batcher.submit(pcm24k)
+
+
+class TurnEngine(Protocol):
+    """What EngineSmartTurn needs of the engine processes (gateway.responders.engine_client.EngineClient)."""
+
+    async def turn(self, audio: Float32Array) -> float: ...
+
+
+class EngineSmartTurn:
+    """Smart Turn in the engine processes, on their devices (engine.turn_model: the same ONNX file's weights,
+    the features computed there too): each turn's audio is resampled in `executor` and sent; the engine runs
+    the turns that reach it together as one batch. On a GPU a batch costs a few milliseconds, against
+    ~100 ms of a CPU core per turn here."""
+
+    def __init__(self, engine: TurnEngine, executor: Executor) -> None:
+        self._engine = engine
+        self._executor = executor
+
+    async def predict(self, pcm24k: bytes) -> float:
+        audio = await asyncio.get_running_loop().run_in_executor(self._executor, resampled_tail, pcm24k)
+        return await self._engine.turn(audio)
+
+
+SmartTurn = SmartTurnBatcher | EngineSmartTurn
+"""Where a session's Smart Turn checks go: ``await predict(pcm24k)`` gives P(turn complete)."""

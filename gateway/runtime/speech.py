@@ -87,6 +87,11 @@ class SpeechService:
         elif tts_kind(self.config) == "qwen3":
             await self.engine()
 
+    @property
+    def loaded(self) -> TTSEngine | None:
+        """The engine it speaks with, once there is one (the responder's, or the Qwen3-TTS engine it loaded)."""
+        return self._engine
+
     async def engine(self) -> TTSEngine:
         if self._engine is None:
             assert self._building is not None, "start() first"

@@ -1,0 +1,105 @@
+"""Smart Turn in the engine process ([semantic_vad] device = "engine"): turns judged there as the CPU model
+judges them, batched, bad requests refused, and semantic_vad turns through a real gateway on it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
+
+import numpy as np
+import pytest
+
+from engine.config import EngineConfig
+from engine.supervisor import EngineSupervisor
+from gateway.config import ConfigError
+from gateway.core.responder import BackendError
+from gateway.responders.engine_client import EngineClient
+from gateway.runtime.smart_turn import N_SAMPLES, EngineSmartTurn, SmartTurnModel, resampled_tail
+from gateway.shipped import SMART_TURN_MODEL
+from tests.conftest import Served, load_pcm, make_config
+from tests.paths import TINY_CHECKPOINT
+from tests.runtime.test_smart_turn import PAUSE_START, PAUSED, SPEECH_END, turn_ends
+
+pytestmark = pytest.mark.slow  # engine processes
+
+CONFIG = EngineConfig(checkpoint=str(TINY_CHECKPOINT), device="cpu", mode="process", devices="cpu", max_frames=200,
+                      heartbeat_ms=250, voices={"alloy": "vivian"}, turn_model=str(SMART_TURN_MODEL))
+HEARTBEAT_S = CONFIG.heartbeat_ms / 1000
+
+
+@pytest.fixture(scope="module")
+def supervisor() -> Iterator[EngineSupervisor]:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
+        engines = EngineSupervisor(dataclasses.asdict(CONFIG), ["cpu"], heartbeat_ms=CONFIG.heartbeat_ms)
+        engines.start(timeout=120)
+        yield engines
+        engines.stop()
+
+
+@pytest.fixture
+async def client(supervisor: EngineSupervisor) -> AsyncIterator[EngineClient]:
+    engine = await asyncio.to_thread(EngineClient, supervisor.endpoints, HEARTBEAT_S)
+    yield engine
+    await engine.aclose()
+
+
+def turns() -> list[bytes]:
+    """The paused sentence cut 200 ms into its pause ("... Boston to": unfinished) and after its end."""
+    pcm = load_pcm(PAUSED)
+    return [pcm[: (PAUSE_START + 200) * 48], pcm[: (SPEECH_END + 200) * 48]]
+
+
+async def test_turns_judged_in_the_engine_as_the_cpu_model_judges_them(client: EngineClient) -> None:
+    assert client.has_turn_model
+    cpu = SmartTurnModel.shared().predict(turns())
+    with_engine = EngineSmartTurn(client, None)  # the loop's default executor resamples
+    judged = await asyncio.gather(*(with_engine.predict(t) for t in turns() * 4))  # arriving together: batched
+    assert judged[0] < 0.3 < 0.7 < judged[1]
+    assert judged == pytest.approx(list(cpu) * 4, abs=0.05)
+    assert judged[:2] * 4 == judged  # a turn's verdict does not depend on its batch
+    (stats,) = await client.stats()
+    assert stats["turns"] >= 8
+
+
+async def test_bad_turn_requests_are_refused_and_the_engine_goes_on(client: EngineClient) -> None:
+    for audio in (np.zeros(0, np.float32), np.zeros(N_SAMPLES + 1, np.float32)):
+        with pytest.raises(BackendError, match=f"a turn is 1 to {N_SAMPLES} samples"):
+            await client.turn(audio)
+    assert await client.turn(resampled_tail(turns()[1])) > 0.7
+
+
+async def test_an_engine_without_the_model_says_so(tmp_path) -> None:
+    config = dataclasses.replace(CONFIG, turn_model="")
+    engines = EngineSupervisor(dataclasses.asdict(config), ["cpu"], heartbeat_ms=config.heartbeat_ms)
+    await asyncio.to_thread(engines.start, 120)
+    try:
+        client = await asyncio.to_thread(EngineClient, engines.endpoints, HEARTBEAT_S)
+        try:
+            assert not client.has_turn_model
+            with pytest.raises(BackendError, match="no end-of-turn model"):
+                await client.turn(np.zeros(16_000, np.float32))
+            # A gateway told to run Smart Turn on such an engine does not start.
+            gateway = Served(make_config(tts__engine="qwen3", engine__mode="process",
+                                         engine__endpoints=engines.endpoints[0], semantic_vad__device="engine"))
+            with pytest.raises(ConfigError, match='semantic_vad.device = "engine" needs'):
+                await gateway.start()
+        finally:
+            await client.aclose()
+    finally:
+        await asyncio.to_thread(engines.stop)
+
+
+async def test_semantic_vad_turns_through_a_gateway_on_the_engine(supervisor: EngineSupervisor) -> None:
+    config = make_config(tts__engine="qwen3", engine__mode="process", engine__endpoints=supervisor.endpoints[0],
+                         engine__heartbeat_ms=CONFIG.heartbeat_ms, semantic_vad__device="engine")
+    gateway = Served(config)
+    await gateway.start()
+    try:
+        ends, _ = await turn_ends(gateway, load_pcm(PAUSED), SPEECH_END, type="semantic_vad")
+        assert len(ends) == 1 and abs(ends[0] - SPEECH_END) <= 150  # the pause did not end the turn
+        stats = await gateway.gateway.speech.loaded.stats()
+        assert stats[0]["turns"] >= 2  # the pause and the end were judged in the engine
+    finally:
+        await gateway.stop()
