@@ -1,5 +1,6 @@
-"""Smart Turn in the engine process ([semantic_vad] device = "engine"): turns judged there as the CPU model
-judges them, batched, bad requests refused, and semantic_vad turns through a real gateway on it."""
+"""Smart Turn in the engine process ([semantic_vad] device = "engine"): turns judged there by engine.turn_model
+(its parity with onnxruntime: tests/engine/test_turn_model.py), batched, bad requests refused, and semantic_vad
+turns through a real gateway on it."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.supervisor import EngineSupervisor
+from engine.turn_model import TurnModel
 from gateway.config import ConfigError
 from gateway.core.responder import BackendError
 from gateway.responders.engine_client import EngineClient
-from gateway.runtime.smart_turn import N_SAMPLES, EngineSmartTurn, SmartTurnModel, resampled_tail
+from gateway.runtime.smart_turn import N_SAMPLES, EngineSmartTurn, last_seconds, resampled_tail
 from gateway.shipped import SMART_TURN_MODEL
 from tests.conftest import Served, load_pcm, make_config
 from tests.paths import TINY_CHECKPOINT
@@ -51,13 +53,13 @@ def turns() -> list[bytes]:
     return [pcm[: (PAUSE_START + 200) * 48], pcm[: (SPEECH_END + 200) * 48]]
 
 
-async def test_turns_judged_in_the_engine_as_the_cpu_model_judges_them(client: EngineClient) -> None:
+async def test_turns_judged_in_the_engine_as_the_model_judges_them_here(client: EngineClient) -> None:
     assert client.has_turn_model
-    cpu = SmartTurnModel.shared().predict(turns())
+    here = TurnModel.from_onnx(SMART_TURN_MODEL).predict(np.stack([last_seconds(resampled_tail(t)) for t in turns()]))
     with_engine = EngineSmartTurn(client, None)  # the loop's default executor resamples
     judged = await asyncio.gather(*(with_engine.predict(t) for t in turns() * 4))  # arriving together: batched
     assert judged[0] < 0.3 < 0.7 < judged[1]
-    assert judged == pytest.approx(list(cpu) * 4, abs=0.05)
+    assert judged == pytest.approx(list(here) * 4, abs=1e-5)
     assert judged[:2] * 4 == judged  # a turn's verdict does not depend on its batch
     (stats,) = await client.stats()
     assert stats["turns"] >= 8
