@@ -64,6 +64,7 @@ class EngineServer:
         self._turns: list[tuple[Client, bytes, np.ndarray]] = []  # taken in, not yet given to the batcher
         self._judging = False  # a batch of them is with the batcher
         self.turns_judged = 0
+        self.turn_seconds = 0.0
         self.socket = socket
         self.heartbeat_s = heartbeat_s
         self.parent = parent
@@ -145,7 +146,8 @@ class EngineServer:
             if utterance is not None:
                 utterance.cancel()
         elif kind == ipc.STATS:
-            stats = {**self.batcher.counters(), "turns": self.turns_judged, "instance": self.instance,
+            stats = {**self.batcher.counters(), "turns": self.turns_judged, "turn_seconds": self.turn_seconds,
+                     "instance": self.instance,
                      "pid": os.getpid(), "clients": len(self.clients),
                      "uptime_s": round(time.monotonic() - self.started, 3)}
             self._send(client, [ipc.STATS, args[0], json.dumps(stats).encode()])
@@ -163,7 +165,14 @@ class EngineServer:
         batch, self._turns = self._turns[:most], self._turns[most:]
         audio = np.stack([np.pad(a, (N_SAMPLES - len(a), 0)) for _, _, a in batch])
         self._judging = True
-        self.batcher.submit(partial(model.predict, audio), partial(self._turned, batch))
+        self.batcher.submit(partial(self._judge, model, audio), partial(self._turned, batch))
+
+    def _judge(self, model: TurnModel, audio: np.ndarray) -> np.ndarray:
+        started = time.perf_counter()
+        try:
+            return model.predict(audio)  # its numpy result waits for the device
+        finally:
+            self.turn_seconds += time.perf_counter() - started
 
     def _turned(self, batch: list[tuple[Client, bytes, np.ndarray]], result: np.ndarray | BaseException) -> None:
         self._judging = False

@@ -236,7 +236,7 @@ def engine_rates(records: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
     first, last = rows[0], rows[-1]
     span = last["t"] - first["t"]
     totals: dict[str, float] = {}
-    for key in ("steps", "frames", "step_seconds", "gpu_seconds"):
+    for key in ("steps", "frames", "step_seconds", "gpu_seconds", "turns", "turn_seconds"):
         before = {e.get("endpoint", i): e[key] for i, e in enumerate(first["engine"]) if e.get(key) is not None}
         after = {e.get("endpoint", i): e[key] for i, e in enumerate(last["engine"]) if e.get(key) is not None}
         # An engine restarted in the window (counters from zero) is left out.
@@ -245,7 +245,8 @@ def engine_rates(records: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
     gpu = any(e.get("gpu_seconds") is not None for e in last["engine"])
     return {"batch_mean": totals["frames"] / totals["steps"] if totals["steps"] else math.nan,
             "step_busy": totals["step_seconds"] / span / engines,
-            "gpu_busy": totals["gpu_seconds"] / span / engines if gpu else math.nan, "engines": engines}
+            "gpu_busy": totals["gpu_seconds"] / span / engines if gpu else math.nan, "engines": engines,
+            "turns": totals["turns"], "turn_busy": totals["turn_seconds"] / span / engines}
 
 
 def summarise(n: int, label: str, result: Sessions, records: dict[int, list[dict[str, Any]]],
@@ -282,6 +283,8 @@ def summarise(n: int, label: str, result: Sessions, records: dict[int, list[dict
         "gpu_busy": rounded(engine.get("gpu_busy", math.nan)),
         "engine_step_busy": rounded(engine.get("step_busy", math.nan)),
         "engine_batch_mean": rounded(engine.get("batch_mean", math.nan), 1),
+        # Smart Turn checks the engine processes judged ([semantic_vad] device), and their share of its time.
+        "engine_turns": engine.get("turns", 0), "engine_turn_busy": rounded(engine.get("turn_busy", math.nan)),
         "gateway_first_delta_p95_ms": rounded(pct(traced("first_delta_ms"), 95), 1),
         "gateway_cancel_to_last_delta_p95_ms": rounded(pct(traced("cancel_to_last_delta_ms"), 95)),
         "stages_ms": {f"{a} -> {b}": [rounded(pct(v, 50), 1), rounded(pct(v, 95), 1)] for a, b in pairwise(TURN_STAGES)
