@@ -258,6 +258,8 @@ class LiveConfig:
     voices: dict[str, str] = field(default_factory=dict)  # built-in voice name -> TTS voice
     # how readily a pause ends the user's turn ([semantic_vad]'s levels)
     eagerness: str = bounded("high", choices=("low", "medium", "high", "auto"))
+    # a user turn's transcription starts this far into a pause (or at Smart Turn's check, if sooner)
+    early_transcription_ms: int = bounded(100, at_least=0, at_most=60_000)
     max_session_s: float = bounded(3600.0, above=0)  # a session's life: its expires_at, then it closes "expired"
     no_audio_timeout_s: float = bounded(30.0, above=0)  # a session without input audio this long closes "expired"
     # one append's content, in tokens (estimated: gateway.live.settings.tokens)

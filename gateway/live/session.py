@@ -440,9 +440,12 @@ class LiveSession:
         if self.closed:
             return []
         effects = self._turn_events(self.turns.feed(probabilities))
-        if self._early_pause is not None and self.turns.pause_start_ms != self._early_pause:
+        pause = self._pause()
+        if self._early_pause is not None and pause != self._early_pause:
             self._early_pause = None  # the user went on: the early transcript is of a turn that was not
             effects.append(PrepareTranscript(None))
+        if pause is not None and self.turns.position_ms - pause >= self.live.early_transcription_ms:
+            effects += self._transcribe_early()
         return effects
 
     def smart_turn_result(self, seq: int, probability: float | None) -> list[Effect]:
@@ -462,9 +465,17 @@ class LiveSession:
                 effects += self._transcribe_early()
         return effects
 
+    def _pause(self) -> float | None:
+        """Where the pause under way in the user's turn began: the VAD's silence run, until a Smart Turn check
+        takes it as the turn's possible end (the same point); None while the user speaks or no turn is open."""
+        if self._speech is None:
+            return None
+        return self.turns.pause_start_ms if self.turns.pause_start_ms is not None else self.detector.pause_ms
+
     def _transcribe_early(self) -> list[Effect]:
-        """The turn's transcription starts while Smart Turn and the pause decide whether it is over."""
-        pause = self.turns.pause_start_ms
+        """The turn's transcription starts while the pause and Smart Turn decide whether it is over: once the
+        pause has lasted [live] early_transcription_ms, or at the check if that comes first."""
+        pause = self._pause()
         if self._speech is None or pause is None or pause == self._early_pause:
             return []
         self._early_pause = pause

@@ -117,10 +117,20 @@ def test_no_audio_no_clock() -> None:
 
 
 def test_a_turn_is_transcribed_while_its_pause_is_judged_and_a_turn_that_goes_on_drops_that() -> None:
-    """The transcription starts with the Smart Turn check, on the audio the turn commits if it is over."""
+    """The transcription starts 100 ms into a pause ([live] early_transcription_ms), before the Smart Turn
+    check at 200 ms, on the audio the turn commits if it is over; a pause that ends in speech drops it."""
     live = started()
     audio(live, 3000, b"\x10\x00" * 72000)
-    out = speak_turn(live)
+    out = vad(live, [0.9] * windows(1000) + [0.0] * windows(64))
+    assert not [e for e in out if isinstance(e, PrepareTranscript | RunSmartTurn)]
+    out = vad(live, [0.0] * windows(64))  # 128 ms into the pause: transcribed, not yet judged
+    (early,) = [e for e in out if isinstance(e, PrepareTranscript)]
+    assert early.pcm and not [e for e in out if isinstance(e, RunSmartTurn)]
+    out = vad(live, [0.9] * windows(320))  # the user goes on
+    assert [e.pcm for e in out if isinstance(e, PrepareTranscript)] == [None]
+    out = vad(live, [0.0] * windows(400))
+    check = next(e for e in out if isinstance(e, RunSmartTurn))
+    out += live.smart_turn_result(check.seq, 0.99)
     (early,) = [e for e in out if isinstance(e, PrepareTranscript)]
     (transcribe,) = [e for e in out if isinstance(e, Transcribe)]
     assert out.index(early) < out.index(transcribe) and early.pcm == transcribe.pcm and early.pcm
