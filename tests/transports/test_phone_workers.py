@@ -2,7 +2,8 @@
 SIP port, each from a port of its own, and the kernel spreads their dialogs over the workers (SO_REUSEPORT);
 each caller hears its answer (the fake LLM's sentence spoken by piper, heard by Whisper); the unmodified
 openai SDK decides on and steers the calls whichever worker its requests reach; a second gateway cannot
-take the port."""
+take the port; Twilio's media streams, with a client that follows Twilio's documented protocol, land on
+either worker whichever worker minted their token."""
 
 from __future__ import annotations
 
@@ -16,16 +17,21 @@ import signal
 import socket
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
+import aiohttp
 import openai
 import pytest
+import websockets
 from openai import AsyncOpenAI
 from websockets.exceptions import InvalidStatus
 
 from bench.fake_openai import FakeOpenAI
+from bench.launcher import free_port
 from gateway.transports.calls.workers import new_call_id, slot_of
 from tests.helpers.workers import Gateway, serve
 from tests.paths import ROOT
@@ -33,12 +39,13 @@ from tests.phones.baresip import BARESIP, Baresip, free_sip_port, phone_wav
 from tests.phones.gateway import ANSWER
 from tests.phones.hearing import heard, transcribe, words
 from tests.phones.webhooks import SECRET, Receiver
+from tests.transports.test_twilio import TOKEN, TwilioSide, sign
 
 pytestmark = [
     pytest.mark.slow,  # `serve --workers 2` in subprocesses
-    pytest.mark.skipif(BARESIP is None, reason="baresip is not installed (apt-get install baresip)"),
-    pytest.mark.skipif(importlib.util.find_spec("piper") is None, reason='the local extra is not installed'),
 ]
+phones = [pytest.mark.skipif(BARESIP is None, reason="baresip is not installed (apt-get install baresip)"),
+          pytest.mark.skipif(importlib.util.find_spec("piper") is None, reason="the local extra is not installed")]
 
 
 def free_rtp_range(pairs: int) -> tuple[int, int]:
@@ -124,6 +131,8 @@ async def until(condition: Any, timeout: float = 20.0) -> None:
             await asyncio.sleep(0.2)
 
 
+@phones[0]
+@phones[1]
 async def test_phones_spread_over_two_workers_each_hears_its_answer_and_hanging_up_frees_everything(
         tmp_path: Path) -> None:
     async with phone_gateway(tmp_path) as (gateway, sip_port, rtp), contextlib.AsyncExitStack() as stack:
@@ -163,6 +172,8 @@ async def test_phones_spread_over_two_workers_each_hears_its_answer_and_hanging_
             assert sum(w in got for w in expected) >= len(expected) * 0.7, (phones[phone], got)
 
 
+@phones[0]
+@phones[1]
 async def test_the_sdk_decides_on_and_steers_calls_whichever_worker_it_reaches(tmp_path: Path) -> None:
     async with Receiver() as receiver, phone_gateway(
             tmp_path, GATEWAY_CALLS_WEBHOOK_URLS=receiver.url, GATEWAY_WEBHOOK_SECRET=SECRET) as (gateway, sip_port, _):
@@ -244,3 +255,62 @@ async def test_the_sdk_decides_on_and_steers_calls_whichever_worker_it_reaches(t
                 capture_output=True, text=True, timeout=120)
             assert second.returncode == 2, second.stderr[-2000:]
             assert f"the SIP endpoint cannot listen on 127.0.0.1:{sip_port}" in second.stderr
+
+
+async def test_twilio_streams_land_on_either_worker_and_their_control_reaches_them(tmp_path: Path) -> None:
+    """Every voice webhook is answered on one worker (one kept-alive connection), the streams are handed to
+    both: a token minted on one worker opens its stream on the other, once; a refer over one connection
+    reaches each stream's worker, and the <Connect> action, wherever it lands, says what the call does."""
+    port = free_port()
+    env = {"TWILIO_AUTH_TOKEN": TOKEN, "GATEWAY_TWILIO_ENABLED": "true",
+           "GATEWAY_TWILIO_PUBLIC_URL": f"http://127.0.0.1:{port}", "GATEWAY_RESPONDER_KIND": "echo",
+           "GATEWAY_CALLS_NOISE_REDUCTION": ""}
+    async with serve(tmp_path, port=port, **env) as gateway, aiohttp.ClientSession() as http:
+        sides = {f"CA{i}": TwilioSide(gateway) for i in range(4)}
+        for call_sid, side in sides.items():
+            params = {"CallSid": call_sid, "AccountSid": "AC1", "From": f"+1555000{call_sid}", "To": "+15550002222"}
+            url = f"{side.base}/twilio/voice"
+            async with http.post(url, data=urlencode(params), headers={
+                    "X-Twilio-Signature": sign(url, params),
+                    "Content-Type": "application/x-www-form-urlencoded"}) as answer:
+                twiml = ET.fromstring(await answer.text())
+            connect = twiml.find("Connect")
+            assert connect is not None
+            side.action = connect.get("action", "")
+            side.stream_url = connect.find("Stream").get("url", "")  # type: ignore[union-attr]
+        for call_sid, side in sides.items():
+            await side.open(call_sid, {"From": f"+1555000{call_sid}"})
+        client = sdk(gateway)
+
+        async def all_answered() -> bool:
+            return len([c for c in await listed(client) if c["status"] == "answered"]) == len(sides)
+
+        await until(all_answered)
+        calls = {c["from"]: c["id"] for c in await listed(client)}
+        assert sorted(slot_of(call_id) for call_id in calls.values()) == [0, 0, 1, 1], calls
+        with pytest.raises(websockets.InvalidStatus) as replayed:  # one stream per token, in all the workers
+            await websockets.connect(sides["CA0"].stream_url)
+        assert replayed.value.response.status_code == 403
+
+        # Over one connection (one worker): each call of the other worker's is passed on to it.
+        by_worker = {slot_of(calls[f"+1555000{call_sid}"]): call_sid for call_sid in sides}  # a call of each
+        for worker, call_sid in by_worker.items():
+            async with http.post(f"{sides[call_sid].base}/v1/realtime/calls/{calls[f'+1555000{call_sid}']}/refer",
+                                 json={"target_uri": f"tel:+1555111000{worker}"}) as answer:
+                assert answer.status == 200, await answer.text()
+            await asyncio.wait_for(sides[call_sid].socket.wait_closed(), 5)
+        for worker, call_sid in by_worker.items():
+            side = sides[call_sid]
+            url, params = side.action, {"CallSid": call_sid}
+            async with http.post(url, data=urlencode(params), headers={
+                    "X-Twilio-Signature": sign(url, params),
+                    "Content-Type": "application/x-www-form-urlencoded"}) as answer:
+                assert f"<Dial><Number>+1555111000{worker}</Number></Dial>" in await answer.text()
+        for call_sid, side in sides.items():
+            if call_sid not in by_worker.values():
+                await side.socket.close()
+
+        async def freed() -> bool:
+            return (await gateway.healthz())["active_sessions"] == 0 and not await listed(client)
+
+        await until(freed)
