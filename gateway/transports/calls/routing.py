@@ -9,7 +9,6 @@ sideband, for a call another worker holds passes it on there, headers and all (`
 owner answers it as if it had come straight in: its credential is checked again there, one place for the
 check. The calls' listing asks every worker. A worker that is dead or restarting holds no call: 404
 ``call_not_found``, as for any call that is over.
-
 """
 
 from __future__ import annotations
