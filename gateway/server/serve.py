@@ -243,8 +243,12 @@ class GatewayServer:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # this slot's worker before it (the folder is the gateway's own, 0700)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(path)
-        sock.listen(512)
+        try:
+            sock.bind(path)
+            sock.listen(512)
+        except OSError as exc:
+            sock.close()
+            raise ConfigError(f"this worker's private socket {path} cannot be made (TMPDIR): {exc}") from None
         self._private = _Server(uvicorn_config(from_workers(self.app), self.config, private=True))
         self._private_task = asyncio.create_task(self._private.serve(sockets=[sock]))
         while not self._private.started and not self._private_task.done():
