@@ -149,7 +149,7 @@ async def test_phones_spread_over_two_workers_each_hears_its_answer_and_hanging_
             await phone.command("dial", f"sip:agent@127.0.0.1:{sip_port}")
         for phone in phones:
             await phone.event("CALL_ESTABLISHED")
-        client = sdk(gateway)
+        client = await stack.enter_async_context(sdk(gateway))
         calls = await listed(client)
         # Each call lives in the worker its phone's SIP reached, and its id names that worker.
         assert sorted(slot_of(c["id"]) for c in calls) == [0, 0, 1, 1], calls
@@ -175,8 +175,10 @@ async def test_phones_spread_over_two_workers_each_hears_its_answer_and_hanging_
 @phones[0]
 @phones[1]
 async def test_the_sdk_decides_on_and_steers_calls_whichever_worker_it_reaches(tmp_path: Path) -> None:
-    async with Receiver() as receiver, phone_gateway(
-            tmp_path, GATEWAY_CALLS_WEBHOOK_URLS=receiver.url, GATEWAY_WEBHOOK_SECRET=SECRET) as (gateway, sip_port, _):
+    webhooks = {"GATEWAY_WEBHOOK_SECRET": SECRET}
+    async with (Receiver() as receiver,
+                phone_gateway(tmp_path, GATEWAY_CALLS_WEBHOOK_URLS=receiver.url, **webhooks) as (gateway, sip_port, _),
+                sdk(gateway) as client):
         sources = await ports_by_worker(gateway, sip_port, 1)
         mic = phone_wav(tmp_path, "question_sky.wav", pad_s=30)
         async with contextlib.AsyncExitStack() as stack:
@@ -190,7 +192,6 @@ async def test_the_sdk_decides_on_and_steers_calls_whichever_worker_it_reaches(t
                 call_ids[worker] = await receiver.call_id()
                 receiver.events.clear()
             assert {slot_of(call_ids[w]): w for w in (0, 1)} == {0: 0, 1: 1}  # the id names its worker
-            client = sdk(gateway)
             assert sorted((c["id"], c["status"]) for c in await listed(client)) == sorted(
                 (call_id, "pending") for call_id in call_ids.values())
 
@@ -265,7 +266,8 @@ async def test_twilio_streams_land_on_either_worker_and_their_control_reaches_th
     env = {"TWILIO_AUTH_TOKEN": TOKEN, "GATEWAY_TWILIO_ENABLED": "true",
            "GATEWAY_TWILIO_PUBLIC_URL": f"http://127.0.0.1:{port}", "GATEWAY_RESPONDER_KIND": "echo",
            "GATEWAY_CALLS_NOISE_REDUCTION": ""}
-    async with serve(tmp_path, port=port, **env) as gateway, aiohttp.ClientSession() as http:
+    async with (serve(tmp_path, port=port, **env) as gateway, aiohttp.ClientSession() as http,
+                contextlib.AsyncExitStack() as stack):
         sides = {f"CA{i}": TwilioSide(gateway) for i in range(4)}
         for call_sid, side in sides.items():
             params = {"CallSid": call_sid, "AccountSid": "AC1", "From": f"+1555000{call_sid}", "To": "+15550002222"}
@@ -280,7 +282,7 @@ async def test_twilio_streams_land_on_either_worker_and_their_control_reaches_th
             side.stream_url = connect.find("Stream").get("url", "")  # type: ignore[union-attr]
         for call_sid, side in sides.items():
             await side.open(call_sid, {"From": f"+1555000{call_sid}"})
-        client = sdk(gateway)
+        client = await stack.enter_async_context(sdk(gateway))
 
         async def all_answered() -> bool:
             return len([c for c in await listed(client) if c["status"] == "answered"]) == len(sides)
