@@ -38,8 +38,8 @@ from tests.paths import ROOT
 from tests.phones.baresip import BARESIP, Baresip, free_sip_port, phone_wav
 from tests.phones.gateway import ANSWER
 from tests.phones.hearing import heard, transcribe, words
+from tests.phones.twilio import TOKEN, TwilioSide, sign
 from tests.phones.webhooks import SECRET, Receiver
-from tests.transports.test_twilio import TOKEN, TwilioSide, sign
 
 pytestmark = [
     pytest.mark.slow,  # `serve --workers 2` in subprocesses
