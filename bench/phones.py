@@ -46,10 +46,12 @@ START_ATTEMPTS = 3
 
 class Baresip:
     def __init__(self, folder: Path, microphone: Path, username: str = "phone", password: str = "",
-                 transport: str = "udp", jitter_buffer: bool = True) -> None:
+                 transport: str = "udp", jitter_buffer: bool = True, sip_port: int = 0) -> None:
+        """``sip_port``: the port it sends and takes SIP on (0: a free one), tried first."""
         self.folder = folder
         self.microphone = microphone
         self.jitter_buffer = jitter_buffer
+        self.wanted_port = sip_port
         folder.mkdir(parents=True, exist_ok=True)
         auth = f";auth_pass={password}" if password else ""
         (folder / "accounts").write_text(f"<sip:{username}@127.0.0.1;transport={transport}>{auth};regint=0;"
@@ -63,7 +65,7 @@ class Baresip:
         self._task: asyncio.Task[None] | None = None
 
     def _configure(self) -> None:
-        self.sip_port = free_sip_port()
+        self.sip_port, self.wanted_port = self.wanted_port or free_sip_port(), 0
         self.ctrl_port = free_port()
         rtp = free_port(socket.SOCK_DGRAM)
         (self.folder / "config").write_text("\n".join([

@@ -534,7 +534,8 @@ def check(config: Config) -> None:
 
 
 def _check_phones(config: Config) -> None:
-    """How [calls], [sip] and [twilio] options go together, and one process for the calls."""
+    """How [calls], [sip] and [twilio] options go together (each worker's share of the RTP ports is checked
+    once the worker count is known: gateway.transports.sip.ports)."""
     calls, sip = config.calls, config.sip
     _not_above("calls.max_pending_calls_per_source", calls.max_pending_calls_per_source, calls.max_pending_calls)
     _not_above("sip.max_calls_per_source", sip.max_calls_per_source, sip.max_calls)
@@ -550,10 +551,6 @@ def _check_phones(config: Config) -> None:
     if config.twilio.enabled and not config.twilio.public_url.startswith(("https://", "http://")):
         raise ConfigError("option twilio.public_url: Twilio needs the gateway's public URL (https://...) to point "
                           "its media stream at")
-    if (sip.enabled or config.twilio.enabled) and config.server.workers > 1:
-        raise ConfigError("option server.workers: phone calls ([sip] enabled, [twilio] enabled) are served by one "
-                          "process (a call's decision, sideband and media live in the process that took it): "
-                          "set workers = 1, or serve calls from a gateway of their own")
 
 
 def _not_above(name: str, value: float, most: float) -> None:

@@ -82,14 +82,31 @@ def test_options_that_go_together() -> None:
     check(config)
 
 
-def test_phone_calls_are_served_by_one_process() -> None:
-    from gateway.server.workers import worker_count
+def test_phone_calls_spread_over_the_workers_each_with_rtp_ports_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Phones no longer hold a gateway to one process: `serve` on a GPU host runs its auto worker count with SIP
+    on, and each worker takes a slice of the RTP range of its own, refused when a slice would be too small."""
+    from engine import supervisor
+    from gateway.server import workers
+    from gateway.transports.sip.media import PortPool
+    from gateway.transports.sip.ports import MIN_RTP_PAIRS, check_rtp_share
 
-    config = load_config(env={"GATEWAY_SIP_ENABLED": "1", "GATEWAY_SERVER_WORKERS": "2"})
-    with pytest.raises(ConfigError, match="one process"):
-        check(config)
-    config.server.workers = 0
-    assert worker_count(config) == 1
+    config = load_config(env={"GATEWAY_SIP_ENABLED": "1", "GATEWAY_TWILIO_ENABLED": "1",
+                              "GATEWAY_TWILIO_PUBLIC_URL": "https://voice.example.com", "GATEWAY_SERVER_WORKERS": "2"})
+    check(config)
+    monkeypatch.setattr(workers, "cpu_count", lambda: 16)
+    monkeypatch.setattr(supervisor, "gpu_count", lambda python=None: 1)
+    config = load_config(env={"GATEWAY_SIP_ENABLED": "1", "GATEWAY_TTS_ENGINE": "qwen3",
+                              "GATEWAY_ENGINE_CHECKPOINT": "/models/q"})
+    assert workers.worker_count(config) == 16 - 2
+
+    sip = config.sip  # 20000-20999: 500 calls' ports
+    slices = [PortPool("127.0.0.1", sip.rtp_port_min, sip.rtp_port_max, slot, 14).ports for slot in range(14)]
+    assert sorted(p for ports in slices for p in ports) == list(range(20000, 20999, 2))
+    assert all(35 <= len(ports) <= 36 for ports in slices)
+    check_rtp_share(sip, 14)
+    check_rtp_share(sip, 500 // MIN_RTP_PAIRS)
+    with pytest.raises(ConfigError, match=r"option sip.rtp_port_max: 126 workers share .* widen the range"):
+        check_rtp_share(sip, 126)
 
 
 def bounded_options() -> list[tuple[str, str, dict[str, Any], Any]]:

@@ -39,7 +39,10 @@ from gateway.server.protocols import http_protocol
 from gateway.server.protocols import websocket_protocol as ws_protocol
 from gateway.server.protocols.per_client import ClientBudget
 from gateway.transports.app import create_app
+from gateway.transports.calls.routing import from_workers
+from gateway.transports.calls.workers import CallWorkers
 from gateway.transports.guard import is_loopback
+from gateway.transports.sip import ports as sip_ports
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +95,9 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_config(app: object, config: Config) -> uvicorn.Config:
+def uvicorn_config(app: object, config: Config, private: bool = False) -> uvicorn.Config:
+    """``private``: for a worker's private socket, where the other workers pass requests on: no TLS, no
+    lifespan (the public server runs it), and no budget per client (each was counted where it came in)."""
     server = config.server
     limits = http_protocol.HttpLimits(server.request_head_timeout_s, server.request_body_timeout_s,
                                       server.request_idle_timeout_s, server.max_request_headers,
@@ -103,7 +108,7 @@ def uvicorn_config(app: object, config: Config) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         http=http_protocol.protocol_class(limits, ClientBudget(server.max_connections_per_client),
-                                          lambda peer: proxies is not None and peer in proxies),
+                                          lambda peer: private or (proxies is not None and peer in proxies)),
         ws=ws_protocol.protocol_class(server.send_timeout_s, server.inbound_free_bytes, server.inbound_budget_bytes,
                           server.max_message_bytes),
         ws_max_size=server.max_message_bytes,
@@ -111,14 +116,14 @@ def uvicorn_config(app: object, config: Config) -> uvicorn.Config:
         limit_concurrency=server.max_sessions + CONNECTION_HEADROOM,
         # Off unless configured: uvicorn would otherwise believe X-Forwarded-For from loopback (its default),
         # and any local client could pose as any address.
-        proxy_headers=bool(server.forwarded_allow_ips),
+        proxy_headers=bool(server.forwarded_allow_ips) and not private,
         forwarded_allow_ips=server.forwarded_allow_ips or None,
-        lifespan="on",
+        lifespan="off" if private else "on",
         server_header=False,
         access_log=False,
         log_config=None,
-        ssl_certfile=server.tls_cert or None,
-        ssl_keyfile=server.tls_key or None,
+        ssl_certfile=None if private else server.tls_cert or None,
+        ssl_keyfile=None if private else server.tls_key or None,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
 
@@ -161,14 +166,17 @@ class GatewayServer:
     (gateway.server.workers), on the connections its parent hands it over `handoff` (gateway.server.handoff)
     or on the socket `sock` its parent bound (either way the parent checked the configuration), with its
     parent's `auth` (one signing key for client secrets) and counting its sessions in `capacity`, its slot
-    of the counts the workers share."""
+    of the counts the workers share; with phone calls on, `calls` is its place among the workers for them,
+    and it also serves its app on its private socket there (gateway.transports.calls.routing)."""
 
     def __init__(self, config: Config, responder: Responder | None = None, insecure_no_auth: bool = False, *,
                  sock: socket.socket | None = None, handoff: Handoff | None = None, auth: Auth | None = None,
-                 capacity: Capacity | None = None) -> None:
+                 capacity: Capacity | None = None, calls: CallWorkers | None = None) -> None:
         self.config = config
         self.gateway = Gateway(config, responder, auth, capacity)
-        self.app = create_app(config, gateway=self.gateway)
+        self.app = create_app(config, gateway=self.gateway, workers=calls)
+        self.calls = calls
+        self._phones = self.app.state.phones
         self.insecure_no_auth = insecure_no_auth
         self._inherited = sock is not None or handoff is not None
         self._socket: socket.socket | None = sock
@@ -176,6 +184,8 @@ class GatewayServer:
         self._adopting: asyncio.Task[None] | None = None
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
+        self._private: _Server | None = None
+        self._private_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         server = self.config.server
@@ -185,6 +195,8 @@ class GatewayServer:
             check_exposure(self.config, self.gateway.auth, self.insecure_no_auth)
             tls = check_tls(self.config)
             self._socket = listen(server.host, server.port)
+            if self._phones.sip is not None:  # bound now, as the HTTP port: one taken is an error naming it
+                self._phones.sip.use(sip_ports.bind(self.config.sip)[0])
         # The models load while the server already answers (/healthz "starting", sessions 503), not in the
         # app's lifespan, which then finds the gateway started: a failure is an error naming its cause, not
         # a traceback from inside uvicorn.
@@ -210,6 +222,8 @@ class GatewayServer:
         except BaseException:
             await self.stop()
             raise
+        if self.calls is not None:
+            await self._serve_privately(self.calls)
         if self._handoff is not None:
             uv = self._server
             self._adopting = asyncio.create_task(adopt(self._handoff, uv.adopt, uv.open_connections))
@@ -222,6 +236,27 @@ class GatewayServer:
                  " responder: %s; auth: %s)", __version__, scheme, host, self.port, "wss" if tls else "ws", host,
                  self.port, summary(self.gateway.responder, self.gateway.transcriber),
                  f"{len(self.gateway.auth.api_keys)} API key(s)" if self.gateway.auth.required else "off")
+
+    async def _serve_privately(self, calls: CallWorkers) -> None:
+        """The app on this worker's private socket, where the others pass on requests about its calls."""
+        path = calls.path(calls.slot)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # this slot's worker before it (the folder is the gateway's own, 0700)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            sock.listen(512)
+        except OSError as exc:
+            sock.close()
+            raise ConfigError(f"this worker's private socket {path} cannot be made (TMPDIR): {exc}") from None
+        self._private = _Server(uvicorn_config(from_workers(self.app), self.config, private=True))
+        self._private_task = asyncio.create_task(self._private.serve(sockets=[sock]))
+        while not self._private.started and not self._private_task.done():
+            await asyncio.sleep(0.01)
+        if self._private_task.done():
+            with contextlib.suppress(SystemExit):
+                self._private_task.result()
+            raise ConfigError(f"this worker's private socket {path} could not be served (see the log above)")
 
     @property
     def port(self) -> int:
@@ -237,11 +272,16 @@ class GatewayServer:
     async def stop(self) -> None:
         if self._adopting is not None:
             self._adopting.cancel()
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
+        serving = [(server, task) for server, task in ((self._server, self._task), (self._private, self._private_task))
+                   if server is not None and task is not None]
+        for server, _ in serving:
+            server.should_exit = True
+        for _, task in serving:
             with contextlib.suppress(SystemExit):
-                await self._task
+                await task
         await self.gateway.stop()
+        if self._phones.sip is not None:  # its sockets, should the app never have started
+            await self._phones.sip.stop()
         if self._socket is not None:
             self._socket.close()
         if self._handoff is not None:

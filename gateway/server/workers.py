@@ -12,6 +12,11 @@ connection to whichever accepts first ("accept"). The workers' Capacity objects 
 [server] max_sessions holds for the gateway; their metrics go to one private folder in prometheus_client's
 multiprocess mode, so /metrics from any worker shows the whole gateway.
 
+Phone calls spread over the workers too: the parent binds each worker's SIP sockets on the one [sip] port
+(SO_REUSEPORT: gateway.transports.sip.ports), makes the arrays the phone lines' bounds share and a private
+folder for the sockets where the workers pass each other requests about their calls
+(gateway.transports.calls.routing).
+
 A worker that dies is started again after a pause that grows while it keeps dying soon after its start;
 its slot in the session counts is zeroed and its live gauges dropped, and the engine processes free its
 streams when its heartbeats stop. SIGTERM and SIGINT are passed to every worker, which does what one
@@ -48,7 +53,10 @@ from gateway.logs import configure_logging
 from gateway.responders.build import engine_mode, give_engine_turn_model, tts_kind
 from gateway.runtime.auth import Auth
 from gateway.runtime.capacity import Capacity, Counts, shared_counts
+from gateway.runtime.tally import clear_row
 from gateway.server.handoff import Dispatcher, Handoff, Loads, handoff_pair
+from gateway.transports.calls.workers import CallWorkers
+from gateway.transports.sip import ports as sip_ports
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -76,13 +84,11 @@ def cpu_count() -> int:
 def worker_count(config: Config) -> int:
     """[server] workers, 0 (auto) resolved: with a Qwen3-TTS engine in engine processes on GPUs (by default
     on a host with GPUs: [engine] mode "auto"), one per CPU core less two per engine process (its step loop
-    and its CUDA launches); otherwise (and with phone calls on) 1. The options are checked first
-    (gateway.config.check)."""
+    and its CUDA launches); otherwise 1. The options are checked first (gateway.config.check)."""
     check(config)
     workers, engine = config.server.workers, config.engine
     qwen3 = tts_kind(config) == "qwen3"
-    phones = config.sip.enabled or config.twilio.enabled  # served by one process (gateway.config)
-    if workers or not qwen3 or engine_mode(config) != "process" or phones:
+    if workers or not qwen3 or engine_mode(config) != "process":
         return workers or 1
     if engine.endpoints:
         engines = len([e for e in engine.endpoints.split(",") if e.strip()])
@@ -133,6 +139,8 @@ class Workers:
         self._auth: Auth | None = None
         self._dispatcher: Dispatcher | None = None
         self._loads: Loads | None = None
+        self._calls: CallWorkers | None = None
+        self._sip_sockets: list[list[socket.socket]] = []
 
     def run(self) -> int:
         """Serve until a signal stops every worker; 2 when the gateway cannot start (the reason on stderr)."""
@@ -148,6 +156,7 @@ class Workers:
             check_tls(self.config)
             self._socket = listen(server.host, server.port)
             server.port = self._socket.getsockname()[1]  # the workers log it (port 0: the one picked)
+            self._calls = self._phones()
             supervisor = self._start_engines()
             self._counts = shared_counts(self.count)
             if server.worker_balance == "connections":
@@ -172,8 +181,23 @@ class Workers:
                 supervisor.stop()
             if self._metrics_dir:
                 shutil.rmtree(self._metrics_dir, ignore_errors=True)
+            sip_ports.close(self._sip_sockets)
+            if self._calls is not None:
+                shutil.rmtree(self._calls.folder, ignore_errors=True)
             if self._socket is not None:
                 self._socket.close()
+
+    def _phones(self) -> CallWorkers | None:
+        """With phone calls on: the SIP sockets of every worker, and what the workers share for their calls."""
+        config = self.config
+        if not config.sip.enabled and not config.twilio.enabled:
+            return None
+        if config.sip.enabled:
+            sip_ports.check_rtp_share(config.sip, self.count)
+            self._sip_sockets = sip_ports.bind(config.sip, self.count)
+            config.sip.port = self._sip_sockets[0][0].getsockname()[1]  # port 0: the one picked
+        # 0700, as the metrics folder: only this user reaches the workers' private sockets.
+        return CallWorkers.make(self.count, tempfile.mkdtemp(prefix="voice-gateway-calls-"))
 
     def _start_engines(self) -> EngineSupervisor | None:
         """The engine processes every worker shares, when a Qwen3-TTS engine runs in engine processes that
@@ -200,9 +224,13 @@ class Workers:
             ours, theirs = handoff_pair()
             handoff = Handoff(theirs, self._loads, worker.slot)
             self._dispatcher.started(worker.slot, ours, worker.ready)
+        calls = None
+        if self._calls is not None:
+            sockets = self._sip_sockets[worker.slot] if self._sip_sockets else []
+            calls = dataclasses.replace(self._calls, slot=worker.slot, sip_sockets=sockets)
         worker.process = self._context.Process(
             target=_worker_main, name=f"gateway-worker-{worker.slot}",
-            args=(worker.slot, self.config, self._auth, listener, handoff, self._counts, worker.ready,
+            args=(worker.slot, self.config, self._auth, listener, handoff, self._counts, calls, worker.ready,
                   self._metrics_dir, self.hooks, self.log_level),
         )
         worker.started = time.monotonic()
@@ -239,6 +267,9 @@ class Workers:
         if self._dispatcher is not None:
             self._dispatcher.gone(worker.slot)
         held, self._counts[worker.slot] = self._counts[worker.slot], 0  # its only writer is gone
+        if self._calls is not None:  # its calls are gone with it
+            for array in (self._calls.sip_calls, self._calls.pending_calls, self._calls.sip_streams):
+                clear_row(array, worker.slot)
         multiprocess.mark_process_dead(process.pid, self._metrics_dir)
         if self._signals:
             return False
@@ -279,7 +310,8 @@ class Workers:
 
 
 def _worker_main(slot: int, config: Config, auth: Auth, sock: socket.socket | None, handoff: Handoff | None,
-                 counts: Counts, ready: Event, metrics_dir: str, hooks: Hooks, log_level: str) -> None:
+                 counts: Counts, calls: CallWorkers | None, ready: Event, metrics_dir: str, hooks: Hooks,
+                 log_level: str) -> None:
     """One worker process: a GatewayServer on the connections its parent hands it (or on the parent's listening
     socket, [server] worker_balance = "accept"), until SIGTERM or SIGINT."""
     # Its own process group: a terminal's Ctrl-C reaches the parent only, which passes it on once.
@@ -305,7 +337,7 @@ def _worker_main(slot: int, config: Config, auth: Auth, sock: socket.socket | No
     async def serve() -> int:
         responder = hooks.responder(config) if hooks.responder is not None else None
         server = GatewayServer(config, responder, sock=sock, handoff=handoff, auth=auth,
-                               capacity=Capacity(config.server.max_sessions, counts, slot))
+                               capacity=Capacity(config.server.max_sessions, counts, slot), calls=calls)
         if hooks.app is not None:
             server.app = hooks.app(server.app)
         return await run_server(server, serving)

@@ -49,6 +49,8 @@ from gateway.runtime.trace import DRAINING, ENGINE_STREAMS_FREE, SESSION_SLOTS_F
 from gateway.shipped import WEB_DIR
 from gateway.transports.calls.control import CallControl, call_control_routes
 from gateway.transports.calls.phone_calls import PhoneCalls
+from gateway.transports.calls.routing import CallRouter
+from gateway.transports.calls.workers import CallWorkers
 from gateway.transports.client_secrets import client_secret_routes
 from gateway.transports.guard import FrontDoor, Hosts, Origins
 from gateway.transports.live_websocket import live_routes
@@ -139,19 +141,22 @@ class Pages:
 
 
 class Phones:
-    """The phone lines, when on: the call model (PhoneCalls), the SIP endpoint, the Twilio routes."""
+    """The phone lines, when on: the call model (PhoneCalls), the SIP endpoint, the Twilio routes; under
+    ``serve --workers N``, this worker's part of them (``workers``) and the way to the others' calls."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, workers: CallWorkers | None = None) -> None:
         config = gateway.config
-        self.calls = PhoneCalls(gateway) if config.sip.enabled or config.twilio.enabled else None
+        self.workers = workers
+        self.router = CallRouter(workers)
+        self.calls = PhoneCalls(gateway, workers) if config.sip.enabled or config.twilio.enabled else None
         self.sip: SipListener | None = None
         if self.calls is not None and config.sip.enabled:
-            self.sip = SipListener(SipEndpoint(self.calls, config.sip), config.sip)
+            self.sip = SipListener(SipEndpoint(self.calls, config.sip, workers), config.sip, workers)
 
     def routes(self, gateway: Gateway) -> list[BaseRoute]:
         table: list[BaseRoute] = []
         if self.calls is not None and gateway.config.twilio.enabled:
-            table += twilio_routes(gateway, self.calls)
+            table += twilio_routes(gateway, self.calls, self.workers)
         return table
 
 
@@ -163,6 +168,7 @@ def routes(gateway: Gateway, signalling: Signalling, phones: Phones) -> list[Bas
         realtime.sidebands.lookups.append(webrtc.sideband_call)
     if phones.calls is not None:
         realtime.sidebands.lookups.append(phones.calls.find)
+    realtime.sidebands.elsewhere = phones.router.sideband
     table: list[BaseRoute] = []
     for path in ("/v1/realtime", "/realtime"):
         table += [WebSocketRoute(path, realtime), Route(path, pages.upgrade_required, methods=["GET"])]
@@ -171,7 +177,8 @@ def routes(gateway: Gateway, signalling: Signalling, phones: Phones) -> list[Bas
     table += speech_routes(gateway)
     table += voice_routes(gateway)
     table += signalling_routes(signalling)  # answers 404 while WebRTC is off
-    table += call_control_routes(CallControl(gateway, phones.calls, webrtc.hang_up if webrtc is not None else None))
+    table += call_control_routes(CallControl(gateway, phones.calls, webrtc.hang_up if webrtc is not None else None,
+                                             phones.router))
     table += phones.routes(gateway)
     table += [
         Route("/healthz", pages.healthz),
@@ -199,15 +206,17 @@ async def _starlette_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, str(exc.detail), code)
 
 
-def create_app(config: Config, responder: Responder | None = None, gateway: Gateway | None = None) -> Starlette:
-    """The app factory: the whole gateway as an ASGI app, its models loaded by the app's lifespan."""
+def create_app(config: Config, responder: Responder | None = None, gateway: Gateway | None = None,
+               workers: CallWorkers | None = None) -> Starlette:
+    """The app factory: the whole gateway as an ASGI app, its models loaded by the app's lifespan; ``workers``:
+    this worker's place among ``serve --workers N`` for its calls (gateway.transports.calls.routing)."""
     gateway = gateway if gateway is not None else Gateway(config, responder)
     server = config.server
     front_door = Middleware(FrontDoor, origins=Origins(server.allowed_origins),
                             hosts=Hosts(server.allowed_hosts, server.host), max_headers=server.max_request_headers,
                             max_header_line_bytes=server.max_header_line_bytes)
     signalling = Signalling(gateway)
-    phones = Phones(gateway)
+    phones = Phones(gateway, workers)
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:

@@ -71,23 +71,29 @@ class SidebandCall(Protocol):
 
 
 Lookup = Callable[[str], SidebandCall | None]
+Deny = Callable[[int, str, str], Awaitable[None]]
+# Serves a sideband of a call another worker holds (False: no other worker holds it).
+Elsewhere = Callable[[Scope, Receive, Send, str, Deny], Awaitable[bool]]
 
 
 class Sidebands:
     """Finds a call by id among the transports that hold calls (each adds its ``Lookup``) and serves a
-    sideband connection to it."""
+    sideband connection to it; one of a call another worker of ``serve --workers N`` holds goes to
+    ``elsewhere`` (gateway.transports.calls.routing)."""
 
     def __init__(self) -> None:
         self.lookups: list[Lookup] = []
+        self.elsewhere: Elsewhere | None = None
 
     def find(self, call_id: str) -> SidebandCall | None:
         return next((call for lookup in self.lookups if (call := lookup(call_id)) is not None), None)
 
-    async def serve(self, scope: Scope, receive: Receive, send: Send, call_id: str,
-                    deny: Callable[[int, str, str], Awaitable[None]]) -> None:
+    async def serve(self, scope: Scope, receive: Receive, send: Send, call_id: str, deny: Deny) -> None:
         """The WebSocket ``scope`` (its handshake not yet answered) as a sideband of call ``call_id``;
         ``deny(status, message, code)`` refuses the handshake."""
         call = self.find(call_id)
+        if call is None and self.elsewhere is not None and await self.elsewhere(scope, receive, send, call_id, deny):
+            return
         runner = call.runner if call is not None else None
         if call is None or runner is None:
             await deny(404, f"No call '{call_id[:64]}' is in progress (a pending call gets its sideband once it "

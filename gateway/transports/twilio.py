@@ -6,10 +6,12 @@
 
 The voice webhook (and the action) must carry a valid ``X-Twilio-Signature`` when the account's auth
 token is configured ([twilio] auth_token_env): base64 HMAC-SHA1 of the URL Twilio called followed by the
-sorted POST parameters, keyed with the token. The stream's URL carries a token this process mints for
+sorted POST parameters, keyed with the token. The stream's URL carries a token the gateway mints for
 that call: HMAC-SHA256 over the CallSid and an expiry ([twilio] stream_token_ttl_s), with a key drawn at
-random per process, good for one stream (Twilio's Stream URL takes no query string; the path can carry
-it). Nobody else can open a stream, and a refused handshake is a 403.
+random when it starts, good for one stream (Twilio's Stream URL takes no query string; the path can carry
+it). Nobody else can open a stream, and a refused handshake is a 403. Under ``serve --workers N`` any
+worker answers the webhook, the stream's call lives in the worker its WebSocket reached (the workers share
+the key and the tokens used), and the action is answered by the worker that holds the call's outcome.
 
 On the stream (twilio.com/docs/voice/media-streams/websocket-messages), ``start`` makes the call pending
 (the webhook goes out, or the default session answers); ``media`` is base64 mu-law at 8 kHz, 20 ms a
@@ -49,7 +51,10 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.audio import RationalResampler, ulaw_decode, ulaw_encode
 from gateway.config import ConfigError
+from gateway.runtime.tally import Seen
 from gateway.transports.calls.phone_calls import PhoneCall, PhoneCalls
+from gateway.transports.calls.routing import HOP, CallRouter
+from gateway.transports.calls.workers import CallWorkers
 from gateway.transports.guard import is_loopback
 from gateway.transports.playout import MediaClock, PlayoutQueue
 from gateway.transports.rest import HttpError, read_body
@@ -72,12 +77,13 @@ def twilio_signature(token: str, url: str, params: dict[str, str]) -> str:
 
 
 class StreamTokens:
-    """Tokens for the Stream URL: one CallSid, one use, a short life, this process's key."""
+    """Tokens for the Stream URL: one CallSid, one use, a short life, the gateway's key (under ``serve --workers
+    N`` the webhook and the stream may reach different workers: they share the key and the tokens used)."""
 
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, key: bytes | None = None, used: Seen | None = None) -> None:
         self.ttl_s = ttl_s
-        self._key = secrets.token_bytes(32)
-        self._used: OrderedDict[str, float] = OrderedDict()
+        self._key = key or secrets.token_bytes(32)
+        self._used = used or Seen()
 
     def mint(self, call_sid: str) -> str:
         payload = base64.urlsafe_b64encode(f"{call_sid}|{int(time.time() + self.ttl_s)}".encode()).decode().rstrip("=")
@@ -96,12 +102,8 @@ class StreamTokens:
             expires = float(expiry)
         except (ValueError, binascii.Error, UnicodeDecodeError):
             return None
-        now = time.time()
-        while self._used and next(iter(self._used.values())) < now:
-            self._used.popitem(last=False)
-        if expires < now or token in self._used:
+        if expires < time.time() or not self._used.use(token.encode(), expires):
             return None
-        self._used[token] = expires
         return call_sid
 
 
@@ -183,7 +185,7 @@ class ClearingPlayout(PlayoutQueue):
 
 
 class Twilio:
-    def __init__(self, gateway: Gateway, calls: PhoneCalls) -> None:
+    def __init__(self, gateway: Gateway, calls: PhoneCalls, workers: CallWorkers | None = None) -> None:
         self.gateway = gateway
         self.calls = calls
         options = gateway.config.twilio
@@ -192,7 +194,9 @@ class Twilio:
         if not self.auth_token and not is_loopback(gateway.config.server.host):
             raise ConfigError(f"option twilio.enabled: on a non-loopback address Twilio's webhooks must be signed: set "
                               f"the account's auth token in {options.auth_token_env or '[twilio] auth_token_env'}")
-        self.tokens = StreamTokens(options.stream_token_ttl_s)
+        self.router = CallRouter(workers)
+        self.tokens = (StreamTokens(options.stream_token_ttl_s) if workers is None
+                       else StreamTokens(options.stream_token_ttl_s, workers.key, workers.seen()))
         self.clock = MediaClock()
         self.outcomes: OrderedDict[str, str] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -233,8 +237,16 @@ class Twilio:
 
     async def after(self, request: Request) -> Response:
         params = await self._form(request)
-        verb = self.outcomes.pop(params.get("CallSid", ""), "<Hangup/>")
-        return _twiml(verb)
+        verb = self.outcomes.pop(params.get("CallSid", ""), None)
+        if verb is not None:
+            return _twiml(verb)
+        if request.scope.get(HOP):
+            raise HttpError(404, "No outcome for this call here.", "not_found")
+        # Under `serve --workers N` the stream may have ended in another worker: the one that has it says.
+        for status, headers, content in await self.router.ask_others(request):
+            if status == 200:
+                return Response(content, headers=headers)
+        return _twiml("<Hangup/>")
 
     async def stream(self, scope: Scope, receive: Receive, send: Send) -> None:
         await receive()  # websocket.connect
@@ -278,7 +290,7 @@ class Twilio:
                     if start.get("callSid") != call_sid:
                         break  # a stream for another call than the token's
                     line = TwilioLine(self, send_text, start)
-                    if self.calls.refusal(line.source) is not None:
+                    if self.calls.refusal(line.source, taking=True) is not None:
                         break
                     line.call = self.calls.incoming(line)
                     closer = asyncio.ensure_future(self._close_when(line, send))
@@ -332,8 +344,8 @@ class _StreamEndpoint:
         await self.twilio.stream(scope, receive, send)
 
 
-def twilio_routes(gateway: Gateway, calls: PhoneCalls) -> list[BaseRoute]:
-    twilio = Twilio(gateway, calls)
+def twilio_routes(gateway: Gateway, calls: PhoneCalls, workers: CallWorkers | None = None) -> list[BaseRoute]:
+    twilio = Twilio(gateway, calls, workers)
     return [Route("/twilio/voice", twilio.voice, methods=["POST"]),
             Route("/twilio/after/{token}", twilio.after, methods=["POST"]),
             WebSocketRoute("/twilio/stream/{token}", _StreamEndpoint(twilio))]

@@ -71,13 +71,13 @@ class Gateway:
 
 
 @contextlib.asynccontextmanager
-async def serve(tmp_path: Path, **env: str) -> AsyncIterator[Gateway]:
+async def serve(tmp_path: Path, port: int = 0, **env: str) -> AsyncIterator[Gateway]:
     log = tmp_path / "gateway.log"
     environ = {**os.environ, "GATEWAY_WEBRTC_ENABLED": "false", "GATEWAY_LOCAL_STT": "false",
                "GATEWAY_MCP_ENABLED": "false", "OMP_NUM_THREADS": "1", **env}
     environ.pop("GATEWAY_API_KEYS", None)
     with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--workers", "2", "--port", "0"],
+        process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--workers", "2", "--port", str(port)],
                                    cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
     gateway = Gateway(process, log)
     try:

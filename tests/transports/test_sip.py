@@ -6,46 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import re
 import subprocess
-import wave
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from gateway.audio import RationalResampler
 from tests.phones.baresip import BARESIP, Baresip, phone_wav
 from tests.phones.gateway import ANSWER
+from tests.phones.hearing import heard, transcribe, words
 
 pytestmark = [
     pytest.mark.skipif(BARESIP is None, reason="baresip is not installed (apt-get install baresip)"),
     pytest.mark.skipif(importlib.util.find_spec("piper") is None or importlib.util.find_spec("faster_whisper") is None,
                        reason='the local extra is not installed (pip install ".[local]")'),
 ]
-
-
-def heard(path: Path) -> np.ndarray:
-    """What the phone recorded, as int16 at 8 kHz mono."""
-    with wave.open(str(path)) as w:
-        data = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
-        rate, channels = w.getframerate(), w.getnchannels()
-    data = data.reshape(-1, channels)[:, 0]
-    assert rate == 8000, rate
-    return data
-
-
-def transcribe(samples_8k: np.ndarray) -> str:
-    from gateway.responders.local_stt import LocalStt  # the local extra
-
-    pcm = RationalResampler(3, 1).process(samples_8k).tobytes()
-    stt = LocalStt.shared()
-    return stt._transcribe_pcm(pcm, None, "en")
-
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z]+", text.lower())
 
 
 async def call(gateway: Any, phone: Baresip, user: str = "agent") -> None:

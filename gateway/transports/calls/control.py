@@ -8,7 +8,9 @@
   GET  /v1/realtime/calls                    the phone calls, pending and answered (the page's Calls view)
 
 A call that is not in progress is a 404 ``call_not_found``; a second decision on a call a 409
-``decision_already_made``; the gateway's room a 503 with Retry-After, as for any session.
+``decision_already_made``; the gateway's room a 503 with Retry-After, as for any session. Under
+``serve --workers N`` a request about a call another worker holds is passed on to it, and the listing
+holds every worker's calls (routing.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from starlette.routing import Route
 
 from gateway.runtime.gateway import Gateway
 from gateway.transports.calls.phone_calls import CallError, PhoneCalls
+from gateway.transports.calls.routing import CallRouter
 from gateway.transports.rest import HttpError, authorize, read_json_object, string_field
 
 MAX_BODY_BYTES = 256 * 1024
@@ -35,11 +38,14 @@ HangUpOther = Callable[[str], Awaitable[bool]]
 
 
 class CallControl:
-    def __init__(self, gateway: Gateway, calls: PhoneCalls | None, hang_up_other: HangUpOther | None = None) -> None:
-        """``hang_up_other``: ends a call of another transport (WebRTC) by id; True if it held one."""
+    def __init__(self, gateway: Gateway, calls: PhoneCalls | None, hang_up_other: HangUpOther | None = None,
+                 router: CallRouter | None = None) -> None:
+        """``hang_up_other``: ends a call of another transport (WebRTC) by id; True if it held one. ``router``:
+        passes a request about another worker's call on to it."""
         self.gateway = gateway
         self.calls = calls
         self.hang_up_other = hang_up_other
+        self.router = router or CallRouter(None)
 
     def _calls(self) -> PhoneCalls:
         if self.calls is None:
@@ -51,12 +57,24 @@ class CallControl:
         authorize(request, self.gateway)
         return await read_json_object(request, MAX_BODY_BYTES)
 
+    async def _elsewhere(self, request: Request) -> Response | None:
+        """The answer of the worker that holds the call, when another one does (the body read first, bounded)."""
+        call_id = request.path_params["call_id"]
+        if self.calls is not None and self.calls.find(call_id) is not None:
+            return None
+        slot = self.router.owner(call_id, request.scope)
+        return await self.router.forward(request, slot, call_id) if slot is not None else None
+
     async def accept(self, request: Request) -> Response:
         body = await self._body(request)
+        if (answer := await self._elsewhere(request)) is not None:
+            return answer
         return await self._do(self._calls().accept(request.path_params["call_id"], body))
 
     async def reject(self, request: Request) -> Response:
         body = await self._body(request)
+        if (answer := await self._elsewhere(request)) is not None:
+            return answer
         status = body.get("status_code", 603)
         if not isinstance(status, int) or isinstance(status, bool) or not 300 <= status <= 699:
             raise HttpError(400, "'status_code' must be a SIP status from 300 to 699.", "invalid_value", "status_code")
@@ -68,6 +86,8 @@ class CallControl:
         assert target is not None
         if not _TARGET.match(target):
             raise HttpError(400, "'target_uri' must be a sip:, sips: or tel: URI.", "invalid_value", "target_uri")
+        if (answer := await self._elsewhere(request)) is not None:
+            return answer
         return await self._do(self._calls().refer(request.path_params["call_id"], target))
 
     async def hangup(self, request: Request) -> Response:
@@ -77,12 +97,16 @@ class CallControl:
             return await self._do(self.calls.hang_up(call_id))
         if self.hang_up_other is not None and await self.hang_up_other(call_id):
             return Response(status_code=200)
+        if (answer := await self._elsewhere(request)) is not None:
+            return answer
         raise HttpError(404, f"No call '{call_id[:64]}' is in progress.", "call_not_found")
 
     async def dtmf(self, request: Request) -> Response:
         body = await self._body(request)
         digits = string_field(body, "digits", required=True, limit=64)
         assert digits is not None
+        if (answer := await self._elsewhere(request)) is not None:
+            return answer
         try:
             self._calls().send_dtmf(request.path_params["call_id"], digits)
         except CallError as exc:
@@ -91,8 +115,10 @@ class CallControl:
 
     async def listing(self, request: Request) -> Response:
         authorize(request, self.gateway)
-        calls = self.calls.calls.values() if self.calls is not None else []
-        body = {"object": "list", "data": [call.wire() for call in calls]}
+        calls = [call.wire() for call in self.calls.calls.values()] if self.calls is not None else []
+        calls += await self.router.listing(request)
+        calls.sort(key=lambda call: call["created_at"])
+        body = {"object": "list", "data": calls}
         return Response(orjson.dumps(body), media_type="application/json", headers={"Cache-Control": "no-cache"})
 
     async def _do(self, decision: Awaitable[None]) -> Response:

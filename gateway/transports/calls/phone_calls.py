@@ -17,7 +17,6 @@ import asyncio
 import logging
 import math
 import os
-import secrets
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,6 +26,7 @@ from gateway.config import ConfigError
 from gateway.realtime.events import Dialect, new_id
 from gateway.runtime.gateway import Refusal, SessionRefused, configure
 from gateway.transports.calls.webhooks import Webhooks, decode_secret
+from gateway.transports.calls.workers import CallWorkers, new_call_id, tally
 from gateway.transports.playout import PlayoutQueue
 from gateway.transports.sideband import Sideband
 
@@ -76,7 +76,7 @@ class Line(Protocol):
 
 class PhoneCall:
     def __init__(self, calls: PhoneCalls, line: Line) -> None:
-        self.id = "rtc_" + secrets.token_hex(12)
+        self.id = new_call_id(calls.slot)
         self.calls = calls
         self.line = line
         self.created = time.monotonic()
@@ -119,12 +119,17 @@ class PhoneCall:
 
 
 class PhoneCalls:
-    """The gateway's phone calls, pending and answered (one per process: see gateway.config's check)."""
+    """This process's phone calls, pending and answered; under ``serve --workers N`` (``workers``) the pending
+    calls count against [calls] max_pending_calls with every worker's, and a call's id names this worker
+    (gateway.transports.calls.routing)."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, workers: CallWorkers | None = None) -> None:
         self.gateway = gateway
         self.options = gateway.config.calls
+        self.slot = workers.slot if workers is not None else 0
         self.calls: dict[str, PhoneCall] = {}
+        self.pending = tally(workers, "pending_calls", lambda: (c.line.source for c in self.calls.values()
+                                                                if c.state == "pending"))
         self.webhooks: Webhooks | None = None
         urls = [u.strip() for u in self.options.webhook_urls.split(",") if u.strip()]
         if urls:
@@ -139,16 +144,20 @@ class PhoneCalls:
 
     # --- a line's side ----------------------------------------------------------------------------------
 
-    def refusal(self, source: str) -> Refusal | None:
-        """Why no call from ``source`` can come in now, or None."""
+    def refusal(self, source: str, taking: bool = False) -> Refusal | None:
+        """Why no call from ``source`` can come in now, or None; ``taking``: the call is counted in as pending
+        (the workers share the bound), and ``incoming`` must follow at once."""
         if (refusal := self.gateway.unavailable()) is not None:
             return refusal
+        full = self.pending.admit(source, self.options.max_pending_calls, self.options.max_pending_calls_per_source)
+        if full is None and not taking:
+            self.pending.refresh()
         pending = [c for c in self.calls.values() if c.state == "pending"]
-        mine = [c for c in pending if c.line.source == source]
-        if len(mine) >= self.options.max_pending_calls_per_source:
+        if full is not None and full.source:
             return Refusal("too_many_pending_calls", "This source has too many calls waiting for a decision "
-                           "([calls] max_pending_calls_per_source).", self._retry_after(mine), 429)
-        if len(pending) >= self.options.max_pending_calls:
+                           "([calls] max_pending_calls_per_source).",
+                           self._retry_after([c for c in pending if c.line.source == source]), 429)
+        if full is not None:
             return Refusal("too_many_pending_calls", "Too many calls are waiting for a decision ([calls] "
                            "max_pending_calls).", self._retry_after(pending))
         return None
@@ -173,6 +182,7 @@ class PhoneCalls:
             CALLS.labels(call.line.kind, "abandoned").inc()
         call.state = "ended"
         self.calls.pop(call.id, None)
+        self.pending.refresh()
         if call._timer is not None and call._timer is not asyncio.current_task():
             call._timer.cancel()
         if call.runner is not None:
@@ -220,6 +230,7 @@ class PhoneCalls:
             await self.forget(call)
             raise
         call.state = "answered"
+        self.pending.refresh()
         if call._timer is not None:
             call._timer.cancel()
         CALLS.labels(call.line.kind, "accepted").inc()
@@ -300,6 +311,9 @@ class PhoneCalls:
             await self.forget(call)
 
     def _retry_after(self, pending: list[PhoneCall]) -> int:
+        """When the oldest of ``pending`` is decided at the latest (none here: those of other workers)."""
+        if not pending:
+            return max(1, math.ceil(self.options.decision_timeout_s))
         oldest = min(call.created for call in pending)
         return max(1, math.ceil(oldest + self.options.decision_timeout_s - time.monotonic()))
 

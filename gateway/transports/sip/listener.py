@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 from collections import Counter as Tally
 
 from gateway.config import ConfigError, SipConfig
+from gateway.transports.calls.workers import CallWorkers, tally
+from gateway.transports.sip.ports import tls_context
 from gateway.transports.sip.signalling import CONTENT_LENGTH, DROPPED, Peer, SipEndpoint
 
 log = logging.getLogger(__name__)
@@ -45,31 +48,48 @@ class _Datagrams(asyncio.DatagramProtocol):
 
 
 class SipListener:
-    def __init__(self, endpoint: SipEndpoint, options: SipConfig) -> None:
+    """The endpoint's sockets: those bound before the app started (gateway.transports.sip.ports: ``use``; under
+    ``serve --workers N`` this worker's of the SO_REUSEPORT groups its parent bound, ``workers.sip_sockets``),
+    else bound here when the app starts."""
+
+    def __init__(self, endpoint: SipEndpoint, options: SipConfig, workers: CallWorkers | None = None) -> None:
         self.endpoint = endpoint
         self.options = options
+        self._inherited = list(workers.sip_sockets) if workers is not None else []
         self._udp: asyncio.DatagramTransport | None = None
         self._servers: list[asyncio.Server] = []
         self._streams: Tally[str] = Tally()
+        # The connections held, by source, against the bounds the workers share.
+        self._held = tally(workers, "sip_streams", self._streams.elements)
         self._writers: set[asyncio.StreamWriter] = set()
+
+    def use(self, sockets: list[socket.socket]) -> None:
+        """Serve these sockets, bound already: UDP, TCP (with [sip] tcp), TLS (with tls_port)."""
+        self._inherited = sockets
 
     async def start(self) -> None:
         options, loop = self.options, asyncio.get_running_loop()
+        inherited = iter(self._inherited)
         try:
-            self._udp, _ = await loop.create_datagram_endpoint(lambda: _Datagrams(self),
-                                                               local_addr=(options.host, options.port))
+            if self._inherited:
+                self._udp, _ = await loop.create_datagram_endpoint(lambda: _Datagrams(self), sock=next(inherited))
+            else:
+                self._udp, _ = await loop.create_datagram_endpoint(lambda: _Datagrams(self),
+                                                                   local_addr=(options.host, options.port))
             port = self._udp.get_extra_info("sockname")[1]
             self.endpoint.ports_by_transport["UDP"] = port
             if options.tcp:
-                server = await asyncio.start_server(lambda r, w: self._stream(r, w, "TCP"), options.host, port,
+                where = {"sock": next(inherited)} if self._inherited else {"host": options.host, "port": port}
+                server = await asyncio.start_server(lambda r, w: self._stream(r, w, "TCP"), **where,
                                                     limit=options.max_message_bytes)
                 self._servers.append(server)
                 self.endpoint.ports_by_transport["TCP"] = port
             if options.tls_port:
-                context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-                context.load_cert_chain(options.tls_cert, options.tls_key)
-                server = await asyncio.start_server(lambda r, w: self._stream(r, w, "TLS"), options.host,
-                                                    options.tls_port, ssl=context, limit=options.max_message_bytes)
+                context = tls_context(options)
+                where = ({"sock": next(inherited)} if self._inherited
+                         else {"host": options.host, "port": options.tls_port})
+                server = await asyncio.start_server(lambda r, w: self._stream(r, w, "TLS"), **where, ssl=context,
+                                                    limit=options.max_message_bytes)
                 self._servers.append(server)
                 self.endpoint.ports_by_transport["TLS"] = server.sockets[0].getsockname()[1]
         except (OSError, ssl.SSLError) as exc:
@@ -87,8 +107,8 @@ class SipListener:
         peername = writer.get_extra_info("peername")
         address = (str(peername[0]), int(peername[1]))
         source = address[0]
-        if (sum(self._streams.values()) >= self.options.max_tcp_connections
-                or self._streams[source] >= self.options.max_tcp_connections_per_source):
+        if self._held.admit(source, self.options.max_tcp_connections,
+                            self.options.max_tcp_connections_per_source) is not None:
             DROPPED.labels("too_many_connections").inc()
             writer.close()
             return
@@ -125,6 +145,7 @@ class SipListener:
             self._streams[source] -= 1
             if not self._streams[source]:
                 del self._streams[source]
+            self._held.refresh()
             self._writers.discard(writer)
             writer.close()
             with contextlib.suppress(Exception):
@@ -141,3 +162,5 @@ class SipListener:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
         self._servers.clear()
+        for sock in self._inherited:  # those it never served too
+            sock.close()

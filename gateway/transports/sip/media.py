@@ -24,6 +24,7 @@ from prometheus_client import Counter
 from gateway.audio import RationalResampler, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from gateway.transports.playout import PlayoutQueue
 from gateway.transports.sip import rtp
+from gateway.transports.sip.ports import rtp_pairs
 from gateway.transports.sip.sdp import Offer
 
 log = logging.getLogger(__name__)
@@ -38,11 +39,12 @@ DROPPED = Counter("gateway_rtp_dropped_total", "RTP and RTCP packets dropped, by
 
 
 class PortPool:
-    """Even RTP ports (RTCP on the next) of [sip] rtp_port_min..rtp_port_max, each held by one call."""
+    """Even RTP ports (RTCP on the next) of [sip] rtp_port_min..rtp_port_max, each held by one call (under
+    ``serve --workers N``, those of worker ``slot``'s own slice: gateway.transports.sip.ports)."""
 
-    def __init__(self, host: str, low: int, high: int) -> None:
+    def __init__(self, host: str, low: int, high: int, slot: int = 0, count: int = 1) -> None:
         self.host = host
-        self.ports = list(range(low + low % 2, high, 2))
+        self.ports = rtp_pairs(low, high, slot, count)
         random.shuffle(self.ports)
         self.in_use: set[int] = set()
 

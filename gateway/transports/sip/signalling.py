@@ -29,6 +29,7 @@ from prometheus_client import Counter
 from gateway.audio import RationalResampler
 from gateway.config import ConfigError
 from gateway.transports.calls.phone_calls import CallError, PhoneCall, PhoneCalls
+from gateway.transports.calls.workers import CallWorkers, tally
 from gateway.transports.guard import is_loopback
 from gateway.transports.playout import MediaClock, PlayoutQueue
 from gateway.transports.sip import sdp
@@ -135,11 +136,13 @@ class SipLine:
     async def reject(self, status: int) -> None:
         if self.state == "early":
             self.state = "ended"
+            self.endpoint.live.refresh()
             self._respond(status, final=True)
 
     async def refer(self, target: str) -> None:
         if self.state == "early":
             self.state = "ended"
+            self.endpoint.live.refresh()
             self._respond(302, extra={"Contact": f"<{target}>"}, final=True)
         elif self.state == "answered":
             self._request("REFER", {"Refer-To": f"<{target}>", "Referred-By": f"<{self.endpoint.uri(self.peer)}>"})
@@ -296,6 +299,7 @@ class SipLine:
         if self.state == "ended" and self.stream is None:
             return
         self.state = "ended"
+        self.endpoint.live.refresh()
         self.endpoint.clock.remove(self)
         if self._reader is not None and self._reader is not asyncio.current_task():
             self._reader.cancel()
@@ -341,15 +345,17 @@ def _info_key(request: SipRequest) -> str | None:
 class SipEndpoint:
     """The SIP side of the gateway: its lines (calls) and what every request must pass first."""
 
-    def __init__(self, calls: PhoneCalls, options: SipConfig) -> None:
+    def __init__(self, calls: PhoneCalls, options: SipConfig, workers: CallWorkers | None = None) -> None:
+        """``workers``: this process's place among ``serve --workers N`` (its RTP ports, the shared bounds)."""
         self.calls = calls
         self.options = options
         self.host = options.advertised_host or options.host
         if self.host in ("", "0.0.0.0", "::"):
             raise ConfigError("option sip.advertised_host: the SIP endpoint listens on every address, so it must be "
                               "told which one phones reach it at (an IP address)")
+        slot, count = (workers.slot, workers.count) if workers is not None else (0, 1)
         self.ports = PortPool(options.host if options.host not in ("", "::") else "0.0.0.0", options.rtp_port_min,
-                              options.rtp_port_max)
+                              options.rtp_port_max, slot, count)
         self.clock = MediaClock()
         self.allowed = AllowList(options.allowed_sources)
         self.digest: Digest | None = None
@@ -362,8 +368,12 @@ class SipEndpoint:
         if not is_loopback(options.host) and self.allowed.any and self.digest is None:
             raise ConfigError("option sip.host: refusing to take calls on a non-loopback address from anyone: set "
                               "[sip] allowed_sources (the trunk's addresses) or username (digest authentication)")
-        self.rate = InviteRate(options.invites_per_second, options.invites_per_second_per_source)
+        # Each worker takes its share of the gateway's INVITE rate; a source's rate holds in each worker.
+        self.rate = InviteRate(options.invites_per_second / count, options.invites_per_second_per_source)
         self.lines: dict[str, SipLine] = {}  # by Call-ID
+        # The calls up (not ended), by source, counted against [sip] max_calls across the workers.
+        self.live = tally(workers, "sip_calls", lambda: (line.source for line in self.lines.values()
+                                                         if line.state != "ended"))
         self._ended: OrderedDict[str, tuple[float, SipLine]] = OrderedDict()
         self.ports_by_transport: dict[str, int] = {}  # the port each transport listens on
         self._tasks: set[asyncio.Task[None]] = set()
@@ -452,22 +462,20 @@ class SipEndpoint:
                     response.headers.append("WWW-Authenticate", challenge)
                 peer.send(bytes(response))
                 return
-        live = [line for line in self.lines.values() if line.state != "ended"]
-        if len(live) >= self.options.max_calls:
+        # Counted in now (the workers share these bounds): any refusal below counts it out again.
+        full = self.live.admit(source, self.options.max_calls, self.options.max_calls_per_source)
+        if full is not None and full.total:
             self.respond(request, peer, 503, extra={"Retry-After": "5"})
             return
-        if sum(line.source == source for line in live) >= self.options.max_calls_per_source:
+        if full is not None:
             self.respond(request, peer, 486)
             return
-        if (request.content_type or "").lower() != "application/sdp":
-            self.respond(request, peer, 488, extra={"Warning": '399 voice-gateway "an SDP offer is required"'})
+        offer = self._offer(request, peer)
+        if offer is None:
+            self.live.refresh()
             return
-        try:
-            offer = sdp.parse_offer(request.text)
-        except sdp.OfferError as exc:
-            self.respond(request, peer, exc.status, extra={"Warning": f'399 voice-gateway "{str(exc)[:120]}"'})
-            return
-        if (refusal := self.calls.refusal(source)) is not None:
+        if (refusal := self.calls.refusal(source, taking=True)) is not None:
+            self.live.refresh()
             self.respond(request, peer, 486 if refusal.status == 429 else 503,
                          extra={"Retry-After": str(refusal.retry_after_s)})
             return
@@ -475,6 +483,17 @@ class SipEndpoint:
         self.lines[line.call_id] = line
         line._respond(180)
         line.call = self.calls.incoming(line)
+
+    def _offer(self, request: SipRequest, peer: Peer) -> sdp.Offer | None:
+        """The INVITE's SDP offer, or None once it was refused (488, or the status the offer's fault has)."""
+        if (request.content_type or "").lower() != "application/sdp":
+            self.respond(request, peer, 488, extra={"Warning": '399 voice-gateway "an SDP offer is required"'})
+            return None
+        try:
+            return sdp.parse_offer(request.text)
+        except sdp.OfferError as exc:
+            self.respond(request, peer, exc.status, extra={"Warning": f'399 voice-gateway "{str(exc)[:120]}"'})
+            return None
 
     # --- messages out --------------------------------------------------------------------------------------
 
