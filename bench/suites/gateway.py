@@ -114,7 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spread", type=float, default=0.0, help="seconds over which Poisson arrivals spread "
                         "(0 = one scenario's length)")
     parser.add_argument("--cycles", type=int, default=1, help="times each session runs its scenario")
-    parser.add_argument("--clients", type=int, default=0, help="load-generator processes (0: one per 200 sessions)")
+    parser.add_argument("--clients", type=int, default=0, help="load-generator processes (0: one per 200 sessions, "
+                        "per 100 calls with --protocol sip)")
     parser.add_argument("--fake-processes", type=int, default=0, help="fake backend processes on the one port (0: one "
                         "per 1000 sessions)")
     parser.add_argument("--client-cpus", type=int, default=0, help="cores of the load side's own (load generator and "
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     aligned_at = [int(n) for n in args.aligned_sessions.split(",") if n.strip()] or [max(counts)]
     plan = [(n, "poisson") for n in counts] * ("poisson" in labels)
     plan += [(n, "aligned") for n in aligned_at] * ("aligned" in labels)
-    clients = args.clients or max(1, math.ceil(max(counts) / 200))
+    clients = args.clients or max(1, math.ceil(max(counts) / (sip_load.CALLS_PER_PROCESS if sip else 200)))
     fake_processes = args.fake_processes or max(1, math.ceil(max(counts) / 1000))
     profile = args.profile if args.profile is not None else (0.0 if small else 15.0)
     gateway_cpus, load_cpus = split_cores(args.client_cpus)
