@@ -63,22 +63,25 @@ def reply_text(name: str) -> str:
     return REPLY if name == "capacity" else SHORT_REPLY
 
 
-def speech_spans(pcm: bytes, level: int = SILENT, gap_ms: int = GAP_MS) -> list[tuple[float, float]]:
-    """(start, end) in ms of each stretch of speech in ``pcm`` (pcm16 mono 24 kHz): its first and past its last
+def speech_spans(pcm: bytes, level: int = SILENT, gap_ms: int = GAP_MS, rate: int = 24000,
+                 ) -> list[tuple[float, float]]:
+    """(start, end) in ms of each stretch of speech in ``pcm`` (pcm16 mono at ``rate``): its first and past its last
     sample above ``level``, stretches apart by more than ``gap_ms`` of quieter samples."""
+    per_ms = rate / 1000
     loud = np.flatnonzero(np.abs(np.frombuffer(pcm, np.int16).astype(np.int32)) > level)
     if not len(loud):
         return []
-    breaks = np.flatnonzero(np.diff(loud) > gap_ms * 24)
+    breaks = np.flatnonzero(np.diff(loud) > gap_ms * per_ms)
     starts = np.r_[loud[0], loud[breaks + 1]]
     ends = np.r_[loud[breaks], loud[-1]] + 1
-    return [(float(s) / 24, float(e) / 24) for s, e in zip(starts, ends, strict=True)]
+    return [(float(s) / per_ms, float(e) / per_ms) for s, e in zip(starts, ends, strict=True)]
 
 
-def audible(pcm: bytes, level: int = SILENT) -> tuple[float, float] | None:
-    """(first, past the last) ms of ``pcm`` above ``level``; None for silence."""
+def audible(pcm: bytes, level: int = SILENT, rate: int = 24000) -> tuple[float, float] | None:
+    """(first, past the last) ms of ``pcm`` (pcm16 at ``rate``) above ``level``; None for silence."""
+    per_ms = rate / 1000
     loud = np.flatnonzero(np.abs(np.frombuffer(pcm, np.int16).astype(np.int32)) > level)
-    return None if not len(loud) else (float(loud[0]) / 24, float(loud[-1] + 1) / 24)
+    return None if not len(loud) else (float(loud[0]) / per_ms, float(loud[-1] + 1) / per_ms)
 
 
 def delta_span(delta: str, result: Sessions) -> tuple[float, float] | None:

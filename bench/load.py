@@ -108,6 +108,9 @@ class Sessions:
     delegation_ms: list[float] = field(default_factory=list)  # Live: delegation.created -> its commentary heard
     vad_end_offset_ms: list[float] = field(default_factory=list)  # Realtime: speech_stopped's audio_end_ms - it
     late_starts: int = 0  # sessions whose connection was not ready at their start time
+    # bench/sip_load.py's: why each call that was not answered was not, and each answered call's timings
+    unanswered: list[str] = field(default_factory=list)
+    sip_calls: list[dict[str, Any]] = field(default_factory=list)
 
     def merge(self, other: dict[str, Any]) -> None:
         for f in dataclasses.fields(self):

@@ -29,11 +29,11 @@ checkpoints, kept apart in `bench/runs/small/`); `python -m bench page` makes th
 
 A benchmark is never the bottleneck. The load generator and the fake backends report their own lag and
 latencies, and a level is **INVALID**, not a result, when a load-generator process's event loop lag P99 is over
-{LAG_P99_MS:g} ms, a session started late, the fake STT's or LLM's latency P95 is over its fixed value (100 ms,
-first token 80 ms) by more than {FAKE_OVER:.0%}, or a fake's loop lag P99 is over {LAG_P99_MS:g} ms
-(`bench/validity.py`). A target takes the worst of its valid levels; the capacity targets need two valid
-Poisson runs. † marks a record imported from before the tool existed: its figures are as measured then, its
-load side was not checked.
+{LAG_P99_MS:g} ms, a session started late or a phone call was not answered, the fake STT's or LLM's latency P95
+is over its fixed value (100 ms, first token 80 ms) by more than {FAKE_OVER:.0%}, or a fake's loop lag P99 is over
+{LAG_P99_MS:g} ms (`bench/validity.py`). A target takes the worst of its valid levels; the capacity targets need
+two valid Poisson runs. † marks a record imported from before the tool existed: its figures are as measured then,
+its load side was not checked.
 """
 
 

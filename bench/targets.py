@@ -76,6 +76,29 @@ def _live_capacity(model: str, per_gpu: int) -> list[Target]:
     ]
 
 
+def _sip_capacity(model: str, per_gpu: int) -> list[Target]:
+    """The capacity targets mapped to phone calls (bench/sip_load.py says how each is timed): VAD late as Realtime's,
+    from the gateway's trace; stop → first audio heard, which holds the wait for the media clock's next 20 ms tick;
+    barge-in as the phone hears it, the caller's speech start to the agent's last audible sample (no event says
+    when the gateway heard the caller: the VAD's min_speech_ms 64, a window of 32, its batch interval of 10, a tick
+    of 20 and the 40 of VAD lateness)."""
+    where = {"protocol": "sip", "responder": "pipeline", "tts": "engine", "model": model,
+             "sessions_per_gpu": per_gpu, "arrivals": "poisson"}
+    label = f"SIP calls, {model.upper()}, {per_gpu} calls per GPU, Poisson, two runs"
+    prefix = f"gateway.sip.{model}.{per_gpu}"
+    return [
+        Target(f"{prefix}.first_delta", "gateway", f"stop → first audio heard P95 ({label})", "first_delta_p95_ms",
+               270, "ms", where, runs=2),
+        Target(f"{prefix}.vad_late", "gateway", f"VAD late P95 ({label})", "vad_late_p95_ms", 40, "ms", where,
+               runs=2),
+        Target(f"{prefix}.worker_lag", "gateway", f"worst worker loop lag P99 ({label})", "worker_lag_p99_ms", 20,
+               "ms", where, runs=2),
+        Target(f"{prefix}.barge_in", "gateway", f"barge-in, speech start → the agent's audio stops, P95 ({label})",
+               "barge_in_p95_ms", 170, "ms", where, runs=2),
+        Target(f"{prefix}.audio_errors", "gateway", f"audio errors ({label})", "audio_errors", 0, "", where, runs=2),
+    ]
+
+
 def _one_process(responder: str, sessions: int, **more: Any) -> dict[str, Any]:
     """Realtime sessions on one gateway process."""
     return {"protocol": "realtime", "responder": responder, **more, "workers": 1, "sessions": sessions}
@@ -90,6 +113,7 @@ TARGETS: tuple[Target, ...] = (
     *_capacity("1.7b", 800, cpu=False),
     *_live_capacity("0.6b", 1000),
     *_live_capacity("1.7b", 800),
+    *_sip_capacity("0.6b", 1000),
     Target("gateway.echo.100.lag", "gateway", "loop lag P99, one process, echo, 100 sessions", "worker_lag_p99_ms", 20,
            "ms", _one_process("echo", 100)),
     Target("gateway.echo.100.barge_in", "gateway", "barge-in P95, one process, echo, 100 sessions",

@@ -7,6 +7,7 @@ the reasons and never as a result, when any of these holds:
 - a load-generator process's event loop lag P99 is over ``LAG_P99_MS`` (5 ms): it was late at sending the
   audio and at reading what came back, so the latencies it measured hold its own wait;
 - a session connected after its start time (``late_starts``): the arrivals were not the ones planned;
+- a phone call was not answered (``unanswered_calls``, bench/sip_load.py): the level is not the size it says;
 - the fake STT's latency P95, or the fake LLM's first-token P95, each from its request's arrival to its
   answer's first bytes as the fake saw it, is over its fixed value by more than ``FAKE_OVER`` (10%): 110 ms
   for the STT's 100, 88 ms for the first token's 80;
@@ -48,6 +49,8 @@ def judge(load: dict[str, Any], bounds: Bounds) -> list[str]:
         reasons.append(f"load generator lag P99 {lag:.1f} ms > {bounds.lag_p99_ms:g} ms")
     if load.get("late_starts"):
         reasons.append(f"{load['late_starts']} sessions started late")
+    if load.get("unanswered_calls"):
+        reasons.append(f"{load['unanswered_calls']} calls not answered")
     fake = load.get("fake") or {}
     for name, key, fixed in (("STT", "stt_p95_ms", "stt_ms"), ("LLM first token", "llm_p95_ms", "llm_ms")):
         bound = fake.get(fixed, 0) * (1 + bounds.fake_over)

@@ -80,6 +80,30 @@ def test_an_overloaded_load_side_is_invalid_not_a_result(overloaded_level: dict[
     assert rec["validity_bounds"]["fake_over"] == 0
 
 
+def test_a_small_sip_level_calls_the_gateway_and_times_its_calls(tmp_path: Path):
+    """Two phone calls (SIP and RTP from the load generator's process) to a gateway on loopback, the tone TTS
+    answering; judged with no room at all for the load generator's lag, as an overloaded one's is."""
+    done = subprocess.run([sys.executable, "-m", "bench", "gateway", "--small", "--tts", "tone", "--workers", "1",
+                           "--sessions", "2", "--arrivals", "poisson", "--spread", "1", "--protocol", "sip",
+                           "--records", str(tmp_path), "--max-load-lag-ms", "0"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    (path,) = (tmp_path / "small").glob("*.json")
+    rec = json.loads(path.read_text())
+    assert rec["setup"] == "tone TTS, 0 GPUs, 1 worker, SIP calls"
+    assert rec["settings"]["gateway"]["sip.enabled"] is True
+    (level,) = rec["levels"]
+    assert (level["protocol"], level["calls_answered"], level["unanswered"], level["audio_errors"]) == ("sip", 2, [], 0)
+    # each call's two turns: turn 1's reply cut by turn 2 (the barge-in), turn 2's heard to its end
+    assert level["responses"] == {"cancelled": 2, "completed": 2}
+    # the gateway's speech_stopped against the phone's clock, the VAD's 500 ms of silence in the phone's stopwatch
+    assert 0 <= level["vad_late_p50_ms"] <= level["vad_late_p95_ms"] < 200
+    assert 100 < level["first_delta_p50_ms"] < level["end_to_audio_p50_ms"] - 400
+    assert level["barge_in_p50_ms"] > 0 and level["worker_lag_p99_ms"] >= 0
+    assert level["load"]["unanswered_calls"] == 0 and level["load"]["client_lag_p99_ms"] > 0
+    assert level["valid"] is False and level["invalid"][0].startswith("load generator lag P99")
+
+
 def test_targets_take_valid_levels_only_and_capacity_needs_two_runs():
     def run(first_delta: float, valid: bool | None) -> dict[str, Any]:
         return {"responder": "pipeline", "tts": "engine", "model": "0.6b", "sessions_per_gpu": 1000,

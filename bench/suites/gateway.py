@@ -31,6 +31,20 @@ end of the scenario), each target mapped (bench/targets.py, docs/live.md):
 - audio errors: error events, a delta that is not 100 ms, output ticks missing once the audio is sent, a turn
   with no reply heard, no session.closed after session.close.
 
+--protocol sip runs the sessions as phone calls (bench/sip_load.py): SIP over UDP and RTP with G.711 µ-law at
+8 kHz, a minimal user agent per call in the load generator's processes (a UDP socket of its own for its
+signalling, one for its media), to the gateway's SIP endpoint on a free port with no webhook (the default
+session answers every call) and [sip] and [calls] bounds raised to the level's size (the INVITEs per second
+too: every call comes from this host, all at once when aligned). The scenario's audio as a phone sends it; a
+phone has no response.cancel, so turn 2's reply plays to its end. Measured on the phone's side: VAD late as
+Realtime's (the turn's speech_stopped from the gateway's trace, which names each call's SIP Call-ID, less when
+the packet that completed the silence was due); stop → first audio heard (from that speech_stopped to the first
+audible sample received: the media clock's next 20 ms tick is in it, bound 250 + 20 ms); barge-in as the phone
+hears it, the caller's speech start to the agent's last audible sample (bound 170 ms: bench/targets.py);
+end of speech → first audio, the phone's stopwatch; audio errors in the RTP stream (a packet lost or out of
+order, another source, SSRC or codec), a turn unanswered, BYE unanswered. A call not answered makes the level
+INVALID. Where the gateway serves phone calls in one process only (gateway/config.py), pass `--workers 1`.
+
 --tts tone speaks with a tone engine (25 ms to first audio, then real time) and --responder echo answers
 with the user's audio: the gateway without a model. --backends measures instead what the STT and LLM clients
 cost the event loop per call (the fakes with no latency; the openai package's plain calls beside them).
@@ -51,11 +65,13 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from bench import checkpoints, cpu_stages, live_load
+from bench import checkpoints, cpu_stages, live_load, sip_load
 from bench.launcher import Fakes, Gateway, bench_settings, engine_settings, free_port, split_cores
 from bench.load import CONNECT_LEAD_S, Pool, Sessions, run_sessions, scenario_s
+from bench.phones import free_sip_port
 from bench.stats import pct, rounded
 from bench.validity import mark
+from gateway.config import VadConfig
 
 HELP = "whole-product capacity: realtime sessions through `serve --workers N`, its engine processes and fakes"
 HOW = """\
@@ -65,6 +81,7 @@ HOW = """\
     python -m bench gateway --backends                                 # the STT and LLM clients' CPU per call
     python -m bench gateway --small --protocol live                    # GPT-Live sessions, a CPU rehearsal
     python -m bench gateway --device cuda --model 0.6b --gpus 1 --client-cpus 4 --protocol live   # Live, 1000 x 2
+    python -m bench gateway --device cpu --tts tone --workers 1 --sessions 10 --protocol sip      # phone calls
 
 Levels default to 1000 sessions per GPU twice (Poisson), then once aligned; `--sessions`, `--arrivals`,
 `--aligned-sessions` change them. The record's levels hold the figures of the load side beside the gateway's."""
@@ -73,8 +90,9 @@ TURN_STAGES = ("speech_stopped", "committed", "stt_done", "llm_first_token", "tt
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--protocol", choices=["realtime", "live"], default="realtime", help="the sessions' "
-                        "protocol: Realtime (/v1/realtime) or GPT-Live (/v1/live/sessions; pipeline responder only)")
+    parser.add_argument("--protocol", choices=["realtime", "live", "sip"], default="realtime", help="the sessions' "
+                        "protocol: Realtime (/v1/realtime), GPT-Live (/v1/live/sessions; pipeline responder only) or "
+                        "phone calls (SIP and RTP, G.711 µ-law)")
     parser.add_argument("--responder", choices=["pipeline", "echo"], default="pipeline")
     parser.add_argument("--tts", choices=["engine", "tone"], default="engine", help="pipeline: the TTS")
     parser.add_argument("--model", help="the checkpoint's model (0.6b, 1.7b; --small: tiny)")
@@ -96,7 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spread", type=float, default=0.0, help="seconds over which Poisson arrivals spread "
                         "(0 = one scenario's length)")
     parser.add_argument("--cycles", type=int, default=1, help="times each session runs its scenario")
-    parser.add_argument("--clients", type=int, default=0, help="load-generator processes (0: one per 200 sessions)")
+    parser.add_argument("--clients", type=int, default=0, help="load-generator processes (0: one per 200 sessions, "
+                        "per 100 calls with --protocol sip)")
     parser.add_argument("--fake-processes", type=int, default=0, help="fake backend processes on the one port (0: one "
                         "per 1000 sessions)")
     parser.add_argument("--client-cpus", type=int, default=0, help="cores of the load side's own (load generator and "
@@ -111,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.backends:
         return backend_calls(args)
-    live = args.protocol == "live"
+    live, sip = args.protocol == "live", args.protocol == "sip"
     if live and args.responder != "pipeline":
         raise SystemExit("--protocol live: the pipeline responder only (GPT-Live's voice model is the pipeline)")
     small = args.small
@@ -130,7 +149,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     aligned_at = [int(n) for n in args.aligned_sessions.split(",") if n.strip()] or [max(counts)]
     plan = [(n, "poisson") for n in counts] * ("poisson" in labels)
     plan += [(n, "aligned") for n in aligned_at] * ("aligned" in labels)
-    clients = args.clients or max(1, math.ceil(max(counts) / 200))
+    clients = args.clients or max(1, math.ceil(max(counts) / (sip_load.CALLS_PER_PROCESS if sip else 200)))
     fake_processes = args.fake_processes or max(1, math.ceil(max(counts) / 1000))
     profile = args.profile if args.profile is not None else (0.0 if small else 15.0)
     gateway_cpus, load_cpus = split_cores(args.client_cpus)
@@ -145,6 +164,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         settings |= {"responder.kind": "echo", "responder.echo_pace": 1.0, "local.stt": False}
     else:
         settings |= {"responder.kind": "pipeline"}
+    sip_port = free_sip_port() if sip else 0
+    if sip:
+        settings |= sip_load.gateway_settings(sip_port, max(counts))
     if model is not None:
         checkpoint = Path(args.checkpoint) if args.checkpoint else checkpoints.folder(model, args.checkpoints)
         settings |= engine_settings([checkpoint], args.device, gpus, mode=args.engine_mode,
@@ -164,12 +186,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 result, start, end = live_load.run_sessions(pool, gateway.live_url, "live", "capacity", n,
                                                             args.cycles, args.spread, label == "aligned", seed=n,
                                                             timed_from_turn_end=True)
+            elif sip:
+                result, start, end = sip_load.run_calls(pool, ("127.0.0.1", sip_port), n, args.responder,
+                                                        args.cycles, args.spread, label == "aligned", seed=n)
             else:
                 result, start, end = run_sessions(pool, gateway.url, n, args.responder, args.cycles, args.spread,
                                                   label == "aligned", seed=n)
             time.sleep(1.5)  # the probes' last records
             traces = [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
             trace.write_text("")  # the gateway appends to it: what follows belongs to the next level
+            if sip:
+                sip_load.join(result, traces, settings.get("vad.silence_duration_ms",
+                                                           VadConfig().silence_duration_ms))
             level = summarise(n, label, result, gateway.records(start, end), traces, start, end)
             level |= {"run": sum(1 for m, lb in plan[:run_index] if (m, lb) == (n, label)) + 1,
                       "protocol": args.protocol, "responder": args.responder,
@@ -180,6 +208,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             level["cpu_by_stage"] = {stage: rounded(share * level["cpu_s_per_session_min"], 3)
                                      for stage, share in shares.items()} if shares else None
             level["load"] = result.load() | ({"fake": fakes.figures(start, end)} if fakes else {})
+            if sip:
+                level |= {"calls_answered": n - len(result.unanswered), "unanswered": result.unanswered[:5],
+                          "end_to_audio_p50_ms": rounded(pct(result.end_to_audio_ms, 50), 1),
+                          "end_to_audio_p95_ms": rounded(pct(result.end_to_audio_ms, 95), 1)}
+                level["load"]["unanswered_calls"] = len(result.unanswered)
             levels.append(mark(level, args.bounds))
             print(line(level), flush=True)
     finally:
@@ -194,7 +227,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         what = "tone TTS"
     count = levels[0]["workers"] if levels else workers
     setup = f"{what}, {gpus} GPU{'s' if gpus != 1 else ''}, {count} worker{'s' if count != 1 else ''}"
-    setup += ", GPT-Live" if live else ""
+    setup += ", GPT-Live" if live else ", SIP calls" if sip else ""
     return {"setup": setup, "settings": {
         "protocol": args.protocol, "responder": args.responder, "tts": args.tts, "model": model, "gpus": gpus,
         "workers": workers,

@@ -282,8 +282,10 @@ class Gateway:
             configure(session, secret.session, secret.kind)
         return session
 
-    def new_runner(self, session: Session, send: Send, playout: Playout | None = None) -> SessionRunner:
-        """A runner for ``session`` on this gateway's responder, VAD model and trace (any transport)."""
+    def new_runner(self, session: Session, send: Send, playout: Playout | None = None,
+                   trace_tags: dict[str, str] | None = None) -> SessionRunner:
+        """A runner for ``session`` on this gateway's responder, VAD model and trace (any transport);
+        ``trace_tags``: fields each of its trace records carries (gateway.runtime.trace)."""
         assert self._vad_model is not None and self.responder is not None
         runner = SessionRunner(
             session,
@@ -291,7 +293,7 @@ class Gateway:
             SileroVAD(self._vad_model),
             send,
             vad_batcher=self._vad_batcher,
-            trace=TurnTrace(session.settings.id, self._trace_sink),
+            trace=TurnTrace(session.settings.id, self._trace_sink, trace_tags),
             playout=playout,
             transcriber=self.transcriber,
             smart_turn=self._smart_turn,

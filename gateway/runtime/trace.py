@@ -2,7 +2,12 @@
 
 A turn runs from the user's end of speech (speech_stopped, or the commit or response.create that
 started the response) to its response.done. Stages are measured from that start, on the event
-loop's clock, when the session or the responder reaches them.
+loop's clock, when the session or the responder reaches them. A record also has that start itself
+(``at_ms``, the loop's clock: the host's monotonic one, which a client on the same host shares) and,
+for a turn ended by speech_stopped, where in the input audio the speech ended (``audio_end_ms``): a
+client that knows when it sent each moment of its audio can tell how late the turn was detected.
+A phone call's records carry its ``call_id`` and its line's own id of it (``line_call_id``: SIP's
+Call-ID, Twilio's CallSid), so the phone's side and the trunk's logs can be matched to them.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ class _Run:
 
     start: float
     times: dict[str, float] = field(default_factory=dict)
+    audio_end_ms: float | None = None  # speech_stopped's, when the turn ended with it
     cancel: float | None = None
     last_delta: float | None = None
     status: str = "completed"
@@ -94,9 +100,11 @@ class TurnTrace:
     A response's start is the end of the turn it answers (speech_stopped, else the commit) when one came
     since the last response started, else its own response.created."""
 
-    def __init__(self, session_id: str, sink: IO[str] | None = None) -> None:
+    def __init__(self, session_id: str, sink: IO[str] | None = None, tags: dict[str, str] | None = None) -> None:
+        """``tags``: fields every record of the session carries (a phone call's ids)."""
         self.session_id = session_id
         self.sink = sink
+        self.tags = tags or {}
         self._turn: _Run | None = None  # the last turn's end, until a response takes it
         self._running: dict[str, _Run] = {}
         self.records: deque[dict[str, Any]] = deque(maxlen=100)  # served at /v1/realtime/sessions/{id}/turns
@@ -124,7 +132,7 @@ class TurnTrace:
     def moment(self, name: str) -> None:
         """A session's event outside the turns' stages (a Live delegation created, a commentary appended, its
         speech's first audio): a record of its own, at loop time ``at_ms``, for the figures that span turns."""
-        record = {"session_id": self.session_id, "event": name, "at_ms": round(self._now() * 1000, 3)}
+        record = {"session_id": self.session_id, **self.tags, "event": name, "at_ms": round(self._now() * 1000, 3)}
         self.records.append(record)
         if self.sink is not None:
             self.sink.write(json.dumps(record) + "\n")
@@ -134,7 +142,10 @@ class TurnTrace:
             run.cancel = self._now()
 
     def sent(self, event: dict[str, Any]) -> None:
-        if event["type"] in _DELTAS:
+        if event["type"] == "input_audio_buffer.speech_stopped":
+            if self._turn is not None:
+                self._turn.audio_end_ms = event["audio_end_ms"]
+        elif event["type"] in _DELTAS:
             if (run := self._running.get(event["response_id"])) is not None:
                 run.last_delta = self._now()
         elif event["type"] == "response.done":
@@ -142,7 +153,10 @@ class TurnTrace:
                 run.status = event["response"]["status"]
 
     def _finish(self, run: _Run, now: float, response_id: str) -> None:
-        record: dict[str, Any] = {"session_id": self.session_id, "response_id": response_id}
+        record: dict[str, Any] = {"session_id": self.session_id, **self.tags, "response_id": response_id,
+                                  "at_ms": round(run.start * 1000, 3)}
+        if run.audio_end_ms is not None:
+            record["audio_end_ms"] = run.audio_end_ms
         run.times["response_done"] = now
         for stage in STAGES:
             if stage in run.times:

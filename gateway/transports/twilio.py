@@ -117,6 +117,7 @@ class TwilioLine:
         self._send = send
         self.stream_sid = str(start.get("streamSid", ""))
         self.call_sid = str(start.get("callSid", ""))
+        self.line_call_id = self.call_sid
         parameters = start.get("customParameters") or {}
         self.source = str(parameters.get("From") or self.call_sid)
         self.headers = [("From", str(parameters.get("From", ""))), ("To", str(parameters.get("To", ""))),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 import urllib.request
 
 import numpy as np
@@ -314,6 +315,7 @@ async def test_turn_records_of_a_live_session(gateway):
     loop = asyncio.get_running_loop()
     async with connect(gateway) as client:
         session_id = client.received[0]["session"]["id"]
+        sent_ms = time.monotonic() * 1000
         await client.append(load_pcm("one_sentence.wav") + silence(800))
         done = (await client.until("response.done"))[-1]
         url = f"http://127.0.0.1:{gateway.port}/v1/realtime/sessions/{session_id}/turns"
@@ -321,6 +323,10 @@ async def test_turn_records_of_a_live_session(gateway):
             turns = json.loads(response.read())["turns"]
     assert [t["response_id"] for t in turns] == [done["response"]["id"]]
     assert turns[0]["status"] == "completed" and 0 <= turns[0]["committed_ms"] <= turns[0]["first_delta_ms"]
+    # where the turn ended in the audio, and when it was detected on the host's monotonic clock
+    stopped = next(e for e in client.received if e["type"] == "input_audio_buffer.speech_stopped")
+    assert turns[0]["audio_end_ms"] == stopped["audio_end_ms"]
+    assert sent_ms < turns[0]["at_ms"] < time.monotonic() * 1000
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/metrics"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +31,19 @@ async def call(gateway: Any, phone: Baresip, user: str = "agent") -> None:
 
 
 async def test_a_phone_asks_and_hears_the_answer(phone_gateway: Any, tmp_path: Path) -> None:
-    """No webhook: the default session answers; the phone hears the fixed sentence, recognizably; hanging up
-    frees the session and the RTP port."""
+    """No webhook: the default session answers; the phone hears the fixed sentence, recognizably; its turn's trace
+    names the call (the gateway's id and the SIP Call-ID); hanging up frees the session and the RTP port."""
     gateway = await phone_gateway()
     phone = Baresip(tmp_path / "phone", phone_wav(tmp_path, "question_sky.wav"))
     await phone.start()
     try:
         await call(gateway, phone)
         await asyncio.sleep(9)
-        assert len(gateway.sessions) == 1
+        (runner,) = gateway.sessions
+        (line,) = gateway.app.state.phones.sip.endpoint.lines.values()
+        (turn,) = runner.trace.records
+        assert turn["call_id"].startswith("rtc_") and turn["line_call_id"] == line.call_id != ""
+        assert turn["audio_end_ms"] > 0 and 0 < turn["at_ms"] < time.monotonic() * 1000
         await phone.command("hangup")
         await phone.event("CALL_CLOSED")
     finally:

@@ -55,6 +55,7 @@ class Line(Protocol):
 
     kind: str  # "sip" or "twilio"
     source: str  # the address the call came from (its pending calls are counted)
+    line_call_id: str  # the line's own id of the call (SIP's Call-ID, Twilio's CallSid): in the call's trace
     headers: list[tuple[str, str]]  # what the webhook reports as sip_headers
     playout: PlayoutQueue  # the agent's voice, taken by the line's media clock
 
@@ -221,7 +222,8 @@ class PhoneCalls:
         if (refusal := gateway.admit()) is not None:
             raise CallError(503, refusal.message, refusal.code)
         call.decision = "accepted"
-        runner = call.runner = gateway.new_runner(session, call.send, call.line.playout)
+        runner = call.runner = gateway.new_runner(session, call.send, call.line.playout, trace_tags={
+            "call_id": call.id, "line_call_id": call.line.line_call_id})
         gateway.opened(runner, f"{call.line.kind} call {call.id} from {call.line.source}", lambda: self.hang_up(call))
         try:
             await call.line.answer(call)

@@ -88,6 +88,7 @@ class SipLine:
         self.source = peer.addr[0]
         self.offer = offer
         self.call_id = invite.call_id or ""
+        self.line_call_id = self.call_id
         self.branch = (invite.via[0].branch or "") if invite.via else ""
         self.remote_tag = _tag(invite.get_header("from"))
         self.local_tag = secrets.token_hex(6)
