@@ -431,7 +431,7 @@ class RationalResampler:
         cutoff = 1 / max(up, down)  # of the upsampled rate's Nyquist
         h = cutoff * np.sinc(cutoff * n) * np.kaiser(up * taps, 8.0) * up
         # phases[p][j] weighs input x[k - j] for an output at upsampled position k * up + p.
-        self._phases = h.reshape(taps, up).T[:, ::-1].astype(np.float32)
+        self._phases = [h[p::up].astype(np.float32) for p in range(up)]
         self._history = np.zeros(taps - 1, dtype=np.float32)
         self._consumed = 0  # input samples seen
         self._produced = 0  # output samples made
@@ -442,16 +442,29 @@ class RationalResampler:
         self._consumed += len(samples)
         # Outputs whose newest input sample has arrived: position n * down lands at input k = n * down // up.
         last = (self._consumed * self.up - 1) // self.down
-        n = np.arange(self._produced, last + 1)
+        position = np.arange(self._produced, last + 1) * self.down
         self._produced = last + 1
         self._history = x[len(x) - (self.taps - 1):]
-        if not len(n):
+        # Each phase's filter over the chunk is one np.convolve, whose "valid" output i is the one at
+        # x[i + taps - 1]; the two ratios a phone call uses (100 chunks a second each way) need no gather.
+        if not len(position):
             return np.zeros(0, dtype=np.int16)
-        position = n * self.down
-        k, phase = position // self.up - start, position % self.up
-        window = x[k[:, None] - np.arange(self.taps - 1, -1, -1)[None, :]]
-        out = np.einsum("ij,ij->i", window, self._phases[phase])
-        return np.clip(np.rint(out), -32768, 32767).astype(np.int16)
+        valid = position // self.up - start - (self.taps - 1)
+        if self.down == 1:  # every new input sample gives `up` outputs, one per phase
+            out = np.empty((len(samples), self.up), dtype=np.float32)
+            for p, h in enumerate(self._phases):
+                out[:, p] = np.convolve(x, h, mode="valid")
+            out = out.ravel()
+        elif self.up == 1:  # every `down`-th input sample gives one
+            out = np.convolve(x, self._phases[0], mode="valid")[valid[0] :: self.down][: len(position)]
+        else:
+            phase = position % self.up
+            out = np.empty(len(position), dtype=np.float32)
+            for p, h in enumerate(self._phases):
+                at = phase == p
+                if at.any():
+                    out[at] = np.convolve(x, h, mode="valid")[valid[at]]
+        return np.rint(out).clip(-32768, 32767).astype(np.int16)
 
     def flush(self) -> np.ndarray:
         """The end of the signal still inside the filter; then ready for a new one."""

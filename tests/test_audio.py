@@ -10,7 +10,7 @@ import pytest
 import soxr
 
 from gateway import audio
-from gateway.audio import InputDecoder, OutputEncoder, StreamResampler
+from gateway.audio import InputDecoder, OutputEncoder, RationalResampler, StreamResampler
 from tests.conftest import split
 
 ALL_INT16 = np.arange(-32768, 32768, dtype=np.int16)
@@ -113,6 +113,26 @@ def test_resampler_has_no_crackle_and_is_time_aligned() -> None:
     rs = StreamResampler(24_000, 16_000, dtype="float32")
     out = np.concatenate([rs.process(c) for c in np.array_split(impulse, 37)] + [rs.flush()])
     assert int(np.argmax(out)) == 8_000
+
+
+@pytest.mark.parametrize(("up", "down", "chunk"), [(3, 1, 160), (1, 3, 480), (2, 3, 480), (3, 2, 320), (1, 3, 101)])
+def test_rational_resampler_is_its_filter_whatever_the_chunks(up: int, down: int, chunk: int) -> None:
+    """The phone path's resampler: the polyphase filter's output (float64 here, to 1 LSB), the same in any
+    chunking, with its fixed delay of taps / 2 input samples."""
+    x = (np.random.default_rng(up * 10 + down).standard_normal(8000) * 6000).astype(np.int16)
+    rs = RationalResampler(up, down)
+    got = np.concatenate([rs.process(x[i : i + chunk]) for i in range(0, len(x), chunk)] + [rs.flush()])
+    whole = RationalResampler(up, down)
+    assert np.array_equal(got, np.concatenate([whole.process(x), whole.flush()]))
+    taps = rs.taps
+    n = np.arange(up * taps) - (up * taps - 1) / 2
+    cutoff = 1 / max(up, down)
+    h = cutoff * np.sinc(cutoff * n) * np.kaiser(up * taps, 8.0) * up
+    stuffed = np.zeros(len(x) * up + taps // 2 * up)
+    stuffed[: len(x) * up : up] = x
+    expected = np.convolve(stuffed, h)[: len(stuffed)][::down]
+    assert len(got) == len(expected)
+    assert np.abs(got - np.clip(np.rint(expected), -32768, 32767)).max() <= 1
 
 
 def test_resampler_flush_readies_a_new_stream_and_checks_dtype() -> None:
