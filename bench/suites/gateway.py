@@ -54,8 +54,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import math
+import re
 import shutil
 import statistics
 import tempfile
@@ -282,6 +284,12 @@ def engine_rates(records: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
             "turns": totals["turns"], "turn_busy": totals["turn_seconds"] / span / engines}
 
 
+def error_kinds(errors: list[str]) -> dict[str, int]:
+    """How many audio errors of each kind: their messages without the session or call they name, numbers as N."""
+    kinds = collections.Counter(re.sub(r"\d+", "N", e.split(": ", 1)[-1]) for e in errors)
+    return dict(kinds.most_common(10))
+
+
 def summarise(n: int, label: str, result: Sessions, records: dict[int, list[dict[str, Any]]],
               traces: list[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
     lag_p99 = {pid: pct([lag for r in rows for lag in r["lags_ms"]], 99) for pid, rows in records.items()}
@@ -309,6 +317,7 @@ def summarise(n: int, label: str, result: Sessions, records: dict[int, list[dict
         "barge_in_p95_ms": rounded(pct(result.barge_in_ms, 95)),
         "cancel_to_last_delta_p95_ms": rounded(pct(result.cancel_to_last_delta_ms, 95)),
         "audio_errors": len(result.audio_errors), "errors": result.audio_errors[:5],
+        "error_kinds": error_kinds(result.audio_errors),
         "responses": {s: statuses.count(s) for s in sorted(set(statuses))},
         "cpu_s_per_session_min": rounded(cpu_per, 3),
         "sessions_per_worker_max": max(held.values(), default=0),
