@@ -150,19 +150,7 @@ class SmartTurnModel:
 
     def __init__(self, path: str | Path | None = None, sha256: str | None = MODEL_SHA256) -> None:
         self.path = Path(path) if path else MODEL_FILE
-        try:
-            data = self.path.read_bytes()
-        except OSError as exc:
-            raise SmartTurnModelError(f"cannot read the Smart Turn model {self.path} ([semantic_vad] model_path): "
-                                      f"{exc.strerror or exc}") from None
-        if sha256:
-            actual = hashlib.sha256(data).hexdigest()
-            if actual != sha256.lower():
-                raise SmartTurnModelError(
-                    f"Smart Turn model {self.path} has SHA-256 {actual}, expected {sha256.lower()}: a damaged "
-                    "or different file; reinstall the gateway, or set [semantic_vad] model_path for a model of "
-                    "your own"
-                )
+        data = read_model(self.path, sha256)
         opts = onnxruntime.SessionOptions()
         opts.intra_op_num_threads = 1
         opts.inter_op_num_threads = 1

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -254,6 +255,13 @@ async def test_a_pipeline_turn_through_the_engine_process(supervisor: EngineSupe
             assert gateway.gateway.engine_streams_free() is not None
         finally:
             await gateway.stop()
+
+
+async def test_an_engine_without_the_end_of_turn_model_refuses_turns(client: EngineClient) -> None:
+    assert not client.has_turn_model  # started without [engine] turn_model (tests/engine/test_turn_engine.py has one)
+    with pytest.raises(BackendError, match="no end-of-turn model"):
+        await client.turn(np.zeros(16_000, np.float32))
+    assert await speak(client, SHORT)  # and it goes on speaking
 
 
 async def test_free_streams_follow_what_the_engine_reports(client: EngineClient) -> None:

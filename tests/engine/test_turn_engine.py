@@ -1,6 +1,6 @@
 """Smart Turn in the engine process ([semantic_vad] device = "engine"): turns judged there by engine.turn_model
 (its parity with onnxruntime: tests/engine/test_turn_model.py), batched, bad requests refused, and semantic_vad
-turns through a real gateway on it."""
+turns through a real gateway on it. An engine without the model: tests/engine/test_process.py."""
 
 from __future__ import annotations
 
@@ -72,25 +72,10 @@ async def test_bad_turn_requests_are_refused_and_the_engine_goes_on(client: Engi
     assert await client.turn(resampled_tail(turns()[1])) > 0.7
 
 
-async def test_an_engine_without_the_model_says_so(tmp_path) -> None:
-    config = dataclasses.replace(CONFIG, turn_model="")
-    engines = EngineSupervisor(dataclasses.asdict(config), ["cpu"], heartbeat_ms=config.heartbeat_ms)
-    await asyncio.to_thread(engines.start, 120)
-    try:
-        client = await asyncio.to_thread(EngineClient, engines.endpoints, HEARTBEAT_S)
-        try:
-            assert not client.has_turn_model
-            with pytest.raises(BackendError, match="no end-of-turn model"):
-                await client.turn(np.zeros(16_000, np.float32))
-            # A gateway told to run Smart Turn on such an engine does not start.
-            gateway = Served(make_config(tts__engine="qwen3", engine__mode="process",
-                                         engine__endpoints=engines.endpoints[0], semantic_vad__device="engine"))
-            with pytest.raises(ConfigError, match='semantic_vad.device = "engine" needs'):
-                await gateway.start()
-        finally:
-            await client.aclose()
-    finally:
-        await asyncio.to_thread(engines.stop)
+async def test_a_gateway_told_to_judge_turns_on_an_engine_it_has_not_does_not_start() -> None:
+    gateway = Served(make_config(tts__engine="tone", semantic_vad__device="engine"))
+    with pytest.raises(ConfigError, match='semantic_vad.device = "engine" needs'):
+        await gateway.start()
 
 
 async def test_semantic_vad_turns_through_a_gateway_on_the_engine(supervisor: EngineSupervisor) -> None:
