@@ -274,12 +274,19 @@ def run_sessions(pool: Pool, url: str, n: int, responder: str, cycles: int, spre
     offsets = arrivals(n, spread or scenario_s(responder), aligned, random.Random(seed))
     # The client shares the machine with the gateway: it checks the echoed bytes of 10 sessions only.
     plan = [(offset, i < 10) for i, offset in enumerate(offsets)]
-    zero = time.time() + CONNECT_LEAD_S + 1.0 + n * 0.002  # time to connect every session first
+    return spread_over(pool, session_process, url, plan, responder, cycles)
+
+
+def spread_over(pool: Pool, work: Callable[..., Sessions], target: Any, plan: list[Any], responder: str,
+                cycles: int) -> tuple[Sessions, float, float]:
+    """A level's sessions (``plan``, one entry each) dealt over the pool's processes, each running ``work`` on
+    its share; what they measured, and the level's start and end (wall time)."""
+    zero = time.time() + CONNECT_LEAD_S + 1.0 + len(plan) * 0.002  # time to connect every session first
     start = time.time()
-    shares = [(url, plan[k :: pool.processes], zero, responder, cycles) for k in range(pool.processes)
+    shares = [(target, plan[k :: pool.processes], zero, responder, cycles) for k in range(pool.processes)
               if plan[k :: pool.processes]]
     result = Sessions()
-    for part in pool.map(session_process, shares):
+    for part in pool.map(work, shares):
         result.merge(part)
     return result, start, time.time()
 

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from bench.live_load import GAP_MS, SILENT, answers, barge_ins, nearest, speech_spans
-from bench.load import CONNECT_LEAD_S, Pool, Sessions, arrivals, scenario
+from bench.load import CONNECT_LEAD_S, Pool, Sessions, arrivals, scenario, spread_over
 from bench.stats import lag_probe, pct
 from gateway.audio import RationalResampler, ulaw_decode, ulaw_encode
 from gateway.transports.sip import rtp
@@ -379,14 +379,7 @@ def run_calls(pool: Pool, gateway: tuple[str, int], n: int, responder: str, cycl
     what they measured, and the level's start and end (wall time)."""
     length_s = len(scenario(responder)) * cycles / 48000
     offsets = arrivals(n, spread or length_s, aligned, random.Random(seed))
-    zero = time.time() + CONNECT_LEAD_S + 1.0 + n * 0.002
-    start = time.time()
-    shares = [(gateway, offsets[k :: pool.processes], zero, responder, cycles) for k in range(pool.processes)
-              if offsets[k :: pool.processes]]
-    result = Sessions()
-    for part in pool.map(call_process, shares):
-        result.merge(part)
-    return result, start, time.time()
+    return spread_over(pool, call_process, gateway, offsets, responder, cycles)
 
 
 def join(result: Sessions, traces: list[dict[str, Any]], silence_ms: float) -> None:
