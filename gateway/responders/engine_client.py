@@ -25,7 +25,7 @@ import logging
 import os
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import zmq
@@ -40,6 +40,8 @@ from engine.supervisor import EngineSupervisor
 from engine.voices import VoicePrompt
 from gateway.config import ConfigError
 from gateway.core.responder import BackendError
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -224,18 +226,9 @@ class EngineClient:
         """Clone a voice from reference audio (float32 mono samples at `sample_rate`, and its transcript for
         in-context cloning) in an engine process; TTSError when the engine cannot (no Base checkpoint, audio
         too long or short), BackendError when no engine answers in `timeout` seconds."""
-        self._start()
-        link = self._pick()
-        token = os.urandom(8)
-        done = self._voices[token] = asyncio.get_running_loop().create_future()
-        link.send([ipc.PREPARE, token, np.ascontiguousarray(audio, dtype="<f4").tobytes(), str(sample_rate).encode(),
-                   (text or "").encode()])
-        try:
-            return await asyncio.wait_for(done, timeout)
-        except TimeoutError:
-            raise BackendError("tts", f"the TTS engine process did not prepare the voice in {timeout:g} s") from None
-        finally:
-            self._voices.pop(token, None)
+        payload = [np.ascontiguousarray(audio, dtype="<f4").tobytes(), str(sample_rate).encode(), (text or "").encode()]
+        late = BackendError("tts", f"the TTS engine process did not prepare the voice in {timeout:g} s")
+        return await self._ask(self._voices, ipc.PREPARE, payload, timeout, late)
 
     @property
     def has_turn_model(self) -> bool:
@@ -245,17 +238,25 @@ class EngineClient:
     async def turn(self, audio: np.ndarray, timeout: float = 5.0) -> float:
         """P(the turn is complete) from the engine's end-of-turn model, for a turn's last 8 s at most of
         float32 mono 16 kHz audio (engine.turn_model); BackendError when no engine answers in `timeout` s."""
+        late = BackendError("turn", f"the engine process did not judge the turn in {timeout:g} s")
+        return await self._ask(self._turns, ipc.TURN, [np.ascontiguousarray(audio, dtype="<f4").tobytes()], timeout,
+                               late)
+
+    async def _ask(self, waiting: dict[bytes, asyncio.Future[T]], kind: bytes, payload: list[bytes], timeout: float,
+                   late: BackendError) -> T:
+        """One request to the least loaded engine process, answered by a message naming its token (_handle
+        settles the future in `waiting`); `late` when no answer comes in `timeout` seconds."""
         self._start()
         link = self._pick()
         token = os.urandom(8)
-        done = self._turns[token] = asyncio.get_running_loop().create_future()
-        link.send([ipc.TURN, token, np.ascontiguousarray(audio, dtype="<f4").tobytes()])
+        done = waiting[token] = asyncio.get_running_loop().create_future()
+        link.send([kind, token, *payload])
         try:
             return await asyncio.wait_for(done, timeout)
         except TimeoutError:
-            raise BackendError("turn", f"the engine process did not judge the turn in {timeout:g} s") from None
+            raise late from None
         finally:
-            self._turns.pop(token, None)
+            waiting.pop(token, None)
 
     def _pick(self) -> EngineLink:
         """The engine process that is up with the smallest share of its rows in use (GPUs of one kind have as
