@@ -9,8 +9,9 @@ aiohttp and uvloop. This downloads, for CPython 3.12 on manylinux x86_64:
   3.14.4; pyzmq for the engine processes; uvicorn, starlette and httptools for the server; py-spy for the CPU by
   stage; pybase64 for the audio payloads; aiosipua, which the app imports for phone calls). Not mcp, nor
   webrtc-noise-gain: the benchmarks' gateway runs with [mcp] off and no noise reduction.
-- .site-slim/: of the silero-vad wheel, the Silero package with its ONNX model (2 MB, copied into the host's site
-  as it is). The Smart Turn model needs nothing: the gateway ships it (gateway/models).
+- .site-slim/: of the silero-vad wheel, the Silero package with its ONNX model and the TorchScript one the engine
+  processes run (4 MB, copied into the host's site as it is). The Smart Turn model needs nothing: the gateway
+  ships it (gateway/models).
 - with --oracle, .whl-oracle/: the official qwen-tts 0.1.1 and transformers 4.57.3, for the peers suite
   (--oracle-site) and the parity fixtures; with --speech-formats, .whl-speech/: PyAV, for the speech API's
   compressed formats (pcm needs none).
@@ -55,13 +56,13 @@ def download(names: list[str], into: Path) -> None:
 
 
 def slim(into: Path) -> None:
-    """The Silero package of the silero-vad wheel, with its model."""
+    """The Silero package of the silero-vad wheel, with its models for onnxruntime and for the engine."""
     with tempfile.TemporaryDirectory() as folder:
         download(SLIM, Path(folder))
         (silero,) = Path(folder).glob("silero_vad-*.whl")
         with zipfile.ZipFile(silero) as wheel:
             for name in wheel.namelist():
-                if name.startswith("silero_vad/") and (name.endswith(".py") or name.endswith("/silero_vad.onnx")):
+                if name.startswith("silero_vad/") and name.endswith((".py", "/silero_vad.onnx", "/silero_vad.jit")):
                     wheel.extract(name, into)
 
 

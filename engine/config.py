@@ -54,6 +54,10 @@ class EngineConfig:
     # process mode: the Smart Turn end-of-turn model's ONNX file (engine.turn_model), run batched on this
     # engine's device for every gateway process ("" = none). Set by the gateway ([semantic_vad] device).
     turn_model: str = ""
+    # process mode: Silero VAD's TorchScript file (engine.vad_model), whose windows of every gateway process run
+    # batched on this engine's device, served on engine.ipc.vad_endpoint ("" = none). Set by the gateway ([vad]
+    # device).
+    vad_model: str = ""
 
     @classmethod
     def from_dict(cls, options: dict[str, Any]) -> EngineConfig:

@@ -27,6 +27,17 @@ transcript, "" = none); VOICE answers it. TURN asks the end-of-turn model (engin
 started with one: its hello's "turns") whether a turn's audio is finished (float32 little-endian mono 16 kHz,
 its last 8 s at most); the answer's P(complete) is ASCII. The TURNs that arrive together run as one batch.
 
+An engine process started with the VAD model ([engine] vad_model; its hello's "vad") binds a second ROUTER
+socket at vad_endpoint(endpoint), served by a thread of its own so that a VAD step never waits for a TTS
+step. Each gateway process's VAD thread sends it one step of its sessions' windows at a time:
+
+client -> engine                                 engine -> client
+  token, x, state                                  token, OK, P(speech), state
+                                                   token, INPUT | ENGINE, message
+x is B windows of 576 float32 (little-endian: 64 samples of context, then 512 new at 16 kHz), state the
+LSTM's [2, B, 128] float32 (engine.vad_model); the answer has B float32 probabilities and the next state. The
+steps that arrive together run as one batch.
+
 Liveness runs both ways on the heartbeat. A client pings every heartbeat; the engine frees the streams
 of a client it has not heard from for MISSED_HEARTBEATS heartbeats (or one it can no longer send to), and
 answers RESET if that client speaks again. A client takes an engine it has not heard from for as long, or
@@ -56,6 +67,15 @@ QUEUE_LIMIT = 10_000
 
 class EngineGone(RuntimeError):
     """The engine process stopped or cannot be reached; its streams fail with this."""
+
+
+def vad_endpoint(endpoint: str) -> str:
+    """Where the engine process at `endpoint` serves the VAD: beside its socket file (ipc://PATH.vad), or on the
+    next TCP port."""
+    if endpoint.startswith("tcp://"):
+        host, _, port = endpoint.rpartition(":")
+        return f"{host}:{int(port) + 1}"
+    return endpoint + ".vad"
 
 
 def sid_bytes(n: int) -> bytes:

@@ -6,7 +6,9 @@ connected to it, over ZeroMQ (the protocol is in engine.ipc).
 One thread does everything. Between steps it takes in what the clients sent, so a cancel takes effect
 before the next step; then it runs one pass of the batching loop (engine.batcher.Batcher), whose deliveries
 go straight out on the socket. Started with an end-of-turn model ([engine] turn_model), it also answers
-whether turns are finished: the TURNs taken in together run as one batch before the next step.
+whether turns are finished: the TURNs taken in together run as one batch before the next step. Started with
+the VAD model ([engine] vad_model), a second thread serves the gateways' VAD steps on a socket and a CUDA
+stream of its own (VadServer), so they never wait for a TTS step.
 
 It binds only once the model is loaded and its CUDA graphs are captured, then prints one JSON line on
 stdout, {"ready": endpoint}, or {"error": message} when it cannot start: engine.supervisor waits for that
@@ -23,6 +25,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from functools import partial
 from typing import Any
@@ -35,6 +38,7 @@ from engine.api import TTSChunk, TTSError
 from engine.batcher import Batcher, Utterance
 from engine.config import EngineConfig
 from engine.turn_model import N_SAMPLES, TurnModel
+from engine.vad_model import HIDDEN, SAMPLES, VadModel
 from engine.voices import VoiceError, VoicePrompt
 
 log = logging.getLogger("engine.process")
@@ -44,6 +48,10 @@ REMEMBERED_DROPS = 1024  # clients dropped lately, told so (RESET) if they speak
 # Turns in one end-of-turn model call: bounds its memory and how long it holds the steps (and the heartbeats'
 # answers): a few ms for 64 on a GPU, ~100 ms a turn on a CPU core.
 MAX_TURN_BATCH = {"cuda": 64, "cpu": 2}
+MAX_VAD_ROWS = 4096  # windows in one VAD request: 8 of every stream of a 512-session worker
+# The interpreter's switch interval where the VAD thread serves: it gets the GIL within 1 ms of asking, not
+# after the TTS thread's next 5 ms of Python.
+VAD_SWITCH_INTERVAL_S = 0.001
 
 
 class Client:
@@ -58,9 +66,10 @@ class Client:
 
 class EngineServer:
     def __init__(self, batcher: Batcher, socket: zmq.Socket, heartbeat_s: float, parent: int | None = None,
-                 turn_model: TurnModel | None = None) -> None:
+                 turn_model: TurnModel | None = None, vad: VadServer | None = None) -> None:
         self.batcher = batcher
         self.turn_model = turn_model
+        self.vad = vad
         self._turns: list[tuple[Client, bytes, np.ndarray]] = []  # taken in, not yet given to the batcher
         self._judging = False  # a batch of them is with the batcher
         self.turns_judged = 0
@@ -147,7 +156,9 @@ class EngineServer:
                 utterance.cancel()
         elif kind == ipc.STATS:
             stats = {**self.batcher.counters(), "turns": self.turns_judged, "turn_seconds": self.turn_seconds,
-                     "instance": self.instance,
+                     "vad_windows": self.vad.windows if self.vad else 0,
+                     "vad_seconds": self.vad.seconds if self.vad else 0.0,
+                     "cpu_seconds": time.process_time(), "instance": self.instance,
                      "pid": os.getpid(), "clients": len(self.clients),
                      "uptime_s": round(time.monotonic() - self.started, 3)}
             self._send(client, [ipc.STATS, args[0], json.dumps(stats).encode()])
@@ -202,7 +213,7 @@ class EngineServer:
         return {"instance": self.instance, "pid": os.getpid(), "device": str(b.device),
                 "rows": b.max_streams * len(b.models), "voices": sorted(b.voices), "languages": sorted(b.languages),
                 "kinds": b.kinds, "fingerprints": b.fingerprints, "follows_instructions": b.follows_instructions,
-                "max_text_chars": b.max_text_chars, "turns": self.turn_model is not None,
+                "max_text_chars": b.max_text_chars, "turns": self.turn_model is not None, "vad": self.vad is not None,
                 "heartbeat_s": self.heartbeat_s}
 
     # -- what goes back --
@@ -267,6 +278,81 @@ class EngineServer:
         client.streams.clear()
 
 
+class VadServer:
+    """The VAD's socket (engine.ipc.vad_endpoint) and its thread: each turn takes every request that has
+    come, runs their windows as one batch and answers each (engine.ipc's VAD messages)."""
+
+    def __init__(self, model: VadModel, socket: zmq.Socket) -> None:
+        self.model = model
+        self.socket = socket
+        self.windows = 0
+        self.seconds = 0.0
+        self.stopping = False
+        self._thread = threading.Thread(target=self._serve, name="vad", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self._thread.join(timeout=5)
+
+    def _serve(self) -> None:
+        while not self.stopping:
+            if not self.socket.poll(100, zmq.POLLIN):
+                continue
+            steps: list[tuple[bytes, bytes, np.ndarray, np.ndarray]] = []
+            for _ in range(DRAIN_LIMIT):
+                try:
+                    frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if (step := self._read(frames)) is not None:
+                    steps.append(step)
+            if steps:
+                self._run(steps)
+
+    def _read(self, frames: list[bytes]) -> tuple[bytes, bytes, np.ndarray, np.ndarray] | None:
+        """A request's identity, token, x and state; None for a malformed one (answered when it can be)."""
+        if len(frames) != 4:
+            log.warning("a VAD request of %d frames, not 4", len(frames))
+            return None
+        identity, token, x, state = frames
+        rows = len(x) // (SAMPLES * 4)
+        if not 0 < rows <= MAX_VAD_ROWS or len(x) != rows * SAMPLES * 4 or len(state) != rows * 2 * HIDDEN * 4:
+            self._answer(identity, [token, ipc.INPUT, f"a VAD step is 1 to {MAX_VAD_ROWS} windows of {SAMPLES} "
+                                                      f"samples and their state".encode()])
+            return None
+        return (identity, token, np.frombuffer(x, dtype="<f4").reshape(rows, SAMPLES),
+                np.frombuffer(state, dtype="<f4").reshape(2, rows, HIDDEN))
+
+    def _run(self, steps: list[tuple[bytes, bytes, np.ndarray, np.ndarray]]) -> None:
+        started = time.perf_counter()
+        try:
+            probs, state = self.model.infer(np.concatenate([x for _, _, x, _ in steps]),
+                                            np.concatenate([s for _, _, _, s in steps], axis=1))
+        except Exception as exc:  # answered, so each gateway falls back to its own VAD at once
+            log.error("the VAD model failed: %r", exc)
+            for identity, token, _, _ in steps:
+                self._answer(identity, [token, ipc.ENGINE, str(exc).encode()])
+            return
+        finally:
+            self.seconds += time.perf_counter() - started
+        offset = 0
+        for identity, token, x, _ in steps:
+            rows = slice(offset, offset + len(x))
+            offset += len(x)
+            self._answer(identity, [token, ipc.OK, probs[rows].astype("<f4").tobytes(),
+                                    state[:, rows].astype("<f4").tobytes()])
+        self.windows += offset
+
+    def _answer(self, identity: bytes, frames: list[bytes]) -> None:
+        try:
+            self.socket.send_multipart([identity, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError:  # a gateway that is gone or does not keep up asks again or uses its own VAD
+            pass
+
+
 def bind(endpoint: str) -> zmq.Socket:
     socket = zmq.Context.instance().socket(zmq.ROUTER)
     socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -303,15 +389,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         batcher = Batcher.from_config(config)
         turn_model = TurnModel.from_onnx(config.turn_model, batcher.device) if config.turn_model else None
+        vad = VadServer(VadModel.from_file(config.vad_model, batcher.device),
+                        bind(ipc.vad_endpoint(args.endpoint))) if config.vad_model else None
         socket = bind(args.endpoint)
     except Exception as exc:  # any start-up failure is reported to the supervisor, which does not retry it
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 2
-    server = EngineServer(batcher, socket, args.heartbeat_ms / 1000, args.parent, turn_model)
+    server = EngineServer(batcher, socket, args.heartbeat_ms / 1000, args.parent, turn_model, vad)
+    models = [name for name, model in (("the end-of-turn model", turn_model), ("the VAD", vad)) if model]
     log.info("serving %s (%s, %d rows each, on %s%s)", args.endpoint, ", ".join(batcher.kinds), batcher.max_streams,
-             batcher.device, ", with the end-of-turn model" if turn_model else "")
+             batcher.device, "".join(f", with {m}" for m in models))
+    if vad is not None:
+        sys.setswitchinterval(VAD_SWITCH_INTERVAL_S)
+        vad.start()
     print(json.dumps({"ready": args.endpoint}), flush=True)
     server.serve()
+    if vad is not None:
+        vad.stop()
+        vad.socket.close()
     socket.close()
     return 0
 

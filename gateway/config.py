@@ -93,6 +93,7 @@ class VadConfig:
     idle_timeout_ms: int = bounded(0, off=0, at_least=5_000, at_most=30_000)
     min_speech_ms: int = bounded(64, at_least=0, at_most=2_000)
     batch_interval_ms: float = bounded(10.0, at_least=0, at_most=1_000)
+    device: str = bounded("auto", choices=("auto", "cpu", "engine"))
 
 
 @dataclass

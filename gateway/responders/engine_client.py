@@ -235,6 +235,16 @@ class EngineClient:
         """Whether the engine processes run the end-of-turn model (started with [engine] turn_model)."""
         return all(link.hello.get("turns") for link in self.links)
 
+    @property
+    def has_vad(self) -> bool:
+        """Whether the engine processes run Silero VAD (started with [engine] vad_model)."""
+        return all(link.hello.get("vad") for link in self.links)
+
+    @property
+    def vad_endpoint(self) -> str:
+        """The engine process whose VAD this process uses: the gateway processes spread over them by pid."""
+        return ipc.vad_endpoint(self.links[os.getpid() % len(self.links)].endpoint)
+
     async def turn(self, audio: np.ndarray, timeout: float = 5.0) -> float:
         """P(the turn is complete) from the engine's end-of-turn model, for a turn's last 8 s at most of
         float32 mono 16 kHz audio (engine.turn_model); BackendError when no engine answers in `timeout` s."""
@@ -429,3 +439,4 @@ def _handshake(endpoint: str, timeout: float) -> dict[str, Any]:
     finally:
         socket.close(linger=100)
         context.term()
+

@@ -40,7 +40,7 @@ from gateway.runtime.core_runner import Send, log_fault
 from gateway.runtime.health import Backends
 from gateway.runtime.live_runner import LiveRunner
 from gateway.runtime.session_runner import Playout, SessionRunner
-from gateway.runtime.silero import SWITCH_INTERVAL_S, SileroModel, SileroVAD, VadBatcher
+from gateway.runtime.silero import SWITCH_INTERVAL_S, EngineVad, SileroModel, SileroVAD, StepModel, VadBatcher
 from gateway.runtime.smart_turn import (
     EngineSmartTurn,
     SmartTurn,
@@ -118,7 +118,7 @@ class Gateway:
         self._emptied = asyncio.Event()  # set whenever the last session of this process ends
         self._hurry = asyncio.Event()  # a second signal: the drain closes what is left at once
         self.ready = False
-        self._vad_model: SileroModel | None = None
+        self._vad_model: StepModel | None = None
         # The VAD's own thread: its batches never wait for the event loop (onnxruntime releases the GIL).
         self._vad_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad")
         self._vad_batcher = VadBatcher(self._vad_executor, config.vad.batch_interval_ms)
@@ -147,7 +147,7 @@ class Gateway:
         loads = [loop.run_in_executor(None, build_transcriber, self.config), loop.run_in_executor(None, SileroModel)]
         if self.responder is None:
             loads.append(loop.run_in_executor(None, build_responder, self.config))
-        self.transcriber, self._vad_model, *built = await asyncio.gather(*loads)
+        self.transcriber, local_vad, *built = await asyncio.gather(*loads)
         if built:
             self.responder = built[0]
         if (prepare := getattr(self.responder, "prepare", None)) is not None:
@@ -157,6 +157,7 @@ class Gateway:
             log.warning("[session] voice %r is none of the TTS engine's voices (%s): sessions that keep it "
                         "cannot speak", self.config.session.voice, ", ".join(sorted(voices)) or "none")
         await self.speech.start(getattr(self.responder, "tts_engine", None))
+        self._vad_model = self._start_vad(local_vad)
         await self.voices.start()
         if hasattr(self.responder, "voice_source"):
             self.responder.voice_source = self.voices.prompt_for  # sessions speak in the custom voices too
@@ -177,9 +178,21 @@ class Gateway:
         self.backends = Backends(self.responder, self.transcriber, self.config.server.backend_check_s)
         self._backend_check = asyncio.create_task(self.backends.run())
 
+    def _start_vad(self, local: SileroModel) -> StepModel:
+        """Silero where [vad] device puts it: the engine processes that run it (they were given the model:
+        gateway.responders.build.give_engine_models), falling back on ``local``; else ``local``."""
+        engine = self.speech.loaded
+        if self.config.vad.device != "cpu" and isinstance(engine, EngineClient) and engine.has_vad:
+            return EngineVad(engine.vad_endpoint, local)
+        if self.config.vad.device == "engine":
+            raise ConfigError('option vad.device = "engine" needs the Qwen3-TTS engine in engine processes that run '
+                              'the VAD ([engine] mode = "process", or endpoints of engine processes started with '
+                              "[engine] vad_model)")
+        return local
+
     async def _start_smart_turn(self) -> SmartTurn:
         """Smart Turn where [semantic_vad] device puts it: the engine processes that run it (they were given
-        the model: gateway.responders.build.give_engine_turn_model), else onnxruntime here."""
+        the model: gateway.responders.build.give_engine_models), else onnxruntime here."""
         semantic, loop = self.config.semantic_vad, asyncio.get_running_loop()
         path = Path(semantic.model_path) if semantic.model_path else SMART_TURN_MODEL
         engine = self.speech.loaded  # the responder's TTS engine, or the Qwen3-TTS engine loaded for the speech API
@@ -204,6 +217,8 @@ class Gateway:
             self._backend_check.cancel()
         for held in self._held:
             await held.stop()
+        if isinstance(self._vad_model, EngineVad):
+            self._vad_executor.submit(self._vad_model.close)  # in the thread that uses its socket, after its batch
         self._vad_executor.shutdown(wait=False, cancel_futures=True)
         self._smart_turn_executor.shutdown(wait=False, cancel_futures=True)
         await self.speech.aclose()

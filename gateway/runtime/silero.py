@@ -1,6 +1,8 @@
 """Silero voice activity detection on the session's input audio: the model and its per-session state.
 
 - ``SileroModel``: the ONNX model, loaded once per process and shared by all sessions.
+- ``EngineVad``: the same model's steps on an engine process's device ([vad] device), with the first to
+  fall back on.
 - ``SileroVAD``: one per session; turns pcm16 24 kHz input into one speech probability per 32 ms
   window (512 samples at 16 kHz), exactly like the reference ``OnnxWrapper`` in
   ``silero_vad/utils_vad.py``. ``process_many`` runs several sessions' windows in one batched call,
@@ -13,21 +15,25 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from importlib import resources
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnxruntime
+import zmq
 
+from engine import ipc
 from gateway.audio import SAMPLE_RATE, Float32Array, StreamResampler, bytes_to_int16, int16_to_float32
+from gateway.core.responder import BackendError
+from gateway.shipped import silero_file
 
 log = logging.getLogger(__name__)
-MODEL_PACKAGE = "silero_vad.data"
 MODEL_FILE = "silero_vad.onnx"
 MODEL_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"
 """SHA-256 of silero_vad.onnx in silero-vad==6.2.3; releases changed the file at the same size."""
@@ -36,6 +42,14 @@ VAD_RATE = 16_000
 WINDOW = 512  # samples at 16 kHz per model call
 CONTEXT = 64  # samples of the previous window prepended to each call (the model needs them)
 NO_WINDOWS = np.zeros((0, WINDOW), dtype=np.float32)
+
+
+class StepModel(Protocol):
+    """What steps a batch of streams: SileroModel, or EngineVad."""
+
+    def infer(self, x: Float32Array, state: Float32Array) -> tuple[Float32Array, Float32Array]:
+        """One step for B streams: x [B, 576] (context + window), state [2, B, 128] → (probs [B], state)."""
+        ...
 
 
 class ModelChecksumError(RuntimeError):
@@ -55,7 +69,7 @@ class SileroModel:
 
     def __init__(self, path: str | Path | None = None, sha256: str | None = MODEL_SHA256) -> None:
         if path is None:
-            path = Path(str(resources.files(MODEL_PACKAGE).joinpath(MODEL_FILE)))
+            path = silero_file(MODEL_FILE)
         self.path = Path(path)
         data = self.path.read_bytes()
         if sha256 is not None:
@@ -96,8 +110,8 @@ class SileroVAD:
     any chunking of the same audio gives the same probabilities.
     """
 
-    def __init__(self, model: SileroModel | None = None) -> None:
-        self.model = model if model is not None else SileroModel.shared()
+    def __init__(self, model: StepModel | None = None) -> None:
+        self.model: StepModel = model if model is not None else SileroModel.shared()
         # QQ (cubic interpolation): the VAD needs no stopband to speak of, and QQ holds back almost nothing
         # (LQ held ~12 ms, so the window an append completes waited for the next append: 20 ms later).
         self._resampler = StreamResampler(SAMPLE_RATE, VAD_RATE, dtype="float32", quality="QQ")
@@ -203,6 +217,63 @@ def _infer(vads: list[SileroVAD], windows: list[Float32Array]) -> list[Float32Ar
     for vad, w in zip(vads, windows, strict=True):
         vad.windows += len(w)
     return results
+
+
+class EngineVad:
+    """Silero VAD steps on an engine process's VAD (at engine.ipc.vad_endpoint: EngineClient.vad_endpoint), from
+    one thread at a time: the VAD's thread, which waits for each answer.
+
+    A step the engine does not answer within ``timeout_s`` (it is gone, restarting or swamped), or answers with
+    an error, runs on ``fallback`` (this process's onnxruntime model: the state is the same array either way),
+    and so do the steps of the next ``retry_s`` seconds; then the engine is asked again.
+    """
+
+    def __init__(self, endpoint: str, fallback: StepModel, timeout_s: float = 0.2, retry_s: float = 5.0) -> None:
+        self.endpoint = endpoint
+        self.fallback = fallback
+        self._timeout_ms = int(timeout_s * 1000)
+        self._retry_s = retry_s
+        self._tokens = itertools.count()
+        self._down_until = 0.0
+        self._socket = zmq.Context.instance().socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(self.endpoint)
+
+    def infer(self, x: Float32Array, state: Float32Array) -> tuple[Float32Array, Float32Array]:
+        """One step for B streams: x [B, 576], state [2, B, 128] -> (P(speech) [B], state)."""
+        now = time.monotonic()
+        if now >= self._down_until:
+            try:
+                return self._ask(x, state)
+            except BackendError as exc:
+                log.warning("%s; the VAD runs here for %g s", exc, self._retry_s)
+                self._down_until = now + self._retry_s
+        return self.fallback.infer(x, state)
+
+    def _ask(self, x: Float32Array, state: Float32Array) -> tuple[Float32Array, Float32Array]:
+        token = str(next(self._tokens)).encode()
+        rows = len(x)
+        try:
+            self._socket.send_multipart([token, np.ascontiguousarray(x, dtype="<f4").tobytes(),
+                                         np.ascontiguousarray(state, dtype="<f4").tobytes()], zmq.NOBLOCK)
+        except zmq.Again:
+            raise BackendError("vad", f"the engine's VAD at {self.endpoint} does not keep up") from None
+        deadline = time.monotonic() + self._timeout_ms / 1000
+        while (left := deadline - time.monotonic()) > 0 and self._socket.poll(int(left * 1000) + 1, zmq.POLLIN):
+            answer = self._socket.recv_multipart()
+            if answer[0] != token:
+                continue  # the answer to a step that was given up on
+            if answer[1] != ipc.OK or len(answer) != 4:
+                raise BackendError("vad", f"the engine's VAD failed: {answer[-1].decode(errors='replace')}")
+            probs = np.frombuffer(answer[2], dtype="<f4")
+            new_state = np.frombuffer(answer[3], dtype="<f4").reshape(state.shape)
+            if len(probs) != rows:
+                raise BackendError("vad", "the engine's VAD answered another number of windows")
+            return probs, new_state
+        raise BackendError("vad", f"the engine's VAD at {self.endpoint} did not answer in {self._timeout_ms} ms")
+
+    def close(self) -> None:
+        self._socket.close()
 
 
 Deliver = Callable[[Float32Array], None]

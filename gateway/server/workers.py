@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 from engine.supervisor import EngineStartError, EngineSupervisor, resolve_devices
 from gateway.config import Config, ConfigError, check
 from gateway.logs import configure_logging
-from gateway.responders.build import engine_mode, give_engine_turn_model, tts_kind
+from gateway.responders.build import engine_mode, give_engine_models, tts_kind
 from gateway.runtime.auth import Auth
 from gateway.runtime.capacity import Capacity, Counts, shared_counts
 from gateway.runtime.tally import clear_row
@@ -207,7 +207,7 @@ class Workers:
             return None
         if not engine.checkpoint:
             raise ConfigError('option tts.engine = "qwen3" needs [engine] checkpoint')
-        give_engine_turn_model(self.config)
+        give_engine_models(self.config)
         supervisor = EngineSupervisor.from_config(engine)
         try:
             supervisor.start(engine.start_timeout_s)
