@@ -11,6 +11,11 @@ state between the two at any window.
 Every layer is a float32 matmul (a convolution as a matmul over its unfolded input) because torch's
 float32 matmuls are full precision by default, where cuDNN's convolutions may use TF32 on a GPU: the
 probabilities stay within float rounding of onnxruntime's (tests/engine/test_vad_model.py).
+
+No CUDA graphs: a step is ~25 kernels, launched by the VAD's thread on a stream of its own while the TTS
+steps replay theirs. Replaying graphs of its own there hung an engine process on an H200 within seconds:
+every graph torch captures on its default capture stream shares that stream's cuBLAS workspace, and two of
+them ran at once.
 """
 
 from __future__ import annotations
@@ -26,9 +31,6 @@ SAMPLES = CONTEXT + WINDOW  # one step's input
 HIDDEN = 128
 N_FFT, HOP, REFLECT = 256, 128, 64
 BINS = N_FFT // 2 + 1
-# On a GPU, the batch sizes captured as CUDA graphs (a batch runs padded to the next; larger ones in parts):
-# a step's ~20 kernels cost the engine one launch.
-GRAPH_BATCHES = (16, 64, 256, 1024, 4096)
 
 
 def _conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, stride: int) -> torch.Tensor:
@@ -68,17 +70,13 @@ class SileroNet(torch.nn.Module):
 
 
 class VadModel:
-    """The network on one device, with CUDA graphs on a GPU; ``infer`` is thread-safe against the engine's
-    other work (it runs on a CUDA stream of its own)."""
+    """The network on one device; ``infer`` may run beside the engine's other work (on a GPU, on a CUDA stream
+    of its own)."""
 
     def __init__(self, net: SileroNet, device: torch.device) -> None:
         self.device = device
         self.net = net.to(device).eval()
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor, torch.Tensor,
-                                      torch.Tensor]] = {}
-        if self._stream is not None:
-            self._capture()
 
     @classmethod
     def from_file(cls, path: str | Path, device: str | torch.device = "cpu") -> VadModel:
@@ -96,37 +94,15 @@ class VadModel:
         return cls(SileroNet(weights), torch.device(device))
 
     @torch.inference_mode()
-    def _capture(self) -> None:
-        pool = None
-        for size in sorted(GRAPH_BATCHES, reverse=True):  # the largest first: the others fit in its memory
-            x = torch.zeros(size, SAMPLES, device=self.device)
-            state = torch.zeros(2, size, HIDDEN, device=self.device)
-            with torch.cuda.stream(self._stream):
-                self.net(x, state)  # allocations made before capture
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                p, new_state = self.net(x, state)
-            pool = graph.pool()
-            self._graphs[size] = (graph, x, state, p, new_state)
-
-    @torch.inference_mode()
     def infer(self, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One step for B streams: x [B, 576] float32, state [2, B, 128] -> (P(speech) [B], state)."""
         x, state = np.asarray(x, dtype=np.float32), np.asarray(state, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != SAMPLES or state.shape != (2, len(x), HIDDEN):
             raise ValueError(f"infer takes x [B, {SAMPLES}] and state [2, B, {HIDDEN}], got {x.shape}, {state.shape}")
-        xs, states = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(state))
+        xs, states = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(state))
         if self._stream is None:
             p, new_state = self.net(xs, states)
             return p.numpy(), new_state.numpy()
-        probs, out = [], []
         with torch.cuda.stream(self._stream):
-            for start in range(0, len(x), GRAPH_BATCHES[-1]):
-                n = min(GRAPH_BATCHES[-1], len(x) - start)
-                graph, x_in, state_in, p, new_state = self._graphs[next(s for s in GRAPH_BATCHES if s >= n)]
-                x_in[:n].copy_(xs[start : start + n], non_blocking=False)
-                state_in[:, :n].copy_(states[:, start : start + n])
-                graph.replay()
-                probs.append(p[:n].cpu())
-                out.append(new_state[:, :n].cpu())
-        return torch.cat(probs).numpy(), torch.cat(out, dim=1).numpy()
+            p, new_state = self.net(xs.to(self.device), states.to(self.device))
+            return p.cpu().numpy(), new_state.cpu().numpy()

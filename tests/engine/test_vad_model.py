@@ -1,6 +1,6 @@
 """engine.vad_model: Silero VAD in PyTorch against the gateway's onnxruntime model, on the recorded fixtures:
 the same probabilities within float rounding, so the same turns to the sample, alone or batched; on a GPU
-too (its CUDA graphs), where there is one. Served by an engine process: tests/engine/test_turn_engine.py."""
+too, where there is one. Served by an engine process: tests/engine/test_turn_engine.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.vad_model import GRAPH_BATCHES, VadModel
+from engine.vad_model import VadModel
 from gateway.core.vad import SpeechStopped, TurnDetector
 from gateway.runtime.silero import SileroModel, SileroVAD, process_many
 from gateway.shipped import SILERO_TORCHSCRIPT, SMART_TURN_MODEL, silero_file
@@ -38,15 +38,11 @@ def test_the_torch_model_finds_onnxruntimes_turns_to_the_sample(device: str, ref
     assert sum(isinstance(e, SpeechStopped) for e in turns) >= 8  # the comparison covers real turns
 
 
-GPU_COPIES = (1, GRAPH_BATCHES[0] + 1, GRAPH_BATCHES[-1] // len(WAVS) + 1)
-
-
 @pytest.mark.parametrize(("device", "copies"), [("cpu", 3), *[
-    pytest.param("cuda", n, marks=DEVICES[1].marks) for n in GPU_COPIES]])
+    pytest.param("cuda", n, marks=DEVICES[1].marks) for n in (1, 17, 456)]])
 def test_batches_of_any_size_give_each_stream_its_own_probabilities(device: str, copies: int,
                                                                      reference: dict) -> None:
-    """Every fixture `copies` times in shared steps: on a GPU a batch pads to a captured size, and the largest
-    (over 4096 streams) runs in parts."""
+    """Every fixture `copies` times in shared steps (on a GPU, up to 4104 streams a step)."""
     model = VadModel.from_file(silero_file(SILERO_TORCHSCRIPT), device)
     streams = [name for name in WAVS for _ in range(copies)]
     got = process_many([(SileroVAD(model), load_pcm(name)) for name in streams])
