@@ -113,7 +113,7 @@ def steps_with(model: object) -> list[np.ndarray]:
 async def test_vad_steps_on_the_engine_find_the_gateways_turns_to_the_sample(client: EngineClient) -> None:
     assert client.has_vad
     local = SileroModel.shared()
-    engine_vad = EngineVad(client.vad_endpoint, fallback=None)  # type: ignore[arg-type]  # None: never used
+    engine_vad = EngineVad(client.vad_endpoint, fallback=local)
     (before,) = await client.stats()
     try:
         on_engine, here = await asyncio.to_thread(steps_with, engine_vad), steps_with(local)
@@ -124,7 +124,7 @@ async def test_vad_steps_on_the_engine_find_the_gateways_turns_to_the_sample(cli
         assert TurnDetector().feed(got) == TurnDetector().feed(expected), name
     assert sum(isinstance(e, SpeechStopped) for p in here for e in TurnDetector().feed(p)) >= 16
     (after,) = await client.stats()
-    assert after["vad_windows"] - before["vad_windows"] == sum(map(len, here))
+    assert after["vad_windows"] - before["vad_windows"] == sum(map(len, here))  # every one: no fallback
 
 
 async def test_bad_vad_steps_are_refused_and_the_engine_goes_on(client: EngineClient) -> None:
