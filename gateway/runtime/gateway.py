@@ -183,6 +183,8 @@ class Gateway:
         gateway.responders.build.give_engine_models), falling back on ``local``; else ``local``."""
         engine = self.speech.loaded
         if self.config.vad.device != "cpu" and isinstance(engine, EngineClient) and engine.has_vad:
+            log.info("Silero VAD runs in the engine process at %s (this process's model if it does not answer)",
+                     engine.vad_endpoint)
             return EngineVad(engine.vad_endpoint, local)
         if self.config.vad.device == "engine":
             raise ConfigError('option vad.device = "engine" needs the Qwen3-TTS engine in engine processes that run '
