@@ -84,9 +84,12 @@ def give_engine_models(config: Config) -> None:
     if tts_kind(config) != "qwen3" or engine.endpoints or engine_mode(config) != "process":
         return
 
+    # "auto" asks torch, in a child process, whether the devices hold a GPU: once, and only when needed.
+    autos = "auto" in (config.semantic_vad.device, config.vad.device)
+    on_gpus = autos and any(d.startswith("cuda") for d in resolve_devices(engine.devices, engine.device))
+
     def wanted(device: str) -> bool:
-        return device == "engine" or device == "auto" and any(
-            d.startswith("cuda") for d in resolve_devices(engine.devices, engine.device))
+        return device == "engine" or device == "auto" and on_gpus
 
     if wanted(config.semantic_vad.device):
         engine.turn_model = config.semantic_vad.model_path or str(SMART_TURN_MODEL)

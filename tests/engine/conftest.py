@@ -5,10 +5,16 @@ engine imports it. On a GPU each kernel runs with one config per shape, not auto
 every candidate for every new shape: minutes over these tests); test_kernels checks every candidate once.
 """
 
+import dataclasses
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
+
+from engine.config import EngineConfig
+from engine.supervisor import EngineSupervisor
 
 os.environ.setdefault("QWEN3_TTS_AUTOTUNE", "0")
 if not torch.cuda.is_available():
@@ -26,3 +32,14 @@ def one_thread():
     yield
     torch.set_num_threads(threads)
     torch.backends.cudnn.allow_tf32 = tf32
+
+
+@contextmanager
+def supervised(config: EngineConfig, devices: list[str], timeout: float = 120) -> Iterator[EngineSupervisor]:
+    """Engine processes on `devices` with `config`, started, and stopped when done (for module fixtures)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")  # the tiny model is all per-op overhead (see test_engine_worker.py)
+        engines = EngineSupervisor(dataclasses.asdict(config), devices, heartbeat_ms=config.heartbeat_ms)
+        engines.start(timeout=timeout)
+        yield engines
+        engines.stop()

@@ -6,7 +6,6 @@ is spoken by the other (a real gateway on loopback, the unmodified openai SDK)."
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import signal
 import time
@@ -20,6 +19,7 @@ from engine.supervisor import EngineSupervisor
 from gateway.audio import decode_wav
 from gateway.responders.engine_client import EngineClient, EngineLink
 from tests.conftest import Served, audio_of, connect, make_config
+from tests.engine.conftest import supervised
 from tests.paths import DATA, FIXTURES, TINY_CHECKPOINT
 
 CONFIG = EngineConfig(checkpoint=f"{TINY_CHECKPOINT},{DATA / 'qwen3_tts_tiny_base'}", device="cpu", mode="process",
@@ -33,12 +33,8 @@ REFERENCE = "The quick brown fox jumps over the lazy dog."
 @pytest.fixture(scope="module")
 def engines() -> Iterator[EngineSupervisor]:
     """Two engine processes, as on a two-GPU host."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OMP_NUM_THREADS", "1")  # the tiny model is all per-op overhead
-        supervisor = EngineSupervisor(dataclasses.asdict(CONFIG), ["cpu", "cpu"], heartbeat_ms=CONFIG.heartbeat_ms)
-        supervisor.start(timeout=180)
+    with supervised(CONFIG, ["cpu", "cpu"], timeout=180) as supervisor:
         yield supervisor
-        supervisor.stop()
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from gateway.config import VoiceConfig
 from gateway.core.responder import BackendError
 from gateway.responders.engine_client import EngineClient
 from tests.conftest import Served, audio_of, connect, load_pcm, make_config, silence
+from tests.engine.conftest import supervised
 from tests.paths import DATA, FIXTURES, TINY_CHECKPOINT
 
 pytestmark = pytest.mark.slow  # engine processes
@@ -44,12 +45,8 @@ HEARTBEAT_S = CONFIG.heartbeat_ms / 1000
 
 @pytest.fixture(scope="module")
 def supervisor() -> Iterator[EngineSupervisor]:
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OMP_NUM_THREADS", "1")  # the tiny model is all per-op overhead (see test_engine_worker.py)
-        engines = EngineSupervisor(dataclasses.asdict(CONFIG), ["cpu"], heartbeat_ms=CONFIG.heartbeat_ms)
-        engines.start(timeout=120)
+    with supervised(CONFIG, ["cpu"]) as engines:
         yield engines
-        engines.stop()
 
 
 @pytest.fixture
@@ -314,12 +311,8 @@ REFERENCE = "The quick brown fox jumps over the lazy dog."
 @pytest.fixture(scope="module")
 def family_supervisor() -> Iterator[EngineSupervisor]:
     """An engine process holding a Base and a VoiceDesign checkpoint."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OMP_NUM_THREADS", "1")
-        engines = EngineSupervisor(dataclasses.asdict(FAMILY), ["cpu"], heartbeat_ms=FAMILY.heartbeat_ms)
-        engines.start(timeout=120)
+    with supervised(FAMILY, ["cpu"]) as engines:
         yield engines
-        engines.stop()
 
 
 async def test_voices_prepared_and_spoken_in_an_engine_process(family_supervisor: EngineSupervisor) -> None:

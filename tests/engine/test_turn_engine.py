@@ -11,8 +11,9 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from gateway.runtime.silero import EngineVad, SileroModel, SileroVAD, process_ma
 from gateway.runtime.smart_turn import N_SAMPLES, EngineSmartTurn, last_seconds, resampled_tail
 from gateway.shipped import SILERO_TORCHSCRIPT, SMART_TURN_MODEL, silero_file
 from tests.conftest import FIXTURES, Served, load_pcm, make_config
+from tests.engine.conftest import supervised
 from tests.paths import TINY_CHECKPOINT
 from tests.runtime.test_smart_turn import PAUSE_START, PAUSED, SPEECH_END, turn_ends
 
@@ -42,12 +44,8 @@ HEARTBEAT_S = CONFIG.heartbeat_ms / 1000
 
 @pytest.fixture(scope="module")
 def supervisor() -> Iterator[EngineSupervisor]:
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OMP_NUM_THREADS", "1")
-        engines = EngineSupervisor(dataclasses.asdict(CONFIG), ["cpu"], heartbeat_ms=CONFIG.heartbeat_ms)
-        engines.start(timeout=120)
+    with supervised(CONFIG, ["cpu"]) as engines:
         yield engines
-        engines.stop()
 
 
 @pytest.fixture
@@ -82,24 +80,31 @@ async def test_bad_turn_requests_are_refused_and_the_engine_goes_on(client: Engi
     assert await client.turn(resampled_tail(turns()[1])) > 0.7
 
 
-async def test_a_gateway_told_to_judge_turns_on_an_engine_it_has_not_does_not_start() -> None:
-    gateway = Served(make_config(tts__engine="tone", semantic_vad__device="engine"))
-    with pytest.raises(ConfigError, match='semantic_vad.device = "engine" needs'):
+@pytest.mark.parametrize("option", ["semantic_vad", "vad"])
+async def test_a_gateway_told_to_run_a_detector_on_an_engine_it_has_not_does_not_start(option: str) -> None:
+    gateway = Served(make_config(tts__engine="tone", **{f"{option}__device": "engine"}))
+    with pytest.raises(ConfigError, match=f'option {option}.device = "engine" needs'):
         await gateway.start()
 
 
-async def test_semantic_vad_turns_through_a_gateway_on_the_engine(supervisor: EngineSupervisor) -> None:
-    config = make_config(tts__engine="qwen3", engine__mode="process", engine__endpoints=supervisor.endpoints[0],
-                         engine__heartbeat_ms=CONFIG.heartbeat_ms, semantic_vad__device="engine")
-    gateway = Served(config)
+@asynccontextmanager
+async def gateway_on(supervisor: EngineSupervisor, **overrides: Any) -> AsyncIterator[Served]:
+    """A gateway whose TTS engine is the supervisor's engine process, started and stopped."""
+    gateway = Served(make_config(tts__engine="qwen3", engine__mode="process", engine__endpoints=supervisor.endpoints[0],
+                                 engine__heartbeat_ms=CONFIG.heartbeat_ms, **overrides))
     await gateway.start()
     try:
+        yield gateway
+    finally:
+        await gateway.stop()
+
+
+async def test_semantic_vad_turns_through_a_gateway_on_the_engine(supervisor: EngineSupervisor) -> None:
+    async with gateway_on(supervisor, semantic_vad__device="engine") as gateway:
         ends, _ = await turn_ends(gateway, load_pcm(PAUSED), SPEECH_END, type="semantic_vad")
         assert len(ends) == 1 and abs(ends[0] - SPEECH_END) <= 150  # the pause did not end the turn
         stats = await gateway.gateway.speech.loaded.stats()
         assert stats[0]["turns"] >= 2  # the pause and the end were judged in the engine
-    finally:
-        await gateway.stop()
 
 
 WAVS = sorted(path.name for path in FIXTURES.glob("*.wav"))
@@ -158,22 +163,10 @@ def test_vad_steps_nobody_answers_run_on_the_gateways_model(tmp_path) -> None:
         gone.close()
 
 
-async def test_a_gateway_told_to_run_the_vad_on_an_engine_it_has_not_does_not_start() -> None:
-    gateway = Served(make_config(tts__engine="tone", vad__device="engine"))
-    with pytest.raises(ConfigError, match='vad.device = "engine" needs'):
-        await gateway.start()
-
-
 async def test_server_vad_turns_through_a_gateway_on_the_engine(supervisor: EngineSupervisor) -> None:
-    config = make_config(tts__engine="qwen3", engine__mode="process", engine__endpoints=supervisor.endpoints[0],
-                         engine__heartbeat_ms=CONFIG.heartbeat_ms, vad__device="engine")
-    gateway = Served(config)
-    await gateway.start()
-    try:
+    async with gateway_on(supervisor, vad__device="engine") as gateway:
         before = (await gateway.gateway.speech.loaded.stats())[0]["vad_windows"]
         ends, _ = await turn_ends(gateway, load_pcm(PAUSED), SPEECH_END, type="server_vad", silence_duration_ms=500)
         assert len(ends) == 2 and abs(ends[0] - PAUSE_START) <= 150 and abs(ends[1] - SPEECH_END) <= 150
         after = (await gateway.gateway.speech.loaded.stats())[0]["vad_windows"]
         assert after - before >= SPEECH_END // 32  # the session's windows were stepped in the engine
-    finally:
-        await gateway.stop()
