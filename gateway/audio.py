@@ -416,6 +416,16 @@ def wav_bytes(pcm16: bytes, rate: int = SAMPLE_RATE) -> bytes:
 # --- rational-ratio resampling with a short, fixed delay (phone audio) ---------------------------------
 
 
+def polyphase_filter(up: int, down: int, taps: int) -> list[Float32Array]:
+    """The anti-aliasing filter of resampling by ``up``/``down``: a Kaiser-windowed sinc (β 8) cut at the lower
+    rate's band edge, ``up * taps`` long, as ``up`` phases of ``taps``: phases[p][j] weighs input x[k - j] for
+    an output at upsampled position k * up + p. Its delay is (up * taps - 1) / 2 upsampled samples."""
+    n = np.arange(up * taps) - (up * taps - 1) / 2
+    cutoff = 1 / max(up, down)  # of the upsampled rate's Nyquist
+    h = cutoff * np.sinc(cutoff * n) * np.kaiser(up * taps, 8.0) * up
+    return [h[p::up].astype(np.float32) for p in range(up)]
+
+
 class RationalResampler:
     """pcm16 resampled by ``up``/``down`` (8 → 24 kHz is 3/1, 24 → 16 kHz is 2/3), streaming, with a fixed
     delay of ``taps`` / 2 input samples (2 ms at 8 kHz).
@@ -427,11 +437,7 @@ class RationalResampler:
 
     def __init__(self, up: int, down: int, taps: int = 32) -> None:
         self.up, self.down, self.taps = up, down, taps
-        n = np.arange(up * taps) - (up * taps - 1) / 2
-        cutoff = 1 / max(up, down)  # of the upsampled rate's Nyquist
-        h = cutoff * np.sinc(cutoff * n) * np.kaiser(up * taps, 8.0) * up
-        # phases[p][j] weighs input x[k - j] for an output at upsampled position k * up + p.
-        self._phases = [h[p::up].astype(np.float32) for p in range(up)]
+        self._phases = polyphase_filter(up, down, taps)
         self._history = np.zeros(taps - 1, dtype=np.float32)
         self._consumed = 0  # input samples seen
         self._produced = 0  # output samples made

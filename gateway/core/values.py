@@ -35,11 +35,14 @@ def parse_json(text: str | bytes, what: str = "The message") -> Any:
     return value
 
 
+CONTAINERS = (dict, list)  # a tuple: `dict | list` would build a union at each test
+
+
 def _too_deep(value: Any) -> bool:
     """Whether JSON ``value`` nests objects and arrays deeper than MAX_JSON_DEPTH (a scalar nests nothing)."""
-    level: list[Any] = [value] if isinstance(value, dict | list) else []
+    level: list[Any] = [value] if isinstance(value, CONTAINERS) else []
     for _ in range(MAX_JSON_DEPTH):
-        level = [v for c in level for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, dict | list)]
+        level = [v for c in level for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, CONTAINERS)]
         if not level:
             return False
     return True

@@ -5,8 +5,9 @@
   fall back on.
 - ``SileroVAD``: one per session; turns pcm16 24 kHz input into one speech probability per 32 ms
   window (512 samples at 16 kHz), exactly like the reference ``OnnxWrapper`` in
-  ``silero_vad/utils_vad.py``. ``process_many`` runs several sessions' windows in one batched call,
-  and ``VadBatcher`` runs every session's windows of an event loop in such calls, in the VAD's thread.
+  ``silero_vad/utils_vad.py``. ``process_many`` resamples several sessions' windows in one pass and runs
+  them in one batched call, and ``VadBatcher`` does so for every session of an event loop, in the VAD's
+  thread.
 
 The turn detection over the probabilities is the sans-I/O core's (gateway/core/vad.py).
 """
@@ -27,9 +28,10 @@ from typing import Protocol
 import numpy as np
 import onnxruntime
 import zmq
+from numpy.lib.stride_tricks import sliding_window_view
 
 from engine import ipc
-from gateway.audio import SAMPLE_RATE, Float32Array, StreamResampler, bytes_to_int16, int16_to_float32
+from gateway.audio import SAMPLE_RATE, Float32Array, bytes_to_int16, int16_to_float32, polyphase_filter
 from gateway.core.responder import BackendError
 from gateway.shipped import silero_file
 
@@ -40,8 +42,14 @@ MODEL_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3
 
 VAD_RATE = 16_000
 WINDOW = 512  # samples at 16 kHz per model call
+WINDOW_BYTES = 2 * WINDOW * SAMPLE_RATE // VAD_RATE  # the pcm16 24 kHz input of one window (768 samples)
 CONTEXT = 64  # samples of the previous window prepended to each call (the model needs them)
 NO_WINDOWS = np.zeros((0, WINDOW), dtype=np.float32)
+# The 24 → 16 kHz filter (gateway.audio.polyphase_filter), reversed so that a window's row times it is the
+# output. 16 taps a phase: its delay is 0.32 ms, and an output needs no input after its own position, so a
+# window is whole as soon as its 32 ms of input are.
+TAPS = 16
+PHASES = [phase[::-1].copy() for phase in polyphase_filter(2, 3, TAPS)]
 
 
 class StepModel(Protocol):
@@ -104,70 +112,55 @@ class SileroModel:
 class SileroVAD:
     """Speech probabilities for one session's input stream; not thread-safe (one caller at a time).
 
-    Input is resampled 24 → 16 kHz with carried state; soxr compensates its own delay, so window
-    ``i`` covers input time [32·i, 32·i + 32) ms exactly — no timing correction is needed downstream.
-    Partial windows, the 64-sample context and the model's recurrent state carry across calls, so
-    any chunking of the same audio gives the same probabilities.
+    Input is cut into windows of 32 ms (768 samples at 24 kHz) as it arrives, and each window is resampled to
+    16 kHz with the input before it (``_windows``): window ``i`` covers input time [32·i, 32·i + 32) ms, less
+    the filter's 0.32 ms delay, and is ready as soon as its input is. The partial window, the filter's history,
+    the 64-sample context and the model's recurrent state carry across calls, so any chunking of the same
+    audio gives the same probabilities.
     """
 
     def __init__(self, model: StepModel | None = None) -> None:
         self.model: StepModel = model if model is not None else SileroModel.shared()
-        # QQ (cubic interpolation): the VAD needs no stopband to speak of, and QQ holds back almost nothing
-        # (LQ held ~12 ms, so the window an append completes waited for the next append: 20 ms later).
-        self._resampler = StreamResampler(SAMPLE_RATE, VAD_RATE, dtype="float32", quality="QQ")
         self.queued = 0
         """Windows fed to a VadBatcher whose probabilities have not been delivered yet."""
         self.reset()
 
     def reset(self) -> None:
         """Start over as for a new stream (window count back to 0)."""
-        self._resampler.reset()
-        self._raw = bytearray()  # input not resampled yet (see _take_windows)
-        self._input_bytes = 0
-        self._pending = np.zeros(0, dtype=np.float32)
+        self._raw = bytearray()  # input short of a whole window
+        self._history = np.zeros(TAPS - 1, dtype=np.float32)  # the input before the next window, for the filter
+        self._pending = np.zeros(0, dtype=np.float32)  # process_16k's partial window
         self._context = np.zeros(CONTEXT, dtype=np.float32)
         self._state = np.zeros((2, 1, 128), dtype=np.float32)
-        self._framed = 0  # whole windows taken from the resampler's output
         self.windows = 0
         """Windows processed since the last reset; window i starts at input time 32·i ms."""
 
     def process(self, pcm24k: bytes) -> Float32Array:
         """Feed pcm16 24 kHz bytes; return the probabilities of the windows this completes (maybe none)."""
-        return self._run(self._take_windows(pcm24k))
+        return self._run(_windows([self], [self.take(pcm24k)])[0])
 
     def process_16k(self, samples: Float32Array) -> Float32Array:
         """Feed float32 audio already at 16 kHz (bypasses the resampler; the reference's entry point)."""
-        return self._run(self._frame(np.asarray(samples, dtype=np.float32)))
-
-    def windows_pending(self, nbytes: int) -> int:
-        """How many windows an append of ``nbytes`` would complete: an upper bound, over by at most 2.
-
-        The resampler releases output in bursts, so the exact count is unknown until it runs.
-        """
-        total = (self._input_bytes + nbytes) // 2
-        return max(0, total * VAD_RATE // SAMPLE_RATE // WINDOW - self._framed)
-
-    def _take_windows(self, pcm24k: bytes) -> Float32Array:
-        """The whole windows the input so far completes, [n, 512]. Input that cannot complete one yet (no
-        resampler output could) waits as it is: the resampler runs once per window rather than per append,
-        on the same samples (its output does not depend on how its input is cut)."""
-        pending = self.windows_pending(len(pcm24k))
-        self._input_bytes += len(pcm24k)
-        self._raw += pcm24k
-        if not pending:
-            return NO_WINDOWS
-        n = len(self._raw) & ~1
-        samples = int16_to_float32(bytes_to_int16(memoryview(self._raw)[:n]))
-        del self._raw[:n]  # an odd byte stays for the next append
-        return self._frame(self._resampler.process(samples))
-
-    def _frame(self, samples: Float32Array) -> Float32Array:
-        """Append 16 kHz samples to the partial window; return whole windows as [n, 512]."""
-        buf = np.concatenate((self._pending, samples)) if len(self._pending) else samples
+        buf = np.concatenate((self._pending, np.asarray(samples, dtype=np.float32)))
         n = len(buf) // WINDOW
         self._pending = buf[n * WINDOW :].copy()
-        self._framed += n
-        return buf[: n * WINDOW].reshape(n, WINDOW)
+        return self._run(buf[: n * WINDOW].reshape(n, WINDOW))
+
+    def windows_pending(self, nbytes: int) -> int:
+        """How many windows an append of ``nbytes`` would complete."""
+        return (len(self._raw) + nbytes) // WINDOW_BYTES
+
+    def take(self, pcm24k: bytes) -> bytes:
+        """Add pcm16 24 kHz input; return the input of the whole windows it completes (WINDOW_BYTES each, maybe
+        none), for ``_windows``. Cheap: the event loop calls it for every append."""
+        raw = self._raw
+        raw += pcm24k
+        whole = len(raw) - len(raw) % WINDOW_BYTES
+        if not whole:
+            return b""
+        taken = bytes(raw[:whole])
+        del raw[:whole]
+        return taken
 
     def _run(self, windows: Float32Array) -> Float32Array:
         probs = np.empty(len(windows), dtype=np.float32)
@@ -178,6 +171,33 @@ class SileroVAD:
             self._context = window[-CONTEXT:].copy()
         self.windows += len(windows)
         return probs
+
+
+def _windows(vads: Sequence[SileroVAD], inputs: Sequence[bytes]) -> list[Float32Array]:
+    """Each VAD's taken input (``SileroVAD.take``) as its windows at 16 kHz, [n, 512]: every window of every
+    VAD resampled in one pass, each with the TAPS - 1 input samples before it."""
+    rows: list[Float32Array] = []
+    counts: list[int] = []
+    for vad, pcm in zip(vads, inputs, strict=True):
+        counts.append(len(pcm) // WINDOW_BYTES)
+        if pcm:
+            x = np.concatenate((vad._history, int16_to_float32(bytes_to_int16(pcm))))
+            vad._history = x[1 - TAPS :].copy()
+            rows.append(sliding_window_view(x, TAPS - 1 + WINDOW_BYTES // 2)[:: WINDOW_BYTES // 2])
+    if not rows:
+        return [NO_WINDOWS] * len(vads)
+    return np.split(_resample(np.concatenate(rows)), np.cumsum(counts)[:-1])
+
+
+def _resample(rows: Float32Array) -> Float32Array:
+    """Windows' input [n, TAPS - 1 + 768] at 24 kHz -> the windows at 16 kHz [n, 512]. Output 2m is the filter's
+    phase 0 at input sample 3m, output 2m + 1 its phase 1 at input sample 3m + 1 (RationalResampler's
+    positions for 2/3)."""
+    span = sliding_window_view(rows, TAPS, axis=1)  # span[:, k] = the TAPS input samples up to window sample k
+    out = np.empty((len(rows), WINDOW), dtype=np.float32)
+    out[:, 0::2] = np.einsum("rkj,j->rk", span[:, 0::3], PHASES[0])
+    out[:, 1::2] = np.einsum("rkj,j->rk", span[:, 1::3], PHASES[1])
+    return out
 
 
 def process_many(items: Sequence[tuple[SileroVAD, bytes]]) -> list[Float32Array]:
@@ -192,7 +212,8 @@ def process_many(items: Sequence[tuple[SileroVAD, bytes]]) -> list[Float32Array]
         return []
     if len({id(vad) for vad, _ in items}) != len(items):
         raise ValueError("process_many: a VAD appears twice; concatenate its audio instead")
-    return _infer([vad for vad, _ in items], [vad._take_windows(pcm) for vad, pcm in items])
+    vads = [vad for vad, _ in items]
+    return _infer(vads, _windows(vads, [vad.take(pcm) for vad, pcm in items]))
 
 
 def _infer(vads: list[SileroVAD], windows: list[Float32Array]) -> list[Float32Array]:
@@ -289,19 +310,20 @@ class VadBatcher:
     """Every session's VAD of one event loop in shared batched model calls, run in ``executor`` (one thread:
     the VAD's own; None: on the loop).
 
-    ``feed`` (on the loop, where a session's audio arrives) resamples the audio and queues the windows it
-    completes. A batch starts at most every ``interval_ms`` and takes every window queued by then, of every
-    session (a session's several windows in order, its k-th in step k); its probabilities come back to the
-    loop in one callback per batch, which hands each session its own (``deliver``, in order). So a window
-    waits for the batch under way and the interval, never for the loop's other work, nor for its session's
-    earlier windows to come back; and a batch of 8+ streams costs ~48 µs a window instead of ~90 µs.
+    ``feed`` (on the loop, where a session's audio arrives) queues the input of the windows the audio
+    completes; the batch resamples them (``_windows``) and runs them. A batch starts at most every
+    ``interval_ms`` and takes every window queued by then, of every session (a session's several windows in
+    order, its k-th in step k); its probabilities come back to the loop in one callback per batch, which hands
+    each session its own (``deliver``, in order). So a window waits for the batch under way and the interval,
+    never for the loop's other work, nor for its session's earlier windows to come back; and a batch of 8+
+    streams costs ~48 µs a window instead of ~90 µs.
     """
 
     def __init__(self, executor: Executor | None = None, interval_ms: float = 0) -> None:
         self._executor = executor
         self._interval = interval_ms / 1000
         self._lock = threading.Lock()
-        self._queue: list[tuple[SileroVAD, Float32Array, Deliver]] = []
+        self._queue: list[tuple[SileroVAD, bytes, Deliver]] = []
         self._armed = False  # a batch is due or under way: what is fed meanwhile joins it or the next
         self._next_at = 0.0  # time.monotonic() of the next batch's earliest start
         # The thread waits out the interval on an event never set: a wait that profilers see as one, where
@@ -313,21 +335,22 @@ class VadBatcher:
         """Queue the windows ``pcm24k`` completes (returned: how many) for the next batch; ``deliver`` gets
         their probabilities on the loop, after those of the session's earlier windows. ``vad.queued``
         counts the session's windows whose probabilities have not been delivered yet."""
-        windows = vad._take_windows(pcm24k)
-        if not len(windows):
+        taken = vad.take(pcm24k)
+        if not taken:
             return 0
-        vad.queued += len(windows)
+        windows = len(taken) // WINDOW_BYTES
+        vad.queued += windows
         with self._lock:
-            self._queue.append((vad, windows, deliver))
+            self._queue.append((vad, taken, deliver))
             if self._armed:
-                return len(windows)
+                return windows
             self._armed = True
         loop = self._loop = asyncio.get_running_loop()
         if self._executor is not None:
             self._executor.submit(self._work)
         else:
             loop.call_later(max(0.0, self._next_at - time.monotonic()), self._run_on_loop)
-        return len(windows)
+        return windows
 
     async def process(self, vad: SileroVAD, pcm24k: bytes) -> Float32Array:
         """``vad.process(pcm24k)``, batched with whatever other sessions feed meanwhile."""
@@ -336,7 +359,7 @@ class VadBatcher:
             return np.empty(0, dtype=np.float32)
         return await done
 
-    def _take(self) -> list[tuple[SileroVAD, Float32Array, Deliver]]:
+    def _take(self) -> list[tuple[SileroVAD, bytes, Deliver]]:
         """What is queued, the batcher disarmed when nothing is: the next feed arms it again."""
         with self._lock:
             items, self._queue = self._queue, []
@@ -364,35 +387,38 @@ class VadBatcher:
             asyncio.get_running_loop().call_later(self._interval, self._run_on_loop)
 
     @staticmethod
-    def _run(items: list[tuple[SileroVAD, Float32Array, Deliver]]) -> list[Float32Array] | BaseException:
+    def _run(items: list[tuple[SileroVAD, bytes, Deliver]]) -> list[Float32Array] | BaseException:
         """The batch's probabilities, one array per item; the exception if the model failed."""
         try:
             sessions: dict[SileroVAD, list[int]] = {}
             for k, (vad, _, _) in enumerate(items):
                 sessions.setdefault(vad, []).append(k)
+            vads = list(sessions)
             if len(sessions) == len(items):  # one item per session: no merging
-                return _infer([vad for vad, _, _ in items], [windows for _, windows, _ in items])
-            merged = _infer(list(sessions), [np.concatenate([items[k][1] for k in ks]) for ks in sessions.values()])
+                return _infer(vads, _windows(vads, [taken for _, taken, _ in items]))
+            inputs = [b"".join(items[k][1] for k in ks) for ks in sessions.values()]
+            merged = _infer(vads, _windows(vads, inputs))
             out: list[Float32Array] = [np.empty(0, dtype=np.float32)] * len(items)
             for probs, ks in zip(merged, sessions.values(), strict=True):
                 offset = 0
                 for k in ks:
-                    out[k] = probs[offset : offset + len(items[k][1])]
-                    offset += len(items[k][1])
+                    n = len(items[k][1]) // WINDOW_BYTES
+                    out[k] = probs[offset : offset + n]
+                    offset += n
             return out
         except Exception as exc:  # handed to the loop: a broken VAD must not stop the thread
             return exc
 
     @staticmethod
-    def _deliver(items: list[tuple[SileroVAD, Float32Array, Deliver]],
+    def _deliver(items: list[tuple[SileroVAD, bytes, Deliver]],
                  results: list[Float32Array] | BaseException) -> None:
         """On the loop: each session its probabilities (none when the batch failed), in the queue's order."""
         if isinstance(results, BaseException):
-            log.error("VAD failed; %d windows of input audio not analysed", sum(len(w) for _, w, _ in items),
-                      exc_info=results)
+            log.error("VAD failed; %d windows of input audio not analysed",
+                      sum(len(taken) for _, taken, _ in items) // WINDOW_BYTES, exc_info=results)
             results = [np.empty(0, dtype=np.float32)] * len(items)
-        for (vad, windows, deliver), probs in zip(items, results, strict=True):
-            vad.queued -= len(windows)
+        for (vad, taken, deliver), probs in zip(items, results, strict=True):
+            vad.queued -= len(taken) // WINDOW_BYTES
             try:
                 deliver(probs)
             except Exception:  # one session's failure is not the others'

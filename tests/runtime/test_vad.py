@@ -22,6 +22,7 @@ from gateway.runtime.session_runner import SessionRunner
 from gateway.runtime.silero import (
     MODEL_SHA256,
     WINDOW,
+    WINDOW_BYTES,
     ModelChecksumError,
     SileroModel,
     SileroVAD,
@@ -207,14 +208,16 @@ async def test_sessions_on_the_batched_vad_send_the_per_session_turn_times(model
     assert sum(len(t) for t in alone.values()) >= 16
 
 
-def test_windows_pending_is_a_tight_upper_bound(model: SileroModel) -> None:
-    vad = SileroVAD(model)
-    for chunk in split(load_pcm("one_sentence.wav"), [960, 9600, 1, 30000]):
-        bound = vad.windows_pending(len(chunk))
-        actual = len(vad.process(chunk))
-        assert actual <= bound <= actual + 2
+def test_each_window_is_ready_with_its_own_input(model: SileroModel) -> None:
+    """No hold-back: the append that completes a window's 32 ms of input gets its probability, so speech_stopped
+    never waits for the next append."""
+    vad, sent = SileroVAD(model), 0
+    for chunk in split(load_pcm("one_sentence.wav"), [960, 9600, 1, 1535, 30000]):
+        before, pending = vad.windows, vad.windows_pending(len(chunk))
+        sent += len(chunk)
+        assert len(vad.process(chunk)) == pending == sent // WINDOW_BYTES - before
     vad.reset()
-    assert vad.windows == 0 and vad.windows_pending(0) == 0
+    assert vad.windows == 0 and len(vad.process(bytes(WINDOW_BYTES - 2))) == 0
 
 
 def test_window_times_follow_input_audio(model: SileroModel, fixture_probs: dict) -> None:
