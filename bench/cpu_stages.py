@@ -35,7 +35,7 @@ LIBRARY_STAGES = (
     ("transport", ("websockets/", "uvicorn/", "starlette/", "httptools/")),
 )
 WAITING = ("EpollSelector.select", "Condition.wait", "Event.wait", "SimpleQueue.get",
-           "_worker (concurrent/futures/thread.py:")
+           "_worker (concurrent/futures/thread.py:", "Socket.poll (zmq/", "Poller.poll (zmq/")
 STAGES = ("vad", "smart_turn", "protocol", "transport", "backends", "responder", "event loop", "executor hand-off")
 
 
@@ -60,6 +60,19 @@ def shares(raw: str) -> dict[str, float]:
             counts[stage] += int(n)
     busy = sum(counts.values())
     return {stage: counts[stage] / busy if busy else 0.0 for stage in STAGES}
+
+
+def thread_shares(raw: str) -> dict[str, float]:
+    """Each thread's share (by name) of the busy samples in py-spy's raw output: an engine process's step loop
+    (MainThread) beside its VAD's and its sockets' threads."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in raw.splitlines():
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        if stack and not any(key in frames[-1] for key in WAITING):
+            counts[frames[0].rpartition(": ")[2] if frames[0].startswith("thread (") else "?"] += int(n)
+    busy = sum(counts.values())
+    return {name: count / busy for name, count in counts.most_common()} if busy else {}
 
 
 def record(pid: int, seconds: float, rate: int = 250) -> str | None:

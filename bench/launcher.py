@@ -132,6 +132,14 @@ class Gateway:
         """The serving processes (a worker each with --workers N)."""
         return sorted(int(p.stem.split("-")[1]) for p in self.stats.glob("gateway-*.jsonl"))
 
+    def engine_pids(self) -> list[int]:
+        """The engine processes, as the probes last saw them (none in thread mode or before the first probe)."""
+        for path in sorted(self.stats.glob("gateway-*.jsonl")):
+            lines = path.read_text().splitlines()
+            if lines and (engines := json.loads(lines[-1]).get("engine")):
+                return [e["pid"] for e in engines if e.get("pid")]
+        return []
+
     def http_times(self) -> dict[str, dict[str, Any]]:
         """--time-http's records, every serving process's ("pid"), by request tag."""
         return {r["id"]: {**r, "pid": path.stem} for path in self.stats.glob("http-*.jsonl")

@@ -126,6 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "fakes), the last ones; the gateway gets the others (0: every process shares every core)")
     parser.add_argument("--profile", type=float, help="seconds of py-spy samples of one worker per level: CPU per "
                         "session-minute by stage (default 15; --small 0; 0 = off)")
+    parser.add_argument("--profile-raw", type=Path, help="keep the py-spy samples (a worker's, an engine process's) "
+                        "in this folder")
     parser.add_argument("--port", type=int, default=0, help="the gateway's port (0: a free one)")
     parser.add_argument("--backends", action="store_true", help="measure the STT and LLM clients' CPU per call instead")
     parser.add_argument("--calls", type=int, default=30, help="--backends: calls measured per row, after the first")
@@ -186,7 +188,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         gateway = Gateway(settings, workers=workers, cpus=gateway_cpus, tone=args.tts == "tone")
         pool = Pool(clients, load_cpus)
         for run_index, (n, label) in enumerate(plan):
-            profiler = Profiler(gateway, profile, args.spread or scenario_s(args.responder))
+            profiler = Profiler(gateway, profile, args.spread or scenario_s(args.responder), args.profile_raw)
             if live:
                 result, start, end = live_load.run_sessions(pool, gateway.live_url, "live", "capacity", n,
                                                             args.cycles, args.spread, label == "aligned", seed=n,
@@ -209,9 +211,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       "tts": args.tts if args.responder == "pipeline" else None,
                       "model": model, "gpus": gpus, "workers": gateway.workers,
                       "sessions_per_gpu": n // gpus if gpus else n}
-            shares = profiler.shares()
+            shares, engine_shares = profiler.shares()
             level["cpu_by_stage"] = {stage: rounded(share * level["cpu_s_per_session_min"], 3)
                                      for stage, share in shares.items()} if shares else None
+            if engine_shares and level.get("engine_cpu_s_per_session_min") is not None:
+                level["engine_cpu_by_thread"] = {name: rounded(share * level["engine_cpu_s_per_session_min"], 3)
+                                                 for name, share in engine_shares.items()}
             level["load"] = result.load() | ({"fake": fakes.figures(start, end)} if fakes else {})
             if sip:
                 level |= {"calls_answered": n - len(result.unanswered), "unanswered": result.unanswered[:5],
@@ -243,26 +248,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 class Profiler:
-    """py-spy on one worker for `seconds` of a level, from a third of the way into its arrivals."""
+    """py-spy on one worker, and on one engine process where there are any, for `seconds` of a level, from a third
+    of the way into its arrivals; their raw samples kept in ``keep`` (a folder) when given."""
 
-    def __init__(self, gateway: Gateway, seconds: float, spread: float) -> None:
-        self._raw: str | None = None
-        self._thread: threading.Thread | None = None
+    def __init__(self, gateway: Gateway, seconds: float, spread: float, keep: Path | None = None) -> None:
+        self._raw: dict[str, str | None] = {}
+        self._threads: list[threading.Thread] = []
+        self._keep = keep
         if seconds > 0:
             delay = CONNECT_LEAD_S + 1.0 + spread / 3
-            self._thread = threading.Thread(target=self._run, args=(gateway, seconds, delay), daemon=True)
-            self._thread.start()
+            for kind in ("worker", "engine"):
+                thread = threading.Thread(target=self._run, args=(gateway, kind, seconds, delay), daemon=True)
+                thread.start()
+                self._threads.append(thread)
 
-    def _run(self, gateway: Gateway, seconds: float, delay: float) -> None:
+    def _run(self, gateway: Gateway, kind: str, seconds: float, delay: float) -> None:
         time.sleep(delay)
-        if pids := gateway.pids():
-            self._raw = cpu_stages.record(pids[0], seconds)
+        if pids := gateway.pids() if kind == "worker" else gateway.engine_pids():
+            self._raw[kind] = raw = cpu_stages.record(pids[0], seconds)
+            if raw and self._keep is not None:
+                self._keep.mkdir(parents=True, exist_ok=True)
+                (self._keep / f"{kind}-{pids[0]}-{time.strftime('%H%M%S')}.txt").write_text(raw)
 
-    def shares(self) -> dict[str, float]:
-        if self._thread is None:
-            return {}
-        self._thread.join()
-        return cpu_stages.shares(self._raw) if self._raw else {}
+    def shares(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The worker's CPU by stage and the engine process's by thread, as shares (empty: not profiled)."""
+        for thread in self._threads:
+            thread.join()
+        worker, engine = self._raw.get("worker"), self._raw.get("engine")
+        return (cpu_stages.shares(worker) if worker else {}, cpu_stages.thread_shares(engine) if engine else {})
 
 
 def engine_rates(records: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
