@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 import onnxruntime
 import zmq
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 
 from engine import ipc
-from gateway.audio import SAMPLE_RATE, Float32Array, bytes_to_int16, int16_to_float32, polyphase_filter
+from gateway.audio import SAMPLE_RATE, Float32Array, polyphase_filter
 from gateway.core.responder import BackendError
 from gateway.shipped import silero_file
 
@@ -42,14 +43,16 @@ MODEL_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3
 
 VAD_RATE = 16_000
 WINDOW = 512  # samples at 16 kHz per model call
-WINDOW_BYTES = 2 * WINDOW * SAMPLE_RATE // VAD_RATE  # the pcm16 24 kHz input of one window (768 samples)
+WINDOW_INPUT = WINDOW * SAMPLE_RATE // VAD_RATE  # samples of 24 kHz input per window
+WINDOW_BYTES = 2 * WINDOW_INPUT
 CONTEXT = 64  # samples of the previous window prepended to each call (the model needs them)
 NO_WINDOWS = np.zeros((0, WINDOW), dtype=np.float32)
 # The 24 → 16 kHz filter (gateway.audio.polyphase_filter), reversed so that a window's row times it is the
 # output. 16 taps a phase: its delay is 0.32 ms, and an output needs no input after its own position, so a
 # window is whole as soon as its 32 ms of input are.
 TAPS = 16
-PHASES = [phase[::-1].copy() for phase in polyphase_filter(2, 3, TAPS)]
+PAIR = np.zeros((TAPS + 1, 2), dtype=np.float32)  # [input 3m .. 3m + TAPS] @ PAIR = outputs 2m, 2m + 1
+PAIR[:TAPS, 0], PAIR[1:, 1] = (phase[::-1] / 32768 for phase in polyphase_filter(2, 3, TAPS))
 
 
 class StepModel(Protocol):
@@ -128,7 +131,8 @@ class SileroVAD:
     def reset(self) -> None:
         """Start over as for a new stream (window count back to 0)."""
         self._raw = bytearray()  # input short of a whole window
-        self._history = np.zeros(TAPS - 1, dtype=np.float32)  # the input before the next window, for the filter
+        # the input before the next window, for the filter (pcm16 values: the output is scaled, not the input)
+        self._history = np.zeros(TAPS - 1, dtype=np.float32)
         self._pending = np.zeros(0, dtype=np.float32)  # process_16k's partial window
         self._context = np.zeros(CONTEXT, dtype=np.float32)
         self._state = np.zeros((2, 1, 128), dtype=np.float32)
@@ -137,7 +141,7 @@ class SileroVAD:
 
     def process(self, pcm24k: bytes) -> Float32Array:
         """Feed pcm16 24 kHz bytes; return the probabilities of the windows this completes (maybe none)."""
-        return self._run(_windows([self], [self.take(pcm24k)])[0])
+        return _infer([self], [self.take(pcm24k)])[0]
 
     def process_16k(self, samples: Float32Array) -> Float32Array:
         """Feed float32 audio already at 16 kHz (bypasses the resampler; the reference's entry point)."""
@@ -173,33 +177,6 @@ class SileroVAD:
         return probs
 
 
-def _windows(vads: Sequence[SileroVAD], inputs: Sequence[bytes]) -> list[Float32Array]:
-    """Each VAD's taken input (``SileroVAD.take``) as its windows at 16 kHz, [n, 512]: every window of every
-    VAD resampled in one pass, each with the TAPS - 1 input samples before it."""
-    rows: list[Float32Array] = []
-    counts: list[int] = []
-    for vad, pcm in zip(vads, inputs, strict=True):
-        counts.append(len(pcm) // WINDOW_BYTES)
-        if pcm:
-            x = np.concatenate((vad._history, int16_to_float32(bytes_to_int16(pcm))))
-            vad._history = x[1 - TAPS :].copy()
-            rows.append(sliding_window_view(x, TAPS - 1 + WINDOW_BYTES // 2)[:: WINDOW_BYTES // 2])
-    if not rows:
-        return [NO_WINDOWS] * len(vads)
-    return np.split(_resample(np.concatenate(rows)), np.cumsum(counts)[:-1])
-
-
-def _resample(rows: Float32Array) -> Float32Array:
-    """Windows' input [n, TAPS - 1 + 768] at 24 kHz -> the windows at 16 kHz [n, 512]. Output 2m is the filter's
-    phase 0 at input sample 3m, output 2m + 1 its phase 1 at input sample 3m + 1 (RationalResampler's
-    positions for 2/3)."""
-    span = sliding_window_view(rows, TAPS, axis=1)  # span[:, k] = the TAPS input samples up to window sample k
-    out = np.empty((len(rows), WINDOW), dtype=np.float32)
-    out[:, 0::2] = np.einsum("rkj,j->rk", span[:, 0::3], PHASES[0])
-    out[:, 1::2] = np.einsum("rkj,j->rk", span[:, 1::3], PHASES[1])
-    return out
-
-
 def process_many(items: Sequence[tuple[SileroVAD, bytes]]) -> list[Float32Array]:
     """``vad.process(pcm)`` for several sessions at once, batching their windows into shared model calls.
 
@@ -213,31 +190,64 @@ def process_many(items: Sequence[tuple[SileroVAD, bytes]]) -> list[Float32Array]
     if len({id(vad) for vad, _ in items}) != len(items):
         raise ValueError("process_many: a VAD appears twice; concatenate its audio instead")
     vads = [vad for vad, _ in items]
-    return _infer(vads, _windows(vads, [vad.take(pcm) for vad, pcm in items]))
+    return _infer(vads, [vad.take(pcm) for vad, pcm in items])
 
 
-def _infer(vads: list[SileroVAD], windows: list[Float32Array]) -> list[Float32Array]:
-    """Each VAD's windows [n, 512] through the model in order: step k runs every VAD's k-th window in one
-    call. Rows are gathered and split with numpy; each VAD keeps views of the step's arrays."""
+def _infer(vads: list[SileroVAD], inputs: list[bytes]) -> list[Float32Array]:
+    """Each VAD's taken input (``SileroVAD.take``: whole windows) resampled and through the model, in order: step
+    k runs every VAD's k-th window in one call. Numpy calls per batch and per step, not per VAD: the VAD's thread
+    runs this for every session of its loop, ~30 batches a second."""
     model = vads[0].model
     if any(vad.model is not model for vad in vads):
         raise ValueError("a batch needs VADs that share one SileroModel")
-    results = [np.empty(len(w), dtype=np.float32) for w in windows]
+    counts = np.array([len(pcm) // WINDOW_BYTES for pcm in inputs])
+    starts = np.cumsum(counts) - counts  # each VAD's first row
+    windows = _windows(vads, b"".join(inputs), counts, starts)
+    probs = np.empty(len(windows), dtype=np.float32)
     x = np.empty((len(vads), CONTEXT + WINDOW), dtype=np.float32)
-    for step in range(max(len(w) for w in windows)):
-        rows = [i for i, w in enumerate(windows) if len(w) > step]
-        n = len(rows)
-        x[:n, :CONTEXT] = np.stack([vads[i]._context for i in rows])
-        x[:n, CONTEXT:] = np.stack([windows[i][step] for i in rows])
-        probs, new_state = model.infer(x[:n], np.concatenate([vads[i]._state for i in rows], axis=1))
-        contexts = x[:n, -CONTEXT:].copy()
-        for j, i in enumerate(rows):
-            results[i][step] = probs[j]
+    active = np.flatnonzero(counts)
+    for step in range(int(counts.max(initial=0))):
+        active = active[counts[active] > step]
+        rows, n, ids = starts[active] + step, len(active), active.tolist()
+        x[:n, CONTEXT:] = windows[rows]
+        # The 64 samples before each window: its VAD's last window's, or this batch's previous row's.
+        x[:n, :CONTEXT] = np.stack([vads[i]._context for i in ids]) if step == 0 else windows[rows - 1, -CONTEXT:]
+        probs[rows], new_state = model.infer(x[:n], np.concatenate([vads[i]._state for i in ids], axis=1))
+        for j, i in enumerate(ids):
             vads[i]._state = new_state[:, j : j + 1]
-            vads[i]._context = contexts[j]
-    for vad, w in zip(vads, windows, strict=True):
-        vad.windows += len(w)
+    results = []
+    for vad, start, n in zip(vads, starts.tolist(), counts.tolist(), strict=True):
+        if n:
+            vad._context = windows[start + n - 1, -CONTEXT:].copy()
+            vad.windows += n
+        results.append(probs[start : start + n])
     return results
+
+
+def _windows(vads: list[SileroVAD], pcm: bytes, counts: npt.NDArray[np.int64],
+             starts: npt.NDArray[np.int64]) -> Float32Array:
+    """Every VAD's windows ([counts[i]] rows from starts[i], their input in ``pcm``) at 16 kHz, [n, 512]. A row
+    is a window's input after the TAPS - 1 samples before it: the previous row's tail, or its VAD's history."""
+    rows = np.empty((len(pcm) // WINDOW_BYTES, TAPS - 1 + WINDOW_INPUT), dtype=np.float32)
+    rows[:, TAPS - 1 :] = np.frombuffer(pcm, dtype="<i2").reshape(-1, WINDOW_INPUT)
+    rows[1:, : TAPS - 1] = rows[:-1, 1 - TAPS :]
+    ids = np.flatnonzero(counts).tolist()
+    firsts = starts[ids]
+    rows[firsts, : TAPS - 1] = np.stack([vads[i]._history for i in ids]) if ids else 0
+    tails = rows[firsts + counts[ids] - 1, 1 - TAPS :]
+    for j, i in enumerate(ids):
+        vads[i]._history = tails[j]
+    return _resample(rows)
+
+
+def _resample(rows: Float32Array) -> Float32Array:
+    """Windows' input [n, TAPS - 1 + 768], pcm16 values at 24 kHz -> the windows at 16 kHz [n, 512], in [-1, 1).
+    Output 2m is the filter's phase 0 at input sample 3m, output 2m + 1 its phase 1 at input sample 3m + 1
+    (RationalResampler's positions for 2/3): both from input samples 3m .. 3m + TAPS, one matrix product."""
+    step = rows.itemsize
+    spans = as_strided(rows, shape=(len(rows), WINDOW // 2, TAPS + 1), strides=(rows.strides[0], 3 * step, step),
+                       writeable=False)
+    return (spans @ PAIR).reshape(len(rows), WINDOW)
 
 
 class EngineVad:
@@ -395,9 +405,8 @@ class VadBatcher:
                 sessions.setdefault(vad, []).append(k)
             vads = list(sessions)
             if len(sessions) == len(items):  # one item per session: no merging
-                return _infer(vads, _windows(vads, [taken for _, taken, _ in items]))
-            inputs = [b"".join(items[k][1] for k in ks) for ks in sessions.values()]
-            merged = _infer(vads, _windows(vads, inputs))
+                return _infer(vads, [taken for _, taken, _ in items])
+            merged = _infer(vads, [b"".join(items[k][1] for k in ks) for ks in sessions.values()])
             out: list[Float32Array] = [np.empty(0, dtype=np.float32)] * len(items)
             for probs, ks in zip(merged, sessions.values(), strict=True):
                 offset = 0
