@@ -67,17 +67,26 @@ def rope_tables(head_dim: int, theta: float, max_len: int, device: torch.device,
 
 
 class KVCache:
-    """One layer's keys and values for `rows` sequences of up to `max_len` positions."""
+    """One layer's keys and values [rows, kv_heads, max_len, head_dim]: views of its KVCaches'."""
 
-    def __init__(self, rows: int, kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k, self.v = k, v
+
+
+class KVCaches:
+    """Every layer's keys and values for `rows` sequences of up to `max_len` positions, in one tensor each
+    (layer first), so that moving a sequence to another row is one copy for all layers."""
+
+    def __init__(self, layers: int, rows: int, kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device) -> None:
-        shape = (rows, kv_heads, max_len, head_dim)
+        shape = (layers, rows, kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.layers = [KVCache(k, v) for k, v in zip(self.k, self.v, strict=True)]
 
     def move_row_(self, src: int, dst: int) -> None:
-        self.k[dst] = self.k[src]
-        self.v[dst] = self.v[src]
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
 
 
 def fuse_weights(*modules: nn.Linear | nn.Embedding) -> torch.Tensor:

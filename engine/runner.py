@@ -357,10 +357,11 @@ class Runner:
         return span
 
     def _event(self) -> torch.cuda.Event | None:
-        """An event recorded behind the work queued so far (None on a CPU, where nothing is asynchronous)."""
+        """An event recorded behind the work queued so far (None on a CPU, where nothing is asynchronous); waited
+        for asleep (a spinning wait kept a core busy for every frame the device was computing)."""
         if self.device.type != "cuda":
             return None
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(blocking=True)
         event.record()
         return event
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import kernels
-from engine.layers import Block, Decode, KVCache, Prefill, RMSNorm, fuse_weights, rope_tables
+from engine.layers import Block, Decode, KVCache, KVCaches, Prefill, RMSNorm, fuse_weights, rope_tables
 from engine.sampling import ROW_FIELDS, SamplingParams, choose, repetition_penalty, uniform
 
 
@@ -243,10 +243,10 @@ class Qwen3TTS(nn.Module):
         self.rows, self.params = rows, params
         # Row `rows` is scratch: the padding rows of a batched prefill write there.
         state_rows = rows + 1
-        self.caches = [KVCache(state_rows, t.kv_heads, self.max_len, t.head_dim, dt, dev) for _ in range(t.layers)]
+        self.kv = KVCaches(t.layers, state_rows, t.kv_heads, self.max_len, t.head_dim, dt, dev)
+        self.caches = self.kv.layers
         # The predictor reads 2 + 14 positions per frame and starts over at 0 on the next frame.
-        self.predictor_caches = [KVCache(rows, c.kv_heads, self.cfg.code_groups, c.head_dim, dt, dev)
-                                 for _ in range(c.layers)]
+        self.predictor_caches = KVCaches(c.layers, rows, c.kv_heads, self.cfg.code_groups, c.head_dim, dt, dev).layers
         self.rope = rope_tables(t.head_dim, t.theta, self.max_len, dev, dt)
         self.predictor_rope = rope_tables(c.head_dim, c.theta, self.cfg.code_groups, dev, dt)
         # The official generate bans the top 1024 ids (control tokens) except EOS.
@@ -319,8 +319,7 @@ class Qwen3TTS(nn.Module):
     @torch.no_grad()
     def move_row_(self, src: int, dst: int) -> None:
         """Move the stream in row `src` to row `dst` (the predictor's per-frame caches need no move)."""
-        for cache in self.caches:
-            cache.move_row_(src, dst)
+        self.kv.move_row_(src, dst)
         for state in (self.seen, self.seed, self.frames, self.min_frames, self.codes_embed, self.first_input):
             state[dst] = state[src]
         self.sampling[:, dst] = self.sampling[:, src]

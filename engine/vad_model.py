@@ -105,4 +105,12 @@ class VadModel:
             return p.numpy(), new_state.numpy()
         with torch.cuda.stream(self._stream):
             p, new_state = self.net(xs.to(self.device), states.to(self.device))
-            return p.cpu().numpy(), new_state.cpu().numpy()
+            # One copy back, waited for asleep: a plain .cpu() spins a core until the kernels are done.
+            out = torch.cat((p, new_state.flatten()))
+            host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            host.copy_(out, non_blocking=True)
+            done = torch.cuda.Event(blocking=True)
+            done.record()
+            done.synchronize()
+            result = host.numpy()
+            return result[: len(x)], result[len(x) :].reshape(state.shape)
