@@ -66,6 +66,7 @@ PREFILL_LENS = (PREFILL_LEN, 64, 128, 192, 256, 384, 512)
 LONG_PREFILL_BATCH = 8
 # Frames decoded per call when priming the decoder with an in-context clone's reference codes.
 PRIME_CHUNK = 64
+SPIN_STREAMS = 16  # with more streams running, the runner's waits for the device sleep (see _event)
 STEP_SECONDS = Histogram("tts_engine_step_seconds", "Wall time of one engine step (every running stream makes a "
                          "frame; due packets decoded)", buckets=(.002, .004, .006, .008, .01, .015, .02, .03, .04,
                                                                  .06, .08, .1, .15, .25, .5))
@@ -357,11 +358,13 @@ class Runner:
         return span
 
     def _event(self) -> torch.cuda.Event | None:
-        """An event recorded behind the work queued so far (None on a CPU, where nothing is asynchronous); waited
-        for asleep (a spinning wait kept a core busy for every frame the device was computing)."""
+        """An event recorded behind the work queued so far (None on a CPU, where nothing is asynchronous). Past
+        SPIN_STREAMS streams it is waited for asleep: a spinning wait keeps a core busy for as long as the device
+        computes, which under load is most of the time; below, spinning saves the wake-up on the way to first
+        audio."""
         if self.device.type != "cuda":
             return None
-        event = torch.cuda.Event(blocking=True)
+        event = torch.cuda.Event(blocking=len(self.streams) > SPIN_STREAMS)
         event.record()
         return event
 
