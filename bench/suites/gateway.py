@@ -126,6 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "fakes), the last ones; the gateway gets the others (0: every process shares every core)")
     parser.add_argument("--profile", type=float, help="seconds of py-spy samples of one worker per level: CPU per "
                         "session-minute by stage (default 15; --small 0; 0 = off)")
+    parser.add_argument("--profile-engine", action="store_true", help="--profile samples an engine process too: its "
+                        "CPU by thread (it slows the engine's VAD thread: VAD lateness is not a result then)")
     parser.add_argument("--profile-raw", type=Path, help="keep the py-spy samples (a worker's, an engine process's) "
                         "in this folder")
     parser.add_argument("--port", type=int, default=0, help="the gateway's port (0: a free one)")
@@ -188,7 +190,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         gateway = Gateway(settings, workers=workers, cpus=gateway_cpus, tone=args.tts == "tone")
         pool = Pool(clients, load_cpus)
         for run_index, (n, label) in enumerate(plan):
-            profiler = Profiler(gateway, profile, args.spread or scenario_s(args.responder), args.profile_raw)
+            profiler = Profiler(gateway, profile, args.spread or scenario_s(args.responder), args.profile_engine,
+                                args.profile_raw)
             if live:
                 result, start, end = live_load.run_sessions(pool, gateway.live_url, "live", "capacity", n,
                                                             args.cycles, args.spread, label == "aligned", seed=n,
@@ -244,20 +247,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sessions": counts, "arrivals": labels, "aligned_sessions": aligned_at, "cycles": args.cycles,
         "clients": clients, "fake_processes": fake_processes, "client_cpus": args.client_cpus,
         "gateway_cpus": gateway_cpus or "all", "load_cpus": load_cpus or "all", "profile_s": profile,
+        "profile_engine": args.profile_engine,
         "gateway": settings}, "levels": levels}
 
 
 class Profiler:
-    """py-spy on one worker, and on one engine process where there are any, for `seconds` of a level, from a third
-    of the way into its arrivals; their raw samples kept in ``keep`` (a folder) when given."""
+    """py-spy on one worker, and on one engine process (``engine``) where there are any, for `seconds` of a level,
+    from a third of the way into its arrivals; their raw samples kept in ``keep`` (a folder) when given."""
 
-    def __init__(self, gateway: Gateway, seconds: float, spread: float, keep: Path | None = None) -> None:
+    def __init__(self, gateway: Gateway, seconds: float, spread: float, engine: bool = False,
+                 keep: Path | None = None) -> None:
         self._raw: dict[str, str | None] = {}
         self._threads: list[threading.Thread] = []
         self._keep = keep
         if seconds > 0:
             delay = CONNECT_LEAD_S + 1.0 + spread / 3
-            for kind in ("worker", "engine"):
+            for kind in ("worker", "engine") if engine else ("worker",):
                 thread = threading.Thread(target=self._run, args=(gateway, kind, seconds, delay), daemon=True)
                 thread.start()
                 self._threads.append(thread)
