@@ -155,6 +155,9 @@ class NeverReads:
     def __init__(self, port: int) -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        # Small segments: with loopback's 64 KiB ones the server's send buffer grows to megabytes, which the
+        # session's output took 40 s to fill.
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
         self.sock.connect(("127.0.0.1", port))
         self.protocol = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/v1/live/sessions"))
         self.protocol.send_request(self.protocol.connect())
