@@ -46,7 +46,6 @@ WINDOW = 512  # samples at 16 kHz per model call
 WINDOW_INPUT = WINDOW * SAMPLE_RATE // VAD_RATE  # samples of 24 kHz input per window
 WINDOW_BYTES = 2 * WINDOW_INPUT
 CONTEXT = 64  # samples of the previous window prepended to each call (the model needs them)
-NO_WINDOWS = np.zeros((0, WINDOW), dtype=np.float32)
 # The 24 → 16 kHz filter (gateway.audio.polyphase_filter), reversed so that a window's row times it is the
 # output. 16 taps a phase: its delay is 0.32 ms, and an output needs no input after its own position, so a
 # window is whole as soon as its 32 ms of input are.
