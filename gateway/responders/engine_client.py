@@ -439,4 +439,3 @@ def _handshake(endpoint: str, timeout: float) -> dict[str, Any]:
     finally:
         socket.close(linger=100)
         context.term()
-

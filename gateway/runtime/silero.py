@@ -147,7 +147,7 @@ class SileroVAD:
         buf = np.concatenate((self._pending, np.asarray(samples, dtype=np.float32)))
         n = len(buf) // WINDOW
         self._pending = buf[n * WINDOW :].copy()
-        return self._run(buf[: n * WINDOW].reshape(n, WINDOW))
+        return _step([self], buf[: n * WINDOW].reshape(n, WINDOW), np.array([n]))[0]
 
     def windows_pending(self, nbytes: int) -> int:
         """How many windows an append of ``nbytes`` would complete."""
@@ -165,15 +165,6 @@ class SileroVAD:
         del raw[:whole]
         return taken
 
-    def _run(self, windows: Float32Array) -> Float32Array:
-        probs = np.empty(len(windows), dtype=np.float32)
-        for i, window in enumerate(windows):
-            x = np.concatenate((self._context, window))[None, :]
-            p, self._state = self.model.infer(x, self._state)
-            probs[i] = p[0]
-            self._context = window[-CONTEXT:].copy()
-        self.windows += len(windows)
-        return probs
 
 
 def process_many(items: Sequence[tuple[SileroVAD, bytes]]) -> list[Float32Array]:
@@ -193,15 +184,19 @@ def process_many(items: Sequence[tuple[SileroVAD, bytes]]) -> list[Float32Array]
 
 
 def _infer(vads: list[SileroVAD], inputs: list[bytes]) -> list[Float32Array]:
-    """Each VAD's taken input (``SileroVAD.take``: whole windows) resampled and through the model, in order: step
-    k runs every VAD's k-th window in one call. Numpy calls per batch and per step, not per VAD: the VAD's thread
-    runs this for every session of its loop, ~30 batches a second."""
+    """Each VAD's taken input (``SileroVAD.take``: whole windows) resampled and through the model."""
+    counts = np.array([len(pcm) // WINDOW_BYTES for pcm in inputs])
+    return _step(vads, _windows(vads, b"".join(inputs), counts), counts)
+
+
+def _step(vads: list[SileroVAD], windows: Float32Array, counts: npt.NDArray[np.int64]) -> list[Float32Array]:
+    """Each VAD's windows at 16 kHz (``counts[i]`` rows of ``windows`` [n, 512], in VAD order) through the model,
+    in order: step k runs every VAD's k-th window in one call. Numpy calls per batch and per step, not per VAD:
+    the VAD's thread runs this for every session of its loop, every batch."""
     model = vads[0].model
     if any(vad.model is not model for vad in vads):
         raise ValueError("a batch needs VADs that share one SileroModel")
-    counts = np.array([len(pcm) // WINDOW_BYTES for pcm in inputs])
     starts = np.cumsum(counts) - counts  # each VAD's first row
-    windows = _windows(vads, b"".join(inputs), counts, starts)
     probs = np.empty(len(windows), dtype=np.float32)
     x = np.empty((len(vads), CONTEXT + WINDOW), dtype=np.float32)
     active = np.flatnonzero(counts)
@@ -223,15 +218,15 @@ def _infer(vads: list[SileroVAD], inputs: list[bytes]) -> list[Float32Array]:
     return results
 
 
-def _windows(vads: list[SileroVAD], pcm: bytes, counts: npt.NDArray[np.int64],
-             starts: npt.NDArray[np.int64]) -> Float32Array:
-    """Every VAD's windows ([counts[i]] rows from starts[i], their input in ``pcm``) at 16 kHz, [n, 512]. A row
-    is a window's input after the TAPS - 1 samples before it: the previous row's tail, or its VAD's history."""
+def _windows(vads: list[SileroVAD], pcm: bytes, counts: npt.NDArray[np.int64]) -> Float32Array:
+    """Every VAD's windows (``counts[i]`` of them, their input in ``pcm``, in VAD order) at 16 kHz, [n, 512]. A
+    row is a window's input after the TAPS - 1 samples before it: the previous row's tail, or its VAD's
+    history."""
     rows = np.empty((len(pcm) // WINDOW_BYTES, TAPS - 1 + WINDOW_INPUT), dtype=np.float32)
     rows[:, TAPS - 1 :] = np.frombuffer(pcm, dtype="<i2").reshape(-1, WINDOW_INPUT)
     rows[1:, : TAPS - 1] = rows[:-1, 1 - TAPS :]
     ids = np.flatnonzero(counts).tolist()
-    firsts = starts[ids]
+    firsts = (np.cumsum(counts) - counts)[ids]
     rows[firsts, : TAPS - 1] = np.stack([vads[i]._history for i in ids]) if ids else 0
     tails = rows[firsts + counts[ids] - 1, 1 - TAPS :]
     for j, i in enumerate(ids):
