@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import multiprocessing
 import os
 import shutil
@@ -75,6 +76,10 @@ CONFIG_ERROR = 2  # a worker's exit status when it cannot start (as `serve` exit
 # A worker's death wakes the parent through its sentinel pipe; a process it forked could keep that pipe
 # open, so the parent also looks every few seconds.
 CHECK_S = 5.0
+# The sessions a worker serves by default. A worker's CPU per session falls as it serves more (each turn of
+# its loop, each VAD batch, each engine request serves more sessions for the same fixed cost), while one of
+# ~150 still keeps its loop lag and VAD lateness well inside their targets: docs/operations.md, "Sizing".
+SESSIONS_PER_WORKER = 150
 
 
 def cpu_count() -> int:
@@ -83,8 +88,9 @@ def cpu_count() -> int:
 
 def worker_count(config: Config) -> int:
     """[server] workers, 0 (auto) resolved: with a Qwen3-TTS engine in engine processes on GPUs (by default
-    on a host with GPUs: [engine] mode "auto"), one per CPU core less two per engine process (its step loop
-    and its CUDA launches); otherwise 1. The options are checked first (gateway.config.check)."""
+    on a host with GPUs: [engine] mode "auto"), one per SESSIONS_PER_WORKER of [server] max_sessions, and at
+    most one per CPU core less two per engine process (its step loop and its CUDA launches); otherwise 1. The
+    options are checked first (gateway.config.check)."""
     check(config)
     workers, engine = config.server.workers, config.engine
     qwen3 = tts_kind(config) == "qwen3"
@@ -98,7 +104,8 @@ def worker_count(config: Config) -> int:
             return 1
         engine.devices = ",".join(devices)  # resolved once (it asks torch in a child process)
         engines = len(devices)
-    return max(1, cpu_count() - 2 * engines)
+    by_sessions = math.ceil(config.server.max_sessions / SESSIONS_PER_WORKER)
+    return max(1, min(by_sessions, cpu_count() - 2 * engines))
 
 
 @dataclasses.dataclass
