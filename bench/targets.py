@@ -50,8 +50,10 @@ def _capacity(model: str, per_gpu: int, cpu: bool) -> list[Target]:
         Target(f"{prefix}.audio_errors", "gateway", f"audio errors ({label})", "audio_errors", 0, "", where, runs=2),
     ]
     if cpu:
-        targets.append(Target(f"{prefix}.cpu", "gateway", f"CPU per session-minute ({label})",
-                              "cpu_s_per_session_min", 0.20, "s", where, runs=2))
+        # The whole product's: the workers' and the engine processes' (which run every worker's VAD).
+        targets.append(Target(f"{prefix}.product_cpu", "gateway",
+                              f"CPU per session-minute, workers + engines ({label})", "product_cpu_s_per_session_min",
+                              0.20, "s", where, runs=2))
     return targets
 
 
