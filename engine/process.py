@@ -52,7 +52,7 @@ MAX_VAD_ROWS = 4096  # windows in one VAD request: 8 of every stream of a 512-se
 # A VAD pass starts at most this long after the last one: the requests that come meanwhile share it. Each pass
 # launches the same ~25 kernels whatever its batch, so under load (every worker asking every 10 ms) fewer,
 # bigger passes cost less CPU; an idle engine answers at once.
-VAD_PASS_S = 0.004
+VAD_PASS_S = 0.002
 # The interpreter's switch interval where the VAD thread serves: it gets the GIL within 1 ms of asking, not
 # after the TTS thread's next 5 ms of Python.
 VAD_SWITCH_INTERVAL_S = 0.001
