@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--insecure-no-auth", action="store_true",
                        help="serve a non-loopback address with no API keys: anyone who reaches it may use it")
     serve.add_argument("--workers", type=_workers, help="worker processes sharing the port, the engine processes "
-                       "and max_sessions (default from config: 0 = auto: one per 150 of max_sessions, at most one per "
+                       "and max_sessions (default from config: 0 = auto: one per 100 of max_sessions, at most one per "
                        "CPU core less two per engine process, when a Qwen3-TTS engine runs in engine processes on "
                        "a GPU; else 1)")
     serve.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],

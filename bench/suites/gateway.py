@@ -108,7 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-max-frames", type=int, help="[engine] max_frames: random weights never say EOS, "
                         "so this ends a reply nobody cut (default 250 = 20 s; --small 60)")
     parser.add_argument("--workers", type=int, help="gateway worker processes (default 0: serve's own choice on the "
-                        "gateway's cores: one per 150 sessions of the largest level (of 1000 at least), at most one "
+                        "gateway's cores: one per 100 sessions of the largest level (of 1000 at least), at most one "
                         "per core less two per engine process; --small 2)")
     parser.add_argument("--worker-balance", choices=["connections", "accept"], default="connections")
     parser.add_argument("--sessions", help="comma-separated session counts (default 1000 per GPU, twice; --small 4,4)")

@@ -77,9 +77,10 @@ CONFIG_ERROR = 2  # a worker's exit status when it cannot start (as `serve` exit
 # open, so the parent also looks every few seconds.
 CHECK_S = 5.0
 # The sessions a worker serves by default. A worker's CPU per session falls as it serves more (each turn of
-# its loop, each VAD batch, each engine request serves more sessions for the same fixed cost), while one of
-# ~150 still keeps its loop lag and VAD lateness well inside their targets: docs/operations.md, "Sizing".
-SESSIONS_PER_WORKER = 150
+# its loop, each VAD batch, each engine request serves more sessions for the same fixed cost), but its VAD
+# lateness grows: 100 held every target at 1 and 2 GPUs, 143 held them at 1 GPU only (docs/operations.md,
+# "Sizing a host").
+SESSIONS_PER_WORKER = 100
 
 
 def cpu_count() -> int:

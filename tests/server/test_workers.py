@@ -170,7 +170,7 @@ def test_the_worker_count_auto_is_one_unless_a_gpu_engine_runs_in_engine_process
     assert workers.worker_count(make_config(tts__engine="tone", server__workers=3)) == 3
     engines = {"tts__engine": "qwen3", "engine__mode": "process", "engine__endpoints": "ipc:///a,ipc:///b"}
     assert workers.worker_count(make_config(**engines, server__max_sessions=5000)) == 16 - 2 * 2  # two cores
-    assert workers.worker_count(make_config(**engines, server__max_sessions=400)) == 3  # 150 sessions a worker
+    assert workers.worker_count(make_config(**engines, server__max_sessions=250)) == 3  # 100 sessions a worker
     on_cpu = {"engine__endpoints": "", "engine__checkpoint": "x", "engine__devices": "cpu"}
     assert workers.worker_count(make_config(**engines | on_cpu)) == 1
     with pytest.raises(ConfigError, match='mode = "process"'):
@@ -181,7 +181,7 @@ def test_the_worker_count_auto_is_one_unless_a_gpu_engine_runs_in_engine_process
 
 
 def test_the_defaults_size_a_host_by_its_cores_gpus_and_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """[engine] mode "auto" and [server] workers 0: one engine process per GPU and a worker per 150 sessions of
+    """[engine] mode "auto" and [server] workers 0: one engine process per GPU and a worker per 100 sessions of
     max_sessions, at most one per core less two per GPU, with no option; on a host without a GPU, one process
     with the engine in a thread."""
     from engine import supervisor
@@ -191,10 +191,10 @@ def test_the_defaults_size_a_host_by_its_cores_gpus_and_sessions(monkeypatch: py
     monkeypatch.setattr(workers, "cpu_count", lambda: 64)
     monkeypatch.setattr(supervisor, "gpu_count", lambda python=None: 4)
     config = make_config(tts__engine="qwen3", engine__checkpoint="x")
-    assert workers.worker_count(config) == 7  # the default 1000 sessions, 150 a worker
+    assert workers.worker_count(config) == 10  # the default 1000 sessions, 100 a worker
     assert (config.engine.mode, config.engine.devices) == ("process", "cuda:0,cuda:1,cuda:2,cuda:3")
     config = make_config(tts__engine="qwen3", engine__checkpoint="x", server__max_sessions=4000)
-    assert workers.worker_count(config) == 27
+    assert workers.worker_count(config) == 40
     config = make_config(tts__engine="qwen3", engine__checkpoint="x", server__max_sessions=100_000)
     assert workers.worker_count(config) == 64 - 2 * 4  # the cores are the limit
     monkeypatch.setattr(supervisor, "gpu_count", lambda python=None: 0)
