@@ -96,7 +96,7 @@ def test_phone_calls_spread_over_the_workers_each_with_rtp_ports_of_its_own(monk
     monkeypatch.setattr(workers, "cpu_count", lambda: 16)
     monkeypatch.setattr(supervisor, "gpu_count", lambda python=None: 1)
     config = load_config(env={"GATEWAY_SIP_ENABLED": "1", "GATEWAY_TTS_ENGINE": "qwen3",
-                              "GATEWAY_ENGINE_CHECKPOINT": "/models/q"})
+                              "GATEWAY_ENGINE_CHECKPOINT": "/models/q", "GATEWAY_SERVER_MAX_SESSIONS": "2000"})
     assert workers.worker_count(config) == 16 - 2
 
     sip = config.sip  # 20000-20999: 500 calls' ports
