@@ -166,7 +166,6 @@ class SileroVAD:
         return taken
 
 
-
 def process_many(items: Sequence[tuple[SileroVAD, bytes]]) -> list[Float32Array]:
     """``vad.process(pcm)`` for several sessions at once, batching their windows into shared model calls.
 
