@@ -12,10 +12,11 @@ Every layer is a float32 matmul (a convolution as a matmul over its unfolded inp
 float32 matmuls are full precision by default, where cuDNN's convolutions may use TF32 on a GPU: the
 probabilities stay within float rounding of onnxruntime's (tests/engine/test_vad_model.py).
 
-No CUDA graphs: a step is ~25 kernels, launched by the VAD's thread on a stream of its own while the TTS
-steps replay theirs. Replaying graphs of its own there hung an engine process on an H200 within seconds:
-every graph torch captures on its default capture stream shares that stream's cuBLAS workspace, and two of
-them ran at once.
+On a GPU a step is one CUDA graph replay (per batch size in GRAPH_ROWS, a batch padded to the next): the
+~25 kernels of a step, launched one by one, cost the VAD's thread more CPU than everything else it does, and
+the GIL they hold slows the engine's TTS steps. The graphs are captured and replayed on the VAD's own stream:
+captured on torch's default capture stream, they shared its cuBLAS workspace with the TTS graphs, and two
+of them running at once hung an engine process on an H200 within seconds.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ SAMPLES = CONTEXT + WINDOW  # one step's input
 HIDDEN = 128
 N_FFT, HOP, REFLECT = 256, 128, 64
 BINS = N_FFT // 2 + 1
+# Batch sizes with a CUDA graph of their own; a larger batch runs in pieces of the largest. Streams are
+# independent rows, so the padding rows (whatever the last batch left there) change no stream's result.
+GRAPH_ROWS = (16, 32, 64, 128, 256, 512, 1024)
 
 
 def _conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, stride: int) -> torch.Tensor:
@@ -69,14 +73,60 @@ class SileroNet(torch.nn.Module):
         return p, torch.stack((h, c))
 
 
+class _Graph:
+    """One batch size's graph, its input and output on the device, and their pinned copies on the host."""
+
+    def __init__(self, net: SileroNet, rows: int, stream: torch.cuda.Stream, pool: tuple[int, int] | None) -> None:
+        device = stream.device
+        self.x = torch.zeros(rows, SAMPLES, device=device)
+        self.state = torch.zeros(2, rows, HIDDEN, device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # cuBLAS's workspace for this stream, allocated before the capture
+            net(self.x, self.state)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool, stream=stream):
+            p, new_state = net(self.x, self.state)
+            self.out = torch.cat((p, new_state.flatten()))
+        self.host_x = torch.zeros(self.x.shape, pin_memory=True)
+        self.host_state = torch.zeros(self.state.shape, pin_memory=True)
+        self.host_out = torch.zeros(self.out.shape, pin_memory=True)
+        self.done = torch.cuda.Event(blocking=True)
+
+    def run(self, x: np.ndarray, state: np.ndarray, probs: np.ndarray, new_state: np.ndarray) -> None:
+        """Steps ``len(x)`` streams (at most this graph's rows) into ``probs`` and ``new_state``."""
+        rows, size = len(x), len(self.x)
+        self.host_x.numpy()[:rows] = x
+        self.host_state.numpy()[:, :rows] = state
+        self.x.copy_(self.host_x, non_blocking=True)
+        self.state.copy_(self.host_state, non_blocking=True)
+        self.graph.replay()
+        self.host_out.copy_(self.out, non_blocking=True)
+        # Waited for asleep: a plain .cpu() spins a core until the kernels are done.
+        self.done.record()
+        self.done.synchronize()
+        out = self.host_out.numpy()
+        probs[:] = out[:rows]
+        new_state[:] = out[size:].reshape(2, size, HIDDEN)[:, :rows]
+
+
 class VadModel:
-    """The network on one device; ``infer`` may run beside the engine's other work (on a GPU, on a CUDA stream
-    of its own)."""
+    """The network on one device; ``infer`` may run beside the engine's other work (on a GPU, as CUDA graphs
+    on a stream of its own)."""
 
     def __init__(self, net: SileroNet, device: torch.device) -> None:
         self.device = device
         self.net = net.to(device).eval()
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._graphs: dict[int, _Graph] = {}
+        if device.type == "cuda":
+            self._stream = torch.cuda.Stream(device)
+            self._capture()
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        pool = None
+        for rows in sorted(GRAPH_ROWS, reverse=True):  # the largest first: the others fit in its memory
+            self._graphs[rows] = graph = _Graph(self.net, rows, self._stream, pool)
+            pool = graph.graph.pool()
 
     @classmethod
     def from_file(cls, path: str | Path, device: str | torch.device = "cpu") -> VadModel:
@@ -99,18 +149,17 @@ class VadModel:
         x, state = np.asarray(x, dtype=np.float32), np.asarray(state, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != SAMPLES or state.shape != (2, len(x), HIDDEN):
             raise ValueError(f"infer takes x [B, {SAMPLES}] and state [2, B, {HIDDEN}], got {x.shape}, {state.shape}")
-        xs, states = torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(np.ascontiguousarray(state))
-        if self._stream is None:
-            p, new_state = self.net(xs, states)
+        if not self._graphs:
+            p, new_state = self.net(torch.from_numpy(np.ascontiguousarray(x)),
+                                    torch.from_numpy(np.ascontiguousarray(state)))
             return p.numpy(), new_state.numpy()
+        probs = np.empty(len(x), dtype=np.float32)
+        new_states = np.empty(state.shape, dtype=np.float32)
+        largest = GRAPH_ROWS[-1]
         with torch.cuda.stream(self._stream):
-            p, new_state = self.net(xs.to(self.device), states.to(self.device))
-            # One copy back, waited for asleep: a plain .cpu() spins a core until the kernels are done.
-            out = torch.cat((p, new_state.flatten()))
-            host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-            host.copy_(out, non_blocking=True)
-            done = torch.cuda.Event(blocking=True)
-            done.record()
-            done.synchronize()
-            result = host.numpy()
-            return result[: len(x)], result[len(x) :].reshape(state.shape)
+            for start in range(0, len(x), largest):
+                rows = slice(start, start + largest)
+                piece = x[rows]
+                graph = self._graphs[next(size for size in GRAPH_ROWS if size >= len(piece))]
+                graph.run(piece, state[:, rows], probs[rows], new_states[:, rows])
+        return probs, new_states
