@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from typing import NoReturn
@@ -26,7 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
     check(config)  # a bad value from the file or the environment is one line too, before anything starts
     # Imported here, not above: a worker of `serve --workers N` is spawned from this module, and imports it
     # before it sets PROMETHEUS_MULTIPROC_DIR, which the server's metrics read once, when first imported.
-    from gateway.server.serve import GatewayServer, exit_now, run_server
+    from gateway.server.serve import GatewayServer, exit_now, run_loop, run_server
     from gateway.server.workers import Workers, worker_count
 
     workers = worker_count(config)
@@ -36,7 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
     async def serve() -> int:
         return await run_server(GatewayServer(config, insecure_no_auth=args.insecure_no_auth))
 
-    exit_now(asyncio.run(serve()))
+    exit_now(run_loop(serve()))
 
 
 def _config(args: argparse.Namespace) -> int:

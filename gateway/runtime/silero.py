@@ -278,8 +278,8 @@ class EngineVad:
         token = str(next(self._tokens)).encode()
         rows = len(x)
         try:
-            self._socket.send_multipart([token, np.ascontiguousarray(x, dtype="<f4").tobytes(),
-                                         np.ascontiguousarray(state, dtype="<f4").tobytes()], zmq.NOBLOCK)
+            self._socket.send_multipart([token, np.ascontiguousarray(x, dtype="<f4"),
+                                         np.ascontiguousarray(state, dtype="<f4")], zmq.NOBLOCK)
         except zmq.Again:
             raise BackendError("vad", f"the engine's VAD at {self.endpoint} does not keep up") from None
         deadline = time.monotonic() + self._timeout_ms / 1000

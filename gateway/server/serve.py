@@ -21,7 +21,7 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, NoReturn
 
 import uvicorn
@@ -286,6 +286,18 @@ class GatewayServer:
             self._socket.close()
         if self._handoff is not None:
             self._handoff.end.close()
+
+
+def run_loop(main: Coroutine[Any, Any, int]) -> int:
+    """Run the serving coroutine on uvloop where it is installed (the default on Linux and macOS), else on
+    asyncio's own loop: the same protocols on either, but uvloop's transports and scheduling take less CPU
+    per message, and a gateway's messages are mostly 20 ms audio appends."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
 
 
 def exit_now(code: int) -> NoReturn:

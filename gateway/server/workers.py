@@ -326,7 +326,7 @@ def _worker_main(slot: int, config: Config, auth: Auth, sock: socket.socket | No
     os.setpgrp()
     # Before anything imports prometheus_client: its metrics then live in files every worker reads.
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    from gateway.server.serve import GatewayServer, exit_now, run_server  # only now: see the imports above
+    from gateway.server.serve import GatewayServer, exit_now, run_loop, run_server  # only now: see the imports above
 
     configure_logging(log_level, prefix=f"worker[{slot}] ")
 
@@ -350,4 +350,4 @@ def _worker_main(slot: int, config: Config, auth: Auth, sock: socket.socket | No
             server.app = hooks.app(server.app)
         return await run_server(server, serving)
 
-    exit_now(asyncio.run(serve()))
+    exit_now(run_loop(serve()))

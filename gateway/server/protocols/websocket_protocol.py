@@ -172,8 +172,8 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
     # --- inbound bound ------------------------------------------------------------------------------
 
     def _held(self) -> int:
-        return (len(self.conn.reader.buffer) + sum(len(f) for f in self.frames) + self._queued_bytes
-                + self._app_holds + self._parser_holds)
+        held = len(self.conn.reader.buffer) + self._queued_bytes + self._app_holds + self._parser_holds
+        return held + sum(map(len, self.frames)) if self.frames else held  # frames: a fragmented message's
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -188,7 +188,7 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._check_held()
 
     def send_receive_event_to_app(self) -> None:
-        size = sum(len(f) for f in self.frames)
+        size = sum(map(len, self.frames))
         queued = self.queue.qsize()
         paused, self.read_paused = self.read_paused, True  # uvicorn's pause after every message: not here
         super().send_receive_event_to_app()
