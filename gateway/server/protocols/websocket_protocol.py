@@ -59,6 +59,8 @@ INBOUND_WAITS = Counter("gateway_inbound_budget_waits_total",
 
 # Messages of one connection waiting for the app before it stops reading (within its free bytes).
 MAX_WAITING = 16
+# Bytes of its last message that websockets' parser may keep referenced until the next (_drop_parsed_frame).
+PARSER_KEEPS = 64 * 1024
 
 
 class InboundBudget:
@@ -206,12 +208,15 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
         is parsed: between messages, with nothing buffered, a fresh parser lets a large message's bytes go
         once handled, instead of when (if ever) the next message arrives. Only where the parser waits for
         a frame's first byte (in ``at_eof``): a read that ended inside a frame's header leaves the buffer
-        empty too, with that header already taken by the parser."""
+        empty too, with that header already taken by the parser. A message of at most PARSER_KEEPS bytes
+        (and within the connection's free allowance, where they are counted meanwhile) stays: a fresh
+        parser for every 20 ms audio append cost more than the rest of its framing."""
+        if self._parser_holds <= min(PARSER_KEEPS, self.free_bytes):
+            return
         conn = self.conn
         waiting = conn.parser.gi_yieldfrom
         at_frame_start = waiting is not None and waiting.gi_code.co_name == "at_eof"
-        if (self._parser_holds and at_frame_start and not conn.reader.buffer and conn.cur_size is None
-                and conn.state is State.OPEN):
+        if at_frame_start and not conn.reader.buffer and conn.cur_size is None and conn.state is State.OPEN:
             conn.parser = conn.parse()
             next(conn.parser)
             self._parser_holds = 0
