@@ -138,9 +138,14 @@ class CoreRunner:
         self._transcripts.clear()
         self._checks.clear()
 
+    @property
+    def _vad_backlogged(self) -> bool:
+        """The VAD's backlog is long (see MAX_VAD_BACKLOG_WINDOWS)."""
+        return self.vad is not None and self.vad.queued > MAX_VAD_BACKLOG_WINDOWS
+
     async def _wait_vad(self) -> None:
-        """Back-pressure: wait while the VAD's backlog is long (see MAX_VAD_BACKLOG_WINDOWS)."""
-        if self.vad is not None and self.vad.queued > MAX_VAD_BACKLOG_WINDOWS:
+        """Back-pressure: wait while the VAD's backlog is long."""
+        if self._vad_backlogged:
             self._vad_caught_up = asyncio.get_running_loop().create_future()
             await self._vad_caught_up
 
@@ -183,17 +188,21 @@ class CoreRunner:
             await self._send(orjson.dumps(event).decode())
 
     async def _run_vad_on(self, pcm: bytes) -> None:
+        await self._apply(self._feed_vad(pcm))
+
+    def _feed_vad(self, pcm: bytes) -> list[Any]:
+        """Input audio to the VAD, without waiting; the effects to carry out next."""
         if self._vad_batcher is None:
-            await self._apply(self.session.vad_result(self.vad.process(pcm)))
-            return
+            return list(self.session.vad_result(self.vad.process(pcm)))
         # The batcher hands the probabilities to _vad_result; appends are not held up meanwhile.
         self._vad_batcher.feed(self.vad, pcm, self._vad_result)
-        if not self.vad.queued:  # no window to wait for (the audio completes none): buffered now
-            effects = self.session.vad_result(())
-            if self._vad_task is None:
-                await self._apply(effects)
-            else:  # after the VAD's events still being carried out
-                self._vad_effects += effects
+        if self.vad.queued:
+            return []
+        effects = self.session.vad_result(())  # no window to wait for (the audio completes none): buffered now
+        if self._vad_task is None:
+            return list(effects)
+        self._vad_effects += effects  # after the VAD's events still being carried out
+        return []
 
     def _vad_result(self, probabilities: Float32Array) -> None:
         """The batched VAD's probabilities for this session's audio, in order, on the loop."""

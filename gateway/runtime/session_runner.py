@@ -21,6 +21,7 @@ from gateway.realtime.effects import (
     ListMcpTools,
     Play,
     PlayoutEnd,
+    RunVad,
     SendEvent,
 )
 from gateway.realtime.session import Session
@@ -76,6 +77,8 @@ class SessionRunner(CoreRunner):
         self.mcp = McpClient(session.config.mcp)
         self._mcp_tasks: dict[asyncio.Task[None], str | None] = {}
         self._denoiser: Denoiser | None = None  # noise reduction's state, once it is on
+        self._receiving = 0  # receive calls under way
+        self._pending: asyncio.Task[None] | None = None  # carrying out what a receive_now left to wait for
         session.transcription.available = transcriber is not None
         session.transcription.always = responder.reads_transcripts
         session.voices = responder.voices
@@ -89,8 +92,38 @@ class SessionRunner(CoreRunner):
 
     async def receive(self, message: str | bytes) -> None:
         """One client message; returns once its effects are carried out, except the VAD's."""
-        await self._apply(self.session.handle(message))
-        await self._wait_vad()
+        self._receiving += 1
+        try:
+            if self._pending is not None:  # a message receive_now took comes first
+                await self._pending
+            await self._apply(self.session.handle(message))
+            await self._wait_vad()
+        finally:
+            self._receiving -= 1
+
+    def receive_now(self, message: str | bytes) -> bool:
+        """``receive``, called by a transport as the message arrives instead of through its app's queue and
+        task (the Realtime WebSocket's: gateway/transports/realtime_websocket.py RECEIVE_NOW): an audio append
+        needs nothing awaited, and that hand-over cost it more CPU than the rest of its handling. Effects that
+        need waiting are carried out by a task that the next message waits for. False, with nothing done,
+        while another message is being handled or carried out, or the VAD's backlog is long: the message
+        then comes through ``receive``, in its order."""
+        if self._receiving or self._pending is not None or self._closed or self._vad_backlogged:
+            return False
+        effects = list(self.session.handle(message))
+        while effects and isinstance(effects[0], RunVad):
+            effects[:1] = self._feed_vad(effects[0].pcm)
+        if effects:
+            self._pending = asyncio.create_task(self._finish(effects), context=self._context)
+        return True
+
+    async def _finish(self, effects: list[Any]) -> None:
+        try:
+            await self._apply(effects)
+        except Exception:  # as a receive's failure would, it ends nothing else
+            log.exception("carrying out a client event's effects failed")
+        finally:
+            self._pending = None
 
     async def send_event(self, event: dict[str, Any]) -> None:
         """A server event from outside the session (a draining gateway's notice), in order with its others."""
@@ -107,7 +140,7 @@ class SessionRunner(CoreRunner):
         await self._apply(self.session.playout_event("output_audio_buffer.stopped", response_id))
 
     def _tasks(self) -> list[asyncio.Task[Any] | None]:
-        return [*super()._tasks(), *self._mcp_tasks]
+        return [*super()._tasks(), *self._mcp_tasks, self._pending]
 
     def _forget_tasks(self) -> None:
         super()._forget_tasks()

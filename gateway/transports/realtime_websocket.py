@@ -34,6 +34,12 @@ from gateway.transports.sideband import Sidebands
 
 log = logging.getLogger(__name__)
 
+# An ASGI extension a server may offer in the scope: a callable that takes a function of a text message,
+# called as each arrives, that returns whether it handled it (else it comes through ``receive`` as usual).
+# The gateway's own server offers it (gateway/server/protocols/websocket_protocol.py): see
+# SessionRunner.receive_now.
+RECEIVE_NOW = "gateway.receive_now"
+
 SUBPROTOCOL = "realtime"
 BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
 GOING_AWAY = 1001  # the close code of a session ended by a draining gateway
@@ -116,9 +122,12 @@ class RealtimeEndpoint:
         runner = gateway.new_runner(session, send_text)
         client = scope.get("client")
         gateway.opened(runner, f"WebSocket, {client[0] if client else '?'}", end)
+        receive_now = scope.get("extensions", {}).get(RECEIVE_NOW)
         try:
             await send({"type": "websocket.accept", "subprotocol": SUBPROTOCOL if SUBPROTOCOL in offered else None})
             await runner.start()
+            if receive_now is not None:
+                receive_now(runner.receive_now)
             while not gone:
                 message = await receive()
                 if message["type"] == "websocket.disconnect":
@@ -128,6 +137,8 @@ class RealtimeEndpoint:
                 # Not held while waiting for the next one: the inbound budget counts it as handled now.
                 del message
         finally:
+            if receive_now is not None:
+                receive_now(None)
             await gateway.close_session(runner, client_gone=gone and not ended)
 
 

@@ -66,8 +66,10 @@ class SlowExecutor(ThreadPoolExecutor):
         return super().submit(late)
 
 
-async def run_turn(executor: SlowExecutor | None, commit_early: bool = False) -> tuple[list[dict], float]:
-    """The session runner fed a spoken sentence and silence as 20 ms appends, as fast as it takes them.
+async def run_turn(executor: SlowExecutor | None, commit_early: bool = False,
+                   now: bool = False) -> tuple[list[dict], float]:
+    """The session runner fed a spoken sentence and silence as 20 ms appends, as fast as it takes them (with
+    ``now``, each by receive_now first, as the WebSocket server hands them over).
 
     Returns the events sent and the seconds the appends took."""
     sent: list[dict] = []
@@ -79,14 +81,19 @@ async def run_turn(executor: SlowExecutor | None, commit_early: bool = False) ->
     batcher = VadBatcher(executor) if executor else None
     runner = SessionRunner(session, EchoResponder(pace=0), SileroVAD(SileroModel()), record, batcher)
     await runner.start()
+
+    async def receive(message: bytes) -> None:
+        if not (now and runner.receive_now(message)):
+            await runner.receive(message)
+
     audio = load_pcm("one_sentence.wav")
     start = time.perf_counter()
     for i in range(0, len(audio), 960):
-        await runner.receive(append(audio[i : i + 960]))
+        await receive(append(audio[i : i + 960]))
     if commit_early:
-        await runner.receive(orjson.dumps({"type": "input_audio_buffer.commit"}))
+        await receive(orjson.dumps({"type": "input_audio_buffer.commit"}))
     for _ in range(75):  # 1.5 s
-        await runner.receive(append(silence(20)))
+        await receive(append(silence(20)))
     took = time.perf_counter() - start
     # Done once the VAD has judged every whole window of the input (no turn event can come after that) and a
     # turn it ended has been answered.
@@ -128,3 +135,36 @@ async def test_a_commit_ahead_of_the_vad_takes_the_speech_with_it():
     sent, _ = await run_turn(SlowExecutor(), commit_early=True)
     assert "input_audio_buffer.committed" in [e["type"] for e in sent]
     assert turn_times(sent) == []
+
+
+async def test_appends_taken_as_they_arrive_find_the_same_turn_and_answer():
+    reference, _ = await run_turn(None)
+    sent, _ = await run_turn(SlowExecutor(), now=True)
+    assert turn_times(sent) == turn_times(reference) and len(turn_times(sent)) == 2
+    assert types(sent) == types(reference)
+
+
+async def test_a_message_taken_as_it_arrives_keeps_its_place_before_those_that_wait():
+    """receive_now carries out an append at once; an event whose effects wait (a send over a slow connection)
+    is carried out by a task, and until it is done receive_now takes nothing and receive waits for it."""
+    sent: list[dict] = []
+
+    async def slow_send(message: str) -> None:
+        await asyncio.sleep(0.05)
+        sent.append(orjson.loads(message))
+
+    session = Session(make_config())
+    runner = SessionRunner(session, EchoResponder(pace=0), SileroVAD(SileroModel()), slow_send, VadBatcher(None))
+    assert runner.receive_now(append(silence(20)))
+    assert session.input.received_ms == 20 and sent == []  # fed to the VAD, nothing to send
+    update = {"type": "session.update", "session": {"type": "realtime", "instructions": "Be brief."}}
+    assert runner.receive_now(orjson.dumps(update))
+    assert not runner.receive_now(append(silence(20)))  # session.updated is still being sent
+    assert session.input.received_ms == 20
+    clear = asyncio.create_task(runner.receive(orjson.dumps({"type": "input_audio_buffer.clear"})))
+    await asyncio.sleep(0)
+    assert not runner.receive_now(append(silence(20)))  # a receive is under way
+    await clear
+    assert types(sent) == ["session.updated", "input_audio_buffer.cleared"]
+    assert runner.receive_now(append(silence(20))) and session.input.received_ms == 40
+    await runner.close()

@@ -30,6 +30,11 @@ And for the handshake, which uvicorn's protocol leaves open in three ways:
   answered: uvicorn logged each as an ERROR ("ASGI callable returned without completing handshake"),
   which let anyone fill the log; the endpoint logs one INFO line instead.
 
+And for the app, the ASGI extension RECEIVE_NOW (gateway/transports/realtime_websocket.py): an app may give a
+handler that takes each whole text message as it is read, when nothing waits before it (SessionRunner.receive_now
+handles an audio append there, sparing it the queue and the wake of the app's task); one it declines goes through
+the queue as before.
+
 It leans on uvicorn's protocol internals (its queue, read_paused, writable, handshake flags) and on the
 websockets parser's (its buffer, its generator): pyproject.toml pins both, and tests/transports/test_hostile.py
 and test_slow_clients.py exercise these limits.
@@ -40,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter
@@ -49,6 +55,7 @@ from websockets.protocol import State
 
 from gateway.server.protocols.per_client import Slot
 from gateway.server.protocols.refusal import raw_response
+from gateway.transports.realtime_websocket import RECEIVE_NOW
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +115,7 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._waiting_slot = False
         self._client_slot: Slot | None = None  # its place in its client's budget, until the handshake is answered
         self._answer_deadline: asyncio.TimerHandle | None = None
+        self._handler: Callable[[str], bool] | None = None  # the app's, by the RECEIVE_NOW extension
 
     # --- the handshake ------------------------------------------------------------------------------
 
@@ -189,7 +197,43 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._drop_parsed_frame()
         self._check_held()
 
+    # --- receive_now ---------------------------------------------------------------------------------
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        if self.handshake_initiated and not self.handshake_complete:  # the app's task has its scope, not started
+            self.scope["extensions"][RECEIVE_NOW] = self._receive_now
+
+    def _receive_now(self, handler: Callable[[str], bool] | None) -> None:
+        self._handler = handler
+
+    def _handled_now(self) -> bool:
+        """A whole text message handed to the app's handler as it arrives, where nothing waits before it;
+        whether the handler took it."""
+        if (self._handler is None or self.curr_msg_data_type != "text" or self.close_sent
+                or not self.queue.empty()):
+            return False
+        data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:  # uvicorn's own path reports it
+            return False
+        try:
+            handled = self._handler(text)
+        except Exception:  # as an app that raises would, the connection ends; the server goes on
+            log.exception("handling a WebSocket message failed")
+            self.transport.close()
+            handled = True
+        if handled:
+            self.frames = []
+            self._parser_holds = len(data)
+        return handled
+
+    # --- inbound bound (continued) ------------------------------------------------------------------
+
     def send_receive_event_to_app(self) -> None:
+        if self._handled_now():
+            return
         size = sum(map(len, self.frames))
         queued = self.queue.qsize()
         paused, self.read_paused = self.read_paused, True  # uvicorn's pause after every message: not here
