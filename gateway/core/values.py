@@ -40,6 +40,12 @@ CONTAINERS = (dict, list)  # a tuple: `dict | list` would build a union at each 
 
 def _too_deep(value: Any) -> bool:
     """Whether JSON ``value`` nests objects and arrays deeper than MAX_JSON_DEPTH (a scalar nests nothing)."""
+    if isinstance(value, dict):
+        for v in value.values():
+            if isinstance(v, CONTAINERS):
+                break
+        else:
+            return False  # a flat object, as most client events are (an audio append): no walk
     level: list[Any] = [value] if isinstance(value, CONTAINERS) else []
     for _ in range(MAX_JSON_DEPTH):
         level = [v for c in level for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, CONTAINERS)]

@@ -167,7 +167,8 @@ class Session:
                 raise ProtocolError("invalid_json", "A client event must be a JSON object.")
             raw_id = event.get("event_id")
             event_id = raw_id if isinstance(raw_id, str) else None
-            field_of(event, "event_id", str, "event_id")
+            if event_id is None:
+                field_of(event, "event_id", str, "event_id")
             kind = field_of(event, "type", str, "type", required=True)
             if kind not in CLIENT_EVENTS:
                 raise ProtocolError("invalid_event_type", f"Unknown event type: '{kind}'.", "type")
