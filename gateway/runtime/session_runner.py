@@ -145,6 +145,7 @@ class SessionRunner(CoreRunner):
     def _forget_tasks(self) -> None:
         super()._forget_tasks()
         self._mcp_tasks.clear()
+        self._pending = None  # one cancelled before it started never cleared itself
 
     async def _carry_out(self, effect: Any) -> None:
         match effect:
