@@ -99,6 +99,19 @@ class InboundBudget:
             waiter.slot_granted()
 
 
+class ReceiveNow:
+    """The RECEIVE_NOW extension in a connection's scope: the app calls it with its handler of text messages,
+    and with None when done. It refers to no protocol, so the scope that holds it makes no reference cycle."""
+
+    __slots__ = ("handler",)
+
+    def __init__(self) -> None:
+        self.handler: Callable[[str], bool] | None = None
+
+    def __call__(self, handler: Callable[[str], bool] | None) -> None:
+        self.handler = handler
+
+
 class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
     """Set by ``protocol_class``: the deadline, the free allowance and the shared budget."""
 
@@ -115,7 +128,7 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._waiting_slot = False
         self._client_slot: Slot | None = None  # its place in its client's budget, until the handshake is answered
         self._answer_deadline: asyncio.TimerHandle | None = None
-        self._handler: Callable[[str], bool] | None = None  # the app's, by the RECEIVE_NOW extension
+        self._receive_now = ReceiveNow()
 
     # --- the handshake ------------------------------------------------------------------------------
 
@@ -204,14 +217,11 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
         if self.handshake_initiated and not self.handshake_complete:  # the app's task has its scope, not started
             self.scope["extensions"][RECEIVE_NOW] = self._receive_now
 
-    def _receive_now(self, handler: Callable[[str], bool] | None) -> None:
-        self._handler = handler
-
     def _handled_now(self) -> bool:
         """A whole text message handed to the app's handler as it arrives, where nothing waits before it;
         whether the handler took it."""
-        if (self._handler is None or self.curr_msg_data_type != "text" or self.close_sent
-                or not self.queue.empty()):
+        handler = self._receive_now.handler
+        if handler is None or self.curr_msg_data_type != "text" or self.close_sent or not self.queue.empty():
             return False
         data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
         try:
@@ -219,7 +229,7 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
         except UnicodeDecodeError:  # uvicorn's own path reports it
             return False
         try:
-            handled = self._handler(text)
+            handled = handler(text)
         except Exception:  # as an app that raises would, the connection ends; the server goes on
             log.exception("handling a WebSocket message failed")
             self.transport.close()
