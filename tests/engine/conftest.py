@@ -16,9 +16,22 @@ import torch
 from engine.config import EngineConfig
 from engine.supervisor import EngineSupervisor
 
+
+def interpret_without_overflow_checks() -> None:
+    """Triton's interpreter checks every int32 add, sub and mul for overflow (a GPU checks none outside its debug
+    mode): much of the kernel tests' time, and no test's tensors come near 2**31 elements."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    builder = interpreter.interpreter_builder  # the one every interpreted launch uses, made as Triton is imported
+    builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+
+
 os.environ.setdefault("QWEN3_TTS_AUTOTUNE", "0")
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    interpret_without_overflow_checks()
 
 
 @pytest.fixture(autouse=True, scope="module")
