@@ -93,7 +93,7 @@ async def test_the_page_offers_the_voices_there_are_and_says_what_making_one_lac
 
 @pytest.mark.skipif(speakers.missing() is not None, reason=speakers.missing() or "")
 async def test_a_voice_recorded_in_the_browser(start_gateway, tmp_path: Path) -> None:
-    """The fake microphone reads the consent phrase (piper's joe, then a pause, in a loop); the page records
+    """The fake microphone reads the consent phrase (a pause, then piper's joe, in a loop); the page records
     it as the consent and again as the sample, creates the voice, and speaks in it."""
     checkpoints = ",".join(str(p) for p in (TINY_CHECKPOINT, DATA / "qwen3_tts_tiny_base"))
     gateway = await start_gateway(tts__engine="qwen3", engine__checkpoint=checkpoints, engine__device="cpu",
@@ -113,7 +113,9 @@ async def test_a_voice_recorded_in_the_browser(start_gateway, tmp_path: Path) ->
             assert (await page.text_content("#speech-make-note")).startswith("Record the speaker reading")
             for what in ("consent", "sample"):
                 await page.click(f"#record-{what}")
-                await page.wait_for_timeout(2 * loop_ms)  # the phrase whole at least once, wherever the loop is
+                # Each recording opens the microphone afresh, and Chromium's fake one starts its file over: one
+                # loop is the pause (room for the recorder to start) and the phrase whole.
+                await page.wait_for_timeout(loop_ms + 500)
                 await page.click(f"#record-{what}")
                 await until(page, f"document.querySelector('#{what}-status').textContent.includes('recorded')")
             await page.click("#create-voice")
@@ -133,10 +135,10 @@ async def test_a_voice_recorded_in_the_browser(start_gateway, tmp_path: Path) ->
 
 
 def speakers_wav(folder: Path | None) -> Path:
-    """The fake microphone's file: piper's joe reading the consent phrase, then 1.5 s of silence; without a
+    """The fake microphone's file: 1.5 s of silence, then piper's joe reading the consent phrase; without a
     folder, the repository's fixture sentence (the speaking test records nothing)."""
     if folder is None:
         return DATA.parent / "fixtures" / "one_sentence.wav"
     path = folder / "consent-phrase.wav"
-    path.write_bytes(wav_bytes(speakers.joe_consent()[44:] + bytes(48 * 1500)))
+    path.write_bytes(wav_bytes(bytes(48 * 1500) + speakers.joe_consent()[44:]))
     return path
