@@ -30,6 +30,19 @@ async def call(gateway: Any, phone: Baresip, user: str = "agent") -> None:
     await phone.event("CALL_ESTABLISHED")
 
 
+async def answered(gateway: Any, timeout: float = 30.0) -> None:
+    """Until the one call's turn is done and its audio has left the line's playout; then time for its last
+    packets to reach the phone's recording."""
+    started = time.monotonic()
+    while True:
+        runners, lines = list(gateway.sessions), list(gateway.app.state.phones.sip.endpoint.lines.values())
+        if len(runners) == len(lines) == 1 and runners[0].trace.records and lines[0].playout.idle:
+            break
+        assert time.monotonic() - started < timeout, "no answer played to the phone"
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+
+
 async def test_a_phone_asks_and_hears_the_answer(phone_gateway: Any, tmp_path: Path) -> None:
     """No webhook: the default session answers; the phone hears the fixed sentence, recognizably; its turn's trace
     names the call (the gateway's id and the SIP Call-ID); hanging up frees the session and the RTP port."""
@@ -38,7 +51,7 @@ async def test_a_phone_asks_and_hears_the_answer(phone_gateway: Any, tmp_path: P
     await phone.start()
     try:
         await call(gateway, phone)
-        await asyncio.sleep(9)
+        await answered(gateway)
         (runner,) = gateway.sessions
         (line,) = gateway.app.state.phones.sip.endpoint.lines.values()
         (turn,) = runner.trace.records
