@@ -40,6 +40,11 @@ async def sessions(gateway: Gateway, count: int) -> AsyncIterator[list[tuple[Cli
         yield opened
 
 
+async def echo_turn(client: Client) -> list[dict]:
+    await client.append(load_pcm("one_sentence.wav") + silence(800))
+    return await client.until("response.done", timeout=30)
+
+
 async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one_comes_back(tmp_path: Path) -> None:
     async with serve(tmp_path, GATEWAY_RESPONDER_KIND="echo") as gateway:
         async with sessions(gateway, 12) as first:
@@ -54,11 +59,10 @@ async def test_workers_share_the_port_the_count_and_the_metrics_and_a_killed_one
                 health = await gateway.healthz()
                 assert health["active_sessions"] == 12, health
                 assert health["active_sessions_by_worker"] == [workers.count(0), workers.count(1)], health
-            # An echo turn on a session of each worker.
-            for client, worker in [next(s for s in first if s[1] == w) for w in (0, 1)]:
-                speech = load_pcm("one_sentence.wav")
-                await client.append(speech + silence(800))
-                events = await client.until("response.done", timeout=30)
+            # An echo turn on a session of each worker, both at once: each echo takes its speech's time.
+            pair = [next(s for s in first if s[1] == w) for w in (0, 1)]
+            turns = await asyncio.gather(*(echo_turn(client) for client, _ in pair))
+            for (_, worker), events in zip(pair, turns, strict=True):
                 assert events[-1]["response"]["status"] == "completed", worker
                 assert len(audio_of(events)) > 48 * 500
 
