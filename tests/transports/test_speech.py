@@ -140,7 +140,7 @@ async def test_speed_changes_the_duration_not_the_format(start_gateway: StartGat
 async def test_pcm_and_wav_are_the_engines_own_samples_for_a_seed(start_gateway: StartGateway) -> None:
     """The Qwen3-TTS engine with a stream's seed and sampling from the extra body: the response's samples are
     exactly the engine's own for that seed, and another seed speaks differently."""
-    gateway = await start_gateway(**QWEN3)
+    gateway = await start_gateway(**{**QWEN3, "engine__max_frames": 20})  # 1.6 s of speech tells two seeds apart
     client = sdk(gateway)
     extra = {"seed": 7, "temperature": 0.8, "top_k": 20, "subtalker_top_p": 0.9, "language": "english"}
     pcm = await speak(client, "pcm", extra_body=extra)
