@@ -73,7 +73,7 @@ def test_ctrl_c_ends_an_idle_gateway_within_a_second(tmp_path):
     """After a session came and went; the models' native teardown does not hold the exit up."""
     port = free_port()
     env = {**os.environ, "GATEWAY_SERVER_PORT": str(port), "GATEWAY_WEBRTC_ENABLED": "false",
-           "GATEWAY_RESPONDER_KIND": "echo", "GATEWAY_LOCAL_STT": "false"}
+           "GATEWAY_RESPONDER_KIND": "echo", "GATEWAY_RESPONDER_ECHO_PACE": "0", "GATEWAY_LOCAL_STT": "false"}
     with open(tmp_path / "gateway.log", "wb") as log:
         process = subprocess.Popen([sys.executable, "-m", "gateway", "serve"], cwd=ROOT, env=env, stdout=log,
                                    stderr=subprocess.STDOUT)
