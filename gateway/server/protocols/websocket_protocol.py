@@ -210,7 +210,7 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._drop_parsed_frame()
         self._check_held()
 
-    # --- receive_now ---------------------------------------------------------------------------------
+    # --- a message to the app: its handler at once (RECEIVE_NOW), else the queue ----------------------
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -239,7 +239,7 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
             self._parser_holds = len(data)
         return handled
 
-    # --- inbound bound (continued) ------------------------------------------------------------------
+    # --- inbound bound: what the queue, the app and the parser hold ----------------------------------
 
     def send_receive_event_to_app(self) -> None:
         if self._handled_now():
