@@ -9,6 +9,7 @@ import asyncio
 import base64
 import contextlib
 import gc
+import itertools
 import logging
 import os
 import re
@@ -17,12 +18,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 import websockets
 from prometheus_client import REGISTRY
 from starlette.routing import Route, WebSocketRoute
 from websockets.client import ClientProtocol
+from websockets.frames import Close, Opcode
 from websockets.uri import parse_uri
 
 from gateway.responders.echo import EchoResponder
@@ -371,6 +374,7 @@ class RawWebSocket:
             response += self.sock.recv(1)  # the handshake only: nothing more is read after it
         self.protocol.receive_data(response)
         assert self.protocol.handshake_exc is None, response
+        self.protocol.events_received()  # the handshake's response: what follows is frames
 
     def send(self, event: dict) -> None:
         self.protocol.send_text(orjson.dumps(event))
@@ -522,6 +526,85 @@ async def test_a_frame_split_after_its_header_is_read_whole(start_gateway):
         assert data, f"the server closed the connection: {received[-200:]!r}"
         received += data
     client.sock.close()
+
+
+async def test_messages_arrive_whole_and_in_order_however_the_reads_cut_them(start_gateway, caplog):
+    """A text frame whole in one read goes to the session straight from its header; anything else (a partial
+    frame, a fragment, a ping, a frame over 64 KiB) through websockets' parser. One stream of all of them, cut
+    into reads of every size: the echo of the committed buffer is every append's audio, in order."""
+    gateway: Served = await start_gateway(EchoResponder(pace=0))
+    loop = asyncio.get_running_loop()
+    client = await loop.run_in_executor(None, RawWebSocket, gateway.port)
+    rng = np.random.default_rng(7)
+    audio = [rng.integers(-3000, 3000, n, dtype=np.int16).tobytes() for n in (480, 48, 2400, 30000, 1) * 4]
+    protocol = client.protocol
+    protocol.send_text(b'{"type":"session.update","session":{"type":"realtime",'
+                       b'"audio":{"input":{"turn_detection":null}}}}')
+    for k, pcm in enumerate(audio):
+        event = orjson.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+        if k % 7 == 3:
+            protocol.send_ping(b"still there")
+        if k % 5 == 2:
+            protocol.send_text(event[:9], fin=False)
+            protocol.send_continuation(event[9:], fin=True)
+        else:
+            protocol.send_text(event)
+    protocol.send_text(b'{"type":"input_audio_buffer.commit"}')
+    protocol.send_text(b'{"type":"response.create"}')
+    stream = b"".join(protocol.data_to_send())
+    client.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    at, sizes = 0, itertools.cycle((1, 5, 6, 7, 8, 300, 1400, 1401, 9000, 70000))
+    while at < len(stream):
+        size = next(sizes)
+        await loop.run_in_executor(None, client.sock.sendall, stream[at : at + size])
+        at += size
+        await asyncio.sleep(0.002)
+
+    client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    client.sock.settimeout(10)
+    echoed, events = [], []
+    while "response.done" not in events:
+        data = await loop.run_in_executor(None, client.sock.recv, 65536)
+        assert data, f"the server closed the connection after {events}"
+        protocol.receive_data(data)
+        for frame in protocol.events_received():
+            if frame.opcode is Opcode.TEXT:
+                event = orjson.loads(frame.data)
+                events.append(event["type"])
+                assert event["type"] != "error", event
+                if event["type"] == "response.output_audio.delta":
+                    echoed.append(base64.b64decode(event["delta"]))
+    client.sock.close()
+    assert events.count("input_audio_buffer.committed") == 1
+    assert b"".join(echoed) == b"".join(audio)
+    no_tracebacks(caplog)
+
+
+async def test_a_text_message_that_is_not_utf8_closes_the_connection_without_a_traceback(start_gateway, caplog):
+    """A client's bad bytes are its mistake: close code 1007 and an INFO line, whole or in fragments."""
+    caplog.set_level(logging.INFO, logger="gateway.server.protocols.websocket_protocol")
+    gateway: Served = await start_gateway(EchoResponder(pace=0))
+    loop = asyncio.get_running_loop()
+    for fragmented in (False, True):
+        client = await loop.run_in_executor(None, RawWebSocket, gateway.port)
+        bad = b'{"type":"input_audio_buffer.clear","event_id":"' + bytes([0xFF, 0xFE]) + b'"}'
+        if fragmented:
+            client.protocol.send_text(bad[:5], fin=False)
+            client.protocol.send_continuation(bad[5:], fin=True)
+        else:
+            client.protocol.send_text(bad)
+        for data in client.protocol.data_to_send():
+            await loop.run_in_executor(None, client.sock.sendall, data)
+        client.sock.settimeout(5)
+        received = b""
+        while data := await loop.run_in_executor(None, client.sock.recv, 65536):
+            received += data
+        client.protocol.receive_data(received)
+        closes = [f for f in client.protocol.events_received() if f.opcode is Opcode.CLOSE]
+        assert closes and Close.parse(closes[0].data).code == 1007, received[-200:]
+        client.sock.close()
+    assert any("not UTF-8" in r.getMessage() for r in caplog.records)
+    no_tracebacks(caplog)
 
 
 async def test_a_request_head_that_never_ends_is_cut_off(start_gateway):
