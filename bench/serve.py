@@ -10,11 +10,11 @@ everything it starts, to those cores.
 
 It prints ``workers N`` once the configuration is checked, then ``ready`` once per serving process. Each
 serving process appends, once a second, a JSON line to DIR/gateway-PID.jsonl: its event loop's lag samples (a
-10 ms timer: how late it fired), its CPU time, its sessions, how long its loop waited for a core
-(schedstat) and its longest garbage collection over that second, and the TTS engine's counters (batch,
-steps, step and GPU time) where the engine has them. ``--tone``: the pipeline speaks with the tone engine
-(first audio 25 ms after a segment, then real time), not a model. ``--time-http``: for each request tagged
-X-Bench-Id, when the app was called and when its first body bytes went out, to DIR/http-PID.jsonl.
+10 ms timer: how late it fired), its CPU time (the kernel's part, each thread's), its sessions, how long its
+loop waited for a core (schedstat) and its longest garbage collection over that second, and the TTS engine's
+counters (batch, steps, step and GPU time) where the engine has them. ``--tone``: the pipeline speaks with the
+tone engine (first audio 25 ms after a segment, then real time), not a model. ``--time-http``: for each request
+tagged X-Bench-Id, when the app was called and when its first body bytes went out, to DIR/http-PID.jsonl.
 
 Module-level functions only are handed to the workers (spawned: they import this module before anything else,
 so nothing here may import prometheus_client at the top; see gateway.server.workers).
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.stats import core_wait_s, lag_probe, pin
+from bench.stats import core_wait_s, lag_probe, pin, thread_cpu_s
 
 STATS_ENV = "BENCH_STATS"  # the stats folder, for the workers too
 
@@ -77,6 +77,7 @@ async def probe(path: Path, engine: Any, sessions: Callable[[], int]) -> None:
                 await asyncio.sleep(1.0)
                 now_waited = core_wait_s()
                 record = {"t": time.time(), "pid": os.getpid(), "lags_ms": lags, "cpu_s": time.process_time(),
+                          "cpu_kernel_s": os.times().system, "cpu_threads_s": thread_cpu_s(),
                           "sessions": sessions(), "core_wait_ms": round((now_waited - waited) * 1000, 3),
                           "gc_max_ms": round(gc_max * 1000, 3)}
                 lags, waited, gc_max = [], now_waited, 0.0

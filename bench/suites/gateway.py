@@ -322,6 +322,17 @@ def summarise(n: int, label: str, result: Sessions, records: dict[int, list[dict
     held = {pid: max((r.get("sessions", 0) for r in rows), default=0) for pid, rows in records.items()}
     cpu = [(rows[0]["cpu_s"], rows[-1]["cpu_s"]) for rows in records.values() if len(rows) > 1]
     cpu_per = sum(b - a for a, b in cpu) / (n * (end - start) / 60) if cpu else math.nan
+    # Of that, the kernel's (system time: the sockets' reads, writes and polls, the threads' hand-overs).
+    kernel = [rows[-1].get("cpu_kernel_s", math.nan) - rows[0].get("cpu_kernel_s", math.nan)
+              for rows in records.values() if len(rows) > 1]
+    kernel_per = sum(kernel) / (n * (end - start) / 60) if kernel else math.nan
+    # And by thread, every process's together (the event loop's, the VAD's, ZeroMQ's I/O): a thread that ended
+    # within the level is left out.
+    by_thread: collections.Counter[str] = collections.Counter()
+    for rows in records.values():
+        if len(rows) > 1:
+            first, last = rows[0].get("cpu_threads_s", {}), rows[-1].get("cpu_threads_s", {})
+            by_thread.update({name: s - first.get(name, 0.0) for name, s in last.items()})
     engine = engine_rates(records)
     # The engine processes' CPU (their TTS steps, and the VAD or Smart Turn they run for the gateway processes),
     # per session-minute as the gateway's.
@@ -348,6 +359,9 @@ def summarise(n: int, label: str, result: Sessions, records: dict[int, list[dict
         "error_kinds": error_kinds(result.audio_errors),
         "responses": {s: statuses.count(s) for s in sorted(set(statuses))},
         "cpu_s_per_session_min": rounded(cpu_per, 3),
+        "kernel_cpu_s_per_session_min": rounded(kernel_per, 3),
+        "cpu_by_thread": {name: rounded(s / (n * (end - start) / 60), 3) for name, s in by_thread.most_common()
+                          if s / (n * (end - start) / 60) >= 0.001},
         "engine_cpu_s_per_session_min": rounded(engine_cpu, 3),
         "product_cpu_s_per_session_min": rounded(cpu_per + engine_cpu, 3),
         "sessions_per_worker_max": max(held.values(), default=0),
@@ -373,8 +387,9 @@ def line(level: dict[str, Any]) -> str:
     return (f"{level['sessions']} sessions, {level['arrivals']}: stop -> first delta P95 {level['first_delta_p95_ms']} "
             f"ms, VAD late P95 {level['vad_late_p95_ms']} ms, worst worker lag P99 {level['worker_lag_p99_ms']} ms, "
             f"barge-in P95 {level['barge_in_p95_ms']} ms, audio errors {level['audio_errors']}, GPU busy "
-            f"{level['gpu_busy']}, CPU {level['cpu_s_per_session_min']} s/session-min (engines "
-            f"{level['engine_cpu_s_per_session_min']}) | load generator lag P99 "
+            f"{level['gpu_busy']}, CPU {level['cpu_s_per_session_min']} s/session-min (kernel "
+            f"{level['kernel_cpu_s_per_session_min']}; engines {level['engine_cpu_s_per_session_min']}) | load "
+            f"generator lag P99 "
             f"{rounded(load['client_lag_p99_ms'] or math.nan, 1)} ms, fake STT P95 {fake.get('stt_p95_ms')} ms, "
             f"LLM first token P95 {fake.get('llm_p95_ms')} ms, fakes' lag P99 {fake.get('lag_p99_ms')} ms: {verdict}")
 
