@@ -52,6 +52,13 @@ CONTEXT = 64  # samples of the previous window prepended to each call (the model
 TAPS = 16
 PAIR = np.zeros((TAPS + 1, 2), dtype=np.float32)  # [input 3m .. 3m + TAPS] @ PAIR = outputs 2m, 2m + 1
 PAIR[:TAPS, 0], PAIR[1:, 1] = (phase[::-1] / 32768 for phase in polyphase_filter(2, 3, TAPS))
+# What a stream carries from one window to the next, in one row (SileroVAD._carry): the filter's input history
+# (pcm16 values: the output is scaled, not the input), the model's 64 samples of context, its recurrent state.
+# One row, so that a batch gathers and scatters every stream's in one numpy call each.
+HISTORY = slice(0, TAPS - 1)
+CONTEXT_AT = slice(TAPS - 1, TAPS - 1 + CONTEXT)
+STATE_AT = slice(TAPS - 1 + CONTEXT, TAPS - 1 + CONTEXT + 2 * 128)
+CARRY = STATE_AT.stop
 
 
 class StepModel(Protocol):
@@ -130,11 +137,8 @@ class SileroVAD:
     def reset(self) -> None:
         """Start over as for a new stream (window count back to 0)."""
         self._raw = bytearray()  # input short of a whole window
-        # the input before the next window, for the filter (pcm16 values: the output is scaled, not the input)
-        self._history = np.zeros(TAPS - 1, dtype=np.float32)
         self._pending = np.zeros(0, dtype=np.float32)  # process_16k's partial window
-        self._context = np.zeros(CONTEXT, dtype=np.float32)
-        self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        self._carry = np.zeros(CARRY, dtype=np.float32)
         self.windows = 0
         """Windows processed since the last reset; window i starts at input time 32·i ms."""
 
@@ -147,7 +151,7 @@ class SileroVAD:
         buf = np.concatenate((self._pending, np.asarray(samples, dtype=np.float32)))
         n = len(buf) // WINDOW
         self._pending = buf[n * WINDOW :].copy()
-        return _step([self], buf[: n * WINDOW].reshape(n, WINDOW), np.array([n]))[0]
+        return _step([self], buf[: n * WINDOW].reshape(n, WINDOW), np.array([n]), self._carry[None])[0]
 
     def windows_pending(self, nbytes: int) -> int:
         """How many windows an append of ``nbytes`` would complete."""
@@ -185,13 +189,16 @@ def process_many(items: Sequence[tuple[SileroVAD, bytes]]) -> list[Float32Array]
 def _infer(vads: list[SileroVAD], inputs: list[bytes]) -> list[Float32Array]:
     """Each VAD's taken input (``SileroVAD.take``: whole windows) resampled and through the model."""
     counts = np.array([len(pcm) // WINDOW_BYTES for pcm in inputs])
-    return _step(vads, _windows(vads, b"".join(inputs), counts), counts)
+    carry = np.stack([vad._carry for vad in vads])
+    return _step(vads, _windows(b"".join(inputs), counts, carry), counts, carry)
 
 
-def _step(vads: list[SileroVAD], windows: Float32Array, counts: npt.NDArray[np.int64]) -> list[Float32Array]:
+def _step(vads: list[SileroVAD], windows: Float32Array, counts: npt.NDArray[np.int64],
+          carry: Float32Array) -> list[Float32Array]:
     """Each VAD's windows at 16 kHz (``counts[i]`` rows of ``windows`` [n, 512], in VAD order) through the model,
-    in order: step k runs every VAD's k-th window in one call. Numpy calls per batch and per step, not per VAD:
-    the VAD's thread runs this for every session of its loop, every batch."""
+    in order: step k runs every VAD's k-th window in one call. ``carry`` holds the VADs' rows (``_carry``),
+    which become theirs with this batch's context and state. Numpy calls per batch and per step, and one pass
+    over the VADs: the VAD's thread runs this for every session of its loop, every batch."""
     model = vads[0].model
     if any(vad.model is not model for vad in vads):
         raise ValueError("a batch needs VADs that share one SileroModel")
@@ -201,35 +208,34 @@ def _step(vads: list[SileroVAD], windows: Float32Array, counts: npt.NDArray[np.i
     active = np.flatnonzero(counts)
     for step in range(int(counts.max(initial=0))):
         active = active[counts[active] > step]
-        rows, n, ids = starts[active] + step, len(active), active.tolist()
+        rows, n = starts[active] + step, len(active)
         x[:n, CONTEXT:] = windows[rows]
         # The 64 samples before each window: its VAD's last window's, or this batch's previous row's.
-        x[:n, :CONTEXT] = np.stack([vads[i]._context for i in ids]) if step == 0 else windows[rows - 1, -CONTEXT:]
-        probs[rows], new_state = model.infer(x[:n], np.concatenate([vads[i]._state for i in ids], axis=1))
-        for j, i in enumerate(ids):
-            vads[i]._state = new_state[:, j : j + 1]
+        x[:n, :CONTEXT] = carry[active, CONTEXT_AT] if step == 0 else windows[rows - 1, -CONTEXT:]
+        state = np.ascontiguousarray(carry[active, STATE_AT].reshape(n, 2, 128).transpose(1, 0, 2))
+        probs[rows], new_state = model.infer(x[:n], state)
+        carry[active, STATE_AT] = new_state.transpose(1, 0, 2).reshape(n, 2 * 128)
+    done = np.flatnonzero(counts)
+    carry[done, CONTEXT_AT] = windows[starts[done] + counts[done] - 1, -CONTEXT:]
     results = []
-    for vad, start, n in zip(vads, starts.tolist(), counts.tolist(), strict=True):
-        if n:
-            vad._context = windows[start + n - 1, -CONTEXT:].copy()
-            vad.windows += n
+    for vad, row, start, n in zip(vads, carry, starts.tolist(), counts.tolist(), strict=True):
+        vad._carry = row
+        vad.windows += n
         results.append(probs[start : start + n])
     return results
 
 
-def _windows(vads: list[SileroVAD], pcm: bytes, counts: npt.NDArray[np.int64]) -> Float32Array:
+def _windows(pcm: bytes, counts: npt.NDArray[np.int64], carry: Float32Array) -> Float32Array:
     """Every VAD's windows (``counts[i]`` of them, their input in ``pcm``, in VAD order) at 16 kHz, [n, 512]. A
     row is a window's input after the TAPS - 1 samples before it: the previous row's tail, or its VAD's
-    history."""
+    history (in ``carry``, which gets the new history)."""
     rows = np.empty((len(pcm) // WINDOW_BYTES, TAPS - 1 + WINDOW_INPUT), dtype=np.float32)
     rows[:, TAPS - 1 :] = np.frombuffer(pcm, dtype="<i2").reshape(-1, WINDOW_INPUT)
     rows[1:, : TAPS - 1] = rows[:-1, 1 - TAPS :]
-    ids = np.flatnonzero(counts).tolist()
+    ids = np.flatnonzero(counts)
     firsts = (np.cumsum(counts) - counts)[ids]
-    rows[firsts, : TAPS - 1] = np.stack([vads[i]._history for i in ids]) if ids else 0
-    tails = rows[firsts + counts[ids] - 1, 1 - TAPS :]
-    for j, i in enumerate(ids):
-        vads[i]._history = tails[j]
+    rows[firsts, : TAPS - 1] = carry[ids, HISTORY]
+    carry[ids, HISTORY] = rows[firsts + counts[ids] - 1, 1 - TAPS :]
     return _resample(rows)
 
 
