@@ -25,10 +25,11 @@ import websockets
 from prometheus_client import REGISTRY
 from starlette.routing import Route, WebSocketRoute
 from websockets.client import ClientProtocol
-from websockets.frames import Close, Opcode
+from websockets.frames import Close, Frame, Opcode
 from websockets.uri import parse_uri
 
 from gateway.responders.echo import EchoResponder
+from gateway.server.protocols.websocket_protocol import text_frame
 from tests.conftest import Served, connect, load_pcm, silence
 from tests.helpers.http import aiortc_offer, get, offer_request
 from tests.paths import ROOT
@@ -578,6 +579,13 @@ async def test_messages_arrive_whole_and_in_order_however_the_reads_cut_them(sta
     assert events.count("input_audio_buffer.committed") == 1
     assert b"".join(echoed) == b"".join(audio)
     no_tracebacks(caplog)
+
+
+def test_the_servers_text_frames_are_those_websockets_writes():
+    """Text messages are framed without websockets' objects: the same bytes, at each length encoding's bounds."""
+    for size in (0, 1, 125, 126, 127, 65535, 65536, 70000):
+        payload = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
+        assert text_frame(payload) == Frame(Opcode.TEXT, payload).serialize(mask=False, extensions=[]), size
 
 
 async def test_a_text_message_that_is_not_utf8_closes_the_connection_without_a_traceback(start_gateway, caplog):

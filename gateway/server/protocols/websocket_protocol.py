@@ -37,7 +37,9 @@ the queue as before. A read that holds whole masked text frames of at most 64 Ki
 are, goes to the handler straight from the frames' headers (``_take_whole_texts``): websockets' parser, a
 generator of generators, cost more per 20 ms append than the header, the mask and the decode it does for them.
 Anything else (a control frame, a fragment, a larger or partial frame, one the handler declines) is left to
-the parser, which never sees the bytes taken before it.
+the parser, which never sees the bytes taken before it. The other way, a text message to an open connection is
+framed here (``text_frame``), without websockets' frame objects and the payload's two extra copies; anything
+else goes through uvicorn and websockets.
 
 It leans on uvicorn's protocol internals (its queue, read_paused, writable, handshake flags) and on the
 websockets parser's (its buffer, its generator): pyproject.toml pins both, and tests/transports/test_hostile.py
@@ -76,6 +78,19 @@ MAX_WAITING = 16
 PARSER_KEEPS = 64 * 1024
 FIN_TEXT = 0x81  # a frame's first byte: the last of its message, a text frame, no extension bits
 AT_FRAME_START = StreamReader.at_eof.__code__  # what websockets' parser waits in between frames
+
+
+def text_frame(payload: bytes) -> bytes:
+    """A server's text message as one frame: unmasked, unfragmented, no extension (RFC 6455 5.2), as websockets'
+    ``send_text`` frames it."""
+    size = len(payload)
+    if size < 126:
+        head = bytes((FIN_TEXT, size))
+    elif size < 1 << 16:
+        head = bytes((FIN_TEXT, 126)) + size.to_bytes(2)
+    else:
+        head = bytes((FIN_TEXT, 127)) + size.to_bytes(8)
+    return head + payload
 
 
 class InboundBudget:
@@ -173,6 +188,12 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
                 self._abort(f"the client read nothing for {self.send_timeout_s:g} s while the server had "
                             "messages to send")
                 raise ClientDisconnected from None
+        text = message.get("text") if message["type"] == "websocket.send" else None
+        if (text is not None and message.get("bytes") is None and self.handshake_complete and not self.close_sent
+                and self.initial_response is None and not self.disconnected and self.conn.state is State.OPEN
+                and not self.conn.extensions):
+            self.transport.write(text_frame(text.encode()))
+            return
         await super().send(message)
         if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
             self.handshake_complete = True  # refused with a whole HTTP response: answered
