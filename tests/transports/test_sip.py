@@ -93,6 +93,10 @@ async def test_a_call_through_kamailio_is_transferred_by_refer_and_hung_up_by_th
     try:
         await phone.command("dial", f"sip:agent@127.0.0.1:{proxy.port}")
         await phone.event("CALL_ESTABLISHED")
+        for _ in range(50):  # the phone says so as it sends its ACK: the proxy's log line may come just after
+            if proxy.saw("ACK"):
+                break
+            await asyncio.sleep(0.1)
         assert proxy.saw("INVITE") and proxy.saw("ACK")
         (call,) = gateway.app.state.phones.calls.calls.values()
         await client.realtime.calls.refer(call.id, target_uri=f"sip:desk@127.0.0.1:{proxy.port}")
