@@ -252,13 +252,14 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def _take_whole_texts(self, data: bytes) -> bytes:
         """The whole text frames at the start of ``data`` handed to the app's handler, while it takes them and
-        nothing waits before them; the rest is left for websockets' parser (returned)."""
-        conn = self.conn
-        while (len(data) >= 6 and data[0] == FIN_TEXT and data[1] & 0x80 and not self.frames
+        nothing waits before them; the rest is left for websockets' parser (returned). One read may hold
+        hundreds of frames: each is read where it lies, and only the rest is copied, once."""
+        conn, at = self.conn, 0
+        while (len(data) - at >= 6 and data[at] == FIN_TEXT and data[at + 1] & 0x80 and not self.frames
                and not self.close_sent and self.queue.empty() and self._at_frame_start()):
-            size, start = data[1] & 0x7F, 6
+            size, start = data[at + 1] & 0x7F, at + 6
             if size == 126:
-                size, start = int.from_bytes(data[2:4]), 8
+                size, start = int.from_bytes(data[at + 2 : at + 4]), at + 8
             elif size == 127:
                 break
             end = start + size
@@ -270,10 +271,10 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
                 break
             if not self._hand(text):
                 break
-            data = data[end:]
+            at = end
             if self.transport.is_closing():
                 return b""
-        return data
+        return data[at:] if at else data
 
     def _at_frame_start(self) -> bool:
         """Whether websockets' parser waits for a new frame with nothing buffered (a read that ended inside a
