@@ -254,9 +254,11 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
         """The whole text frames at the start of ``data`` handed to the app's handler, while it takes them and
         nothing waits before them; the rest is left for websockets' parser (returned). One read may hold
         hundreds of frames: each is read where it lies, and only the rest is copied, once."""
+        if self.frames or not self._at_frame_start():  # the parser is inside a message or a frame: its bytes
+            return data
         conn, at = self.conn, 0
-        while (len(data) - at >= 6 and data[at] == FIN_TEXT and data[at + 1] & 0x80 and not self.frames
-               and not self.close_sent and self.queue.empty() and self._at_frame_start()):
+        while (len(data) - at >= 6 and data[at] == FIN_TEXT and data[at + 1] & 0x80 and not self.close_sent
+               and self.queue.empty()):
             size, start = data[at + 1] & 0x7F, at + 6
             if size == 126:
                 size, start = int.from_bytes(data[at + 2 : at + 4]), at + 8
