@@ -214,10 +214,14 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
         if not self.disconnected and self.transport.get_write_buffer_size() > 0:
             self.transport.abort()
 
+    @property
+    def _peer(self) -> str:
+        """The client's address and port, for the log."""
+        return f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+
     def _abort(self, why: str) -> None:
         SEND_TIMEOUTS.inc()
-        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
-        log.info("closing %s: %s (send timeout)", peer, why)
+        log.info("closing %s: %s (send timeout)", self._peer, why)
         self.queue.put_nowait({"type": "websocket.disconnect", "code": 1011, "reason": "send timeout"})
         self.transport.abort()
 
@@ -315,8 +319,7 @@ class LimitedWebSocketProtocol(WebSocketsSansIOProtocol):
             try:
                 text = data.decode()
             except UnicodeDecodeError as exc:
-                peer = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
-                log.info("closing %s: a text message that is not UTF-8 (%s)", peer, exc.reason)
+                log.info("closing %s: a text message that is not UTF-8 (%s)", self._peer, exc.reason)
                 self.conn.send_close(CloseCode.INVALID_DATA, "a text message that is not UTF-8")
                 self.handle_parser_exception()
                 return
