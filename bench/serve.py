@@ -168,7 +168,7 @@ def main() -> int:
         hooks = Hooks(responder=tone_responder if args.tone else None, serving=probed,
                       app=timed_app if args.time_http else None)
         return Workers(config, count, hooks=hooks).run()
-    from gateway.server.serve import GatewayServer, exit_now, run_server
+    from gateway.server.serve import GatewayServer, exit_now, run_loop, run_server
 
     async def serve() -> int:
         server = GatewayServer(config, tone_responder(config) if args.tone else None)
@@ -176,7 +176,7 @@ def main() -> int:
             server.app = timed_app(server.app)
         return await run_server(server, probed)
 
-    exit_now(asyncio.run(serve()))
+    exit_now(run_loop(serve()))
 
 
 if __name__ == "__main__":
