@@ -5,10 +5,11 @@
 A GPU host of the device tool has Python 3.12 with torch, triton, numpy, onnxruntime, prometheus-client,
 aiohttp and uvloop. This downloads, for CPython 3.12 on manylinux x86_64:
 
-- .whl/: the gateway's runtime that the host lacks or has too old (openai's aiohttp transport wants aiohttp >=
-  3.14.4; pyzmq for the engine processes; uvicorn, starlette and httptools for the server; py-spy for the CPU by
-  stage; pybase64 for the audio payloads; aiosipua, which the app imports for phone calls). Not mcp, nor
-  webrtc-noise-gain: the benchmarks' gateway runs with [mcp] off and no noise reduction.
+- .whl/: the gateway's runtime that the host lacks or has too old (aiohttp, the backends' HTTP client, and
+  openai for `gateway --backends`'s comparison; pyzmq for the engine processes; uvicorn, starlette and httptools
+  for the server; py-spy for the CPU by stage; pybase64 for the audio payloads; aiosipua, which the app imports
+  for phone calls). Not mcp, nor webrtc-noise-gain: the benchmarks' gateway runs with [mcp] off and no noise
+  reduction.
 - .site-slim/: of the silero-vad wheel, the Silero package with its ONNX model and the TorchScript one the engine
   processes run (4 MB, copied into the host's site as it is). The Smart Turn model needs nothing: the gateway
   ships it (gateway/models).

@@ -16,13 +16,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import openai
-from openai import AsyncOpenAI
+import aiohttp
 
 from gateway.config import Config, api_key
 from gateway.core.ids import new_id
 from gateway.live.effects import DelegationRequest
-from gateway.responders.remote import NO_API_KEY, describe
+from gateway.responders.openai_http import HttpStatusError, OpenAIServer, describe, events
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +34,7 @@ class DelegationBackend:
     def __init__(self, base_url: str, api_key_value: str, api: str, timeout_s: float) -> None:
         self.api = api  # "responses", "chat" or "auto" (until the server has answered)
         self.timeout_s = timeout_s
-        self._client = AsyncOpenAI(base_url=base_url, api_key=api_key_value or NO_API_KEY, timeout=timeout_s,
-                                   max_retries=0, http_client=openai.DefaultAioHttpClient())
+        self._server = OpenAIServer(base_url, api_key_value, timeout_s)
 
     @classmethod
     def from_config(cls, config: Config) -> DelegationBackend | None:
@@ -49,48 +47,47 @@ class DelegationBackend:
         return cls(base_url, key, live.delegation_api, live.delegation_timeout_s)
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self._server.aclose()
 
     async def run(self, request: DelegationRequest) -> AsyncIterator[dict[str, Any]]:
         """The run's Responses streaming events; DelegationError if the backend fails."""
         if self.api != "chat":
             try:
-                stream = await self._post("/responses", _responses_body(request))
-            except openai.APIStatusError as exc:
-                if self.api == "auto" and exc.status_code in (404, 405):
+                stream = await self._post("responses", _responses_body(request))
+            except HttpStatusError as exc:
+                if self.api == "auto" and exc.status in (404, 405):
                     log.info("the delegation backend has no Responses API: chat completions from now on")
                     self.api = "chat"
                 else:
-                    raise DelegationError(describe(exc, self.timeout_s)) from exc
+                    raise DelegationError(describe(exc, self.timeout_s, self._server.where)) from exc
             except Exception as exc:
-                raise DelegationError(describe(exc, self.timeout_s)) from exc
+                raise DelegationError(describe(exc, self.timeout_s, self._server.where)) from exc
             else:
                 if self.api == "auto":
                     self.api = "responses"
-                async for event in _events(stream, self.timeout_s):
+                async for event in _events(stream, self.timeout_s, self._server.where):
                     yield event
                 return
         try:
-            stream = await self._post("/chat/completions", _chat_body(request))
+            stream = await self._post("chat/completions", _chat_body(request))
         except Exception as exc:
-            raise DelegationError(describe(exc, self.timeout_s)) from exc
-        async for event in _from_chat(stream, request, self.timeout_s):
+            raise DelegationError(describe(exc, self.timeout_s, self._server.where)) from exc
+        async for event in _from_chat(stream, request, self.timeout_s, self._server.where):
             yield event
 
-    async def _post(self, path: str, body: dict[str, Any]) -> openai.AsyncStream[object]:
-        return await self._client.post(path, body=body, cast_to=object, stream=True,
-                                       stream_cls=openai.AsyncStream[object])
+    async def _post(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        return await self._server.post(path, body=body)
 
 
-async def _events(stream: openai.AsyncStream[object], timeout_s: float) -> AsyncIterator[dict[str, Any]]:
+async def _events(stream: aiohttp.ClientResponse, timeout_s: float, where: str) -> AsyncIterator[dict[str, Any]]:
     try:
-        async for event in stream:
+        async for event in events(stream):
             if isinstance(event, dict) and isinstance(event.get("type"), str):
                 yield event
     except Exception as exc:
-        raise DelegationError(f"stream broken: {describe(exc, timeout_s)}") from exc
+        raise DelegationError(f"stream broken: {describe(exc, timeout_s, where)}") from exc
     finally:
-        await stream.close()
+        stream.release()
 
 
 def _responses_body(request: DelegationRequest) -> dict[str, Any]:
@@ -149,8 +146,8 @@ def _chat_body(request: DelegationRequest) -> dict[str, Any]:
     return body
 
 
-async def _from_chat(stream: openai.AsyncStream[object], request: DelegationRequest,
-                     timeout_s: float) -> AsyncIterator[dict[str, Any]]:
+async def _from_chat(stream: aiohttp.ClientResponse, request: DelegationRequest, timeout_s: float,
+                     where: str) -> AsyncIterator[dict[str, Any]]:
     """A chat completions stream as Responses streaming events."""
     seq = itertools.count()
     response: dict[str, Any] = {"id": new_id("resp"), "object": "response", "created_at": int(time.time()),
@@ -165,7 +162,7 @@ async def _from_chat(stream: openai.AsyncStream[object], request: DelegationRequ
     calls: dict[int, dict[str, Any]] = {}
     usage: dict[str, Any] | None = None
     try:
-        async for chunk in stream:
+        async for chunk in events(stream):
             if not isinstance(chunk, dict):
                 raise DelegationError(f"not a chat.completion.chunk: {str(chunk)[:80]}")
             usage = chunk.get("usage") or usage
@@ -190,9 +187,9 @@ async def _from_chat(stream: openai.AsyncStream[object], request: DelegationRequ
     except DelegationError:
         raise
     except Exception as exc:
-        raise DelegationError(f"stream broken: {describe(exc, timeout_s)}") from exc
+        raise DelegationError(f"stream broken: {describe(exc, timeout_s, where)}") from exc
     finally:
-        await stream.close()
+        stream.release()
     output: list[dict[str, Any]] = []
     if text:
         part = {"type": "output_text", "text": text, "annotations": []}

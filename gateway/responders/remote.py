@@ -1,7 +1,7 @@
-"""STT and LLM clients of the pipeline: any OpenAI-compatible server, through the ``openai`` package.
+"""STT and LLM clients of the pipeline: any OpenAI-compatible server, over HTTP (openai_http.py).
 
-A voice turn cannot wait for retries, so the clients never retry (max_retries=0): every failure
-becomes a ``BackendError`` at once, naming the backend and a short cause, and the response fails.
+A voice turn cannot wait for retries, so the clients never retry: every failure becomes a ``BackendError`` at
+once, naming the backend and a short cause, and the response fails.
 """
 
 from __future__ import annotations
@@ -10,81 +10,14 @@ import base64
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import anyio
-import openai
+import aiohttp
 import orjson
-from openai import AsyncOpenAI
 
 from gateway.audio import wav_bytes
 from gateway.config import LlmConfig, SttConfig, api_key
 from gateway.core.responder import BackendError, LlmUsage, Message, ToolCallArguments, ToolCallStart
 from gateway.realtime.events import new_id
-
-# The openai package refuses an empty API key; local servers (vLLM, llama.cpp) ignore this one.
-NO_API_KEY = "none"
-
-
-def _client(base_url: str, api_key_env: str, timeout_s: float) -> AsyncOpenAI:
-    return AsyncOpenAI(
-        base_url=base_url,
-        api_key=api_key(api_key_env) or NO_API_KEY,
-        timeout=timeout_s,
-        max_retries=0,
-        # The SDK's aiohttp transport (the openai[aiohttp] extra): its C HTTP parser costs the event
-        # loop about half the CPU of the default pure-Python stack per request and per streamed chunk.
-        http_client=openai.DefaultAioHttpClient(),
-    )
-
-
-async def _check(client: AsyncOpenAI, timeout_s: float) -> str | None:
-    """GET {base_url}/models: None when the server answers (any HTTP status), else the cause in a few words
-    (no address: /healthz shows it).
-
-    Run first at start-up, it also pays the HTTP stack's first-request costs (imports, the pool)
-    there instead of in the first user's turn, and names a backend that is down before anyone talks.
-    """
-    timeout_s = min(timeout_s, 5.0)
-    # The SDK drains each finished stream under anyio, whose asyncio backend is imported on first
-    # use (20-70 ms): load it now.
-    await anyio.sleep(0)
-    try:
-        await client.models.list(timeout=timeout_s)
-    except openai.APIStatusError:
-        return None  # it answered: some transcription servers serve no model list
-    except Exception as exc:
-        return describe(exc, timeout_s, address=False)
-    return None
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    chain = [exc]
-    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
-        chain.append(nxt)
-    return chain
-
-
-def describe(exc: Exception, timeout_s: float, address: bool = True) -> str:
-    """A short, clear cause for a failed request (``address``: naming the server's host and port).
-
-    Connection failures are told by the exceptions they chain, not by the SDK's class: its aiohttp
-    transport reports a refused or dropped connection as a timeout.
-    """
-    if isinstance(exc, openai.APIStatusError):
-        detail = exc.message.removeprefix(f"Error code: {exc.status_code}").removeprefix(" - ")
-        return f"HTTP {exc.status_code}" + (f": {detail}"[:200] if detail else "")
-    if isinstance(exc, openai.APIConnectionError):  # timeouts included
-        url = exc.request.url
-        where = url.host + (f":{url.port}" if url.port else "")
-        by, to = (f" by {where}", f" to {where}") if address else ("", "")
-        chain = _chain(exc)
-        if any(isinstance(e, ConnectionRefusedError) for e in chain):
-            return f"connection refused{by}"
-        if any(isinstance(e, TimeoutError) for e in chain):
-            return f"timed out after {timeout_s:g} s"
-        return f"connection{to} failed" + (f": {chain[-1]}"[:200] if address else "")
-    if isinstance(exc, openai.APIError):
-        return exc.message[:200]
-    return f"{type(exc).__name__}: {exc}"[:200]
+from gateway.responders.openai_http import OpenAIServer, describe, events
 
 
 def chat_messages(instructions: str, messages: Sequence[Message], audio_in: bool = False) -> list[dict[str, Any]]:
@@ -129,11 +62,7 @@ class SttClient:
         self.language = language
         self.timeout_s = timeout_s
         self.stream = stream
-        self._client = _client(base_url, api_key_env, timeout_s)
-        # The SDK imports a resource's modules (~20 ms) and builds its response model (~5 ms) on first
-        # use: pay that at start-up, not in a turn.
-        self._transcriptions = self._client.audio.transcriptions
-        openai.types.audio.Transcription.model_rebuild()
+        self._server = OpenAIServer(base_url, api_key(api_key_env), timeout_s)
 
     @classmethod
     def from_config(cls, config: SttConfig) -> SttClient:
@@ -144,52 +73,45 @@ class SttClient:
         self, pcm16_24k: bytes, language: str | None = None, prompt: str | None = None
     ) -> AsyncIterator[str]:
         """Pieces of the transcript as the server gives them (see gateway.core.responder.Transcriber)."""
-        file = ("audio.wav", wav_bytes(pcm16_24k), "audio/wav")
-        language = language or self.language or None
-        if not self.stream:
-            try:
-                result = await self._transcriptions.create(
-                    file=file, model=self.model, language=language or openai.omit, prompt=prompt or openai.omit
-                )
-            except Exception as exc:  # whatever broke, the turn fails as an STT failure
-                raise BackendError("stt", describe(exc, self.timeout_s)) from exc
-            yield result.text
-            return
-        fields = {"model": self.model, "stream": True, "language": language, "prompt": prompt or None}
+        form = aiohttp.FormData()
+        form.add_field("model", self.model)
+        if language := language or self.language:
+            form.add_field("language", language)
+        if prompt:
+            form.add_field("prompt", prompt)
+        if self.stream:
+            form.add_field("stream", "true")
+        form.add_field("file", wav_bytes(pcm16_24k), filename="audio.wav", content_type="audio/wav")
+        where = self._server.where
         try:
-            stream = await self._client.post(
-                "/audio/transcriptions",
-                body={k: v for k, v in fields.items() if v is not None},
-                files=[("file", file)],
-                options={"headers": {"Content-Type": "multipart/form-data"}},
-                cast_to=object, stream=True, stream_cls=openai.AsyncStream[object],
-            )
-        except Exception as exc:
-            raise BackendError("stt", describe(exc, self.timeout_s)) from exc
+            response = await self._server.post("audio/transcriptions", form=form)
+        except Exception as exc:  # whatever broke, the turn fails as an STT failure
+            raise BackendError("stt", describe(exc, self.timeout_s, where)) from exc
         try:
-            if not stream.response.headers.get("content-type", "").startswith("text/event-stream"):
-                yield _whole_text(await stream.response.aread())
+            if not response.content_type.startswith("text/event-stream"):
+                yield _whole_text(await response.read())
                 return
             sent = ""
-            async for event in stream:
+            async for event in events(response):
                 piece = _stream_piece(event, sent)
                 if piece:
                     sent += piece
                     yield piece
         except Exception as exc:
-            raise BackendError("stt", f"stream broken: {describe(exc, self.timeout_s)}") from exc
+            broken = "stream broken: " if response.content_type.startswith("text/event-stream") else ""
+            raise BackendError("stt", f"{broken}{describe(exc, self.timeout_s, where)}") from exc
         finally:
-            await stream.close()
+            response.release()
 
     @property
     def where(self) -> str:
-        return str(self._client.base_url)
+        return self._server.base_url
 
     async def check(self) -> str | None:
-        return await _check(self._client, self.timeout_s)
+        return await self._server.check()
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self._server.aclose()
 
 
 def _stream_piece(event: object, sent: str) -> str:
@@ -233,7 +155,7 @@ class LlmClient:
         self.temperature = temperature
         self.max_output_tokens = max_output_tokens
         self.timeout_s = timeout_s
-        self._client = _client(base_url, api_key_env, timeout_s)
+        self._server = OpenAIServer(base_url, api_key(api_key_env), timeout_s)
 
     @classmethod
     def from_config(cls, config: LlmConfig) -> LlmClient:
@@ -275,19 +197,15 @@ class LlmClient:
         if tools:
             body["tools"] = tools
             body["tool_choice"] = tool_choice or "auto"
+        where = self._server.where
         try:
-            # client.post, the SDK's documented call for any endpoint: chat.completions.create would
-            # run its per-field request transform over the whole conversation and build a pydantic
-            # model per chunk, 4 ms of the event loop per turn (half the cost of the stream).
-            stream = await self._client.post(
-                "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=openai.AsyncStream[object]
-            )
+            response = await self._server.post("chat/completions", body=body)
         except Exception as exc:
-            raise BackendError("llm", describe(exc, self.timeout_s)) from exc
+            raise BackendError("llm", describe(exc, self.timeout_s, where)) from exc
         calls: set[int] = set()
         usage: dict[str, Any] | None = None
         try:
-            async for chunk in stream:
+            async for chunk in events(response):
                 if not isinstance(chunk, dict):
                     raise ValueError(f"not a chat.completion.chunk: {str(chunk)[:80]}")
                 # Usage comes in a last chunk without choices (some servers repeat it in every chunk).
@@ -306,9 +224,11 @@ class LlmClient:
                     if arguments := function.get("arguments"):
                         yield ToolCallArguments(index, arguments)
         except Exception as exc:  # a dropped connection, a stall, an error event, a malformed chunk
-            raise BackendError("llm", f"stream broken: {describe(exc, self.timeout_s)}") from exc
+            raise BackendError("llm", f"stream broken: {describe(exc, self.timeout_s, where)}") from exc
         finally:
-            await stream.close()
+            # Back to the pool when the body was read to its end; else the connection is closed, and the
+            # server stops generating.
+            response.release()
         if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
             yield LlmUsage(usage["prompt_tokens"], usage.get("completion_tokens") or 0,
@@ -316,10 +236,10 @@ class LlmClient:
 
     @property
     def where(self) -> str:
-        return str(self._client.base_url)
+        return self._server.base_url
 
     async def check(self) -> str | None:
-        return await _check(self._client, self.timeout_s)
+        return await self._server.check()
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self._server.aclose()
