@@ -4,9 +4,9 @@ GPT-Live's delegation backend (delegation.py) talk to their servers through it.
 
 Why not the ``openai`` package, which these clients used before: per call, its request options, httpx request
 models, SSE decoder and response handling cost the event loop more than aiohttp's request itself. On a 2-core
-VM (`python -m bench gateway --backends`), a transcription of 3 s and a chat stream cost 0.89 and 1.09 ms of
-CPU through it, 0.34 and 0.39 ms here. Every turn makes one call of each, and a session several turns a
-minute; the gateway needs two endpoints and the SSE framing of the API.
+VM (`python -m bench gateway --backends`, records 20261129-064741 and -064744), a transcription of 3 s and a
+chat stream cost 0.86 and 1.07 ms of CPU through it, 0.33 and 0.37 ms here. Every turn makes one call of
+each, and a session several turns a minute; the gateway needs two endpoints and the SSE framing of the API.
 
 A voice turn cannot wait for retries: nothing is retried, and every failure is raised at once.
 """
