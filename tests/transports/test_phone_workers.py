@@ -289,7 +289,8 @@ async def test_twilio_streams_land_on_either_worker_and_their_control_reaches_th
 
         await until(all_answered)
         calls = {c["from"]: c["id"] for c in await listed(client)}
-        assert sorted(slot_of(call_id) for call_id in calls.values()) == [0, 0, 1, 1], calls
+        # Both workers hold streams (how many each depends on when each last reported its open connections).
+        assert {slot_of(call_id) for call_id in calls.values()} == {0, 1}, calls
         with pytest.raises(websockets.InvalidStatus) as replayed:  # one stream per token, in all the workers
             await websockets.connect(sides["CA0"].stream_url)
         assert replayed.value.response.status_code == 403
