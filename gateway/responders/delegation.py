@@ -53,7 +53,7 @@ class DelegationBackend:
         """The run's Responses streaming events; DelegationError if the backend fails."""
         if self.api != "chat":
             try:
-                stream = await self._post("responses", _responses_body(request))
+                stream = await self._server.post("responses", body=_responses_body(request))
             except HttpStatusError as exc:
                 if self.api == "auto" and exc.status in (404, 405):
                     log.info("the delegation backend has no Responses API: chat completions from now on")
@@ -69,14 +69,11 @@ class DelegationBackend:
                     yield event
                 return
         try:
-            stream = await self._post("chat/completions", _chat_body(request))
+            stream = await self._server.post("chat/completions", body=_chat_body(request))
         except Exception as exc:
             raise DelegationError(describe(exc, self.timeout_s, self._server.where)) from exc
         async for event in _from_chat(stream, request, self.timeout_s, self._server.where):
             yield event
-
-    async def _post(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
-        return await self._server.post(path, body=body)
 
 
 async def _events(stream: aiohttp.ClientResponse, timeout_s: float, where: str) -> AsyncIterator[dict[str, Any]]:
