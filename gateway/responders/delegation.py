@@ -21,7 +21,7 @@ import aiohttp
 from gateway.config import Config, api_key
 from gateway.core.ids import new_id
 from gateway.live.effects import DelegationRequest
-from gateway.responders.openai_http import HttpStatusError, OpenAIServer, describe, events
+from gateway.responders.openai_http import HttpStatusError, OpenAIServer, events
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,6 @@ class DelegationError(Exception):
 class DelegationBackend:
     def __init__(self, base_url: str, api_key_value: str, api: str, timeout_s: float) -> None:
         self.api = api  # "responses", "chat" or "auto" (until the server has answered)
-        self.timeout_s = timeout_s
         self._server = OpenAIServer(base_url, api_key_value, timeout_s)
 
     @classmethod
@@ -59,30 +58,30 @@ class DelegationBackend:
                     log.info("the delegation backend has no Responses API: chat completions from now on")
                     self.api = "chat"
                 else:
-                    raise DelegationError(describe(exc, self.timeout_s, self._server.where)) from exc
+                    raise DelegationError(self._server.cause(exc)) from exc
             except Exception as exc:
-                raise DelegationError(describe(exc, self.timeout_s, self._server.where)) from exc
+                raise DelegationError(self._server.cause(exc)) from exc
             else:
                 if self.api == "auto":
                     self.api = "responses"
-                async for event in _events(stream, self.timeout_s, self._server.where):
+                async for event in _events(stream, self._server):
                     yield event
                 return
         try:
             stream = await self._server.post("chat/completions", body=_chat_body(request))
         except Exception as exc:
-            raise DelegationError(describe(exc, self.timeout_s, self._server.where)) from exc
-        async for event in _from_chat(stream, request, self.timeout_s, self._server.where):
+            raise DelegationError(self._server.cause(exc)) from exc
+        async for event in _from_chat(stream, request, self._server):
             yield event
 
 
-async def _events(stream: aiohttp.ClientResponse, timeout_s: float, where: str) -> AsyncIterator[dict[str, Any]]:
+async def _events(stream: aiohttp.ClientResponse, server: OpenAIServer) -> AsyncIterator[dict[str, Any]]:
     try:
         async for event in events(stream):
             if isinstance(event, dict) and isinstance(event.get("type"), str):
                 yield event
     except Exception as exc:
-        raise DelegationError(f"stream broken: {describe(exc, timeout_s, where)}") from exc
+        raise DelegationError(f"stream broken: {server.cause(exc)}") from exc
     finally:
         stream.release()
 
@@ -143,8 +142,8 @@ def _chat_body(request: DelegationRequest) -> dict[str, Any]:
     return body
 
 
-async def _from_chat(stream: aiohttp.ClientResponse, request: DelegationRequest, timeout_s: float,
-                     where: str) -> AsyncIterator[dict[str, Any]]:
+async def _from_chat(stream: aiohttp.ClientResponse, request: DelegationRequest,
+                     server: OpenAIServer) -> AsyncIterator[dict[str, Any]]:
     """A chat completions stream as Responses streaming events."""
     seq = itertools.count()
     response: dict[str, Any] = {"id": new_id("resp"), "object": "response", "created_at": int(time.time()),
@@ -184,7 +183,7 @@ async def _from_chat(stream: aiohttp.ClientResponse, request: DelegationRequest,
     except DelegationError:
         raise
     except Exception as exc:
-        raise DelegationError(f"stream broken: {describe(exc, timeout_s, where)}") from exc
+        raise DelegationError(f"stream broken: {server.cause(exc)}") from exc
     finally:
         stream.release()
     output: list[dict[str, Any]] = []

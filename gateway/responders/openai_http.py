@@ -85,13 +85,18 @@ class OpenAIServer:
         """GET {base_url}models: None when the server answers (any HTTP status: some transcription servers serve
         no model list), else the cause in a few words, naming no address (/healthz shows it). Run first at
         start-up, it also opens the pool before the first user's turn."""
+        timeout_s = min(self.timeout_s, 5.0)
         try:
             response = await self._client().get(self.base_url + "models",
-                                                timeout=aiohttp.ClientTimeout(total=min(self.timeout_s, 5.0)))
+                                                timeout=aiohttp.ClientTimeout(total=timeout_s))
         except Exception as exc:
-            return describe(exc, min(self.timeout_s, 5.0))
+            return describe(exc, timeout_s)
         response.release()
         return None
+
+    def cause(self, exc: BaseException) -> str:
+        """``describe`` for a request to this server: its timeout, and its address named."""
+        return describe(exc, self.timeout_s, self.where)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -110,7 +115,7 @@ async def events(response: aiohttp.ClientResponse) -> AsyncIterator[Any]:
                 piece = line[5:].removeprefix(b" ")
                 size += len(piece)
                 if size > MAX_EVENT_BYTES:
-                    raise ValueError(f"a streamed event over {MAX_EVENT_BYTES} bytes")
+                    raise ValueError(f"an event over {MAX_EVENT_BYTES} bytes")
                 data.append(piece)
             continue
         if data:

@@ -17,7 +17,7 @@ from gateway.audio import wav_bytes
 from gateway.config import LlmConfig, SttConfig, api_key
 from gateway.core.responder import BackendError, LlmUsage, Message, ToolCallArguments, ToolCallStart
 from gateway.realtime.events import new_id
-from gateway.responders.openai_http import OpenAIServer, describe, events
+from gateway.responders.openai_http import OpenAIServer, events
 
 
 def chat_messages(instructions: str, messages: Sequence[Message], audio_in: bool = False) -> list[dict[str, Any]]:
@@ -60,7 +60,6 @@ class SttClient:
     ) -> None:
         self.model = model
         self.language = language
-        self.timeout_s = timeout_s
         self.stream = stream
         self._server = OpenAIServer(base_url, api_key(api_key_env), timeout_s)
 
@@ -82,11 +81,10 @@ class SttClient:
         if self.stream:
             form.add_field("stream", "true")
         form.add_field("file", wav_bytes(pcm16_24k), filename="audio.wav", content_type="audio/wav")
-        where = self._server.where
         try:
             response = await self._server.post("audio/transcriptions", form=form)
         except Exception as exc:  # whatever broke, the turn fails as an STT failure
-            raise BackendError("stt", describe(exc, self.timeout_s, where)) from exc
+            raise BackendError("stt", self._server.cause(exc)) from exc
         try:
             if not response.content_type.startswith("text/event-stream"):
                 yield _whole_text(await response.read())
@@ -99,7 +97,7 @@ class SttClient:
                     yield piece
         except Exception as exc:
             broken = "stream broken: " if response.content_type.startswith("text/event-stream") else ""
-            raise BackendError("stt", f"{broken}{describe(exc, self.timeout_s, where)}") from exc
+            raise BackendError("stt", f"{broken}{self._server.cause(exc)}") from exc
         finally:
             response.release()
 
@@ -154,7 +152,6 @@ class LlmClient:
         self.model = model
         self.temperature = temperature
         self.max_output_tokens = max_output_tokens
-        self.timeout_s = timeout_s
         self._server = OpenAIServer(base_url, api_key(api_key_env), timeout_s)
 
     @classmethod
@@ -197,11 +194,10 @@ class LlmClient:
         if tools:
             body["tools"] = tools
             body["tool_choice"] = tool_choice or "auto"
-        where = self._server.where
         try:
             response = await self._server.post("chat/completions", body=body)
         except Exception as exc:
-            raise BackendError("llm", describe(exc, self.timeout_s, where)) from exc
+            raise BackendError("llm", self._server.cause(exc)) from exc
         calls: set[int] = set()
         usage: dict[str, Any] | None = None
         try:
@@ -224,7 +220,7 @@ class LlmClient:
                     if arguments := function.get("arguments"):
                         yield ToolCallArguments(index, arguments)
         except Exception as exc:  # a dropped connection, a stall, an error event, a malformed chunk
-            raise BackendError("llm", f"stream broken: {describe(exc, self.timeout_s, where)}") from exc
+            raise BackendError("llm", f"stream broken: {self._server.cause(exc)}") from exc
         finally:
             # Back to the pool when the body was read to its end; else the connection is closed, and the
             # server stops generating.
