@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gateway.responders.openai_http import HttpStatusError, OpenAIServer, StreamError, describe, events
+from gateway.core.responder import BackendError
+from gateway.responders.openai_http import MAX_EVENT_BYTES, HttpStatusError, OpenAIServer, StreamError, describe, events
 from gateway.responders.remote import LlmClient
 
 Handler = Callable[[web.Request], Any]
@@ -87,6 +88,22 @@ async def test_events_stop_at_done_and_raise_an_error_event(serve) -> None:
     assert got == [{"a": 1}]
     response.release()
     await server.aclose()
+
+
+async def test_an_oversized_event_breaks_the_stream_with_a_bounded_cause(serve) -> None:
+    """A server streaming one endless line, or an event of many lines past MAX_EVENT_BYTES, fails the
+    reply with a short cause."""
+    endless_line = b'data: {"x": "' + b"a" * 2_000_000 + b'"}\n\n'
+    many_lines = b"".join(b"data: " + b"b" * 100_000 + b"\n" for _ in range(12)) + b"\n"
+    for body, why in ((endless_line, "LineTooLong"), (many_lines, f"an event over {MAX_EVENT_BYTES} bytes")):
+        url, _ = await serve(sse(body))
+        client = LlmClient(url, "m", timeout_s=5)
+        with pytest.raises(BackendError) as info:
+            async for _ in client.stream_chat([{"role": "user", "content": "hello"}]):
+                pass
+        assert info.value.cause.startswith("stream broken: ") and why in info.value.cause
+        assert len(info.value.cause) <= 220
+        await client.aclose()
 
 
 @pytest.mark.parametrize(("status", "body", "content_type", "cause"), [
