@@ -284,21 +284,23 @@ class Profiler:
         return (cpu_stages.shares(worker) if worker else {}, cpu_stages.thread_shares(engine) if engine else {})
 
 
-def engine_rates(records: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
+def engine_rates(records: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
     """Mean batch, and step and GPU seconds per second, over the window, from the engine counters one gateway
-    process read (every gateway process reads the same engines)."""
+    process read (every gateway process reads the same engines); the VAD's busy share each engine's too, as
+    workers whose VADs crowd on one engine would show only there."""
     rows = next((r for r in records.values() if r and "engine" in r[0]), None)
     if not rows or len(rows) < 2:
         return {}
     first, last = rows[0], rows[-1]
     span = last["t"] - first["t"]
-    totals: dict[str, float] = {}
+    deltas: dict[str, dict[Any, float]] = {}
     for key in ("steps", "frames", "step_seconds", "gpu_seconds", "turns", "turn_seconds", "vad_windows",
                 "vad_seconds", "cpu_seconds"):
         before = {e.get("endpoint", i): e[key] for i, e in enumerate(first["engine"]) if e.get(key) is not None}
         after = {e.get("endpoint", i): e[key] for i, e in enumerate(last["engine"]) if e.get(key) is not None}
         # An engine restarted in the window (counters from zero) is left out.
-        totals[key] = sum(after[k] - before[k] for k in after if k in before and after[k] >= before[k])
+        deltas[key] = {k: after[k] - before[k] for k in after if k in before and after[k] >= before[k]}
+    totals = {key: sum(each.values()) for key, each in deltas.items()}
     engines = max(1, len(last["engine"]))
     gpu = any(e.get("gpu_seconds") is not None for e in last["engine"])
     return {"batch_mean": totals["frames"] / totals["steps"] if totals["steps"] else math.nan,
@@ -306,6 +308,7 @@ def engine_rates(records: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
             "gpu_busy": totals["gpu_seconds"] / span / engines if gpu else math.nan, "engines": engines,
             "turns": totals["turns"], "turn_busy": totals["turn_seconds"] / span / engines,
             "vad_windows": totals["vad_windows"], "vad_busy": totals["vad_seconds"] / span / engines,
+            "vad_busy_each": [rounded(seconds / span) for seconds in deltas["vad_seconds"].values()],
             "cpu_per_minute": totals["cpu_seconds"] / span * 60}
 
 
@@ -374,6 +377,7 @@ def summarise(n: int, label: str, result: Sessions, records: dict[int, list[dict
         # Silero VAD windows the engine processes stepped ([vad] device), and their share of the VAD thread's time.
         "engine_vad_windows": engine.get("vad_windows", 0),
         "engine_vad_busy": rounded(engine.get("vad_busy", math.nan)),
+        "engine_vad_busy_each": engine.get("vad_busy_each", []),
         "gateway_first_delta_p95_ms": rounded(pct(traced("first_delta_ms"), 95), 1),
         "gateway_cancel_to_last_delta_p95_ms": rounded(pct(traced("cancel_to_last_delta_ms"), 95)),
         "stages_ms": {f"{a} -> {b}": [rounded(pct(v, 50), 1), rounded(pct(v, 95), 1)] for a, b in pairwise(TURN_STAGES)

@@ -240,10 +240,11 @@ class EngineClient:
         """Whether the engine processes run Silero VAD (started with [engine] vad_model)."""
         return all(link.hello.get("vad") for link in self.links)
 
-    @property
-    def vad_endpoint(self) -> str:
-        """The engine process whose VAD this process uses: the gateway processes spread over them by pid."""
-        return ipc.vad_endpoint(self.links[os.getpid() % len(self.links)].endpoint)
+    def vad_endpoint(self, slot: int) -> str:
+        """The VAD of the engine process that gateway process ``slot`` (its index among [server] workers) uses:
+        the workers take the engine processes in turn, so that each VAD serves as many of them whatever pids
+        the host gave them."""
+        return ipc.vad_endpoint(self.links[slot % len(self.links)].endpoint)
 
     async def turn(self, audio: np.ndarray, timeout: float = 5.0) -> float:
         """P(the turn is complete) from the engine's end-of-turn model, for a turn's last 8 s at most of

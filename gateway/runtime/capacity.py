@@ -29,7 +29,8 @@ class Capacity:
     def __init__(self, limit: int, counts: Counts | None = None, slot: int = 0) -> None:
         self.limit = limit
         self._counts = counts if counts is not None else (ctypes.c_int64 * 1)()  # one process: nothing to share
-        self._slot = slot
+        self.slot = slot
+        """This process's index among the gateway's workers (0 for a gateway of one process)."""
         self.draining = False
 
     @property
@@ -51,11 +52,11 @@ class Capacity:
         if self.draining:
             return False
         # Only the event loop's thread counts here, between awaits: this slot's read-modify-write is whole.
-        self._counts[self._slot] += 1
+        self._counts[self.slot] += 1
         if self.sessions <= self.limit:
             return True
-        self._counts[self._slot] -= 1
+        self._counts[self.slot] -= 1
         return False
 
     def release(self) -> None:
-        self._counts[self._slot] -= 1
+        self._counts[self.slot] -= 1

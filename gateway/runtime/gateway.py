@@ -183,9 +183,10 @@ class Gateway:
         gateway.responders.build.give_engine_models), falling back on ``local``; else ``local``."""
         engine = self.speech.loaded
         if self.config.vad.device != "cpu" and isinstance(engine, EngineClient) and engine.has_vad:
+            endpoint = engine.vad_endpoint(self.capacity.slot)
             log.info("Silero VAD runs in the engine process at %s (this process's model if it does not answer)",
-                     engine.vad_endpoint)
-            return EngineVad(engine.vad_endpoint, local)
+                     endpoint)
+            return EngineVad(endpoint, local)
         if self.config.vad.device == "engine":
             raise ConfigError('option vad.device = "engine" needs the Qwen3-TTS engine in engine processes that run '
                               'the VAD ([engine] mode = "process", or endpoints of engine processes started with '

@@ -250,8 +250,8 @@ def _resample(rows: Float32Array) -> Float32Array:
 
 
 class EngineVad:
-    """Silero VAD steps on an engine process's VAD (at engine.ipc.vad_endpoint: EngineClient.vad_endpoint), from
-    one thread at a time: the VAD's thread, which waits for each answer.
+    """Silero VAD steps on an engine process's VAD (at EngineClient.vad_endpoint), from one thread at a time: the
+    VAD's thread, which waits for each answer.
 
     A step the engine does not answer within ``timeout_s`` (it is gone, restarting or swamped), or answers with
     an error, runs on ``fallback`` (this process's onnxruntime model: the state is the same array either way),

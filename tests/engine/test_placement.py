@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from bench.fake_openai import FakeOpenAI
+from engine import ipc
 from engine.config import EngineConfig
 from engine.supervisor import EngineSupervisor
 from gateway.audio import decode_wav
@@ -84,6 +85,12 @@ async def test_new_streams_go_to_the_least_loaded_engine_process(engines: Engine
             s.cancel()
     finally:
         await other.aclose()
+
+
+async def test_the_gateway_processes_take_the_engine_processes_vads_in_turn(engines: EngineSupervisor,
+                                                                          client: EngineClient) -> None:
+    first, second = (ipc.vad_endpoint(endpoint) for endpoint in engines.endpoints)
+    assert [client.vad_endpoint(slot) for slot in range(5)] == [first, second, first, second, first]
 
 
 async def test_a_voice_prepared_in_one_engine_process_is_spoken_by_each(client: EngineClient) -> None:

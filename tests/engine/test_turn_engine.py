@@ -118,7 +118,7 @@ def steps_with(model: object) -> list[np.ndarray]:
 async def test_vad_steps_on_the_engine_find_the_gateways_turns_to_the_sample(client: EngineClient) -> None:
     assert client.has_vad
     local = SileroModel.shared()
-    engine_vad = EngineVad(client.vad_endpoint, fallback=local)
+    engine_vad = EngineVad(client.vad_endpoint(0), fallback=local)
     (before,) = await client.stats()
     try:
         on_engine, here = await asyncio.to_thread(steps_with, engine_vad), steps_with(local)
@@ -136,7 +136,7 @@ async def test_bad_vad_steps_are_refused_and_the_engine_goes_on(client: EngineCl
     import zmq
 
     socket = zmq.Context.instance().socket(zmq.DEALER)
-    socket.connect(client.vad_endpoint)
+    socket.connect(client.vad_endpoint(0))
     try:
         for x, state in ((b"\0" * 100, b""), (np.zeros((1, 576), "<f4").tobytes(), b"\0" * 8)):
             socket.send_multipart([b"t", x, state])
