@@ -35,6 +35,11 @@ def bounded(default: Any, *, at_least: float | None = None, at_most: float | Non
     return field(default=default, metadata={k: v for k, v in bounds.items() if v is not None})
 
 
+# The sessions a GPU holds at every latency target with the 0.6B model (docs/operations.md, "Sizing a host"):
+# [server] max_sessions = 0 takes this many a GPU engine process, or this many where there is none.
+SESSIONS_PER_GPU = 1000
+
+
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -56,13 +61,19 @@ class ServerConfig:
     max_header_line_bytes: int = bounded(8190, at_least=256, at_most=8190)
     max_connections_per_client: int = bounded(32, at_least=1)
     forwarded_allow_ips: str = ""
-    max_sessions: int = bounded(1000, at_least=1)
+    max_sessions: int = bounded(0, at_least=0)  # 0: auto (session_limit)
     drain_seconds: float = bounded(600.0, at_least=0)
     drain_notice_seconds: float = bounded(30.0, at_least=0)
     workers: int = bounded(0, at_least=0)
     worker_balance: str = bounded("connections", choices=("connections", "accept"))
     backend_check_s: float = bounded(15.0, at_least=0)
     ready_requires_backends: bool = False
+
+    @property
+    def session_limit(self) -> int:
+        """max_sessions; its auto (0) is SESSIONS_PER_GPU until `serve` sizes the host
+        (gateway.server.workers.worker_count makes it SESSIONS_PER_GPU a GPU engine process)."""
+        return self.max_sessions or SESSIONS_PER_GPU
 
 
 @dataclass

@@ -233,7 +233,7 @@ BAD_AT_START = [
     ({"GATEWAY_VAD_THRESHOLD": "3"}, "option vad.threshold: must be between 0 and 1, got 3.0"),
     ({"GATEWAY_VAD_SILENCE_DURATION_MS": "-5"}, "option vad.silence_duration_ms: must be between 0 and 10000, got -5"),
     ({"GATEWAY_VAD_IDLE_TIMEOUT_MS": "100"}, "option vad.idle_timeout_ms: must be 0 (off) or between 5000 and 30000"),
-    ({"GATEWAY_SERVER_MAX_SESSIONS": "0"}, "option server.max_sessions: must be at least 1, got 0"),
+    ({"GATEWAY_SERVER_MAX_SESSIONS": "-1"}, "option server.max_sessions: must be at least 0, got -1"),
     ({"GATEWAY_SEMANTIC_VAD_MAX_BATCH": "0"}, "option semantic_vad.max_batch: must be between 1 and 64, got 0"),
     ({"GATEWAY_ENGINE_DTYPE": "float8"}, "option engine.dtype: expected auto, float32, bfloat16 or float16"),
     ({"GATEWAY_WEBRTC_JITTER_PREFETCH": "16"}, "option webrtc.jitter_prefetch: must be between 0 and 15, got 16"),

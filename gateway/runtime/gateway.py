@@ -112,7 +112,7 @@ class Gateway:
         self.responder = responder
         self.transcriber: Transcriber | None = None
         self.auth = auth if auth is not None else Auth.from_env(os.environ)
-        self.capacity = capacity if capacity is not None else Capacity(config.server.max_sessions)
+        self.capacity = capacity if capacity is not None else Capacity(config.server.session_limit)
         self.sessions: set[SessionRunner | LiveRunner] = set()
         self._ends: dict[SessionRunner | LiveRunner, End] = {}
         self._emptied = asyncio.Event()  # set whenever the last session of this process ends

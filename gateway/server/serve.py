@@ -113,7 +113,7 @@ def uvicorn_config(app: object, config: Config, private: bool = False) -> uvicor
                           server.max_message_bytes),
         ws_max_size=server.max_message_bytes,
         ws_per_message_deflate=False,
-        limit_concurrency=server.max_sessions + CONNECTION_HEADROOM,
+        limit_concurrency=server.session_limit + CONNECTION_HEADROOM,
         # Off unless configured: uvicorn would otherwise believe X-Forwarded-For from loopback (its default),
         # and any local client could pose as any address.
         proxy_headers=bool(server.forwarded_allow_ips) and not private,

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 # PROMETHEUS_MULTIPROC_DIR, which prometheus_client reads once, when first imported. So the server itself
 # (gateway.server.serve, whose metrics do) is imported in the functions that use it.
 from engine.supervisor import EngineStartError, EngineSupervisor, resolve_devices
-from gateway.config import Config, ConfigError, check
+from gateway.config import SESSIONS_PER_GPU, Config, ConfigError, check
 from gateway.logs import configure_logging
 from gateway.responders.build import engine_mode, give_engine_models, tts_kind
 from gateway.runtime.auth import Auth
@@ -88,25 +88,34 @@ def cpu_count() -> int:
 
 
 def worker_count(config: Config) -> int:
-    """[server] workers, 0 (auto) resolved: with a Qwen3-TTS engine in engine processes on GPUs (by default
-    on a host with GPUs: [engine] mode "auto"), one per SESSIONS_PER_WORKER of [server] max_sessions, and at
-    most one per CPU core less two per engine process (its step loop and its CUDA launches); otherwise 1. The
+    """[server] workers and max_sessions, 0 (auto) resolved for this host. With a Qwen3-TTS engine in engine
+    processes on GPUs (by default on a host with GPUs: [engine] mode "auto"), max_sessions is SESSIONS_PER_GPU a
+    GPU and the workers one per SESSIONS_PER_WORKER of it, at most one per CPU core less two per engine process
+    (its step loop and its CUDA launches); otherwise max_sessions is SESSIONS_PER_GPU and one worker. The
     options are checked first (gateway.config.check)."""
     check(config)
-    workers, engine = config.server.workers, config.engine
-    qwen3 = tts_kind(config) == "qwen3"
-    if workers or not qwen3 or engine_mode(config) != "process":
-        return workers or 1
-    if engine.endpoints:
-        engines = len([e for e in engine.endpoints.split(",") if e.strip()])
-    else:
-        devices = resolve_devices(engine.devices, engine.device)
-        if not any(d.startswith("cuda") for d in devices):
-            return 1
-        engine.devices = ",".join(devices)  # resolved once (it asks torch in a child process)
-        engines = len(devices)
-    by_sessions = math.ceil(config.server.max_sessions / SESSIONS_PER_WORKER)
+    server = config.server
+    engines = gpu_engines(config) if not (server.workers and server.max_sessions) else 0
+    server.max_sessions = server.max_sessions or SESSIONS_PER_GPU * max(1, engines)
+    if server.workers or not engines:
+        return server.workers or 1
+    by_sessions = math.ceil(server.max_sessions / SESSIONS_PER_WORKER)
     return max(1, min(by_sessions, cpu_count() - 2 * engines))
+
+
+def gpu_engines(config: Config) -> int:
+    """The engine processes on GPUs this gateway uses (those of [engine] endpoints count as such), 0 for none;
+    [engine] devices resolved once ("auto" asks torch in a child process)."""
+    engine = config.engine
+    if tts_kind(config) != "qwen3" or engine_mode(config) != "process":
+        return 0
+    if engine.endpoints:
+        return len([e for e in engine.endpoints.split(",") if e.strip()])
+    devices = resolve_devices(engine.devices, engine.device)
+    if not any(d.startswith("cuda") for d in devices):
+        return 0
+    engine.devices = ",".join(devices)
+    return len(devices)
 
 
 @dataclasses.dataclass
@@ -345,7 +354,7 @@ def _worker_main(slot: int, config: Config, auth: Auth, sock: socket.socket | No
     async def serve() -> int:
         responder = hooks.responder(config) if hooks.responder is not None else None
         server = GatewayServer(config, responder, sock=sock, handoff=handoff, auth=auth,
-                               capacity=Capacity(config.server.max_sessions, counts, slot), calls=calls)
+                               capacity=Capacity(config.server.session_limit, counts, slot), calls=calls)
         if hooks.app is not None:
             server.app = hooks.app(server.app)
         return await run_server(server, serving)

@@ -175,6 +175,8 @@ def test_the_worker_count_auto_is_one_unless_a_gpu_engine_runs_in_engine_process
     engines = {"tts__engine": "qwen3", "engine__mode": "process", "engine__endpoints": "ipc:///a,ipc:///b"}
     assert workers.worker_count(make_config(**engines, server__max_sessions=5000)) == 16 - 2 * 2  # two cores
     assert workers.worker_count(make_config(**engines, server__max_sessions=250)) == 3  # 100 sessions a worker
+    config = make_config(**engines)  # max_sessions auto: 1000 a GPU engine process
+    assert (workers.worker_count(config), config.server.max_sessions) == (16 - 2 * 2, 2000)
     on_cpu = {"engine__endpoints": "", "engine__checkpoint": "x", "engine__devices": "cpu"}
     assert workers.worker_count(make_config(**engines | on_cpu)) == 1
     with pytest.raises(ConfigError, match='mode = "process"'):
@@ -185,9 +187,9 @@ def test_the_worker_count_auto_is_one_unless_a_gpu_engine_runs_in_engine_process
 
 
 def test_the_defaults_size_a_host_by_its_cores_gpus_and_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """[engine] mode "auto" and [server] workers 0: one engine process per GPU and a worker per 100 sessions of
-    max_sessions, at most one per core less two per GPU, with no option; on a host without a GPU, one process
-    with the engine in a thread."""
+    """[engine] mode "auto", [server] workers and max_sessions 0: one engine process per GPU, 1000 sessions a GPU
+    and a worker per 100 of them, at most one per core less two per GPU, with no option; on a host without a
+    GPU, one process with the engine in a thread and 1000 sessions."""
     from engine import supervisor
     from gateway.server import workers
     from tests.conftest import make_config
@@ -195,15 +197,18 @@ def test_the_defaults_size_a_host_by_its_cores_gpus_and_sessions(monkeypatch: py
     monkeypatch.setattr(workers, "cpu_count", lambda: 64)
     monkeypatch.setattr(supervisor, "gpu_count", lambda python=None: 4)
     config = make_config(tts__engine="qwen3", engine__checkpoint="x")
-    assert workers.worker_count(config) == 10  # the default 1000 sessions, 100 a worker
+    assert (workers.worker_count(config), config.server.max_sessions) == (40, 4000)  # 1000 a GPU, 100 a worker
     assert (config.engine.mode, config.engine.devices) == ("process", "cuda:0,cuda:1,cuda:2,cuda:3")
-    config = make_config(tts__engine="qwen3", engine__checkpoint="x", server__max_sessions=4000)
-    assert workers.worker_count(config) == 40
+    config = make_config(tts__engine="qwen3", engine__checkpoint="x", server__max_sessions=1500)
+    assert (workers.worker_count(config), config.server.max_sessions) == (15, 1500)  # the operator's limit holds
+    config = make_config(tts__engine="qwen3", engine__checkpoint="x", server__workers=8)
+    assert (workers.worker_count(config), config.server.max_sessions) == (8, 4000)
     config = make_config(tts__engine="qwen3", engine__checkpoint="x", server__max_sessions=100_000)
     assert workers.worker_count(config) == 64 - 2 * 4  # the cores are the limit
     monkeypatch.setattr(supervisor, "gpu_count", lambda python=None: 0)
     config = make_config(tts__engine="qwen3", engine__checkpoint="x")
     assert workers.worker_count(config) == 1 and config.engine.mode == "thread"
+    assert config.server.max_sessions == 1000
     config = make_config(tts__engine="qwen3", engine__checkpoint="x", server__workers=3)  # several: processes
     assert workers.worker_count(config) == 3
     assert workers.engine_mode(config) == "process" and config.engine.devices == "auto"
