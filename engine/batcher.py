@@ -110,6 +110,30 @@ class Utterance(TextInput):
 U = TypeVar("U", bound=Utterance)
 
 
+# [engine] max_streams = 0 on a GPU: as many streams as the device's free memory at start-up holds caches for in
+# this share of it, at most the largest captured batch. The rest is for the steps' working memory (~10 GiB at
+# 1024 streams), the VAD and turn models, and whatever else shares the GPU (an LLM server).
+AUTO_MEMORY_SHARE = 0.6
+AUTO_MAX_STREAMS = 1024
+CPU_STREAMS = 4  # max_streams = 0 on a CPU
+
+
+def auto_streams(ckpts: Sequence[Checkpoint], max_frames: int, max_reference_s: float,
+                 max_instructions_tokens: int) -> int:
+    """[engine] max_streams = 0 resolved for checkpoints loaded on a GPU (AUTO_MEMORY_SHARE)."""
+    positions = [PROMPT_POSITIONS + _room(c, max_reference_s, max_instructions_tokens) for c in ckpts]
+
+    def caches(rows: int) -> int:
+        return sum(state_bytes(c, rows, max_frames + p, p) for c, p in zip(ckpts, positions, strict=True))
+
+    per_stream = caches(2) - caches(1)
+    free = torch.cuda.mem_get_info(ckpts[0].codec.decoder.pre_conv.conv.weight.device)[0]
+    streams = max(1, min(AUTO_MAX_STREAMS, int((free * AUTO_MEMORY_SHARE - caches(1) + per_stream) // per_stream)))
+    log.info("[engine] max_streams = 0: %d streams of up to %d frames (%.1f GiB of caches; %.1f GiB free)", streams,
+             max_frames, caches(streams) / 2**30, free / 2**30)
+    return streams
+
+
 def _room(ckpt: Checkpoint, max_reference_s: float, max_instructions_tokens: int) -> int:
     """Prompt positions a row of this checkpoint keeps beyond a named speaker's: a reference's codes (Base),
     or instructions (VoiceDesign, CustomVoice 1.7B)."""
@@ -203,9 +227,12 @@ class Batcher:
         paths = [c.strip() for c in config.checkpoint.split(",") if c.strip()] or [""]
         ckpts = [checkpoint.load(path, device=config.device, dtype=config.dtype) for path in paths]
         gpu = ckpts[0].codec.decoder.pre_conv.conv.weight.is_cuda
+        streams = config.max_streams or (
+            auto_streams(ckpts, config.max_frames, config.max_reference_s, config.max_instructions_tokens) if gpu
+            else CPU_STREAMS)
         return cls(ckpts, packet_frames=config.packet_frames, max_frames=config.max_frames,
                    max_text_chars=config.max_text_chars, seed=config.seed, greedy=config.greedy,
-                   voices=config.voices, max_streams=config.max_streams or (64 if gpu else 4),
+                   voices=config.voices, max_streams=streams,
                    first_packet_frames=config.first_packet_frames, cuda_graphs=config.cuda_graphs,
                    graph_max_batch=config.graph_max_batch, max_reference_s=config.max_reference_s,
                    max_instructions_tokens=config.max_instructions_tokens)

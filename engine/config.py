@@ -26,7 +26,8 @@ class EngineConfig:
     seed: int = field(default=0, metadata={"at_least": 0, "at_most": 2**32 - 1})
     greedy: bool = False
     # Streams the engine runs at once (each holds a preallocated KV-cache slot); more wait for a slot.
-    # 0 = 64 on a GPU, 4 on a CPU.
+    # 0 = on a GPU as many as 60% of its free memory holds at start-up (at most 1024), 4 on a CPU
+    # (engine.batcher.auto_streams).
     max_streams: int = field(default=0, metadata={"at_least": 0})
     # CUDA graphs of the engine's step, one per batch size up to graph_max_batch (0 = max_streams).
     cuda_graphs: bool = True

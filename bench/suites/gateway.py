@@ -104,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-mode", choices=["process", "thread"], default="process")
     parser.add_argument("--vad-device", choices=["auto", "cpu", "engine"], default="auto", help="[vad] device: where "
                         "Silero runs (auto: the engine processes on GPUs, else each gateway process)")
-    parser.add_argument("--max-streams", type=int, help="[engine] max_streams (default 1024; --small 4)")
+    parser.add_argument("--max-streams", type=int, help="[engine] max_streams (default 0: the engine's own choice, "
+                        "as `serve` makes it; --small 4)")
     parser.add_argument("--engine-max-frames", type=int, help="[engine] max_frames: random weights never say EOS, "
                         "so this ends a reply nobody cut (default 250 = 20 s; --small 60)")
     parser.add_argument("--workers", type=int, help="gateway worker processes (default 0: serve's own choice on the "
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if model is not None:
         checkpoint = Path(args.checkpoint) if args.checkpoint else checkpoints.folder(model, args.checkpoints)
         settings |= engine_settings([checkpoint], args.device, gpus, mode=args.engine_mode,
-                                    max_streams=args.max_streams or (4 if small else 1024),
+                                    max_streams=args.max_streams or (4 if small else 0),
                                     max_frames=args.engine_max_frames or (60 if small else 250))
     fakes = gateway = pool = None
     levels: list[dict[str, Any]] = []

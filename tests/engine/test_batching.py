@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from engine import checkpoint
+from engine.batcher import AUTO_MAX_STREAMS, AUTO_MEMORY_SHARE, PROMPT_POSITIONS, auto_streams
 from engine.clone import prepare
 from engine.prompt import TextTokens, Voice
 from engine.runner import Runner, state_bytes, synthesize
@@ -251,6 +252,27 @@ def test_state_bytes_counts_what_the_runner_allocates(ckpt: checkpoint.Checkpoin
     caches = [t for c in model.caches + model.predictor_caches for t in (c.k, c.v)]
     codec = [t for s in (decoder.state, decoder.stage) for t in (s.memory, s.keys, s.values, s.pos)]
     assert state_bytes(ckpt, 3, 40) == sum(t.nbytes for t in caches + codec)
+
+
+@pytest.mark.parametrize("free_gib", [0.001, 1, 4, 10_000])
+def test_max_streams_auto_fills_its_share_of_the_gpus_free_memory(ckpt: checkpoint.Checkpoint, free_gib: float,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """[engine] max_streams = 0 on a GPU: the most streams whose caches fit AUTO_MEMORY_SHARE of the free memory
+    (at least one: the engine's start-up check then says what does not fit), at most AUTO_MAX_STREAMS."""
+    free = int(free_gib * 2**30)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 2 * free))
+    streams = auto_streams([ckpt], 1500, 30.0, 256)
+    budget = free * AUTO_MEMORY_SHARE
+
+    def caches(rows: int) -> int:
+        return state_bytes(ckpt, rows, 1500 + PROMPT_POSITIONS, PROMPT_POSITIONS)
+
+    if caches(1) > budget:
+        assert streams == 1
+    elif caches(AUTO_MAX_STREAMS) <= budget:
+        assert streams == AUTO_MAX_STREAMS
+    else:
+        assert caches(streams) <= budget < caches(streams + 1)
 
 
 def test_voices_and_modes_share_a_batch() -> None:
