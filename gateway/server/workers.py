@@ -183,7 +183,8 @@ class Workers:
             self._metrics_dir = tempfile.mkdtemp(prefix="voice-gateway-metrics-")  # 0700: this user's only
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
-            log.info("starting %d workers on %s:%d", self.count, server.host, self._socket.getsockname()[1])
+            log.info("starting %d workers on %s:%d for at most %d sessions", self.count, server.host,
+                     self._socket.getsockname()[1], server.session_limit)
             for worker in self._workers:
                 self._start(worker)
             return self._watch()
