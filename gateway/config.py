@@ -35,8 +35,8 @@ def bounded(default: Any, *, at_least: float | None = None, at_most: float | Non
     return field(default=default, metadata={k: v for k, v in bounds.items() if v is not None})
 
 
-# The sessions a GPU holds at every latency target with the 0.6B model (docs/operations.md, "Sizing a host"):
-# [server] max_sessions = 0 takes this many a GPU engine process, or this many where there is none.
+# The sessions one H200 held at every latency target, with the 0.6B model and the 1.7B (docs/operations.md,
+# "Sizing a host"): [server] max_sessions = 0 takes this many a GPU engine process, or this many where there is none.
 SESSIONS_PER_GPU = 1000
 
 
