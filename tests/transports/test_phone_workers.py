@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -91,29 +92,43 @@ def options_request(sip_port: int, source: int) -> bytes:
 
 
 async def ports_by_worker(gateway: Gateway, sip_port: int, each: int) -> dict[int, list[int]]:
-    """`each` source ports whose SIP the kernel gives worker 0, and `each` it gives worker 1: worker 1 is stopped
-    while an OPTIONS goes out from each candidate port, and those answered went to worker 0."""
+    """`each` source ports whose SIP the kernel gives worker 0, and `each` it gives worker 1. A port is a
+    worker's when that worker answers an OPTIONS from it while the other is stopped: a loaded worker that
+    answers late is never taken for the other, whose silence proves nothing."""
     found: dict[int, list[int]] = {0: [], 1: []}
-    stopped = gateway.worker_pids()[1]
+    while min(len(ports) for ports in found.values()) < each:
+        port = free_sip_port()
+        for worker in (0, 1):
+            if len(found[worker]) < each and await answers_alone(gateway, worker, sip_port, port):
+                found[worker].append(port)
+                break
+    return found
+
+
+async def answers_alone(gateway: Gateway, worker: int, sip_port: int, source: int) -> bool:
+    """Whether `worker` answers an OPTIONS from port `source` within 2 s while the other worker is stopped (an
+    answer to an earlier probe from the port, another Call-ID, does not count)."""
+    request = options_request(sip_port, source)
+    call_id = next(line for line in request.split(b"\r\n") if line.startswith(b"Call-ID:"))
+    stopped = gateway.worker_pids()[1 - worker]
     os.kill(stopped, signal.SIGSTOP)
     try:
-        while min(len(ports) for ports in found.values()) < each:
-            port = free_sip_port()
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.bind(("127.0.0.1", port))
-                probe.settimeout(0.5)
-                probe.sendto(options_request(sip_port, port), ("127.0.0.1", sip_port))
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind(("127.0.0.1", source))
+            probe.sendto(request, ("127.0.0.1", sip_port))
+            deadline = time.monotonic() + 2.0
+            while (left := deadline - time.monotonic()) > 0:
+                probe.settimeout(left)
                 try:
                     answer = await asyncio.to_thread(probe.recv, 4096)
-                    assert answer.startswith(b"SIP/2.0 200"), answer
-                    worker = 0
                 except TimeoutError:
-                    worker = 1
-            if len(found[worker]) < each:
-                found[worker].append(port)
+                    break
+                if call_id in answer.split(b"\r\n"):
+                    assert answer.startswith(b"SIP/2.0 200"), answer
+                    return True
+            return False
     finally:
         os.kill(stopped, signal.SIGCONT)
-    return found
 
 
 def sdk(gateway: Gateway) -> AsyncOpenAI:
