@@ -85,8 +85,9 @@ class SttClient:
             response = await self._server.post("audio/transcriptions", form=form)
         except Exception as exc:  # whatever broke, the turn fails as an STT failure
             raise BackendError("stt", self._server.cause(exc)) from exc
+        streamed = response.content_type.startswith("text/event-stream")
         try:
-            if not response.content_type.startswith("text/event-stream"):
+            if not streamed:
                 yield _whole_text(await response.read())
                 return
             sent = ""
@@ -96,7 +97,7 @@ class SttClient:
                     sent += piece
                     yield piece
         except Exception as exc:
-            broken = "stream broken: " if response.content_type.startswith("text/event-stream") else ""
+            broken = "stream broken: " if streamed else ""
             raise BackendError("stt", f"{broken}{self._server.cause(exc)}") from exc
         finally:
             response.release()
