@@ -15,6 +15,7 @@ the rest.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -214,23 +215,20 @@ def decode_upload(data: bytes, max_seconds: float, rate: int = SAMPLE_RATE) -> n
             raise AudioFileError("unsupported", f"the file is {fmt!r} without accepted audio; send mp3, wav, ogg, "
                                                 "aac, flac, webm or mp4")
         stream = container.streams.audio[0]
+        if stream.codec_context is None:  # a damaged header that names no decoder FFmpeg has
+            raise AudioFileError("invalid", "the file's audio track cannot be decoded; the file is damaged")
         codec = stream.codec_context.name
         if codec not in ACCEPTED_CODECS:
             raise AudioFileError("unsupported", f"the audio codec {codec!r} is not accepted")
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
         limit = int(max_seconds * rate)
         pieces: list[np.ndarray] = []
         decoded = 0
         try:
-            for frame in container.decode(stream):
-                for out in resampler.resample(frame):
-                    pieces.append(out.to_ndarray()[0])
-                    decoded += out.samples
-                if decoded > limit:
-                    raise AudioFileError("too_long", f"the audio is longer than {max_seconds:g} s")
-            for out in resampler.resample(None):
+            for out in _resampled(container.decode(stream), rate):
                 pieces.append(out.to_ndarray()[0])
                 decoded += out.samples
+                if decoded > limit:
+                    raise AudioFileError("too_long", f"the audio is longer than {max_seconds:g} s")
         except av.FFmpegError as exc:
             raise AudioFileError("invalid", f"the audio cannot be decoded ({exc.strerror or type(exc).__name__}); "
                                             "the file is damaged or cut short") from None
@@ -244,7 +242,25 @@ def decode_upload(data: bytes, max_seconds: float, rate: int = SAMPLE_RATE) -> n
                                         f"{decoded / rate:.2f} s decode")
     if fmt == "wav" and _wav_cut_short(data):
         raise AudioFileError("invalid", "the WAV file is cut short: it holds fewer bytes than its header says")
-    return np.concatenate(pieces).astype(np.float32, copy=False)
+    audio = np.concatenate(pieces).astype(np.float32, copy=False)
+    if not np.isfinite(audio).all():  # float PCM can carry them, and they would poison every model downstream
+        raise AudioFileError("invalid", "the audio holds samples that are not numbers (NaN or infinity)")
+    return np.clip(audio, -1.0, 1.0, out=audio)
+
+
+def _resampled(frames: Iterator[av.AudioFrame], rate: int) -> Iterator[av.AudioFrame]:
+    """Decoded frames as float32 mono at `rate`. A track may change its rate or layout midway (ADTS or MP3
+    streams joined end to end), and a resampler takes one input format: each run of frames gets its own."""
+    resampler, shape = None, None
+    for frame in frames:
+        if (frame.format.name, frame.layout.name, frame.sample_rate) != shape:
+            if resampler is not None:
+                yield from resampler.resample(None)
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+            shape = (frame.format.name, frame.layout.name, frame.sample_rate)
+        yield from resampler.resample(frame)
+    if resampler is not None:
+        yield from resampler.resample(None)
 
 
 def _declared_seconds(container: av.container.InputContainer, stream: av.AudioStream) -> float | None:
