@@ -12,6 +12,7 @@ import socket
 import time
 from typing import Any
 
+import openai
 import orjson
 import pytest
 import uvicorn
@@ -96,6 +97,25 @@ async def test_slow_heads_from_one_client_do_not_lock_out_another(start_gateway)
     finally:
         stop.set()
         await asyncio.gather(*attack, return_exceptions=True)
+
+
+async def test_a_client_over_its_share_reads_the_429_even_with_its_request_sent(start_gateway):
+    """The unmodified openai SDK (no retries) sends its whole request before any answer; a refusal that closed
+    at once, with those bytes unread, reset the connection under the 429 and the SDK saw a dropped connection."""
+    gateway = await start_gateway(server__max_connections_per_client=4, server__request_head_timeout_s=30.0,
+                                  server__request_idle_timeout_s=30.0)
+    held = [await asyncio.open_connection("127.0.0.1", gateway.port) for _ in range(4)]  # the whole share
+    await asyncio.sleep(0.2)
+    client = openai.AsyncOpenAI(api_key="k", base_url=f"http://127.0.0.1:{gateway.port}/v1", max_retries=0)
+    body = {"session": {"type": "realtime", "instructions": "x" * 200_000}}  # more than a socket buffer
+    outcomes = await asyncio.gather(*(client.realtime.client_secrets.create(extra_body=body) for _ in range(12)),
+                                    return_exceptions=True)
+    assert all(isinstance(o, openai.RateLimitError) and o.body["code"] == "too_many_connections" for o in outcomes), \
+        [type(o).__name__ for o in outcomes]
+    for _, writer in held:
+        writer.close()
+    await asyncio.sleep(0.2)
+    assert (await client.realtime.client_secrets.create()).value  # its share back once it closed them
 
 
 async def test_slow_bodies_are_cut_at_their_total_and_idle_deadlines(start_gateway):

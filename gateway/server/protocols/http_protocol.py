@@ -20,7 +20,11 @@ and every open connection counts against ``limit_concurrency`` (past it, 503s fo
   ``max_header_line_bytes``, or a target over the front door's limit) is answered 431 (414) here, before
   the hand-over. Plain HTTP requests get the same bounds from the front door.
 - A budget per client address (gateway/server/protocols/per_client.py): a connection from an address that holds
-  its share already is answered 429 and closed at once, before anything of it is read.
+  its share already is answered 429 and closed at once, before anything of it is parsed.
+- A refusal made here (429, 431, 414) is a lingering close: the answer, our half of the connection shut, and
+  whatever the client still sends read and dropped (at most ``LINGER_BYTES``, for ``LINGER_S``). Closing a
+  socket with unread bytes in it resets the connection, and the reset often reaches the client before it
+  has read the answer: it would see a dropped connection, not a 429 to retry after.
 
 Why httptools rather than h11: in a burst of requests, each gateway process parses its share one after
 another, and h11 (pure Python) cost the gateway 80 to 100 µs more CPU per request and response
@@ -53,6 +57,8 @@ CUT = Counter("gateway_slow_requests_cut_total",
 TOO_MANY = raw_response(429, "This client address holds as many connections as it may ([server] "
                         "max_connections_per_client); close some, or try again later.", "too_many_connections",
                         (("retry-after", "1"),))
+LINGER_S = 2.0
+LINGER_BYTES = 256 * 1024
 # A head still incomplete past the front door's bound on a complete head's headers is refused.
 HEAD_TOO_LARGE = raw_response(431, f"The request head is too large (at most {MAX_HEADER_BYTES} bytes).",
                               "headers_too_large")
@@ -87,6 +93,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0  # read since that head began
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._dropped: int | None = None  # bytes read and dropped since a refusal (None: not refused)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -96,9 +103,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             if self._slot is None:
                 log.warning("refusing connections from %s: it holds %d already ([server] max_connections_per_client)",
                             peer, self.budget.per_client)
-                transport.write(TOO_MANY)
-                transport.close()
                 self.connections.discard(self)  # nor does it count against the server's connections meanwhile
+                self._refuse(TOO_MANY)
                 return
         self._expect("head", self.limits.head_timeout_s)
 
@@ -109,6 +115,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._dropped is not None:
+            self._dropped += len(data)
+            if self._dropped > LINGER_BYTES:
+                self.transport.close()
+            return
         self._last_read = self.loop.time()
         if self._in_head:
             self._head_bytes += len(data)
@@ -116,9 +127,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing() or self.transport.get_protocol() is not self:
             self._stop()  # closed, or handed over to the WebSocket protocol
         elif self._in_head and self._head_bytes > MAX_HEADER_BYTES:
-            self._stop()
-            self.transport.write(HEAD_TOO_LARGE)
-            self.transport.close()
+            self._refuse(HEAD_TOO_LARGE)
         elif self._part is not None and self._timer is None:
             self._schedule()  # a part still arriving after this read
 
@@ -145,8 +154,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         limits = self.limits
         problem = head_problem(self.headers, self.url, limits.max_headers, limits.max_header_line_bytes)
         if problem is not None:
-            self.transport.write(raw_response(*problem))
-            self.transport.close()
+            self._refuse(raw_response(*problem))
             return
         self._stop()
         slot, self._slot = self._slot, None
@@ -157,6 +165,17 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # Done with: the parser and this protocol hold each other (its callbacks), and uvicorn lets go of the
         # parser only when the connection is lost, which this protocol no longer hears of.
         self.parser = None  # type: ignore[assignment]
+
+    def _refuse(self, response: bytes) -> None:
+        """Answer and close, with the lingering close the module's docstring explains."""
+        self._stop()
+        self._dropped = 0
+        self.transport.write(response)
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
 
     # --- deadlines ---------------------------------------------------------------------------------
 
