@@ -68,6 +68,7 @@ class ClientSecret:
     dialect: Dialect
     kind: str  # "realtime" or "transcription"
     session: dict[str, Any]
+    id: str  # its nonce: no two secrets share one
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,16 @@ class Credential:
     """A request's verified credential: an API key (``secret`` None) or a client secret."""
 
     secret: ClientSecret | None = None
+
+    @property
+    def owner(self) -> str | None:
+        """What a session opened with this credential records as its owner: the client secret's id (None: a key)."""
+        return self.secret.id if self.secret is not None else None
+
+    def reaches(self, owner: str | None) -> bool:
+        """Whether this credential may act on a session from outside it (read its trace, hang its call up): an
+        API key on any, a client secret (handed to a browser or a phone) on the session it opened only."""
+        return self.secret is None or self.secret.id == owner
 
 
 def _b64(data: bytes) -> str:
@@ -175,7 +186,7 @@ class Auth:
         data = orjson.loads(zlib.decompress(payload))
         if data["exp"] <= (now if now is not None else time.time()):
             raise AuthError("The client secret has expired.")
-        return ClientSecret(data["exp"], Dialect(data["d"]), data["k"], data["s"])
+        return ClientSecret(data["exp"], Dialect(data["d"]), data["k"], data["s"], _b64(raw[:_NONCE_BYTES]))
 
 
 def bearer(authorization: str | None) -> str | None:

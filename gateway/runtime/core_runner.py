@@ -93,6 +93,8 @@ class CoreRunner:
         self._send = send
         self._vad_batcher = vad_batcher
         self.trace = trace or TurnTrace(session_id)
+        # The client secret's id that opened the session (Credential.owner; None: an API key, or no credential).
+        self.owner: str | None = None
         # The running responses' tasks by response id.
         self._responses: dict[str, asyncio.Task[None]] = {}
         # Transcriptions by user item id: they outlive the responses that wait for them.

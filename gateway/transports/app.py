@@ -115,10 +115,10 @@ class Pages:
 
     async def turns(self, request: Request) -> Response:
         """A live session's latency trace: its last turns, stage by stage (the page's latency panel)."""
-        authorize(request, self.gateway, secrets_allowed=True)
+        credential = authorize(request, self.gateway, secrets_allowed=True)
         session_id = request.path_params["session_id"]
         runner = self.gateway.runner(session_id)
-        if runner is None:
+        if runner is None or not credential.reaches(runner.owner):
             raise HttpError(404, "No such session.", "session_not_found")
         body = {"session_id": session_id, "turns": list(runner.trace.records)}
         return Response(orjson.dumps(body), media_type="application/json", headers={"Cache-Control": "no-cache"})

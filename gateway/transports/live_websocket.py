@@ -22,7 +22,7 @@ from starlette.datastructures import Headers
 from starlette.routing import WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
-from gateway.runtime.auth import AuthError
+from gateway.runtime.auth import AuthError, Credential
 from gateway.runtime.gateway import Gateway
 from gateway.runtime.live_runner import LiveRunner
 from gateway.transports.guard import Origins
@@ -64,19 +64,19 @@ class LiveEndpoint:
         self.gateway = gateway
         self.origins = Origins(gateway.config.server.allowed_origins)
 
-    async def _checked(self, scope: Scope, send: Send) -> bool:
+    async def _checked(self, scope: Scope, send: Send) -> Credential | None:
+        """The handshake's credential, or None once it is refused."""
         headers = Headers(scope=scope)
         origin = headers.get("origin")
         if origin is not None and not self.origins.allows(origin, headers.get("host")):
             await deny_handshake(scope, send, 403, "This origin may not open a session ([server] allowed_origins).",
                                  "origin_not_allowed")
-            return False
+            return None
         try:
-            self.gateway.auth.check(credential_of(headers, scope.get("subprotocols") or []))
+            return self.gateway.auth.check(credential_of(headers, scope.get("subprotocols") or []))
         except AuthError as exc:
             await deny_handshake(scope, send, 401, str(exc), "invalid_api_key")
-            return False
-        return True
+            return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "websocket"
@@ -84,7 +84,7 @@ class LiveEndpoint:
         if "session_id" in scope.get("path_params", {}):
             await self._sideband(scope, receive, send, scope["path_params"]["session_id"])
             return
-        if not await self._checked(scope, send):
+        if (credential := await self._checked(scope, send)) is None:
             return
         gateway = self.gateway
         if (refusal := gateway.admit()) is not None:
@@ -94,6 +94,7 @@ class LiveEndpoint:
         connection = _Connection(send)
         runner = gateway.new_live_runner(gateway.new_live_session(), connection.text)
         runner.end_primary = connection.close
+        runner.owner = credential.owner
         client = scope.get("client")
 
         async def going_away() -> None:  # a draining gateway's end
@@ -121,7 +122,11 @@ class LiveEndpoint:
             await gateway.close_session(runner, client_gone=connection.gone and not connection.ended)
 
     async def _sideband(self, scope: Scope, receive: Receive, send: Send, session_id: str) -> None:
-        if not await self._checked(scope, send):
+        if (credential := await self._checked(scope, send)) is None:
+            return
+        if credential.secret is not None:  # a server's control channel, as OpenAI's: a secret is a browser's
+            await deny_handshake(scope, send, 401, "A sideband needs an API key, not a client secret.",
+                                 "invalid_api_key")
             return
         runner = self.gateway.runner(session_id)
         if not isinstance(runner, LiveRunner) or runner.session.closed:

@@ -120,6 +120,7 @@ class RealtimeEndpoint:
                     await send({"type": "websocket.close", "code": GOING_AWAY, "reason": "server shutting down"})
 
         runner = gateway.new_runner(session, send_text)
+        runner.owner = credential.owner
         client = scope.get("client")
         gateway.opened(runner, f"WebSocket, {client[0] if client else '?'}", end)
         receive_now = scope.get("extensions", {}).get(RECEIVE_NOW)

@@ -7,6 +7,7 @@ import asyncio
 import base64
 from typing import Any
 
+import aiohttp
 import pytest
 from websockets.exceptions import InvalidStatus
 
@@ -125,7 +126,20 @@ async def test_keys_and_our_client_secrets_open_a_live_session(start_gateway: St
         session={"type": "realtime"})).value
     assert secret.startswith("ek_")
     async with sdk(gateway, secret).live.connect() as connection:
-        await LiveClient(connection).start()
+        session_id = (await LiveClient(connection).start())["session"]["id"]
+        other = (await sdk(gateway, "sk-live-test-" + "x" * 20).realtime.client_secrets.create()).value
+        # A secret is a browser's: it steers no session through a sideband, its own or another's.
+        for token in (secret, other):
+            with pytest.raises(InvalidStatus) as not_a_key:
+                async with sdk(gateway, token).live.sideband.connect(session_id=session_id):
+                    pass
+            assert not_a_key.value.response.status_code == 401
+        # It reads the trace of the session it opened, no other secret does; a key reads any.
+        async with aiohttp.ClientSession() as http:
+            for token, status in ((secret, 200), (other, 404), ("sk-live-test-" + "x" * 20, 200)):
+                async with http.get(f"http://127.0.0.1:{gateway.port}/v1/realtime/sessions/{session_id}/turns",
+                                    headers={"Authorization": f"Bearer {token}"}) as response:
+                    assert response.status == status, token
     with pytest.raises(InvalidStatus) as refused:
         async with sdk(gateway, "sk-wrong").live.connect():
             pass

@@ -96,6 +96,10 @@ async def test_a_client_secret_opens_a_webrtc_call(keys, start_gateway):
     await pc.setRemoteDescription(aiortc.RTCSessionDescription(answer.decode(), "answer"))
     created = await asyncio.wait_for(events.get(), 10)
     assert created["type"] == "session.created" and created["session"]["instructions"] == "From the secret."
+    another = (await sdk(gateway).realtime.client_secrets.create(session={"type": "realtime"})).value
+    status, _, _ = await http("DELETE", f"http://127.0.0.1:{gateway.port}{headers['location']}",
+                              Authorization=f"Bearer {another}")
+    assert status == 404  # a secret hangs up its own call only
     status, _, _ = await http("DELETE", f"http://127.0.0.1:{gateway.port}{headers['location']}",
                               Authorization=f"Bearer {secret}")
     assert status == 204

@@ -144,6 +144,7 @@ class Signalling:
             raise HttpError(503, str(exc), "unavailable", kind="server_error") from None
         except Exception as exc:  # aiortc raises ValueError and others on offers it cannot use
             raise HttpError(400, f"The SDP offer cannot be used: {exc}", "invalid_offer") from None
+        call.runner.owner = credential.owner
         log.info("call %s (%s) answered", call.id, dialect.name)
         base = self.gateway.config.webrtc.advertised_url.rstrip("/")
         return Response(answer, 201, media_type="application/sdp",
@@ -151,7 +152,7 @@ class Signalling:
 
     async def post_live(self, request: Request) -> Response:
         """A GPT-Live session over WebRTC; our ``ek_`` secrets are accepted as well as keys (our extra)."""
-        authorize(request, self.gateway, secrets_allowed=True)
+        credential = authorize(request, self.gateway, secrets_allowed=True)
         calls = self.calls
         if calls is None:
             raise HttpError(404, "WebRTC is off on this gateway ([webrtc] enabled, and the webrtc extra).",
@@ -190,13 +191,14 @@ class Signalling:
             raise HttpError(503, str(exc), "unavailable", kind="server_error") from None
         except Exception as exc:  # aiortc raises ValueError and others on offers it cannot use
             raise HttpError(400, f"The SDP offer cannot be used: {exc}", "invalid_offer", "transport.sdp") from None
+        call.runner.owner = credential.owner
         log.info("Live call %s answered", call.id)
         return JSONResponse({"session": {"id": call.id}, "transport": {"type": "webrtc", "sdp": answer}}, 201)
 
     async def delete_call(self, request: Request) -> Response:
-        authorize(request, self.gateway, secrets_allowed=True)
+        credential = authorize(request, self.gateway, secrets_allowed=True)
         call = self.calls.calls.get(request.path_params["call_id"]) if self.calls else None
-        if call is None:
+        if call is None or not credential.reaches(call.runner.owner):
             raise HttpError(404, "No such call.", "call_not_found")
         await call.close(client_gone=True)
         return Response(status_code=204)
