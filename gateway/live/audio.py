@@ -28,20 +28,13 @@ class SessionAudio:
         resampled = kind == "audio/pcm" and self.rate != SAMPLE_RATE
         self._up = StreamResampler(self.rate, SAMPLE_RATE) if resampled else None
         self._down = StreamResampler(SAMPLE_RATE, self.rate) if resampled else None
-        self._carry = b""  # an odd pcm16 byte of the input
         self._out = bytearray()  # encoded output not sent yet (the resamplers' delay)
 
-    def samples(self, data: bytes) -> int:
-        """Input samples in ``data`` (with an odd byte carried from before)."""
-        return (len(self._carry) + len(data)) // self.bytes_per_sample
-
     def decode(self, data: bytes) -> bytes:
-        """The client's audio as pcm16 24 kHz (what a resampler holds back comes with the next call)."""
+        """The client's audio (whole samples) as pcm16 24 kHz (what a resampler holds back comes with the next
+        call)."""
         if self._decoder is not None:
             return self._decoder.decode(data)
-        data = self._carry + data
-        self._carry = data[len(data) & ~1:]
-        data = data[: len(data) & ~1]
         if self._up is None:
             return data
         return self._up.process(bytes_to_int16(data)).tobytes()

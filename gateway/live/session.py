@@ -321,7 +321,10 @@ class LiveSession:
             raw = base64.b64decode(audio, validate=True)
         except (binascii.Error, ValueError):
             raise ProtocolError("invalid_base64", "'audio' is not valid base64.", "audio") from None
-        self.input_samples += self.audio.samples(raw)
+        if len(raw) % self.audio.bytes_per_sample:  # a stray byte would shift every later sample
+            raise ProtocolError("invalid_value", f"'audio' must hold whole pcm16 samples: an even number of bytes, "
+                                f"not {len(raw)}.", "audio")
+        self.input_samples += len(raw) // self.audio.bytes_per_sample
         return self.input_audio(self.audio.decode(raw), timeline_counted=True)
 
     def _on_session_input_audio_mute(self, body: dict[str, Any], event_id: str | None) -> list[Effect]:

@@ -87,6 +87,11 @@ async def test_appends_refused_and_bounded(start_gateway: StartGateway, caplog: 
         assert (error["code"], error["param"]) == ("missing_required_parameter", "delegation_id")
         error = await error_of(client, {"type": "response.create", "event_id": "r"})
         assert error["message"] == "response.create requires Responses delegation."
+        # A stray byte would shift every later pcm16 sample: the append is refused, the stream stays aligned.
+        error = await error_of(client, {"type": "session.input_audio.append", "event_id": "odd",
+                                        "audio": base64.b64encode(bytes(FRAME) + b"\x01").decode()})
+        assert (error["code"], error["param"], error["client_event_id"]) == ("invalid_value", "audio", "odd")
+        assert next(iter(gateway.sessions)).session.input_samples == 0
         # A flood of appends with the timeline stopped: the first ones wait, the rest are refused.
         codes = []
         for n in range(12):
