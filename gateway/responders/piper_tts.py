@@ -82,7 +82,7 @@ class PiperEngine:
             raise TTSError(f"the piper engine speaks its one voice; {voice!r} is a prepared voice, which needs the "
                            "Qwen3-TTS engine")
         if language is not None and language.lower() not in ("en", "english"):
-            raise TTSError(f"the piper voice speaks English only, not {language!r}")
+            raise TTSError(f"language {language!r}: the piper voice speaks English only")
         return PiperStream(self)
 
     def synthesize(self, text: str) -> bytes:

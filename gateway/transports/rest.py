@@ -79,16 +79,19 @@ def json_object(text: bytes | str, what: str, not_object_code: str) -> dict[str,
     return value
 
 
-def string_field(body: dict[str, Any], name: str, *, required: bool = False, limit: int | None = None) -> str | None:
-    """A JSON body's or a form's string field `name` (None when absent), or the 400 OpenAI gives."""
+def string_field(body: dict[str, Any], name: str, *, required: bool = False, limit: int | None = None,
+                 param: str | None = None) -> str | None:
+    """A JSON body's or a form's string field `name` (None when absent), or the 400 OpenAI gives, naming it as
+    `param` (a nested field's path: "voice.id"; default `name`)."""
     value = body.get(name)
+    param = param or name
     if value is None:
         if required:
-            raise HttpError(400, f"Missing required parameter: '{name}'.", "missing_required_parameter", name)
+            raise HttpError(400, f"Missing required parameter: '{param}'.", "missing_required_parameter", param)
         return None
     if not isinstance(value, str):
-        raise HttpError(400, f"'{name}' must be a string.", "invalid_type", name)
+        raise HttpError(400, f"'{param}' must be a string.", "invalid_type", param)
     if limit is not None and len(value) > limit:
-        raise HttpError(400, f"'{name}' is longer than {limit} characters ({len(value)}).", "string_above_max_length",
-                        name)
+        raise HttpError(400, f"'{param}' is longer than {limit} characters ({len(value)}).", "string_above_max_length",
+                        param)
     return value

@@ -6,10 +6,11 @@ through ``extra_body``: ``language`` and the sampling (engine.api.Sampling: ``se
 ``top_k``, ``top_p``, ``repetition_penalty`` and the code predictor's ``subtalker_*``). Anything else, or
 a value out of range, is a 400 naming the field.
 
-The answer starts once the engine's first audio exists (so an input the engine refuses is still a 400,
-not a broken stream), then goes out as the engine makes it: the encoded audio as chunked bytes
-(``stream_format`` "audio"), or server-sent events ``speech.audio.delta`` (base64 of the same bytes) and
-``speech.audio.done`` with the usage (``sse``). A client that goes away stops its engine stream at once.
+The answer starts once the engine's first audio exists (so an input the engine refuses, or one that gives
+no audio at all, is still a 400, not a broken stream or an empty file), then goes out as the engine makes
+it: the encoded audio as chunked bytes (``stream_format`` "audio"), or server-sent events
+``speech.audio.delta`` (base64 of the same bytes) and ``speech.audio.done`` with the usage (``sse``). A
+client that goes away stops its engine stream at once.
 Usage counts the input's characters as input tokens and the audio's 80 ms frames (the 12 Hz codec's) as
 output tokens. A request beyond the gateway's share of the engine gets 503 with Retry-After
 (gateway.runtime.speech).
@@ -67,7 +68,8 @@ class SpeechRequest:
 
 
 def _choice(body: dict[str, Any], name: str, choices: tuple[str, ...], default: str) -> str:
-    value = string_field(body, name) or default
+    value = string_field(body, name)
+    value = default if value is None else value
     if value not in choices:
         raise HttpError(400, f"'{name}' must be one of {', '.join(choices)}; got {value!r}.", "invalid_value", name)
     return value
@@ -82,6 +84,9 @@ def parse_request(body: dict[str, Any], gateway: Gateway) -> SpeechRequest:
     model = string_field(body, "model", required=True)
     text = string_field(body, "input", required=True, limit=config.max_input_chars)
     assert model is not None and text is not None
+    if not model.strip():  # any name is this gateway's engine (a router's "openai/tts-1" too), but not none
+        raise HttpError(400, "'model' is empty: name a speech model (tts-1, gpt-4o-mini-tts, ...).", "invalid_value",
+                        "model")
     if not text.strip():
         raise HttpError(400, "'input' is empty: give the text to speak.", "empty_input", "input")
     voice = body.get("voice")
@@ -90,7 +95,7 @@ def parse_request(body: dict[str, Any], gateway: Gateway) -> SpeechRequest:
         extra = sorted(set(voice) - {"id"})
         if extra:
             raise HttpError(400, f"Unknown field 'voice.{extra[0]}'.", "unknown_parameter", f"voice.{extra[0]}")
-        voice = string_field(voice, "id", required=True)
+        voice = string_field(voice, "id", required=True, param="voice.id")
         if voice is not None and not voice.strip():
             raise HttpError(400, "'voice.id' is empty.", "invalid_value", "voice.id")
     elif voice is None:
@@ -164,6 +169,10 @@ class SpeechEndpoint:
             stream = self._open(engine, req, prompt)
             chunks = aiter(stream)
             first = await anext(chunks, None)
+            while first is not None and not first.pcm:
+                first = await anext(chunks, None)
+            if first is None:  # emoji or punctuation alone: a 200 would carry an empty, undecodable file
+                raise TTSError("the input gives no speech: it has no words to say")
         except BaseException as exc:
             watch.stop()
             await _stop(stream, chunks)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from bench.fake_openai import FakeOpenAI
 from engine.api import Sampling
 from gateway.audio_codecs import RESPONSE_FORMATS
+from gateway.responders.build import LOCAL_EXTRA, LOCAL_TTS, installed
 from gateway.responders.pipeline import BridgeSettings, PipelineResponder
 from gateway.responders.remote import LlmClient
 from gateway.responders.text_bridge import TextBridge
@@ -163,6 +164,11 @@ async def test_pcm_and_wav_are_the_engines_own_samples_for_a_seed(start_gateway:
     ({"voice": {"id": "voice_0123456789abcdef01234567"}}, "voice.id"),
     ({"voice": {"id": "../../etc/passwd"}}, "voice.id"),
     ({"voice": {"name": "alloy"}}, "voice.name"),
+    ({"voice": {"id": 5}}, "voice.id"),
+    ({"voice": {}}, "voice.id"),
+    ({"model": ""}, "model"),
+    ({"response_format": ""}, "response_format"),
+    ({"stream_format": ""}, "stream_format"),
     ({"speed": 4.5}, "speed"),
     ({"speed": 0.1}, "speed"),
     ({"speed": "fast"}, "speed"),
@@ -186,6 +192,23 @@ async def test_a_bad_request_is_a_400_naming_the_field(start_gateway: StartGatew
         await sdk(gateway).audio.speech.create(**options)
     assert raised.value.body["param"] == param, raised.value.body
     assert gateway.gateway.speech.running == 0
+
+
+@pytest.mark.skipif(not installed(LOCAL_TTS), reason=LOCAL_EXTRA)
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+async def test_an_input_with_nothing_to_say_is_a_400_not_an_empty_file(start_gateway: StartGateway,
+                                                                         stream_format: str) -> None:
+    gateway = await start_gateway(tts__engine="piper")
+    for text in ("\U0001f600\U0001f389", "...!?", "\u200b\u200b"):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await sdk(gateway).audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="wav",
+                                                   stream_format=stream_format)  # type: ignore[arg-type]
+        assert refused.value.body["param"] == "input" and "no speech" in refused.value.body["message"]
+    assert gateway.gateway.speech.running == 0
+    spoken = await sdk(gateway).audio.speech.create(model="tts-1", voice="alloy", input="Hi \U0001f600",
+                                                    response_format="wav")
+    with av.open(io.BytesIO(spoken.content)) as container:
+        assert sum(frame.samples for frame in container.decode(audio=0)) > 2400  # the words, the emoji aside
 
 
 async def test_a_burst_over_the_engines_share_is_refused_with_retry_after(start_gateway: StartGateway) -> None:
