@@ -4,9 +4,9 @@
   POST /v1/realtime/sessions                 beta: session fields → the session + client_secret
   POST /v1/realtime/transcription_sessions   beta: transcription fields → the session + client_secret
 
-Each needs a real API key (a secret cannot mint secrets). A realtime configuration is checked by a
-throw-away session before it is signed, and the answer shows the session it will open. Transcription
-configurations are carried as given: the session that applies them is the session module's work.
+Each needs a real API key (a secret cannot mint secrets). A configuration is checked by a throw-away
+session of its type before it is signed (a secret that could open no session is never handed out), and the
+answer shows the session it will open.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.core.effects import SendEvent
-from gateway.realtime.events import Dialect, new_id
+from gateway.realtime.events import Dialect
 from gateway.realtime.session import Session
 from gateway.runtime.auth import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S, SecretTooLarge
 from gateway.runtime.gateway import Gateway, SessionRefused, configure
@@ -59,11 +59,11 @@ class ClientSecrets:
         except SecretTooLarge as exc:
             raise HttpError(400, str(exc), "session_too_large", "session") from None
 
-    def _realtime_session(self, config: dict[str, Any], dialect: Dialect) -> dict[str, Any]:
-        """The session a realtime configuration opens, as session.created will show it."""
-        session = Session(self.gateway.config, dialect)
+    def _session(self, config: dict[str, Any], dialect: Dialect, kind: str = "realtime") -> dict[str, Any]:
+        """The session a configuration opens, as its created event will show it."""
+        session = Session(self.gateway.config, dialect, session_type=kind)
         try:
-            configure(session, config)
+            configure(session, config, kind)
         except SessionRefused as exc:
             raise HttpError(400, str(exc), "invalid_session", "session") from None
         created = session.open()[0]
@@ -76,13 +76,10 @@ class ClientSecrets:
         ttl = _ttl(body.get("expires_after"), "expires_after")
         config = _object(body.get("session"), "session")
         kind = config.get("type", "realtime")
-        if kind == "realtime":
-            shown = self._realtime_session(config, Dialect.GA)
-        elif kind == "transcription":
-            shown = _transcription_ga(config)
-        else:
+        if kind not in ("realtime", "transcription"):
             raise HttpError(400, "'session.type' must be 'realtime' or 'transcription'.", "invalid_value",
                             "session.type")
+        shown = self._session(config, Dialect.GA, kind)
         value, expires_at = self._mint(config, Dialect.GA, kind, ttl)
         return JSONResponse({"value": value, "expires_at": expires_at, "session": {**shown, "expires_at": expires_at}})
 
@@ -92,7 +89,7 @@ class ClientSecrets:
         ttl = _ttl(_object(body.get("client_secret"), "client_secret").get("expires_after"),
                    "client_secret.expires_after")
         config = {k: v for k, v in body.items() if k != "client_secret"}
-        shown = self._realtime_session(config, Dialect.BETA)
+        shown = self._session(config, Dialect.BETA)
         value, expires_at = self._mint(config, Dialect.BETA, "realtime", ttl)
         return JSONResponse({**shown, "expires_at": expires_at,
                              "client_secret": {"value": value, "expires_at": expires_at}})
@@ -104,41 +101,9 @@ class ClientSecrets:
         secret = _object(body.get("client_secret"), "client_secret")
         ttl = _ttl(secret.get("expires_at", secret.get("expires_after")), "client_secret.expires_at")
         config = {k: v for k, v in body.items() if k != "client_secret"}
-        shown = _transcription_beta(config, self.gateway)
+        shown = self._session(config, Dialect.BETA, "transcription")
         value, expires_at = self._mint(config, Dialect.BETA, "transcription", ttl)
         return JSONResponse({**shown, "client_secret": {"value": value, "expires_at": expires_at}})
-
-
-def _transcription_ga(config: dict[str, Any]) -> dict[str, Any]:
-    audio = _object(config.get("audio"), "session.audio")
-    audio_input = _object(audio.get("input"), "session.audio.input")
-    return {
-        "id": new_id("sess"),
-        "object": "realtime.transcription_session",
-        "type": "transcription",
-        "audio": {"input": {
-            "format": audio_input.get("format", {"type": "audio/pcm", "rate": 24000}),
-            "transcription": audio_input.get("transcription"),
-            "noise_reduction": audio_input.get("noise_reduction"),
-            "turn_detection": audio_input.get("turn_detection", {"type": "server_vad"}),
-        }},
-        "include": config.get("include"),
-    }
-
-
-def _transcription_beta(config: dict[str, Any], gateway: Gateway) -> dict[str, Any]:
-    vad = gateway.config.vad
-    return {
-        "id": new_id("sess"),
-        "object": "realtime.transcription_session",
-        "input_audio_format": config.get("input_audio_format", "pcm16"),
-        "input_audio_transcription": _object(config.get("input_audio_transcription"), "input_audio_transcription")
-        or None,
-        "modalities": config.get("modalities", ["text"]),
-        "turn_detection": config.get("turn_detection", {
-            "type": "server_vad", "threshold": vad.threshold, "prefix_padding_ms": vad.prefix_padding_ms,
-            "silence_duration_ms": vad.silence_duration_ms}),
-    }
 
 
 def client_secret_routes(gateway: Gateway) -> list[Route]:

@@ -280,6 +280,15 @@ async def test_client_secret_requests_are_checked(keys, start_gateway):
         if param is not None:
             assert refused.value.param == param
     assert "too large for a client secret" in str(refused.value)
+    # A transcription secret is checked as a realtime one is: no secret is minted that opens no session.
+    for session in ({"type": "transcription", "include": 5},
+                    {"type": "transcription", "audio": {"input": {"format": {"type": "nonsense"}}}},
+                    {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 7}}}}):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.realtime.client_secrets.create(session=session)  # type: ignore[arg-type]
+        assert refused.value.code == "invalid_session"
+    with pytest.raises(openai.BadRequestError):
+        await client.beta.realtime.transcription_sessions.create(input_audio_format="nonsense")  # type: ignore[arg-type]
 
 
 def readable_parts(secret: str) -> list[bytes]:
