@@ -74,6 +74,34 @@ async def test_a_phone_asks_and_hears_the_answer(phone_gateway: Any, tmp_path: P
     assert sum(w in got for w in expected) >= len(expected) * 0.7, text
 
 
+async def test_a_transfer_that_succeeds_ends_the_call_and_frees_its_session(phone_gateway: Any, tmp_path: Path) -> None:
+    """The phone follows the REFER to a second phone, which answers; its NOTIFY of that 200 ends our part: the
+    gateway says BYE, and the call, its session and its RTP port go (they stayed until an API hang-up)."""
+    from openai import AsyncOpenAI
+
+    gateway = await phone_gateway(calls__webhook_urls="")
+    caller = Baresip(tmp_path / "caller", phone_wav(tmp_path, "question_sky.wav"))
+    desk = Baresip(tmp_path / "desk", phone_wav(tmp_path, "question_sky.wav"), username="desk")
+    await caller.start()
+    await desk.start()
+    try:
+        await desk.command("answermode", "auto")
+        await call(gateway, caller)
+        (phone_call,) = gateway.app.state.phones.calls.calls.values()
+        client = AsyncOpenAI(api_key="k", base_url=f"http://127.0.0.1:{gateway.port}/v1")
+        await client.realtime.calls.refer(phone_call.id, target_uri=f"sip:desk@127.0.0.1:{desk.sip_port}")
+        await desk.event("CALL_ESTABLISHED")
+        for _ in range(100):
+            if not gateway.sessions and not gateway.app.state.phones.calls.calls:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await caller.stop()
+        await desk.stop()
+    assert not gateway.sessions and not gateway.app.state.phones.calls.calls
+    assert not gateway.app.state.phones.sip.endpoint.ports.in_use
+
+
 async def test_a_call_through_kamailio_is_transferred_by_refer_and_hung_up_by_the_gateway(
         phone_gateway: Any, tmp_path: Path) -> None:
     """Kamailio is the trunk's proxy: the call comes through it, and the REFER the gateway sends (the SDK's

@@ -194,7 +194,8 @@ class SipLine:
             status = request.text.split(None, 2)
             if len(status) >= 2 and status[0] == "SIP/2.0" and status[1].startswith("2") and self.state == "answered":
                 log.info("call %s transferred; hanging up", self.call.id if self.call else self.call_id)
-                self.endpoint.spawn(self.hang_up())
+                self._request("BYE")
+                self._end(caller=True)  # the caller is the transfer target's now: the call and its session end
         else:
             self.endpoint.respond(request, peer, 405, self.local_tag, extra={"Allow": ALLOW})
 
