@@ -118,7 +118,7 @@ class TwilioLine:
         self.stream_sid = str(start.get("streamSid", ""))
         self.call_sid = str(start.get("callSid", ""))
         self.line_call_id = self.call_sid
-        parameters = start.get("customParameters") or {}
+        parameters = _object(start.get("customParameters"))
         self.source = str(parameters.get("From") or self.call_sid)
         self.headers = [("From", str(parameters.get("From", ""))), ("To", str(parameters.get("To", ""))),
                         ("X-Twilio-CallSid", self.call_sid)]
@@ -287,7 +287,7 @@ class Twilio:
                 except (orjson.JSONDecodeError, KeyError, TypeError):
                     continue  # not Twilio's: ignored
                 if kind == "start" and line is None:
-                    start = event.get("start") or {}
+                    start = _object(event.get("start"))
                     if start.get("callSid") != call_sid:
                         break  # a stream for another call than the token's
                     line = TwilioLine(self, send_text, start)
@@ -299,12 +299,12 @@ class Twilio:
                     continue
                 elif kind == "media":
                     runner = line.call.runner
-                    payload = (event.get("media") or {}).get("payload")
+                    payload = _object(event.get("media")).get("payload")
                     if runner is not None and line.call.state == "answered" and isinstance(payload, str):
                         with contextlib.suppress(ValueError, binascii.Error):
                             await runner.feed_audio(line.audio(payload))
                 elif kind == "dtmf":
-                    digit = (event.get("dtmf") or {}).get("digit")
+                    digit = _object(event.get("dtmf")).get("digit")
                     if isinstance(digit, str):
                         await line.call.dtmf(digit)
                 elif kind == "stop":
@@ -350,3 +350,9 @@ def twilio_routes(gateway: Gateway, calls: PhoneCalls, workers: CallWorkers | No
     return [Route("/twilio/voice", twilio.voice, methods=["POST"]),
             Route("/twilio/after/{token}", twilio.after, methods=["POST"]),
             WebSocketRoute("/twilio/stream/{token}", _StreamEndpoint(twilio))]
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """A message's part that should be an object: anything else (a caller's mistake, or an attack) reads as
+    empty, like a part left out."""
+    return value if isinstance(value, dict) else {}

@@ -92,3 +92,33 @@ async def test_wrong_tokens_and_signatures_are_refused(twilio_gateway: Any) -> N
     with pytest.raises(websockets.InvalidStatus):
         await websockets.connect(good)  # one stream per token
     assert not gateway.app.state.phones.calls.calls
+
+
+@pytest.mark.parametrize("wrong", [
+    {"event": "start", "start": "CA0001"},
+    {"event": "start", "start": {"callSid": "CA0001", "customParameters": ["From", "+1555"]}},
+])
+async def test_a_start_of_the_wrong_shape_ends_the_stream_quietly(twilio_gateway: Any, caplog: Any, wrong: Any) -> None:
+    gateway = await twilio_gateway()
+    twilio = TwilioSide(gateway)
+    await twilio.ring()
+    async with websockets.connect(twilio.stream_url) as socket:
+        await socket.send(orjson.dumps(wrong).decode())
+        if isinstance(wrong["start"], dict):  # a call that reads its parameters as none: it goes on
+            await socket.send(orjson.dumps({"event": "stop"}).decode())
+        await asyncio.wait_for(socket.wait_closed(), 5)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    assert not gateway.sessions and not gateway.app.state.phones.calls.calls
+
+
+async def test_media_and_dtmf_of_the_wrong_shape_are_ignored(twilio_gateway: Any, caplog: Any) -> None:
+    gateway = await twilio_gateway()
+    twilio = TwilioSide(gateway)
+    await twilio.ring()
+    await twilio.open()
+    for wrong in ({"event": "media", "media": "AAAA"}, {"event": "media", "media": ["AAAA"]},
+                  {"event": "dtmf", "dtmf": "5"}, {"event": "dtmf", "dtmf": 5}):
+        await twilio.socket.send(orjson.dumps(wrong).decode())
+    await twilio.say(mulaw_frames("question_sky.wav", silence_s=2.5))  # the call goes on: the echo answers
+    assert twilio.of("media")
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
