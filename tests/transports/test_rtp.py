@@ -15,8 +15,8 @@ from gateway.transports.sip import rtp, sdp
 from gateway.transports.sip.media import FRAME, RATE, PortPool, RtpStream
 
 
-def packet(sequence: int, payload: bytes = b"\xff" * 160) -> rtp.Packet:
-    parsed = rtp.parse(rtp.build(0, sequence, sequence * 160, 7, payload))
+def packet(sequence: int, payload: bytes = b"\xff" * 160, ssrc: int = 7) -> rtp.Packet:
+    parsed = rtp.parse(rtp.build(0, sequence, sequence * 160, ssrc, payload))
     assert parsed is not None
     return parsed
 
@@ -72,6 +72,22 @@ def test_sequence_numbers_wrap() -> None:
     for n in (65534, 65535, 0, 1):
         buffer.add(packet(n), 0.0)
     assert len(buffer.ready(0.0)) == 4
+
+
+@pytest.mark.parametrize("ssrc", [7, 8])
+def test_a_stream_that_starts_over_behind_is_followed_not_dropped_as_late(ssrc: int) -> None:
+    """A phone back from hold, or a bridge that switched its source (a new SSRC or not), restarts its sequence
+    numbers, here 1050 behind: two packets in sequence confirm it, and the stream is followed from there."""
+    buffer = rtp.JitterBuffer(wait_s=0.04)
+    for n in range(2000, 2010):
+        buffer.add(packet(n), 0.0)
+    assert len(buffer.ready(0.0)) == 10
+    buffer.add(packet(950, b"\x7f" * 160, ssrc), 0.1)
+    assert buffer.ready(0.1) == []  # one packet alone may be a stray
+    for n in (951, 952):
+        buffer.add(packet(n, b"\x7f" * 160, ssrc), 0.12)
+    assert [p[:1] for _, p in buffer.ready(0.12)] == [b"\x7f", b"\x7f"]
+    assert buffer.late == 1 and buffer.lost == 0
 
 
 def test_dtmf_events_round_trip_and_other_events_are_not_keys() -> None:

@@ -81,6 +81,9 @@ def goodbye(ssrc: int) -> bytes:
     return struct.pack("!BBHI", 0x81, 203, 1, ssrc)
 
 
+MAX_MISORDER = 100  # packets: older than this behind the stream is a restart, not reordering (RFC 3550 A.1)
+
+
 def _newer(a: int, b: int) -> bool:
     """Sequence number ``a`` comes after ``b`` (16-bit, wrapping)."""
     return 0 < (a - b) & 0xFFFF < 0x8000
@@ -93,6 +96,10 @@ class JitterBuffer:
     loudspeaker, so nothing is held to smooth arrival times. Only a hole waits, for at most ``wait_s``,
     for its packet to arrive late; then it is counted lost and filled with silence (by RTP time, so input
     times stay true). A packet older than what went out is dropped; so is any beyond ``capacity``.
+
+    A stream that starts over (a phone back from hold, a bridge that switched its source) is followed once
+    two packets in sequence show it (RFC 3550 A.1): a new SSRC, or a sequence number far behind. Otherwise
+    its packets would all read as late, and the caller would go unheard; one stray packet moves nothing.
     """
 
     def __init__(self, wait_s: float, capacity: int = 64) -> None:
@@ -101,19 +108,30 @@ class JitterBuffer:
         self._packets: dict[int, tuple[float, int, bytes]] = {}  # sequence → (arrival, timestamp, payload)
         self._next: int | None = None  # the sequence number due next
         self._timestamp = 0  # the RTP time due next
+        self._ssrc: int | None = None
+        self._probation: tuple[int, int] | None = None  # (SSRC, sequence) that would confirm a new start
         self.lost = 0
         self.late = 0
 
     def add(self, packet: Packet, now: float) -> None:
-        if self._next is None:
-            self._next, self._timestamp = packet.sequence, packet.timestamp
-        if packet.sequence != self._next and not _newer(packet.sequence, self._next):
+        if self._next is None or (packet.ssrc, packet.sequence) == self._probation:
+            self._start(packet)
+        behind = packet.sequence != self._next and not _newer(packet.sequence, self._next)
+        if packet.ssrc != self._ssrc or behind:
             self.late += 1
+            if packet.ssrc != self._ssrc or (self._next - packet.sequence) & 0xFFFF > MAX_MISORDER:
+                self._probation = (packet.ssrc, (packet.sequence + 1) & 0xFFFF)
             return
         if len(self._packets) >= self.capacity:
             self.late += 1
             return
         self._packets.setdefault(packet.sequence, (now, packet.timestamp, packet.payload))
+
+    def _start(self, packet: Packet) -> None:
+        """Follow ``packet``'s stream from it on; what waited behind a hole of the old one is lost."""
+        self.lost += len(self._packets)
+        self._packets.clear()
+        self._next, self._timestamp, self._ssrc, self._probation = packet.sequence, packet.timestamp, packet.ssrc, None
 
     @property
     def holding(self) -> bool:
