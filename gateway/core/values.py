@@ -75,6 +75,15 @@ def field_of(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], param
     return value
 
 
+def check_fields(obj: dict[str, Any], allowed: frozenset[str] | set[str], where: str = "") -> None:
+    """Refuse a field ``obj`` may not have (``where``: the path of ``obj``, for ``param``), as OpenAI does: a
+    field of another shape (a beta one sent in the GA shape) is a mistake to report, not a value to ignore."""
+    for key in obj:
+        if key not in allowed:
+            param = f"{where}.{key}" if where else key
+            raise ProtocolError("unknown_parameter", f"Unknown parameter: '{param[:200]}'.", param[:200])
+
+
 def choice(value: Any, choices: tuple[str, ...], param: str) -> str:
     if value not in choices:
         raise ProtocolError(

@@ -71,14 +71,6 @@ def unknown_event(kind: str, supported: tuple[str, ...]) -> ProtocolError:
                          "type")
 
 
-def check_fields(obj: dict[str, Any], allowed: frozenset[str] | set[str], where: str = "") -> None:
-    """Refuse a field ``obj`` may not have (``where``: the path of ``obj``, for ``param``)."""
-    for key in obj:
-        if key not in allowed:
-            param = f"{where}.{key}" if where else key
-            raise ProtocolError("unknown_parameter", f"Unknown parameter: '{param[:200]}'.", param[:200])
-
-
 def event(kind: str, client_event_id: str | None = None, **fields: Any) -> dict[str, Any]:
     """A server event with a fresh ``event_id`` (``client_event_id`` when a client command caused it)."""
     out: dict[str, Any] = {"type": kind, "event_id": new_id("event")}

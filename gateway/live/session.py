@@ -52,7 +52,7 @@ from gateway.core.responder import (
 )
 from gateway.core.semantic_vad import CheckTurn, SemanticTurnDetector, eagerness_levels
 from gateway.core.vad import SpeechStarted, SpeechStopped, TurnDetector
-from gateway.core.values import ProtocolError, field_of, parse_json
+from gateway.core.values import ProtocolError, check_fields, field_of, parse_json
 from gateway.live.audio import SessionAudio
 from gateway.live.effects import (
     DelegationRequest,
@@ -67,7 +67,6 @@ from gateway.live.events import (
     CLIENT_EVENTS,
     FIELDS,
     SIDEBAND_EVENTS,
-    check_fields,
     error_event,
     event,
     unknown_event,

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.config import LiveConfig
-from gateway.core.values import ProtocolError, choice, field_of, non_empty
-from gateway.live.events import CLIENT_EVENTS, SERVER_EVENTS, check_fields
+from gateway.core.values import ProtocolError, check_fields, choice, field_of, non_empty
+from gateway.live.events import CLIENT_EVENTS, SERVER_EVENTS
 
 # OpenAI's built-in voices (both spellings the sources give of one of them).
 BUILT_IN_VOICES = frozenset({

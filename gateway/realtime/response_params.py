@@ -11,7 +11,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.core.values import field_of, non_empty, parse_metadata, parse_prompt, parse_reasoning
+from gateway.core.values import check_fields, field_of, non_empty, parse_metadata, parse_prompt, parse_reasoning
 from gateway.realtime.events import Dialect, ProtocolError
 from gateway.realtime.items import parse_item
 from gateway.realtime.settings import SessionSettings, check_voice, parse_temperature, response_format
@@ -28,13 +28,25 @@ class ResponseFields:
     max_tokens: str
     temperature: bool  # a response may set its own temperature (beta)
     prompt_and_reasoning: bool  # checked, not acted on (GA): no stored prompts; the LLM's settings decide reasoning
+    # The fields each object has (by its param), OpenAI's: any other is refused, as OpenAI refuses it.
+    names: dict[str, frozenset[str]]
 
 
 FIELDS = {
     Dialect.GA: ResponseFields("output_modalities", ("audio", "output"), (str, dict), "max_output_tokens",
-                               temperature=False, prompt_and_reasoning=True),
+                               temperature=False, prompt_and_reasoning=True, names={
+                                   "response": frozenset({
+                                       "audio", "conversation", "input", "instructions", "max_output_tokens",
+                                       "metadata", "output_modalities", "parallel_tool_calls", "prompt",
+                                       "reasoning", "tool_choice", "tools"}),
+                                   "response.audio": frozenset({"output"}),
+                                   "response.audio.output": frozenset({"format", "voice"})}),
     Dialect.BETA: ResponseFields("modalities", (), str, "max_response_output_tokens",
-                                 temperature=True, prompt_and_reasoning=False),
+                                 temperature=True, prompt_and_reasoning=False, names={
+                                     "response": frozenset({
+                                         "conversation", "input", "instructions", "max_response_output_tokens",
+                                         "metadata", "modalities", "output_audio_format", "temperature",
+                                         "tool_choice", "tools", "voice"})}),
 }
 
 
@@ -61,12 +73,14 @@ def parse_response(body: dict[str, Any], settings: SessionSettings, dialect: Dia
     """``body`` (response.create's ``response``, {} for a turn's own response) checked; ProtocolError naming
     the first field that is wrong."""
     s, fields = settings, FIELDS[dialect]
+    check_fields(body, fields.names["response"], "response")
     mods_param = f"response.{fields.modalities}"
     mods = field_of(body, fields.modalities, list, mods_param)
     out, where = body, "response"
     for key in fields.output:
         where = f"{where}.{key}"
         out = field_of(out, key, dict, where) or {}
+        check_fields(out, fields.names[where], where)
     voice = _voice(out, f"{where}.voice", fields, voices)
     if mods is not None:
         for i, m in enumerate(mods):

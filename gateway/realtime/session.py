@@ -186,6 +186,9 @@ class Session:
         return self._update(event, transcription_update=False)
 
     def _on_transcription_session_update(self, event: dict[str, Any]) -> list[Effect]:
+        if self.dialect is Dialect.GA:  # not a GA event: there it would turn a voice session into transcription
+            raise ProtocolError("invalid_event_type", "Unknown event type: 'transcription_session.update' (beta "
+                                "only; GA sends session.update with session.type 'transcription').", "type")
         return self._update(event, transcription_update=True)
 
     def _update(self, event: dict[str, Any], transcription_update: bool) -> list[Effect]:

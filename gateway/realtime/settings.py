@@ -6,12 +6,30 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gateway.core.values import choice, field_of, non_empty, parse_prompt, parse_reasoning
+from gateway.core.values import check_fields, choice, field_of, non_empty, parse_prompt, parse_reasoning
 from gateway.realtime.events import AUDIO_FORMATS, GA_FORMATS, Dialect, ProtocolError
 from gateway.realtime.tools import Tool
 
 # What a beta session reports as its temperature until the client sets one (OpenAI's default).
 DEFAULT_TEMPERATURE = 0.8
+
+# The fields of each session object, OpenAI's (tests/realtime/test_validation.py holds them to the openai SDK's
+# types). Any other is refused with unknown_parameter, as OpenAI refuses it: a beta field in a GA update
+# (input_audio_format, modalities, voice) would otherwise be "updated" and change nothing.
+GA_FIELDS = {
+    "session": frozenset({"type", "audio", "include", "instructions", "max_output_tokens", "model",
+                          "output_modalities", "parallel_tool_calls", "prompt", "reasoning", "tool_choice", "tools",
+                          "tracing", "truncation"}),
+    "session.audio": frozenset({"input", "output"}),
+    "session.audio.input": frozenset({"format", "noise_reduction", "transcription", "turn_detection"}),
+    "session.audio.output": frozenset({"format", "speed", "voice"}),
+}
+BETA_FIELDS = frozenset({"client_secret", "input_audio_format", "input_audio_noise_reduction",
+                         "input_audio_transcription", "instructions", "max_response_output_tokens", "modalities",
+                         "model", "output_audio_format", "speed", "temperature", "tool_choice", "tools", "tracing",
+                         "turn_detection", "voice"})
+BETA_TRANSCRIPTION_FIELDS = frozenset({"client_secret", "include", "input_audio_format", "input_audio_noise_reduction",
+                                       "input_audio_transcription", "modalities", "turn_detection"})
 
 
 @dataclass(frozen=True)
@@ -192,6 +210,7 @@ def parse_session(
     s = field_of({"session": body}, "session", dict, "session", required=True)
     new: dict[str, Any] = {}  # the fields the update changes
     if transcription_update:
+        check_fields(s, BETA_TRANSCRIPTION_FIELDS, "session")
         new["type"] = "transcription"
         _parse_input_beta(s, current, new, vad_defaults)
         if "modalities" in s:
@@ -199,13 +218,17 @@ def parse_session(
         _parse_include(s, new)
         return replace(current, **new)
     if dialect is Dialect.BETA:
+        check_fields(s, BETA_FIELDS, "session")
         new["type"] = "realtime"
         _parse_realtime_beta(s, current, new, vad_defaults, voice_locked, voices)
         return replace(current, **new)
+    check_fields(s, GA_FIELDS["session"], "session")
     if (kind := field_of(s, "type", str, "session.type")) is not None:
         new["type"] = choice(kind, ("realtime", "transcription"), "session.type")
     audio = field_of(s, "audio", dict, "session.audio") or {}
+    check_fields(audio, GA_FIELDS["session.audio"], "session.audio")
     inp = field_of(audio, "input", dict, "session.audio.input") or {}
+    check_fields(inp, GA_FIELDS["session.audio.input"], "session.audio.input")
     _parse_input_ga(inp, current, new, vad_defaults)
     _parse_include(s, new)
     # Also in a transcription session, which does not use them: a client's mistake is reported, not
@@ -264,6 +287,7 @@ def _parse_realtime_ga(s: dict[str, Any], audio: dict[str, Any], current: Sessio
     if "max_output_tokens" in s:
         new["max_output_tokens"] = _parse_max_tokens(s["max_output_tokens"], "session.max_output_tokens")
     out = field_of(audio, "output", dict, "session.audio.output") or {}
+    check_fields(out, GA_FIELDS["session.audio.output"], "session.audio.output")
     if out.get("format") is not None:
         new["output_format"] = _parse_format_ga(out["format"], "session.audio.output.format")
     voice = field_of(out, "voice", (str, dict), "session.audio.output.voice")

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
+import pytest
 from openai.types.beta.realtime.response_create_event import Response as BetaResponse
 from openai.types.beta.realtime.session_update_event import Session as BetaSession
 from openai.types.beta.realtime.transcription_session_update import Session as BetaTranscriptionSession
@@ -28,8 +29,10 @@ from openai.types.realtime import (
 )
 from pydantic import BaseModel
 
+from gateway.realtime import settings
 from gateway.realtime.effects import SendEvent, StartResponse
 from gateway.realtime.events import Dialect
+from gateway.realtime.response_params import FIELDS
 from gateway.realtime.session import Session
 from tests.conftest import make_config
 
@@ -262,6 +265,58 @@ def test_an_invalid_response_field_is_refused_and_starts_nothing():
         if not any(isinstance(e, StartResponse) for e in session.handle(orjson.dumps({"type": "response.create"}))):
             problems.append(f"{path}: no response after the refusal")
     assert [p for p in problems if p] == []
+
+
+def fields(*models: type[BaseModel]) -> frozenset[str]:
+    return frozenset(name for model in models for name in model.model_fields)
+
+
+def test_the_fields_taken_are_the_sdks():
+    """Exactly OpenAI's names are taken, so a field OpenAI refuses is refused here and none it takes is."""
+    assert settings.GA_FIELDS["session"] == fields(RealtimeSessionCreateRequest,
+                                                   RealtimeTranscriptionSessionCreateRequest)
+    assert settings.BETA_FIELDS == fields(BetaSession)
+    assert settings.BETA_TRANSCRIPTION_FIELDS == fields(BetaTranscriptionSession)
+    assert FIELDS[Dialect.GA].names["response"] == fields(RealtimeResponseCreateParams)
+    assert FIELDS[Dialect.BETA].names["response"] == fields(BetaResponse)
+
+
+# A beta session's fields sent in the GA shape: the usual migration mistake, which OpenAI refuses.
+UNKNOWN_FIELDS = [
+    (Dialect.GA, {"type": "session.update", "session": {"type": "realtime", "input_audio_format": "g711_ulaw"}},
+     "session.input_audio_format"),
+    (Dialect.GA, {"type": "session.update", "session": {"type": "realtime", "modalities": ["text"]}},
+     "session.modalities"),
+    (Dialect.GA, {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}},
+                                                                  "speaker": {}}}}, "session.audio.speaker"),
+    (Dialect.GA, {"type": "session.update", "session": {"audio": {"output": {"voice": "echo", "temperature": 1}}}},
+     "session.audio.output.temperature"),
+    (Dialect.BETA, {"type": "session.update", "session": {"output_modalities": ["text"]}},
+     "session.output_modalities"),
+    (Dialect.BETA, {"type": "transcription_session.update", "session": {"voice": "echo"}}, "session.voice"),
+    (Dialect.GA, {"type": "response.create", "response": {"modalities": ["text"]}}, "response.modalities"),
+    (Dialect.GA, {"type": "response.create", "response": {"audio": {"output": {"speed": 2}}}},
+     "response.audio.output.speed"),
+    (Dialect.BETA, {"type": "response.create", "response": {"output_modalities": ["text"]}},
+     "response.output_modalities"),
+]
+
+
+@pytest.mark.parametrize(("dialect", "event", "path"), UNKNOWN_FIELDS, ids=[p for _, _, p in UNKNOWN_FIELDS])
+def test_a_field_of_no_such_name_is_refused_naming_it(dialect: Dialect, event: dict[str, Any], path: str):
+    session = Session(make_config(), dialect)
+    before = copy.deepcopy(session.settings)
+    (effect,) = session.handle(orjson.dumps({**event, "event_id": "fuzz"}))
+    assert isinstance(effect, SendEvent)
+    assert (effect.event["error"]["code"], effect.event["error"]["param"]) == ("unknown_parameter", path)
+    assert session.settings == before and session.responses.active is None
+
+
+def test_a_ga_session_takes_no_beta_transcription_update():
+    session = Session(make_config(), Dialect.GA)
+    (effect,) = session.handle(orjson.dumps({"type": "transcription_session.update", "session": {}}))
+    assert isinstance(effect, SendEvent) and effect.event["error"]["code"] == "invalid_event_type"
+    assert session.settings.type == "realtime"
 
 
 # Where an id is expected, "" is an id that names nothing, not an absent one.

@@ -25,8 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.config import ConfigError
-from gateway.core.values import ProtocolError
-from gateway.live.events import check_fields
+from gateway.core.values import ProtocolError, check_fields
 from gateway.realtime.events import Dialect
 from gateway.runtime.gateway import Gateway, SessionRefused, configure
 from gateway.transports.rest import HttpError, authorize, json_object, read_body
