@@ -300,6 +300,8 @@ class PipelineResponder:
                     first = False
                 if not isinstance(delta, str):
                     if said:
+                        if bridge is not None:  # the words before a call are whole: spoken now, not at the end
+                            feed(bridge.end())
                         held.append(delta)
                     else:
                         outputs.put_nowait(delta)

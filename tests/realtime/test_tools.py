@@ -141,6 +141,23 @@ async def test_speech_before_a_call_is_spoken_and_kept(gateway, fake: FakeOpenAI
     assert last_audio < types(events).index("response.function_call_arguments.delta")
 
 
+async def test_the_words_before_a_call_are_spoken_while_its_arguments_stream(gateway, fake: FakeOpenAI):
+    """"Let me check." ends in a full stop the text bridge cannot yet call final (more may follow); the call
+    that follows says it is whole. Its audio must not wait for the LLM's slow arguments to end."""
+    fake.reply = Script("Let me check.", [Call("get_weather", {"city": "Paris", "detail": "hourly for a week"})])
+    fake.tokens_per_s = 10
+    async with connect(gateway) as client:
+        await use_tools(client, WEATHER)
+        await client.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]}})
+        await client.send({"type": "response.create"})
+        await client.until("response.output_audio.delta")
+        assert not fake.chat_requests[-1].finished  # the arguments are still coming
+        events = await client.until("response.done")
+    message, call = outputs(events)
+    assert message["content"][0]["transcript"] == "Let me check." and call["status"] == "completed"
+
+
 async def test_cancel_during_a_call_ends_it_incomplete_and_nothing_follows(gateway, fake: FakeOpenAI):
     fake.reply = Script(calls=[Call("get_weather", {"city": "Paris", "detail": "hourly forecast for a week"})])
     fake.tokens_per_s = 20  # the call's arguments take a while to stream
