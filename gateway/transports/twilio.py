@@ -150,8 +150,8 @@ class TwilioLine:
         self.twilio.outcomes.setdefault(self.call_sid, "<Hangup/>")
         self.closed.set()
 
-    def send_dtmf(self, digits: str) -> None:
-        log.info("call %s: a Twilio media stream cannot play keys; %d ignored", self.call_sid, len(digits))
+    def send_dtmf(self, digits: str) -> bool:
+        return False  # a media stream carries audio only
 
     def audio(self, payload: str) -> bytes:
         return self._upsample.process(ulaw_decode(base64.b64decode(payload, validate=True))).tobytes()

@@ -99,7 +99,7 @@ async def test_a_rejected_call_gets_the_status_and_a_call_with_no_decision_is_re
             await client.realtime.calls.reject(call_id, status_code=486)
             closed = await baresip.event("CALL_CLOSED")
             assert "486" in orjson.dumps(closed).decode() or "486" in baresip.log()
-            with pytest.raises(openai.NotFoundError):
+            with pytest.raises(openai.ConflictError):
                 await client.realtime.calls.reject(call_id)
             baresip.events.clear()
             await dial(gateway, baresip)

@@ -10,6 +10,7 @@ import secrets
 import socket
 from typing import Any
 
+import openai
 import pytest
 from prometheus_client import REGISTRY
 
@@ -17,6 +18,7 @@ from bench.launcher import free_port
 from gateway.responders.echo import EchoResponder
 from gateway.transports.sip import rtp
 from tests.phones.baresip import free_sip_port
+from tests.phones.webhooks import SECRET, Receiver
 
 
 def dropped(counter: str, reason: str) -> float:
@@ -175,6 +177,76 @@ async def test_oversize_and_unusable_offers(sip_gateway: Any, no_errors: None) -
     await writer.drain()
     assert await asyncio.wait_for(reader.read(), 5) == b""
     writer.close()
+    raw.close()
+
+
+async def test_carriers_bodies_are_read_and_extensions_we_lack_refused(sip_gateway: Any, no_errors: None) -> None:
+    """An offer with a charset parameter, or inside multipart/mixed beside ISUP (SIP-I), is answered; a Require
+    of an extension this endpoint lacks gets 420 naming it; a live Call-ID from another peer takes no dialog."""
+    gateway = await sip_gateway()
+    sip = gateway.app.state.phones.sip
+    raw = RawPhone(sip.port)
+    offer = raw.invite().decode().split("\r\n\r\n", 1)[1]
+    raw.send(raw.invite(call_id="charset").replace(b"Content-Type: application/sdp",
+                                                   b"Content-Type: application/sdp; charset=UTF-8"))
+    multipart = (f"--b1\r\nContent-Type: application/sdp\r\n\r\n{offer}\r\n--b1\r\nContent-Type: "
+                 f"application/isup;version=itu-t92+\r\n\r\n\x01\x00\x49\r\n--b1--\r\n")
+    raw.send(raw.request("INVITE", multipart, call_id="sip-i",
+                         extra='Content-Type: multipart/mixed;boundary="b1"\r\n'))
+    raw.send(raw.invite(call_id="rel", extra="Require: 100rel, timer\r\n"))
+    answers = await raw.answers(1.5)
+    finals = {re.search(r"^Call-ID: (\S+)", a, re.MULTILINE)[1]: (status(a), a)  # type: ignore[index]
+              for a in answers if status(a) >= 200}
+    assert finals["charset"][0] == 200 and finals["sip-i"][0] == 200
+    assert finals["rel"][0] == 420 and "Unsupported: 100rel, timer" in finals["rel"][1]
+    other = RawPhone(sip.port, host="127.0.0.2")
+    other.send(other.invite(call_id="charset"))
+    (taken,) = [a for a in await other.answers(1.0) if status(a) >= 200]
+    assert status(taken) == 400 and "in use" in taken
+    assert len(gateway.app.state.phones.calls.calls) == 2
+    raw.close()
+    other.close()
+
+
+async def test_a_bye_before_the_answer_gets_487_and_a_decided_call_gets_409(
+        sip_gateway: Any, monkeypatch: pytest.MonkeyPatch, no_errors: None) -> None:
+    monkeypatch.setenv("GATEWAY_WEBHOOK_SECRET", SECRET)
+    async with Receiver() as receiver:
+        gateway = await sip_gateway(calls__webhook_urls=receiver.url)
+        client = openai.AsyncOpenAI(api_key="k", base_url=f"http://127.0.0.1:{gateway.port}/v1")
+        raw = RawPhone(gateway.app.state.phones.sip.port)
+        raw.send(raw.invite())
+        ringing = next(a for a in await raw.answers(0.5) if status(a) == 180)
+        await receiver.call_id()
+        raw.send(raw.request("BYE", to_tag=to_tag(ringing), cseq=2))  # the caller gives up while it rings
+        assert sorted(status(a) for a in await raw.answers(1.0) if status(a) >= 200) == [200, 487]
+        assert not gateway.app.state.phones.calls.calls
+        raw.send(raw.invite(call_id="decided"))
+        while len(receiver.events) < 2:
+            await asyncio.sleep(0.05)
+        call_id = await receiver.call_id()
+        await client.realtime.calls.reject(call_id, status_code=486)
+        for decide in (lambda: client.realtime.calls.reject(call_id),
+                       lambda: client.realtime.calls.accept(call_id, type="realtime"),
+                       lambda: client.realtime.calls.refer(call_id, target_uri="tel:+15550003333")):
+            with pytest.raises(openai.ConflictError) as again:
+                await decide()
+            assert again.value.code == "decision_already_made"
+        raw.close()
+
+
+async def test_keys_to_a_caller_that_offered_no_telephone_event_are_refused(sip_gateway: Any,
+                                                                           no_errors: None) -> None:
+    gateway = await sip_gateway()
+    raw = RawPhone(gateway.app.state.phones.sip.port)
+    raw.send(raw.invite(sdp=f"v=0\r\nc=IN IP4 127.0.0.1\r\nm=audio {raw.media.getsockname()[1]} RTP/AVP 0\r\n"))
+    ok = next(a for a in await raw.answers(1.5) if status(a) == 200)
+    raw.send(raw.request("ACK", to_tag=to_tag(ok)))
+    (call,) = gateway.app.state.phones.calls.calls.values()
+    client = openai.AsyncOpenAI(api_key="k", base_url=f"http://127.0.0.1:{gateway.port}/v1")
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.post(f"/realtime/calls/{call.id}/dtmf", body={"digits": "1"}, cast_to=object)
+    assert refused.value.code == "dtmf_unsupported"
     raw.close()
 
 

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import Counter
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 CALLS = Counter("gateway_phone_calls_total", "Phone calls by line and how they were decided",
                 ["line", "decision"])
 DTMF_DIGITS = frozenset("0123456789*#ABCD")
+MAX_DECIDED_KEPT = 1024
 MAX_DTMF_DIGITS = 32
 
 
@@ -71,8 +73,8 @@ class Line(Protocol):
     async def hang_up(self) -> None:
         """End the answered call from our side (SIP: BYE)."""
 
-    def send_dtmf(self, digits: str) -> None:
-        """Play ``digits`` to the caller (RFC 4733 events, or tones)."""
+    def send_dtmf(self, digits: str) -> bool:
+        """Play ``digits`` to the caller (RFC 4733 events); False when the line has no way to."""
 
 
 class PhoneCall:
@@ -141,6 +143,8 @@ class PhoneCalls:
                                   f"{env or '(calls.webhook_secret_env is empty)'}")
             self.webhooks = Webhooks(urls, decode_secret(secret, env), self.options.webhook_timeout_s)
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Calls a rejection or a redirect ended, newest last: a second decision on one is a 409, not a 404.
+        self._decided: OrderedDict[str, str] = OrderedDict()
         gateway.hold(self)
 
     # --- a line's side ----------------------------------------------------------------------------------
@@ -183,6 +187,10 @@ class PhoneCalls:
             CALLS.labels(call.line.kind, "abandoned").inc()
         call.state = "ended"
         self.calls.pop(call.id, None)
+        if call.decision in ("rejected", "referred"):
+            self._decided[call.id] = call.decision
+            while len(self._decided) > MAX_DECIDED_KEPT:
+                self._decided.popitem(last=False)
         self.pending.refresh()
         if call._timer is not None and call._timer is not asyncio.current_task():
             call._timer.cancel()
@@ -199,11 +207,17 @@ class PhoneCalls:
     def _pending(self, call_id: str) -> PhoneCall:
         call = self.calls.get(call_id)
         if call is None:
-            raise CallError(404, f"No call '{call_id[:64]}' is in progress.", "call_not_found")
+            raise self._missing(call_id)
         if call.decision is not None:
             raise CallError(409, f"A decision was already made on call '{call_id}' ({call.decision}).",
                             "decision_already_made")
         return call
+
+    def _missing(self, call_id: str) -> CallError:
+        if (decision := self._decided.get(call_id)) is not None:
+            return CallError(409, f"A decision was already made on call '{call_id}' ({decision}).",
+                             "decision_already_made")
+        return CallError(404, f"No call '{call_id[:64]}' is in progress.", "call_not_found")
 
     async def accept(self, call_id: str, config: dict[str, Any]) -> None:
         """Answer the call with a Realtime session configured by ``config`` (the accept body)."""
@@ -249,7 +263,7 @@ class PhoneCalls:
         """Transfer: a pending call is redirected (a decision), an answered one is sent a REFER."""
         call = self.calls.get(call_id)
         if call is None:
-            raise CallError(404, f"No call '{call_id[:64]}' is in progress.", "call_not_found")
+            raise self._missing(call_id)
         if call.state == "pending":
             self._pending(call_id)
             call.decision = "referred"
@@ -279,7 +293,9 @@ class PhoneCalls:
             raise CallError(404, f"No answered call '{call_id[:64]}'.", "call_not_found")
         if not digits or len(digits) > MAX_DTMF_DIGITS or not set(digits) <= DTMF_DIGITS:
             raise CallError(400, f"'digits' must be 1-{MAX_DTMF_DIGITS} of 0-9 * # A-D.", "invalid_value")
-        call.line.send_dtmf(digits)
+        if not call.line.send_dtmf(digits):
+            raise CallError(400, "This call cannot play keys: a Twilio media stream has no way to, and a SIP caller "
+                            "needs to offer telephone-event (RFC 4733).", "dtmf_unsupported")
 
     # --- webhook, default answer, timeout ---------------------------------------------------------------
 

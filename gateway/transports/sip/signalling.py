@@ -13,6 +13,8 @@ proxy that Record-Routes).
 from __future__ import annotations
 
 import asyncio
+import email
+import email.policy
 import logging
 import os
 import re
@@ -53,8 +55,8 @@ MAX_WEBHOOK_HEADERS = 64
 CONTENT_LENGTH = re.compile(rb"^(?:content-length|l)[ \t]*:[ \t]*(\d+)[ \t]*\r?$", re.IGNORECASE | re.MULTILINE)
 REASONS = {180: "Ringing", 200: "OK", 202: "Accepted", 302: "Moved Temporarily", 400: "Bad Request",
            401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-           480: "Temporarily Unavailable", 481: "Call/Transaction Does Not Exist", 486: "Busy Here",
-           487: "Request Terminated", 488: "Not Acceptable Here", 500: "Server Internal Error",
+           420: "Bad Extension", 480: "Temporarily Unavailable", 481: "Call/Transaction Does Not Exist",
+           486: "Busy Here", 487: "Request Terminated", 488: "Not Acceptable Here", 500: "Server Internal Error",
            503: "Service Unavailable", 603: "Decline"}
 
 
@@ -65,6 +67,23 @@ class Peer:
     transport: str  # "UDP", "TCP" or "TLS"
     addr: tuple[str, int]
     send: Callable[[bytes], None]
+
+
+def _sdp_body(content_type: str, body: bytes) -> str | None:
+    """The SDP of an INVITE's body: the body itself (``application/sdp``, parameters allowed), or the SDP part
+    of a ``multipart/mixed`` one (SIP-I carriers send SDP with ISUP); None when there is none."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind == "application/sdp":
+        return body.decode("utf-8", "replace")
+    if kind != "multipart/mixed":
+        return None
+    message = email.message_from_bytes(b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n"
+                                       + body, policy=email.policy.compat32)
+    for part in message.walk() if message.is_multipart() else ():
+        if part.get_content_type() == "application/sdp":
+            payload = part.get_payload(decode=True)
+            return payload.decode("utf-8", "replace") if isinstance(payload, bytes) else None
+    return None
 
 
 def _tag(value: str | None) -> str | None:
@@ -153,9 +172,11 @@ class SipLine:
             self._request("BYE")
         self._end()
 
-    def send_dtmf(self, digits: str) -> None:
-        if self.stream is not None:
-            self.stream.send_dtmf(digits)
+    def send_dtmf(self, digits: str) -> bool:
+        if self.stream is None or self.offer.dtmf_payload_type is None:
+            return False
+        self.stream.send_dtmf(digits)
+        return True
 
     # --- requests from the peer --------------------------------------------------------------------------
 
@@ -178,6 +199,8 @@ class SipLine:
             self.endpoint.forget(self)  # a rejected call's transaction is over
         elif method == "BYE":
             self.endpoint.respond(request, peer, 200, self.local_tag)
+            if self.state == "early":  # the INVITE gets its final answer too (RFC 3261 §15.2)
+                self._respond(487, final=True)
             self._end(caller=True)
         elif method == "CANCEL":
             self.endpoint.respond(request, peer, 200, self.local_tag)
@@ -441,6 +464,9 @@ class SipEndpoint:
             line.received(request, peer)
             return
         if method == "INVITE" and not _tag(request.get_header("to")):
+            if call_id in self.lines:  # another peer's live dialog: taking it over would orphan that call
+                self.respond(request, peer, 400, extra={"Warning": '399 voice-gateway "this Call-ID is in use"'})
+                return
             self._invite(request, peer)
         elif method == "OPTIONS":
             self.respond(request, peer, 200, secrets.token_hex(6), extra={"Allow": ALLOW, "Accept": "application/sdp"})
@@ -472,6 +498,11 @@ class SipEndpoint:
         if full is not None:
             self.respond(request, peer, 486)
             return
+        if required := [t.strip() for h in request.get_header_values("require") for t in h.split(",") if t.strip()]:
+            # No extension is supported (reliable provisionals, session timers, ...): RFC 3261 §8.2.2.3.
+            self.live.refresh()
+            self.respond(request, peer, 420, extra={"Unsupported": ", ".join(required)[:200]})
+            return
         offer = self._offer(request, peer)
         if offer is None:
             self.live.refresh()
@@ -488,11 +519,12 @@ class SipEndpoint:
 
     def _offer(self, request: SipRequest, peer: Peer) -> sdp.Offer | None:
         """The INVITE's SDP offer, or None once it was refused (488, or the status the offer's fault has)."""
-        if (request.content_type or "").lower() != "application/sdp":
+        text = _sdp_body(request.content_type or "", request.body)
+        if text is None:
             self.respond(request, peer, 488, extra={"Warning": '399 voice-gateway "an SDP offer is required"'})
             return None
         try:
-            return sdp.parse_offer(request.text)
+            return sdp.parse_offer(text)
         except sdp.OfferError as exc:
             self.respond(request, peer, exc.status, extra={"Warning": f'399 voice-gateway "{str(exc)[:120]}"'})
             return None
