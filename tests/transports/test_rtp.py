@@ -114,6 +114,19 @@ def test_an_offer_is_answered_with_its_first_g711_and_its_telephone_event() -> N
     assert "m=audio 20000 RTP/AVP 8 101" in answer and "c=IN IP4 192.0.2.5" in answer
 
 
+def test_every_offered_stream_gets_a_line_and_the_direction_answers_the_offers() -> None:
+    """RFC 3264 §6: a line for each offered one, in order (video refused with port 0); a format not on the
+    audio line is not answered, telephone-event included; a hold's sendonly gets recvonly."""
+    offer = sdp.parse_offer("v=0\r\nc=IN IP4 10.0.0.1\r\nt=0 0\r\nm=video 5000 RTP/AVP 96\r\n"
+                            "a=rtpmap:96 H264/90000\r\nm=audio 4000 RTP/AVP 0\r\na=rtpmap:101 telephone-event/8000"
+                            "\r\na=sendonly\r\n")
+    assert offer.dtmf_payload_type is None
+    answer = sdp.answer(offer, "192.0.2.5", 20000, (77, 2))
+    media = [line for line in answer.split("\r\n") if line.startswith("m=")]
+    assert media == ["m=video 0 RTP/AVP 96", "m=audio 20000 RTP/AVP 0"]
+    assert "a=recvonly" in answer and "o=voice-gateway 77 2 IN IP4 192.0.2.5" in answer
+
+
 @pytest.mark.parametrize("text, status", [
     ("hello", 400),
     ("v=0\r\nc=IN IP4 10.0.0.1\r\nm=audio 0 RTP/AVP 0\r\n", 488),  # the stream is declined

@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 
 from bench.launcher import free_port
 from gateway.responders.echo import EchoResponder
-from gateway.transports.sip import rtp
+from gateway.transports.sip import listener, rtp
 from tests.phones.baresip import free_sip_port
 from tests.phones.webhooks import SECRET, Receiver
 
@@ -233,6 +233,49 @@ async def test_a_bye_before_the_answer_gets_487_and_a_decided_call_gets_409(
                 await decide()
             assert again.value.code == "decision_already_made"
         raw.close()
+
+
+async def test_a_hold_a_refresh_and_options_in_the_dialog_are_answered(sip_gateway: Any, no_errors: None) -> None:
+    gateway = await sip_gateway()
+    raw = RawPhone(gateway.app.state.phones.sip.port)
+    raw.send(raw.invite())
+    ok = next(a for a in await raw.answers(1.5) if status(a) == 200)
+    tag = to_tag(ok)
+    raw.send(raw.request("ACK", to_tag=tag))
+    origin = re.search(r"^o=voice-gateway (\d+) 1 ", ok, re.MULTILINE)
+    assert origin is not None
+    hold = raw.invite().decode().split("\r\n\r\n", 1)[1] + "a=sendonly\r\n"
+    raw.send(raw.request("INVITE", hold, to_tag=tag, cseq=2, extra="Content-Type: application/sdp\r\n"))
+    (held,) = [a for a in await raw.answers(1.0) if status(a) == 200]
+    assert "\r\nContact: " in held and "a=recvonly" in held
+    assert f"o=voice-gateway {origin[1]} 2 " in held  # the same session, its next version
+    raw.send(raw.request("OPTIONS", to_tag=tag, cseq=3))
+    raw.send(raw.request("UPDATE", to_tag=tag, cseq=4))  # a session timer's refresh: no offer, no answer
+    answers = [a for a in await raw.answers(1.0) if status(a) == 200]
+    assert len(answers) == 2 and not any("m=audio" in a for a in answers)
+    assert len(gateway.app.state.phones.calls.calls) == 1
+    raw.close()
+
+
+async def test_a_tcp_message_left_half_sent_frees_its_connection(sip_gateway: Any, monkeypatch: pytest.MonkeyPatch,
+                                                              no_errors: None) -> None:
+    """Between messages a connection may idle (a call's dialog); keep-alive CRLFs are skipped; a message begun and
+    never finished closes the connection after STREAM_MESSAGE_S, so half-sent messages cannot hold them all."""
+    monkeypatch.setattr(listener, "STREAM_MESSAGE_S", 0.5)
+    gateway = await sip_gateway()
+    port = gateway.app.state.phones.sip.port
+    raw = RawPhone(port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    options = raw.request("OPTIONS").replace(b"SIP/2.0/UDP", b"SIP/2.0/TCP")
+    writer.write(b"\r\n\r\n" + options)
+    assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"SIP/2.0 200")
+    await asyncio.sleep(1.0)  # idle between messages: still open
+    writer.write(options[:40])
+    started = asyncio.get_running_loop().time()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    assert asyncio.get_running_loop().time() - started < 2.0
+    writer.close()
+    raw.close()
 
 
 async def test_keys_to_a_caller_that_offered_no_telephone_event_are_refused(sip_gateway: Any,

@@ -2,7 +2,8 @@
 
 A datagram is one message; over TCP and TLS messages are framed by Content-Length (RFC 3261 §18.3). A
 message over ``[sip] max_message_bytes`` is dropped (a stream's connection is closed); so is a stream that
-sends nothing within STREAM_FIRST_MESSAGE_S of connecting, or any past ``max_tcp_connections`` in all or
+sends nothing within STREAM_FIRST_MESSAGE_S of connecting, one whose message, once begun, is not whole within
+STREAM_MESSAGE_S, or any past ``max_tcp_connections`` in all or
 ``max_tcp_connections_per_source`` from one address. Nothing a peer sends is logged above DEBUG: the
 counters (gateway_sip_dropped_total) tell how much was dropped and why.
 """
@@ -24,6 +25,7 @@ from gateway.transports.sip.signalling import CONTENT_LENGTH, DROPPED, Peer, Sip
 log = logging.getLogger(__name__)
 
 STREAM_FIRST_MESSAGE_S = 10.0
+STREAM_MESSAGE_S = 10.0
 
 
 class _Datagrams(asyncio.DatagramProtocol):
@@ -123,18 +125,24 @@ class SipListener:
         first = True
         try:
             while True:
-                try:
-                    async with asyncio.timeout(STREAM_FIRST_MESSAGE_S if first else None):
-                        head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.LimitOverrunError, ValueError):
-                    DROPPED.labels("too_large").inc()
-                    break
-                length = CONTENT_LENGTH.search(head)
-                size = int(length[1]) if length else 0
-                if len(head) + size > self.options.max_message_bytes:
-                    DROPPED.labels("too_large").inc()
-                    break
-                body = await reader.readexactly(size) if size else b""
+                # A dialog's connection may idle between messages as long as the call lasts; a message, once
+                # begun, must arrive whole within STREAM_MESSAGE_S, or half-sent ones would hold it for good.
+                async with asyncio.timeout(STREAM_FIRST_MESSAGE_S if first else None):
+                    lead = await reader.readexactly(1)
+                if lead in b"\r\n":
+                    continue  # keep-alive CRLFs between messages (RFC 5626)
+                async with asyncio.timeout(STREAM_MESSAGE_S):
+                    try:
+                        head = lead + await reader.readuntil(b"\r\n\r\n")
+                    except (asyncio.LimitOverrunError, ValueError):
+                        DROPPED.labels("too_large").inc()
+                        break
+                    length = CONTENT_LENGTH.search(head)
+                    size = int(length[1]) if length else 0
+                    if len(head) + size > self.options.max_message_bytes:
+                        DROPPED.labels("too_large").inc()
+                        break
+                    body = await reader.readexactly(size) if size else b""
                 first = False
                 self.endpoint.received(head + body, peer)
                 if writer.transport.get_write_buffer_size() > 16 * self.options.max_message_bytes:

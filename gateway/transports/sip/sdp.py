@@ -1,4 +1,8 @@
-"""SDP offer/answer for one audio stream of G.711 at 8 kHz (RFC 4566, RFC 3264), DTMF by RFC 4733."""
+"""SDP offer/answer for one audio stream of G.711 at 8 kHz (RFC 4566, RFC 3264), DTMF by RFC 4733.
+
+The answer has a media line for each of the offer's, in its order (RFC 3264 §6): the audio stream taken, and
+every other one refused with port 0. Its direction answers the offer's (a hold's sendonly gets recvonly).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from dataclasses import dataclass
 # Static payload types (RFC 3551) and the rtpmap names that may carry them dynamically.
 CODECS = {"PCMU": 0, "PCMA": 8}
 MAX_LINES = 256
+DIRECTIONS = {"sendrecv": "sendrecv", "sendonly": "recvonly", "recvonly": "sendonly", "inactive": "inactive"}
 
 
 class OfferError(ValueError):
@@ -26,7 +31,10 @@ class Offer:
     codec: str  # "PCMU" or "PCMA"
     payload_type: int
     dtmf_payload_type: int | None
-
+    # Every media line offered, in order, as (media, proto, its first format); the audio taken is at ``index``.
+    lines: tuple[tuple[str, str, str], ...] = (("audio", "RTP/AVP", "0"),)
+    index: int = 0
+    direction: str = "sendrecv"  # the offer's, for the audio taken
 
 def parse_offer(text: str) -> Offer:
     """The caller's audio stream, its first codec we speak, and its telephone-event payload type."""
@@ -36,6 +44,7 @@ def parse_offer(text: str) -> Offer:
     if len(lines) > MAX_LINES:
         raise OfferError(f"The SDP has more than {MAX_LINES} lines.", 400)
     session_address: str | None = None
+    session_direction = "sendrecv"
     media: list[dict[str, object]] = []
     for line in lines:
         kind, _, value = line.partition("=")
@@ -44,7 +53,7 @@ def parse_offer(text: str) -> Offer:
             if len(fields) < 4:
                 raise OfferError("A media line (m=) is malformed.", 400)
             media.append({"kind": fields[0], "port": fields[1], "proto": fields[2], "formats": fields[3:],
-                          "rtpmap": {}, "address": None})
+                          "rtpmap": {}, "address": None, "direction": None})
         elif kind == "c":
             fields = value.split()
             if len(fields) < 3 or fields[0] != "IN":
@@ -54,6 +63,11 @@ def parse_offer(text: str) -> Offer:
                 media[-1]["address"] = address
             else:
                 session_address = address
+        elif kind == "a" and value in DIRECTIONS:
+            if media:
+                media[-1]["direction"] = value
+            else:
+                session_direction = value
         elif kind == "a" and media and value.startswith("rtpmap:"):
             number, _, name = value[7:].partition(" ")
             media[-1]["rtpmap"][number] = name  # type: ignore[index]
@@ -81,19 +95,27 @@ def parse_offer(text: str) -> Offer:
     if codec is None:
         raise OfferError("The offer has neither PCMU nor PCMA (G.711 at 8 kHz).")
     dtmf = next((int(n) for n, name in rtpmap.items() if name.lower().startswith("telephone-event/8000")
-                 and n.isdigit()), None)
-    return Offer(address, port, codec[0], codec[1], dtmf)
+                 and n.isdigit() and n in audio["formats"]), None)  # type: ignore[operator]
+    lines = tuple((str(m["kind"]), str(m["proto"]), str(m["formats"][0])) for m in media)  # type: ignore[index]
+    return Offer(address, port, codec[0], codec[1], dtmf, lines, media.index(audio),
+                 str(audio["direction"] or session_direction))
 
 
-def answer(offer: Offer, address: str, port: int) -> str:
-    """Our answer: the offer's codec and telephone-event, on ``address``:``port``."""
+def answer(offer: Offer, address: str, port: int, origin: tuple[int, int] | None = None) -> str:
+    """Our answer: the offer's codec and telephone-event, on ``address``:``port``. ``origin``: the o= line's
+    session id and version (a dialog keeps its id and counts its answers; None: a new session)."""
     family = "IP6" if ":" in address else "IP4"
-    formats = f"{offer.payload_type}" + (f" {offer.dtmf_payload_type}" if offer.dtmf_payload_type is not None else "")
-    lines = ["v=0", f"o=voice-gateway {secrets.randbelow(2**31)} 1 IN {family} {address}", "s=voice-gateway",
-             f"c=IN {family} {address}", "t=0 0", f"m=audio {port} RTP/AVP {formats}",
-             f"a=rtpmap:{offer.payload_type} {offer.codec}/8000"]
-    if offer.dtmf_payload_type is not None:
-        lines += [f"a=rtpmap:{offer.dtmf_payload_type} telephone-event/8000",
-                  f"a=fmtp:{offer.dtmf_payload_type} 0-16"]
-    lines += ["a=ptime:20", "a=sendrecv"]
+    session, version = origin or (secrets.randbelow(2**31), 1)
+    lines = ["v=0", f"o=voice-gateway {session} {version} IN {family} {address}", "s=voice-gateway",
+             f"c=IN {family} {address}", "t=0 0"]
+    for i, (kind, proto, first) in enumerate(offer.lines):
+        if i != offer.index:
+            lines.append(f"m={kind} 0 {proto} {first}")
+            continue
+        dtmf = offer.dtmf_payload_type
+        lines += [f"m=audio {port} RTP/AVP {offer.payload_type}" + (f" {dtmf}" if dtmf is not None else ""),
+                  f"a=rtpmap:{offer.payload_type} {offer.codec}/8000"]
+        if dtmf is not None:
+            lines += [f"a=rtpmap:{dtmf} telephone-event/8000", f"a=fmtp:{dtmf} 0-16"]
+        lines += ["a=ptime:20", f"a={DIRECTIONS[offer.direction]}"]
     return "\r\n".join(lines) + "\r\n"

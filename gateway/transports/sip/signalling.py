@@ -13,6 +13,8 @@ proxy that Record-Routes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import email
 import email.policy
 import logging
@@ -45,7 +47,7 @@ log = logging.getLogger(__name__)
 
 DROPPED = Counter("gateway_sip_dropped_total", "SIP messages dropped without an answer, by why", ["reason"])
 T1, T2 = 0.5, 4.0  # RFC 3261's retransmission timers
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY"
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY, UPDATE"
 USER_AGENT = "voice-gateway"
 ENDED_KEPT_S = 32.0  # an ended call's dialog absorbs retransmissions this long (64 x T1)
 MAX_ENDED = 4096
@@ -124,6 +126,7 @@ class SipLine:
         self._retransmit: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._requests: dict[str, asyncio.Task[None]] = {}  # our requests' branches, repeated until answered
+        self._sdp_session, self._sdp_version = secrets.randbelow(2**31), 0  # our SDP's o= (RFC 3264 §8)
 
     # --- the Line interface --------------------------------------------------------------------------
 
@@ -145,7 +148,7 @@ class SipLine:
             self.endpoint.ports.release(stream.port)
             raise CallError(404, f"Call '{call.id}' has ended.", "call_not_found")
         self.stream = stream
-        body = sdp.answer(self.offer, self.endpoint.host, stream.port).encode()
+        body = self._answer_sdp()
         self.state = "answered"
         self._respond(200, body=body, final=True)
         self.endpoint.clock.add(self, self._tick)
@@ -172,6 +175,26 @@ class SipLine:
             self._request("BYE")
         self._end()
 
+    def _answer_sdp(self) -> bytes:
+        assert self.stream is not None
+        self._sdp_version += 1
+        origin = (self._sdp_session, self._sdp_version)
+        return sdp.answer(self.offer, self.endpoint.host, self.stream.port, origin).encode()
+
+    def _reoffer(self, request: SipRequest, peer: Peer) -> None:
+        """A re-INVITE or UPDATE in the dialog: a hold or resume changes our direction, a refresh changes nothing
+        (a new offer's address and codec are not followed: the media stays where it is)."""
+        text = _sdp_body(request.content_type or "", request.body)
+        if text is not None:
+            with contextlib.suppress(sdp.OfferError):
+                new = sdp.parse_offer(text)
+                self.offer = dataclasses.replace(self.offer, lines=new.lines, index=new.index,
+                                                 direction=new.direction)
+        # An INVITE without an offer wants ours in the answer; an UPDATE without one, none (RFC 3311).
+        wanted = text is not None or request.method.upper() == "INVITE"
+        body = self._answer_sdp() if self.stream is not None and wanted else b""
+        self.endpoint.respond(request, peer, 200, self.local_tag, body=body, contact=True)
+
     def send_dtmf(self, digits: str) -> bool:
         if self.stream is None or self.offer.dtmf_payload_type is None:
             return False
@@ -186,12 +209,15 @@ class SipLine:
             if not _tag(request.get_header("to")):
                 if self.last_response is not None:
                     self.peer.send(self.last_response)
-            elif self.state == "answered" and self.stream is not None:
-                # A refresh or hold: the same answer (a new offer's address is not followed).
-                body = sdp.answer(self.offer, self.endpoint.host, self.stream.port).encode()
-                self.endpoint.respond(request, peer, 200, self.local_tag, body=body)
+            elif self.state == "answered":
+                self._reoffer(request, peer)
             else:
                 self.endpoint.respond(request, peer, 481)
+        elif method == "UPDATE" and self.state == "answered":  # a session timer's refresh, or a new offer
+            self._reoffer(request, peer)
+        elif method == "OPTIONS":
+            self.endpoint.respond(request, peer, 200, self.local_tag, extra={"Allow": ALLOW,
+                                                                             "Accept": "application/sdp"})
         elif method == "ACK":
             if self._retransmit is not None:
                 self._retransmit.cancel()
