@@ -152,6 +152,10 @@ async def test_bad_fields_and_credentials(start_gateway: StartGateway, tmp_path:
     for create, param in [
         (lambda: client.audio.voice_consents.create(name="x", language="tlh", recording=("c.wav", b"", "audio/wav")),
          "language"),
+        (lambda: client.audio.voice_consents.create(name="x", language="en-" + "x" * 60_000,
+                                                    recording=("c.wav", b"", "audio/wav")), "language"),
+        (lambda: client.audio.voice_consents.create(name="x", language="en US!", recording=("c.wav", b"", "audio/wav")),
+         "language"),
         (lambda: client.audio.voice_consents.create(name=" ", language="en", recording=("c.wav", b"", "audio/wav")),
          "name"),
         (lambda: client.audio.voices.create(name="x", consent="cons_000000000000000000000000", audio_sample=sample),

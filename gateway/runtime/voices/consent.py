@@ -13,6 +13,7 @@ The phrases cover the languages the Qwen3-TTS checkpoints speak. A language is n
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from difflib import SequenceMatcher
 
@@ -38,9 +39,19 @@ CONSENT_PHRASES: dict[str, str] = {
 BY_CHARACTER = frozenset({"zh", "ja", "ko"})
 
 
+# A BCP 47 tag's shape (RFC 5646 §2.1: a 2-3 letter language, then subtags of 1-8 letters and digits), at most
+# 35 characters (§4.4.1): the tag is stored and listed with the consent, so it stays a tag.
+LANGUAGE_TAG = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8})*")
+MAX_LANGUAGE_CHARS = 35
+
+
 def primary_language(tag: str) -> str | None:
-    """The phrase table's key for a BCP 47 tag ("en-US" -> "en"), or None when no phrase is published for it."""
-    primary = tag.strip().replace("_", "-").split("-")[0].lower()
+    """The phrase table's key for a BCP 47 tag ("en-US" -> "en"), or None when it is no such tag or no phrase is
+    published for it."""
+    tag = tag.strip()
+    if len(tag) > MAX_LANGUAGE_CHARS or not LANGUAGE_TAG.fullmatch(tag):
+        return None
+    primary = tag.replace("_", "-").split("-")[0].lower()
     return primary if primary in CONSENT_PHRASES else None
 
 

@@ -103,8 +103,8 @@ class VoiceLibrary:
         self._check_name(name)
         primary = consent.primary_language(language)
         if primary is None:
-            raise VoiceRefused("invalid", f"There is no consent phrase for {language!r}; use one of "
-                                          f"{', '.join(sorted(consent.CONSENT_PHRASES))}.", "language")
+            raise VoiceRefused("invalid", f"There is no consent phrase for {language[:40]!r}: give a BCP 47 tag "
+                                          f"of one of {', '.join(sorted(consent.CONSENT_PHRASES))}.", "language")
         audio = await self._decode(recording, self.config.max_consent_seconds)
         if transcriber is None:
             raise VoiceRefused("unavailable", f"Checking a consent recording needs {SPEECH_TO_TEXT}.", "recording",
@@ -116,7 +116,8 @@ class VoiceLibrary:
                                           f"{transcript!r}: {heard:.0%} of the phrase). Record the speaker reading: "
                                           f"{consent.CONSENT_PHRASES[primary]}", "recording",
                                "consent_phrase_not_heard")
-        meta = {"id": new_id(CONSENT_PREFIX), "object": "audio.voice_consent", "name": name, "language": language,
+        meta = {"id": new_id(CONSENT_PREFIX), "object": "audio.voice_consent", "name": name,
+                "language": language.strip(),
                 "created_at": int(time.time()), "transcript": transcript, "phrase_heard": round(heard, 3)}
         await self._create("consents", meta, {"recording": recording.data})
         return public(meta, CONSENT_FIELDS)
