@@ -153,6 +153,9 @@ async def test_a_refused_create(start_gateway: StartGateway) -> None:
                 session={"model": "gpt-live-1", "audio": {"format": {"type": "audio/pcm", "rate": 24000}}},
                 transport={"type": "webrtc", "sdp": await peer.offer()})
         assert refused.value.body["param"] == "session.audio.format"
+        with pytest.raises(BadRequestError) as no_transport:
+            await sdk(gateway).post("/live/sessions", body={"session": {"model": "gpt-live-1"}}, cast_to=object)
+        assert (no_transport.value.code, no_transport.value.param) == ("missing_required_parameter", "transport")
         assert not gateway.webrtc.calls
     finally:
         await peer.close()

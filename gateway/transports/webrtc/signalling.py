@@ -168,6 +168,9 @@ class Signalling:
         try:
             check_fields(body, {"session", "transport"})
             transport = body.get("transport")
+            if transport is None:
+                raise ProtocolError("missing_required_parameter", "Missing required parameter: 'transport'.",
+                                    "transport")
             if not isinstance(transport, dict) or transport.get("type") != "webrtc":
                 raise ProtocolError("invalid_value", "'transport' must be {\"type\": \"webrtc\", \"sdp\": ...}.",
                                     "transport")
