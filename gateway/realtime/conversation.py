@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.audio import InputDecoder
+from gateway.audio import InputDecoder, OutputEncoder
 from gateway.config import SessionConfig
 from gateway.core.responder import Message, ToolCall
 from gateway.core.values import non_empty
@@ -208,11 +208,14 @@ class Conversation:
             return f"at most {self.max_text_bytes} bytes of text ([session] max_text_bytes)"
         return None
 
-    def retrieved(self, item: Item) -> list[Effect]:
+    def retrieved(self, item: Item, input_format: str, output_format: str) -> list[Effect]:
+        """The item with its audio, in the session's formats (the client's input one for what it sent, the
+        output one for what it heard): a G.711 client reads it as it reads its deltas."""
         data = snapshot(item.data)
         for part in data.get("content", []):
             if part["type"] in ("input_audio", "output_audio"):
-                part["audio"] = base64.b64encode(item.audio).decode()
+                encoder = OutputEncoder(input_format if part["type"] == "input_audio" else output_format)
+                part["audio"] = base64.b64encode(encoder.encode(bytes(item.audio)) + encoder.flush()).decode()
         return self._event("conversation.item.retrieved", item=data)
 
     def truncate(self, item: Item, content_index: int, end_ms: int) -> list[Effect]:

@@ -298,7 +298,8 @@ class Session:
         return effects
 
     def _on_conversation_item_retrieve(self, event: dict[str, Any]) -> list[Effect]:
-        return self.conversation.retrieved(self.conversation.find(event, "retrieve"))
+        item = self.conversation.find(event, "retrieve")
+        return self.conversation.retrieved(item, self.settings.input_format, self.settings.output_format)
 
     def _on_conversation_item_delete(self, event: dict[str, Any]) -> list[Effect]:
         item = self.conversation.find(event, "delete")

@@ -302,9 +302,19 @@ async def test_g711_in_and_out(gateway):
         ulaw = ulaw_encode(soxr.resample(samples, 24000, 8000))  # the codec is checked against audioop elsewhere
         await client.append(ulaw, chunk_ms=60)
         events = await client.until("response.done")
+        # A retrieved item's audio is in the session's formats too: what the client sent, what it heard.
+        retrieved = []
+        for item_id in (events[2]["item_id"], events[-1]["response"]["output"][0]["id"]):
+            await client.send({"type": "conversation.item.retrieve", "item_id": item_id})
+            item = (await client.until("conversation.item.retrieved"))[-1]["item"]
+            retrieved.append(base64.b64decode(item["content"][0]["audio"]))
     stopped = next(e for e in events if e["type"] == "input_audio_buffer.speech_stopped")
     assert 2900 <= stopped["audio_end_ms"] <= 3500
     reply = audio_of(events)
+    heard, said = retrieved
+    assert abs(len(heard) / 8 - (stopped["audio_end_ms"] - next(
+        e for e in events if e["type"] == "input_audio_buffer.speech_started")["audio_start_ms"])) < 60
+    assert abs(len(said) - len(reply)) < 8 * 30 and np.abs(ulaw_decode(said).astype(np.float32)).max() > 3000
     started = next(e for e in events if e["type"] == "input_audio_buffer.speech_started")
     expected_ms = stopped["audio_end_ms"] - started["audio_start_ms"]
     assert abs(len(reply) / 8 - expected_ms) < 60  # one byte per sample at 8 kHz
