@@ -46,6 +46,7 @@ class ResponseRequest:
     temperature: float | None = None  # None: the backend's configured temperature
     tools: list[dict[str, Any]] = field(default_factory=list)  # chat-completions tools (gateway/realtime/tools.py)
     tool_choice: str | dict[str, Any] | None = None  # chat-completions tool_choice; None with no tools
+    parallel_tool_calls: bool | None = None  # False: at most one call a round; None: the backend's own
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,7 @@ class ResponseParams:
     temperature: float | None  # None: the backend's own
     tools: list[Tool]
     tool_choice: str | dict[str, Any]
+    parallel_tool_calls: bool | None
     # response.input, the context it sees instead of the conversation: item ids to look up and new items' data.
     input: tuple[str | dict[str, Any], ...] | None
 
@@ -108,6 +109,9 @@ def parse_response(body: dict[str, Any], settings: SessionSettings, dialect: Dia
     tools = s.tools
     if body.get("tools") is not None:
         tools = parse_tools(body["tools"], "response.tools", dialect, policy)
+    parallel = s.parallel_tool_calls
+    if fields.prompt_and_reasoning and body.get("parallel_tool_calls") is not None:  # GA's, as the session's
+        parallel = field_of(body, "parallel_tool_calls", bool, "response.parallel_tool_calls")
     tool_choice = s.tool_choice
     if body.get("tool_choice") is not None:
         tool_choice = parse_tool_choice(body["tool_choice"], tools, "response.tool_choice", dialect)
@@ -124,6 +128,7 @@ def parse_response(body: dict[str, Any], settings: SessionSettings, dialect: Dia
         temperature=s.temperature if temperature is None else temperature,
         tools=tools,
         tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
         input=_input(body["input"]) if body.get("input") is not None else None,
     )
 

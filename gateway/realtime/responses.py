@@ -75,6 +75,7 @@ class Response:
     temperature: float | None  # None: the backend's own (the client set none)
     tools: list[Tool]
     tool_choice: str | dict[str, Any]
+    parallel_tool_calls: bool | None
     input_items: list[Item] | None  # response.input: the items it sees instead of the conversation
     scope: OutputScope
     outputs: list[Output] = field(default_factory=list)
@@ -154,6 +155,7 @@ class Responses:
             temperature=params.temperature,
             tools=params.tools,
             tool_choice=params.tool_choice,
+            parallel_tool_calls=params.parallel_tool_calls,
             input_items=input_items,
             scope=OutputScope(rid, self._event, self._conversation, params.in_conversation),
         )
@@ -323,6 +325,7 @@ class Responses:
             temperature=resp.temperature,
             tools=resp.llm.tools,
             tool_choice=resp.llm.tool_choice,
+            parallel_tool_calls=resp.parallel_tool_calls if resp.llm.tools else None,
         )
         return [StartResponse(request)]
 

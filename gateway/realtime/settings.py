@@ -78,6 +78,7 @@ class SessionSettings:
     speed: float = 1.0
     tools: list[Tool] = field(default_factory=list)  # read by gateway/realtime/tools.py, not by parse_session
     tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool | None = None  # GA; None: the LLM's own (parallel); False: one call a round
     # GA settings the gateway keeps and reports back but does not act on.
     tracing: str | dict[str, Any] | None = None
     truncation: str | dict[str, Any] = "auto"
@@ -389,6 +390,8 @@ def _parse_ga_extras(s: dict[str, Any], new: dict[str, Any]) -> None:
             limits = field_of(truncation, "token_limits", dict, f"{param}.token_limits") or {}
             field_of(limits, "post_instructions", int, f"{param}.token_limits.post_instructions")
         new["truncation"] = truncation or "auto"
+    if "parallel_tool_calls" in s:
+        new["parallel_tool_calls"] = field_of(s, "parallel_tool_calls", bool, "session.parallel_tool_calls")
     if "prompt" in s:
         new["prompt"] = parse_prompt(s, "prompt", "session.prompt")
     if "reasoning" in s:
@@ -461,6 +464,7 @@ def session_wire(s: SessionSettings, dialect: Dialect) -> dict[str, Any]:
             "instructions": s.instructions,
             "tools": [t.wire() for t in s.tools],
             "tool_choice": s.tool_choice,
+            **({} if s.parallel_tool_calls is None else {"parallel_tool_calls": s.parallel_tool_calls}),
             "max_output_tokens": s.max_output_tokens,
             "tracing": s.tracing,
             "truncation": s.truncation,

@@ -231,6 +231,7 @@ class LocalLlm:
         temperature: float | None = None,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
     ) -> AsyncIterator[str | LlmUsage]:
         """The reply's text, then its token counts. ``tools`` are not offered to the model: it is too small
         to call them (the session's tools stay unused; a response that requires one gets speech)."""

@@ -65,6 +65,7 @@ class ChatModel(Protocol):
         temperature: float | None = None,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
     ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage]:
         """The reply: text deltas, tool calls, and last the token counts; closing the iterator stops it."""
 
@@ -101,6 +102,19 @@ async def _transcript_text(transcript: asyncio.Task[str]) -> str:
     finally:
         del transcript
 
+
+
+async def _first_call_only(chat: AsyncIterator[LlmOutput]) -> AsyncIterator[LlmOutput]:
+    """The reply with its first tool call only: parallel_tool_calls false holds whatever the backend does (a
+    server that ignores the flag, a model that makes two calls anyway)."""
+    first: int | None = None
+    async with aclosing(chat):
+        async for delta in chat:
+            if isinstance(delta, ToolCallStart | ToolCallArguments):
+                first = delta.index if first is None else first
+                if delta.index != first:
+                    continue
+            yield delta
 
 class PipelineResponder:
     """The LLM (remote or local) and the TTS engine; user audio is read as the transcripts the runner
@@ -197,7 +211,10 @@ class PipelineResponder:
             temperature=request.temperature,
             tools=request.tools,
             tool_choice=request.tool_choice,
+            parallel_tool_calls=request.parallel_tool_calls,
         )
+        if request.parallel_tool_calls is False:
+            chat = _first_call_only(chat)
         if "audio" not in request.modalities:
             first = True
             async with aclosing(chat):

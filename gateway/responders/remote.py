@@ -174,6 +174,7 @@ class LlmClient:
         temperature: float | None = None,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
     ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage]:
         """The reply as it streams in: text deltas, tool calls (as vLLM and OpenAI stream them: a call's id
         and name first, then pieces of its arguments), and last the token counts if the server sends them.
@@ -195,6 +196,8 @@ class LlmClient:
         if tools:
             body["tools"] = tools
             body["tool_choice"] = tool_choice or "auto"
+            if parallel_tool_calls is not None:
+                body["parallel_tool_calls"] = parallel_tool_calls
         try:
             response = await self._server.post("chat/completions", body=body)
         except Exception as exc:

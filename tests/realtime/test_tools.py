@@ -125,6 +125,19 @@ async def test_parallel_calls_are_items_in_order_and_each_result_goes_back(gatew
     assert [(m["role"], m["content"]) for m in history[-2:]] == [("tool", "sunny"), ("tool", "noon")]
 
 
+async def test_parallel_tool_calls_false_asks_the_llm_and_keeps_one_call_a_round(gateway, fake: FakeOpenAI):
+    """The LLM here makes two calls regardless (as a server that ignores the flag would): one is kept."""
+    fake.reply = Script(calls=[Call("get_weather", {"city": "Paris"}), Call("get_time")])
+    async with connect(gateway) as client:
+        session = await use_tools(client, WEATHER, TIME, parallel_tool_calls=False)
+        assert session["parallel_tool_calls"] is False
+        events = await ask(client)
+        assert [c["name"] for c in outputs(events)] == ["get_weather"]
+        events = await ask(client, parallel_tool_calls=True)  # a response may allow them again
+        assert [c["name"] for c in outputs(events)] == ["get_weather", "get_time"]
+    assert [r.body.get("parallel_tool_calls") for r in fake.chat_requests] == [False, True]
+
+
 async def test_speech_before_a_call_is_spoken_and_kept(gateway, fake: FakeOpenAI):
     fake.reply = Script("Let me check that for you.", [Call("get_weather", {"city": "Paris"})])
     async with connect(gateway) as client:
