@@ -189,7 +189,9 @@ class Responses:
             return self._call_started(resp, out)
         if isinstance(out, ToolCallArguments):
             call = resp.round.calls.get(out.index)
-            return call.arguments(out.delta) if call is not None and not call.closed else []
+            if call is None or call.closed or isinstance(call, McpCallOut) and call.running:
+                return []  # a call closed when the next began: its arguments were whole
+            return call.arguments(out.delta)
         if isinstance(out, AudioOut):
             if not resp.audio or not out.pcm:
                 return []
@@ -239,6 +241,9 @@ class Responses:
 
     def _call_started(self, resp: Response, out: ToolCallStart) -> list[Effect]:
         effects = self._close_message(resp, completed=True)  # speech before a call ("let me check") is done
+        # The LLM streams parallel calls one after another: the one before is whole, and its item ends before
+        # this one's begins, as OpenAI's do (an MCP call starts running).
+        effects += self._end_calls(resp)
         route = resp.llm.mcp.get(out.name)
         index = len(resp.outputs)
         call: FunctionCallOut | McpCallOut | McpApprovalOut
@@ -268,14 +273,19 @@ class Responses:
         if resp is None:
             return []
         resp.responding = False
-        effects = self._close_message(resp, completed=True)
-        for call in resp.round.calls.values():
-            if isinstance(call, McpCallOut):
-                effects += self._run(resp, call, streamed=True)
-            else:
-                effects += call.close(completed=True)
+        effects = self._close_message(resp, completed=True) + self._end_calls(resp)
         resp.llm_due = resp.round.ran_mcp and not resp.round.needs_client
         return effects + self._advance(resp)
+
+    def _end_calls(self, resp: Response) -> list[Effect]:
+        """Close the round's calls whose arguments are whole; an MCP call runs instead (its result closes it)."""
+        effects: list[Effect] = []
+        for call in resp.round.calls.values():
+            if call.closed or isinstance(call, McpCallOut) and call.running:
+                continue
+            effects += self._run(resp, call, streamed=True) if isinstance(call, McpCallOut) else \
+                call.close(completed=True)
+        return effects
 
     def mcp_call_finished(self, response_id: str, item_id: str, output: str | None,
                           error: McpError | None) -> list[Effect]:
