@@ -26,7 +26,7 @@ from av import AudioFrame  # noqa: E402
 from gateway.audio import Downsampler2x, Upsampler2x  # noqa: E402
 from gateway.responders.echo import EchoResponder  # noqa: E402
 from gateway.transports.webrtc.calls import CallRegistry, OutboundAudio  # noqa: E402
-from gateway.transports.webrtc.media import PassThroughBuffer, mono_s16  # noqa: E402
+from gateway.transports.webrtc.media import Microphone, PassThroughBuffer, mono_s16  # noqa: E402
 from tests.conftest import FIXTURES, GA_EVENTS, Served, StartGateway, load_pcm  # noqa: E402
 from tests.helpers.webrtc import RtcClient, rms, session_count  # noqa: E402
 
@@ -155,7 +155,9 @@ async def test_signalling_errors_and_cors(rtc):
             assert response.status == 415
             assert (await response.json())["error"]["code"] == "unsupported_content_type"
         for body, message in (("", "The body is empty"), ("not sdp", "not an SDP offer"),
-                              ("v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n", "no media")):
+                              ("v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n", "no media"),
+                              ("v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111"
+                               "\r\nc=IN IP4 0.0.0.0\r\na=end-of-candidates\r\n", "no candidates")):
             async with http.post(base + "/v1/realtime/calls", data=body,
                                  headers={"Content-Type": "application/sdp"}) as response:
                 assert response.status == 400
@@ -207,6 +209,40 @@ async def test_a_text_only_client_talks_over_the_data_channel(rtc):
     channel.send('{"type": "response.create"}')
     done = (await until("response.done"))["response"]
     assert done["status"] == "completed" and done["output"][0]["content"][0]["text"] == "Hello there"
+    await pc.close()
+    assert await session_count(gateway, 0) == 0
+
+
+async def test_one_microphone_feeds_the_session_and_events_take_the_oai_events_channel(rtc):
+    """A client with a channel of its own opened first, and two audio tracks: the events travel on "oai-events",
+    and only the first track is heard (two on one clock would interleave: time would run twice as fast)."""
+    gateway, server = rtc
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    received: dict[str, asyncio.Queue[dict[str, Any]]] = {"my-app": asyncio.Queue(), "oai-events": asyncio.Queue()}
+    for label, queue in received.items():
+        pc.createDataChannel(label).on("message", lambda m, q=queue: q.put_nowait(orjson.loads(m)))
+    mics = [Microphone(), Microphone()]
+    for mic in mics:
+        pc.addTrack(mic)
+    await pc.setLocalDescription(await pc.createOffer())
+    async with aiohttp.ClientSession() as http, http.post(
+        f"http://127.0.0.1:{gateway.port}/v1/realtime/calls", data=pc.localDescription.sdp,
+        headers={"Content-Type": "application/sdp"},
+    ) as response:
+        assert response.status == 201, await response.text()
+        await pc.setRemoteDescription(RTCSessionDescription(await response.text(), "answer"))
+    events = received["oai-events"]
+    assert (await asyncio.wait_for(events.get(), 10))["type"] == "session.created"
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for mic in mics:
+        mic.start()
+    mics[0].say(load_pcm("one_sentence.wav"))  # speech from 500 to 3148 ms; the second track is silent
+    async with asyncio.timeout(15):
+        while (event := await events.get())["type"] != "input_audio_buffer.speech_stopped":
+            pass
+    assert event["audio_end_ms"] <= (loop.time() - started) * 1000 + 300  # the session's time is real time
+    assert received["my-app"].empty()
     await pc.close()
     assert await session_count(gateway, 0) == 0
 

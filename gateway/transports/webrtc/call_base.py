@@ -21,6 +21,7 @@ from gateway.transports.webrtc.media import (
     audio_frames,
     set_jitter_prefetch,
 )
+from gateway.transports.webrtc.offers import has_media
 
 if TYPE_CHECKING:
     from aiortc import RTCConfiguration
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from gateway.runtime.session_runner import SessionRunner
 
 log = logging.getLogger(__name__)
+
+EVENTS_CHANNEL = "oai-events"
+EVENTS_CHANNEL_WAIT_S = 0.25
 
 
 class Registry(Protocol):
@@ -62,6 +66,8 @@ class WebRTCCall:
         self.pc = RTCPeerConnection(registry.rtc_configuration)
         self.connected = False  # the peer connection came up: the call counts as a session
         self._channel: RTCDataChannel | None = None
+        self._other_channel: RTCDataChannel | None = None  # a first channel of another label, while waiting
+        self._heard = False  # an audio track feeds the session
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
         self._inbox_bytes = 0
         self._started = asyncio.Event()
@@ -74,12 +80,12 @@ class WebRTCCall:
         pc.on("track", self._on_track)
         pc.on("connectionstatechange", self._on_connection_state)
         await pc.setRemoteDescription(RTCSessionDescription(offer_sdp, "offer"))
-        if "m=audio" in offer_sdp:
+        if has_media(offer_sdp, "audio"):
             pc.addTrack(self.playout)
         # Non-trickle: setLocalDescription returns once ICE gathering is complete, so the
         # answer carries every candidate.
         await pc.setLocalDescription(await pc.createAnswer())
-        if "m=application" not in offer_sdp:
+        if not has_media(offer_sdp, "application"):
             self._spawn(self._run_events())  # no data channel offered: audio only, events dropped
         self._spawn(self._watchdog())
         return pc.localDescription.sdp
@@ -154,8 +160,19 @@ class WebRTCCall:
             self.close_soon(client_gone=False)
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        # The first channel carries the events; OpenAI's clients name it "oai-events", others may not.
+        # The events travel on "oai-events"; a client that names its channel otherwise has its first one, once
+        # no "oai-events" followed it within EVENTS_CHANNEL_WAIT_S (channels a client opens together come so).
         if self._channel is not None:
+            return
+        if channel.label != EVENTS_CHANNEL:
+            if self._other_channel is None:
+                self._other_channel = channel
+                asyncio.get_running_loop().call_later(EVENTS_CHANNEL_WAIT_S, self._take_channel, channel)
+            return
+        self._take_channel(channel)
+
+    def _take_channel(self, channel: RTCDataChannel) -> None:
+        if self._channel is not None or self._closed:
             return
         self._channel = channel
         channel.on("message", self._on_message)
@@ -163,8 +180,9 @@ class WebRTCCall:
         self._spawn(self._run_events())
 
     def _on_track(self, track: MediaStreamTrack) -> None:
-        if track.kind != "audio":
-            return
+        if track.kind != "audio" or self._heard:
+            return  # one microphone: a second track on the same clock would interleave with the first
+        self._heard = True
         prefetch = self.registry.options.jitter_prefetch
         if prefetch != AIORTC_JITTER_PREFETCH:
             for transceiver in self.pc.getTransceivers():

@@ -48,7 +48,7 @@ from gateway.realtime.session import Session
 from gateway.runtime.gateway import Refusal
 from gateway.transports.playout import PlayoutQueue
 from gateway.transports.sideband import Sideband
-from gateway.transports.webrtc.call_base import WebRTCCall
+from gateway.transports.webrtc.call_base import WebRTCCall, has_media
 from gateway.transports.webrtc.live_calls import LiveCall
 from gateway.transports.webrtc.media import FRAME_SAMPLES, RTC_RATE, PacedTrack
 
@@ -146,7 +146,7 @@ class Call(WebRTCCall):
         self.sideband = Sideband()  # wss://.../v1/realtime?call_id=... connections to this call
 
     async def answer(self, offer_sdp: str) -> str:
-        if "m=audio" not in offer_sdp:
+        if not has_media(offer_sdp, "audio"):
             # A text-only client (a data channel and no audio): replies in text, nothing to play.
             self.runner.playout = None
             self.session.settings = replace(self.session.settings, modalities=["text"])

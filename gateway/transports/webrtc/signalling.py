@@ -29,6 +29,7 @@ from gateway.core.values import ProtocolError, check_fields
 from gateway.realtime.events import Dialect
 from gateway.runtime.gateway import Gateway, SessionRefused, configure
 from gateway.transports.rest import HttpError, authorize, json_object, read_body
+from gateway.transports.webrtc.offers import offer_problem
 
 if TYPE_CHECKING:
     from gateway.transports.webrtc.calls import CallRegistry
@@ -39,17 +40,6 @@ log = logging.getLogger(__name__)
 MAX_OFFER_BYTES = 256 * 1024
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 SDP_TYPES = ("application/sdp", "text/plain")
-
-
-def offer_problem(sdp: str) -> str | None:
-    """What makes a body unusable as an SDP offer, in words (aiortc's own errors are cryptic)."""
-    if not sdp.strip():
-        return "The body is empty: send the SDP offer (application/sdp)."
-    if not sdp.lstrip().startswith("v=0"):
-        return "The body is not an SDP offer (it should start with 'v=0')."
-    if "m=audio" not in sdp and "m=application" not in sdp:
-        return "The offer has no media: it needs an audio track (m=audio) and/or a data channel (m=application)."
-    return None
 
 
 def _text(value: str | UploadFile | None, what: str) -> str | None:
