@@ -70,10 +70,12 @@ export async function connectWebRTC({
     onEvent(event);
   };
 
-  async function close(reason = "closed") {
+  // hangUp: this page ends the call; a call the gateway or the network ended is gone already, and a DELETE
+  // would only meet a 404.
+  async function close(reason = "closed", hangUp = true) {
     if (closed) return;
     closed = true;
-    if (callUrl) {
+    if (callUrl && hangUp) {
       // Hang up before closing the connection, so the DELETE finds the call. keepalive: it still
       // goes out when called from pagehide.
       await fetch(callUrl, { method: "DELETE", headers: auth, keepalive: true, signal: AbortSignal.timeout(HANGUP_TIMEOUT_MS) })
@@ -86,9 +88,9 @@ export async function connectWebRTC({
   }
 
   pc.onconnectionstatechange = () => {
-    if (pc.connectionState === "failed" || pc.connectionState === "closed") close(`connection ${pc.connectionState}`);
+    if (pc.connectionState === "failed" || pc.connectionState === "closed") close(`connection ${pc.connectionState}`, false);
   };
-  channel.onclose = () => close("data channel closed");
+  channel.onclose = () => close("data channel closed", false);
 
   const opened = new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error("the WebRTC connection did not come up")), OPEN_TIMEOUT_MS);

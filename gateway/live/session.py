@@ -191,6 +191,7 @@ class LiveSession:
         # asks about, and what the turn commits if the check or the wait ends it.
         self._early_pause: float | None = None
         self._utterances: dict[str, tuple[float, float]] = {}  # user items being transcribed: their spans
+        self._transcribed = False  # a user turn's transcript went out: the next one's follows it after a space
         # The voice model's context.
         self._history: deque[Message] = deque(maxlen=MAX_HISTORY)
         self._notes: deque[str] = deque(maxlen=MAX_NOTES)
@@ -529,8 +530,11 @@ class LiveSession:
         for i, message in enumerate(self._history):
             if message.item_id == item_id:
                 self._history[i] = Message(item_id, "user", text)
+        # The input transcript is one stream of deltas: a turn's first word is set off from the last turn's.
+        shown = " " + text if self._transcribed and not text[:1].isspace() else text
+        self._transcribed = True
         return [SendEvent(event("session.input_transcript.delta", delta=delta, start_ms=start, end_ms=end))
-                for start, end, delta in spread(text, span[0], span[1])]
+                for start, end, delta in spread(shown, span[0], span[1])]
 
     # --- the voice model -----------------------------------------------------------------------------
 

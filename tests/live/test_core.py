@@ -168,6 +168,10 @@ def test_a_turn_is_transcribed_answered_and_spoken_on_the_timeline() -> None:
     assert "".join(e["delta"] for e in said) == "It scatters light."
     assert said[0]["start_ms"] == 1400  # the grid span the speech (from 1500 ms) starts in
     assert all(e["end_ms"] - e["start_ms"] == 200 for e in said)
+    # The next turn's transcript continues the stream after a space, not glued to "blue?".
+    (again,) = [e for e in speak_turn(live) if isinstance(e, Transcribe)]
+    heard = live.input_transcribed(again.item_id, "And at sunset?")
+    assert "".join(e["delta"] for e in events(heard)) == " And at sunset?"
     assert any(isinstance(e, Mark) and e.name == "first_delta" for e in out)
 
 
