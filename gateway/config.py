@@ -422,26 +422,16 @@ def _apply(section: Any, values: dict[str, Any], prefix: str) -> None:
 
 
 def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None) -> Config:
-    """Read ``path`` (default: the package's config.toml), then apply GATEWAY_* overrides."""
+    """The package's config.toml, then ``path`` over it (its options replace those it names), then GATEWAY_*
+    overrides. The package's file differs from the dataclasses' defaults only in [engine.voices] (OpenAI's voice
+    names on the CustomVoice speakers), which a file of one's own keeps unless it has that table itself."""
     env = os.environ if env is None else env
     config = Config()
-    file = Path(path) if path is not None else DEFAULT_CONFIG
-    if path is not None or file.exists():
-        try:
-            data = tomllib.loads(file.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {file}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read config file {file}: {getattr(exc, 'strerror', None) or exc}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
-        for name, values in data.items():
-            if not hasattr(config, name) or not isinstance(values, dict):
-                raise ConfigError(f"unknown config section [{name}] in {file}")
-            if name == "voices":  # its options, and a table per named voice
-                config.voices.named = _voices({k: v for k, v in values.items() if isinstance(v, dict)}, file.parent)
-                values = {k: v for k, v in values.items() if not isinstance(v, dict)}
-            _apply(getattr(config, name), values, name)
+    files = [DEFAULT_CONFIG] if DEFAULT_CONFIG.exists() else []
+    if path is not None and Path(path) != DEFAULT_CONFIG:
+        files.append(Path(path))
+    for file in files:
+        _apply_file(config, file)
     for name, why in FOREIGN_ENV.items():
         if name in env:
             raise ConfigError(f"environment variable {name}: {why}")
@@ -459,6 +449,30 @@ def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] 
     for section, values in overrides.items():
         _apply(getattr(config, section), values, section)
     return config
+
+
+def _apply_file(config: Config, file: Path) -> None:
+    """One TOML file's options onto ``config``; ConfigError naming the file and what is wrong."""
+    try:
+        data = tomllib.loads(file.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {file}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {file}: {getattr(exc, 'strerror', None) or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
+    for name, values in data.items():
+        if not hasattr(config, name):
+            raise ConfigError(f"unknown config section [{name}] in {file}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{name} in {file} must be a section ([{name}] and its options), not a value")
+        try:
+            if name == "voices":  # its options, and a table per named voice
+                config.voices.named = _voices({k: v for k, v in values.items() if isinstance(v, dict)}, file.parent)
+                values = {k: v for k, v in values.items() if not isinstance(v, dict)}
+            _apply(getattr(config, name), values, name)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (in {file})") from None
 
 
 def _secret_variables(config: Config) -> list[str]:

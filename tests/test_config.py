@@ -257,3 +257,29 @@ def test_a_bad_option_in_the_file_stops_serve_too(tmp_path: Path) -> None:
                             capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, timeout=120)
     assert (answer.returncode, answer.stderr) == (
         2, "error: option vad.silence_duration_ms: must be between 0 and 10000, got -5\n")
+
+
+def test_a_file_of_ones_own_is_read_over_the_shipped_one(tmp_path: Path) -> None:
+    """A file naming a few options keeps the rest of the package's, [engine.voices] included (else every OpenAI
+    voice name would be an unknown speaker); one with its own table replaces that table."""
+    shipped = load_config(env={}).engine.voices
+    assert shipped["alloy"] == "vivian"
+    own = tmp_path / "gateway.toml"
+    own.write_text("[server]\nport = 9000\n")
+    config = load_config(own, env={})
+    assert config.server.port == 9000 and config.engine.voices == shipped
+    own.write_text('[engine.voices]\nalloy = "ryan"\n')
+    assert load_config(own, env={}).engine.voices == {"alloy": "ryan"}
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("server = 3\n", "server in {file} must be a section"),
+    ("[server]\nprot = 9000\n", "(in {file})"),
+    ("[server]\nport = \"x\"\n", "(in {file})"),
+])
+def test_a_mistake_in_a_file_names_the_file(tmp_path: Path, text: str, words: str) -> None:
+    own = tmp_path / "gateway.toml"
+    own.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        load_config(own, env={})
+    assert words.format(file=own) in str(refused.value)
