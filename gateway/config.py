@@ -64,7 +64,7 @@ class ServerConfig:
     max_sessions: int = bounded(0, at_least=0)  # 0: auto (session_limit)
     drain_seconds: float = bounded(600.0, at_least=0)
     drain_notice_seconds: float = bounded(30.0, at_least=0)
-    workers: int = bounded(0, at_least=0)
+    workers: int = bounded(0, at_least=0, at_most=256)  # past this many, processes would only contend
     worker_balance: str = bounded("connections", choices=("connections", "accept"))
     backend_check_s: float = bounded(15.0, at_least=0)
     ready_requires_backends: bool = False

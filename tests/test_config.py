@@ -22,7 +22,8 @@ from tests.paths import ROOT
 
 BAD = [
     ("server", "drain_seconds", -1, "server.drain_seconds: must be at least 0"),
-    ("server", "workers", -2, "server.workers: must be at least 0"),
+    ("server", "workers", -2, "server.workers: must be between 0 and 256"),
+    ("server", "workers", 100_000, "server.workers: must be between 0 and 256, got 100000"),
     ("server", "request_body_timeout_s", 0.0, "server.request_body_timeout_s: must be > 0"),
     ("server", "request_idle_timeout_s", -1.0, "server.request_idle_timeout_s: must be > 0"),
     ("server", "max_request_headers", 129, "server.max_request_headers: must be between 1 and 128"),

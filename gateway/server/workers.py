@@ -186,6 +186,8 @@ class Workers:
             log.info("starting %d workers on %s:%d for at most %d sessions", self.count, server.host,
                      self._socket.getsockname()[1], server.session_limit)
             for worker in self._workers:
+                if self._signals:  # stopped while starting: the rest are never started
+                    break
                 self._start(worker)
             return self._watch()
         except ConfigError as exc:
@@ -311,7 +313,10 @@ class Workers:
     def _signal_workers(self, sig: int) -> None:
         for worker in self._workers:
             if worker.process is not None and worker.process.pid is not None and worker.process.is_alive():
-                os.kill(worker.process.pid, sig)
+                # A worker still starting has no handler yet: SIGINT would interrupt its imports with a
+                # traceback, while SIGTERM's default ends it quietly (it holds no session).
+                ready = worker.ready is not None and worker.ready.is_set()
+                os.kill(worker.process.pid, sig if ready else signal.SIGTERM)
 
     def _stop_workers(self) -> None:
         """At the end (or a failure): workers still running get SIGTERM, then SIGKILL after a grace period."""

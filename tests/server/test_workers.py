@@ -12,6 +12,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +24,7 @@ import websockets
 from bench.fake_openai import FakeOpenAI
 from tests.conftest import Client, audio_of, connect, load_pcm, silence
 from tests.helpers.workers import Gateway, engine_processes, gone, serve
-from tests.paths import TINY_CHECKPOINT
+from tests.paths import ROOT, TINY_CHECKPOINT
 
 pytestmark = pytest.mark.slow  # `serve --workers 2` in subprocesses
 
@@ -212,3 +214,28 @@ def test_the_defaults_size_a_host_by_its_cores_gpus_and_sessions(monkeypatch: py
     config = make_config(tts__engine="qwen3", engine__checkpoint="x", server__workers=3)  # several: processes
     assert workers.worker_count(config) == 3
     assert workers.engine_mode(config) == "process" and config.engine.devices == "auto"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_a_signal_while_the_workers_start_stops_them_all_quietly(tmp_path: Path, sig: int) -> None:
+    """Stopped while its workers start: those still starting end without a traceback (SIGINT would interrupt
+    their imports), none is started after the signal, and the parent exits."""
+    log = tmp_path / "gateway.log"
+    environ = {**os.environ, "GATEWAY_WEBRTC_ENABLED": "false", "GATEWAY_LOCAL_STT": "false", "OMP_NUM_THREADS": "1"}
+    environ.pop("GATEWAY_API_KEYS", None)
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--workers", "3", "--port", "0"],
+                                   cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
+    gateway = Gateway(process, log)
+    try:
+        await gateway.wait_for(r"worker 0 started", timeout=60)
+        process.send_signal(sig)
+        assert await asyncio.to_thread(process.wait, 60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    text = gateway.text()
+    assert "Traceback" not in text and "Fatal Python error" not in text, text
+    assert not re.search(r"stopping the workers(.|\n)*worker \d started", text), text
+    assert all(gone(pid) for pid in gateway.worker_pids().values())
