@@ -118,10 +118,13 @@ def build_tts_engine(config: Config) -> TTSEngine:
         except EngineStartError as exc:
             raise ConfigError(str(exc)) from None
         return engine
-    from engine.threaded import QwenTTSEngine  # the model stack (torch) only when it is used
+    from engine.checkpoint import CheckpointError  # the model stack (torch) only when it is used
+    from engine.threaded import QwenTTSEngine
 
-    engine = QwenTTSEngine.from_config(config.engine)
-    return engine
+    try:
+        return QwenTTSEngine.from_config(config.engine)
+    except CheckpointError as exc:  # a path or a voice table that does not fit: the operator's to fix
+        raise ConfigError(str(exc)) from None
 
 
 def build_responder(config: Config) -> Responder:

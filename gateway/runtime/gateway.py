@@ -165,8 +165,11 @@ class Gateway:
             await loop.run_in_executor(None, mcp_client.preload)
         self._smart_turn = await self._start_smart_turn()
         self.delegation = DelegationBackend.from_config(self.config)
-        if self.config.trace.jsonl_path:
-            self._trace_sink = open(self.config.trace.jsonl_path, "a", buffering=1)  # noqa: SIM115
+        if path := self.config.trace.jsonl_path:
+            try:
+                self._trace_sink = open(path, "a", buffering=1)  # noqa: SIM115 - open as long as the gateway
+            except OSError as exc:
+                raise ConfigError(f"option trace.jsonl_path: cannot write {path!r} ({exc.strerror})") from None
         # Everything loaded so far (openai, pydantic, onnxruntime, torch) lives as long as the process:
         # keep it out of the collector, so full collections stay short and the loop keeps its pace.
         gc.freeze()
