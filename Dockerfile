@@ -55,9 +55,10 @@ RUN useradd --system --create-home --uid 10001 gateway
 USER 10001
 
 EXPOSE 8000
-# /healthz is 503 while the models load (start-period covers it), 200 once the gateway serves.
+# /healthz is 503 while the models load (start-period covers it), 200 once the gateway serves. Over HTTPS when
+# [server] tls_cert is set (the certificate names the public host, not 127.0.0.1: not checked here), else HTTP.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('GATEWAY_SERVER_PORT', '8000') + '/healthz', timeout=4)"]
+    CMD ["python", "-c", "import os, ssl, urllib.request as u\nc = ssl.create_default_context(); c.check_hostname = False; c.verify_mode = ssl.CERT_NONE\nport = os.environ.get('GATEWAY_SERVER_PORT', '8000')\nfor url in (f'https://127.0.0.1:{port}/healthz', f'http://127.0.0.1:{port}/healthz'):\n    try:\n        u.urlopen(url, timeout=2, context=c); raise SystemExit(0)\n    except OSError: pass\nraise SystemExit(1)"]
 
 ENTRYPOINT ["python", "-m", "gateway"]
 # Every address in the container: needs GATEWAY_API_KEYS (the gateway refuses to serve it unauthenticated).

@@ -82,7 +82,9 @@ class Hosts:
 
     Empty: on a loopback address only loopback names (localhost, 127.0.0.1, ::1, any port); on any other
     address any name (authentication is required there). Otherwise a comma-separated list of names,
-    "*.example.com" for a domain's subdomains, or "*" for any."""
+    "*.example.com" for a domain's subdomains, or "*" for any; loopback names are taken besides (a page a
+    rebinding attack serves sends its own name, never those, and a health probe inside the host or
+    container sends them)."""
 
     def __init__(self, setting: str, bind_host: str) -> None:
         self.listed = _names(setting)
@@ -92,7 +94,7 @@ class Hosts:
         if not self.listed:
             return not self.loopback_only or host_name(host_header or "") in LOOPBACK_NAMES
         name = host_name(host_header or "")
-        return any(
+        return name in LOOPBACK_NAMES or any(
             pattern == "*" or name == pattern or (pattern.startswith("*.") and name.endswith(pattern[1:]))
             for pattern in self.listed
         )

@@ -28,6 +28,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 
 from gateway.config import check, load_config
+from gateway.server.certs import make_certificate
 from tests.conftest import StartGateway
 from tests.paths import DATA, ROOT
 
@@ -232,7 +233,8 @@ def test_the_image_serves_every_address_on_the_exposed_port():
     assert user not in ("root", "0")
 
 
-async def test_the_health_check_passes_on_a_healthy_gateway_and_fails_without_one(start_gateway: StartGateway):
+async def test_the_health_check_passes_on_a_healthy_gateway_and_fails_without_one(start_gateway: StartGateway,
+                                                                                  tmp_path: Path):
     (check,) = instructions("HEALTHCHECK")
     command = yaml.safe_load(check[check.index("CMD") + 3:].strip())
     assert command[0] == "python" and "/healthz" in command[-1]
@@ -250,6 +252,11 @@ async def test_the_health_check_passes_on_a_healthy_gateway_and_fails_without_on
         unused.bind(("127.0.0.1", 0))
         closed = unused.getsockname()[1]
     assert await run(closed) != 0
+    # A gateway serving TLS and a list of host names: the probe (Host 127.0.0.1, HTTPS) still passes.
+    ca, cert, key = make_certificate(tmp_path / "tls")
+    secured = await start_gateway(server__tls_cert=str(cert), server__tls_key=str(key),
+                                  server__allowed_hosts="voice.example.com")
+    assert await run(secured.port) == 0
 
 
 # --- Docker Compose on a GPU host -------------------------------------------------------------------------

@@ -202,7 +202,7 @@ async def test_cross_origin_pages_are_refused_and_allowed_ones_get_cors(start_ga
 
 async def test_listed_origins_and_hosts(start_gateway):
     gateway = await start_gateway(server__allowed_origins="https://app.example.com",
-                                  server__allowed_hosts="voice.example.com, 127.0.0.1")
+                                  server__allowed_hosts="voice.example.com")
     url = f"ws://127.0.0.1:{gateway.port}/v1/realtime"
     async with websockets.connect(url, origin="https://app.example.com") as ws:
         assert orjson.loads(await ws.recv())["type"] == "session.created"
@@ -212,6 +212,9 @@ async def test_listed_origins_and_hosts(start_gateway):
     status, _, body = await http("GET", f"http://127.0.0.1:{gateway.port}/healthz", Host="rebound.example")
     assert status == 400 and orjson.loads(body)["error"]["code"] == "invalid_host"
     assert (await http("GET", f"http://127.0.0.1:{gateway.port}/healthz", Host="voice.example.com"))[0] == 200
+    # Loopback names besides the list: the container's own health probe (Host 127.0.0.1) is answered.
+    for name in ("127.0.0.1", f"localhost:{gateway.port}", "[::1]"):
+        assert (await http("GET", f"http://127.0.0.1:{gateway.port}/healthz", Host=name))[0] == 200, name
 
 
 async def test_a_loopback_gateway_answers_only_to_loopback_names(gateway):
