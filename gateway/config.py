@@ -14,6 +14,7 @@ import dataclasses
 import ipaddress
 import os
 import tomllib
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -543,6 +544,11 @@ def check(config: Config) -> None:
                               f"({semantic.pause_ms}) and 60000, got {wait}")
     if not any(m.strip() for m in config.live.models.split(",")):
         raise ConfigError("option live.models: name at least one model")
+    for name, url in (("stt.base_url", config.stt.base_url), ("llm.base_url", config.llm.base_url),
+                      ("live.delegation_base_url", config.live.delegation_base_url)):
+        parts = urllib.parse.urlsplit(url)
+        if url and (parts.scheme not in ("http", "https") or not parts.hostname):
+            raise ConfigError(f"option {name}: expected an http:// or https:// URL, got {redacted_url(url)!r}")
     if config.responder.kind == "pipeline" and not config.llm.base_url:
         raise ConfigError('option responder.kind = "pipeline" needs [llm] base_url')
     if config.responder.kind == "local" and config.stt.audio_in:
@@ -557,6 +563,14 @@ def check(config: Config) -> None:
                           'mode = "process" (or "auto"): in mode "thread" each worker would load its own copy of the '
                           'model')
     _check_phones(config)
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with the password of its user part (http://user:secret@host) masked, for a message or a log."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
 def _check_phones(config: Config) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.config import NOT_OPTIONS, Config, ConfigError, check, load_config, validate
+from gateway.config import NOT_OPTIONS, Config, ConfigError, check, load_config, redacted_url, validate
 from gateway.realtime.session import Session
 from gateway.shipped import DEFAULT_CONFIG
 from tests.paths import ROOT
@@ -29,6 +29,8 @@ BAD = [
     ("server", "max_request_headers", 129, "server.max_request_headers: must be between 1 and 128"),
     ("server", "max_header_line_bytes", 9000, "server.max_header_line_bytes: must be between 256 and 8190"),
     ("server", "max_connections_per_client", 0, "server.max_connections_per_client: must be at least 1"),
+    ("llm", "base_url", "not a url", "llm.base_url: expected an http:// or https:// URL, got 'not a url'"),
+    ("stt", "base_url", "ftp://user:secret@host/", r"stt.base_url: .* got 'ftp://user:\*\*\*@host/'"),
     ("server", "forwarded_allow_ips", "10.0.0.1, nginx.local",
      "server.forwarded_allow_ips: 'nginx.local' is not an IP address or network"),
     ("webrtc", "max_pending_calls_per_client", 0, "webrtc.max_pending_calls_per_client: must be at least 1"),
@@ -291,3 +293,8 @@ def test_a_mistake_in_a_file_names_the_file(tmp_path: Path, text: str, words: st
     with pytest.raises(ConfigError) as refused:
         load_config(own, env={})
     assert words.format(file=own) in str(refused.value)
+
+
+def test_a_password_in_a_backend_url_stays_out_of_logs() -> None:
+    assert redacted_url("http://user:secret@llm.internal:8001/v1") == "http://user:***@llm.internal:8001/v1"
+    assert redacted_url("http://llm.internal:8001/v1") == "http://llm.internal:8001/v1"

@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 
 from gateway.audio import wav_bytes
-from gateway.config import LlmConfig, SttConfig, api_key
+from gateway.config import LlmConfig, SttConfig, api_key, redacted_url
 from gateway.core.responder import BackendError, LlmUsage, Message, ToolCallArguments, ToolCallStart
 from gateway.realtime.events import new_id
 from gateway.responders.openai_http import OpenAIServer, events
@@ -104,7 +104,7 @@ class SttClient:
 
     @property
     def where(self) -> str:
-        return self._server.base_url
+        return redacted_url(self._server.base_url)  # for logs: a password in the URL stays out of them
 
     async def check(self) -> str | None:
         return await self._server.check()
@@ -236,7 +236,7 @@ class LlmClient:
 
     @property
     def where(self) -> str:
-        return self._server.base_url
+        return redacted_url(self._server.base_url)  # for logs: a password in the URL stays out of them
 
     async def check(self) -> str | None:
         return await self._server.check()
