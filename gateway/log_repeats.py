@@ -6,7 +6,8 @@ flood of them would fill the log. ``RepeatedWarnings`` is a filter for the proce
 (gateway.logs.configure_logging installs it). A record of WARNING or above passes if no record of its kind
 passed in the last ``interval_s``; others of its kind are counted and dropped, and the next one to pass
 says how many were left out (so a flood that stops is reported when its kind next comes up). INFO and
-below always pass.
+below always pass, but for the lines a client can repeat at will (a refused handshake), which are logged with
+``extra=CLIENT_CAUSED`` and limited likewise.
 
 A kind is where a record comes from: its logger, level, call site and message template, and for a record
 with a traceback, the traceback itself (each exception's type and the lines it came through). So one
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 INTERVAL_S = 10.0
+CLIENT_CAUSED = {"client_caused": True}  # extra= of an INFO line a client can repeat: limited as warnings are
 # Kinds remembered at most: messages formatted before logging (no template) make a new kind each.
 MAX_KINDS = 1024
 # Exceptions of a chain (__cause__, __context__) told apart by their tracebacks.
@@ -51,7 +53,7 @@ class RepeatedWarnings(logging.Filter):
         self._kinds: dict[tuple[Any, ...], tuple[float, int]] = {}  # kind -> (when one passed, left out since)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
+        if record.levelno < logging.WARNING and not getattr(record, "client_caused", False):
             return True
         kind = (record.name, record.levelno, record.pathname, record.lineno, str(record.msg),
                 _traceback_kind(record.exc_info))

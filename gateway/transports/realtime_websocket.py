@@ -26,6 +26,7 @@ from starlette.datastructures import Headers
 from starlette.routing import WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
+from gateway.log_repeats import CLIENT_CAUSED
 from gateway.realtime.events import Dialect
 from gateway.runtime.auth import KEY_SUBPROTOCOL, AuthError, bearer, error_body
 from gateway.runtime.gateway import Gateway, SessionRefused
@@ -146,7 +147,8 @@ class RealtimeEndpoint:
 async def deny_handshake(scope: Scope, send: Send, status: int, message: str, code: str,
                 kind: str = "invalid_request_error", retry_after_s: int | None = None) -> None:
     """Refuse the handshake with an HTTP response (where the server supports it), else a bare 403."""
-    log.info("WebSocket refused (%d): %s", status, message)
+    # A client can repeat this at will: one line per status a while (gateway.log_repeats), with a count.
+    log.info(f"WebSocket refused ({status}): %s", message, extra=CLIENT_CAUSED)
     if "websocket.http.response" not in scope.get("extensions", {}):
         await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
         return

@@ -1,6 +1,6 @@
 """What a storm of refusals writes to the log of a real `python -m gateway serve` (its own process, its own
-logging set up as in production): a refused WebSocket handshake is one INFO line, never an ERROR; warnings
-a client can repeat (a connection limit, malformed requests) come once per interval with a count."""
+logging set up as in production): a refused WebSocket handshake is an INFO line, never an ERROR; those and
+the warnings a client can repeat (a connection limit, malformed requests) come once per interval with a count."""
 
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ async def test_a_storm_of_refusals_writes_no_error_and_few_warnings(tmp_path: Pa
     warnings = [line for line in lines if " WARNING " in line]
     assert len(warnings) <= 4, warnings  # one per kind: the concurrency limit, the malformed requests
     refusals = [line for line in lines if " INFO " in line and "WebSocket refused" in line]
-    assert len(refusals) == 3 * storm  # one INFO line each
+    assert 3 <= len(refusals) <= 6, refusals  # a line per status a while, not one per refusal
+    assert all(any(f"refused ({status})" in line for line in refusals) for status in (401, 403, 503))
 
 
 def test_repeated_warnings_pass_once_per_interval_with_a_count():
