@@ -375,7 +375,10 @@ class Gateway:
         ``notice_seconds`` before that end, then end what is left (1001). Returns once none is left; after
         ``hurry()`` it ends them at once."""
         self.capacity.draining = True
-        log.info("draining: %d session(s) here may run for up to %g s", len(self.sessions), seconds)
+        if self._hurry.is_set():  # SIGINT: no time is given
+            log.info("stopping: ending the %d session(s) here now", len(self.sessions))
+        else:
+            log.info("draining: %d session(s) here may run for up to %g s", len(self.sessions), seconds)
         for held in self._held:
             await held.close_pending()  # not connected yet: no conversation to keep
         loop = asyncio.get_running_loop()
