@@ -16,7 +16,7 @@ from gateway.shipped import DEFAULT_CONFIG
 
 def _serve(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    if args.host:
+    if args.host is not None:
         config.server.host = args.host
     if args.port is not None:
         config.server.port = args.port
@@ -60,6 +60,12 @@ def _port(value: str) -> int:
     raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535 (0: any free port), got {value!r}")
 
 
+def _host(value: str) -> str:
+    if value.strip() and not any(c.isspace() for c in value):
+        return value
+    raise argparse.ArgumentTypeError(f"expected an address or a host name, got {value!r}")
+
+
 def _workers(value: str) -> int:
     if value == "auto":
         return 0
@@ -84,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog=program_name(), description="Realtime voice gateway")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--host", help="address to listen on (default from config: 127.0.0.1); another than "
+    serve.add_argument("--host", type=_host, help="address to listen on (default from config: 127.0.0.1); another than "
                        "loopback needs GATEWAY_API_KEYS or --insecure-no-auth")
     serve.add_argument("--port", type=_port, help="port to listen on (default from config: 8000)")
     serve.add_argument("--config", help="config file (default: the package's defaults, which `config` prints); "

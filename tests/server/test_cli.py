@@ -15,6 +15,8 @@ WAV = str(FIXTURES / "one_sentence.wav")
 
 BAD = [
     (["serve", "--port", "99999"], "argument --port: expected a port number from 0 to 65535"),
+    (["serve", "--host", ""], "argument --host: expected an address or a host name, got ''"),
+    (["serve", "--workers", "100000"], "option server.workers: must be between 0 and 256, got 100000"),
     (["serve", "--port", "http"], "argument --port: expected a port number"),
     (["serve", "--workers", "-1"], "argument --workers: expected a number of processes or auto"),
     (["serve", "--log-level", "loud"], "argument --log-level: invalid choice: 'LOUD'"),
