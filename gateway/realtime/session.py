@@ -54,6 +54,7 @@ from gateway.realtime.events import (
 )
 from gateway.realtime.listings import McpListings
 from gateway.realtime.outputs import McpError
+from gateway.realtime.response_params import FIELDS
 from gateway.realtime.responses import Response, Responses
 from gateway.realtime.settings import SessionSettings, TurnDetection, parse_session, session_wire
 from gateway.realtime.tools import McpPolicy, McpTool, parse_tool_choice, parse_tools
@@ -131,6 +132,8 @@ class Session:
         self._turn_unanswered = False
         # Set by the runner from its speech engine: the voices it has (None: any name will do).
         self.voices: Collection[str] | None = None
+        # Set by a transport with no way to play audio (a WebRTC call offered no audio track): output is text.
+        self.text_only = False
         self._failures = 0  # unexpected exceptions in handlers (Fault)
 
     @property
@@ -210,6 +213,10 @@ class Session:
                 f"Cannot make this a {new.type} session while response {running[0].id} is active; "
                 "cancel it first.", "session.type",
             )
+        if self.text_only and "audio" in new.modalities:
+            name = FIELDS[self.dialect].modalities
+            raise ProtocolError("invalid_value", "This call has no audio track: its output is text only.",
+                                f"session.{name}")
         self.conversation.reserve_text(self._settings_size(new), "session")
         tail: list[Effect] = []
         if new.input_format != self.settings.input_format:
@@ -347,6 +354,10 @@ class Session:
                 "type",
             )
         params = field_of(event, "response", dict, "response") or {}
+        name = FIELDS[self.dialect].modalities
+        if self.text_only and "audio" in (field_of(params, name, list, f"response.{name}") or []):
+            raise ProtocolError("invalid_value", "This call has no audio track: its output is text only.",
+                                f"response.{name}")
         return self.responses.start(params, self.settings, self.voices)
 
     def _on_response_cancel(self, event: dict[str, Any]) -> list[Effect]:

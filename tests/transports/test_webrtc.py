@@ -209,6 +209,11 @@ async def test_a_text_only_client_talks_over_the_data_channel(rtc):
     channel.send('{"type": "response.create"}')
     done = (await until("response.done"))["response"]
     assert done["status"] == "completed" and done["output"][0]["content"][0]["text"] == "Hello there"
+    # It has no audio track: audio output is refused, not made and thrown away.
+    channel.send('{"type": "session.update", "session": {"type": "realtime", "output_modalities": ["audio"]}}')
+    assert (await until("error"))["error"]["param"] == "session.output_modalities"
+    channel.send('{"type": "response.create", "response": {"output_modalities": ["audio"]}}')
+    assert (await until("error"))["error"]["param"] == "response.output_modalities"
     await pc.close()
     assert await session_count(gateway, 0) == 0
 

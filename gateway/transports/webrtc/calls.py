@@ -150,6 +150,7 @@ class Call(WebRTCCall):
             # A text-only client (a data channel and no audio): replies in text, nothing to play.
             self.runner.playout = None
             self.session.settings = replace(self.session.settings, modalities=["text"])
+            self.session.text_only = True
         return await super().answer(offer_sdp)
 
     async def _start(self) -> None:
