@@ -119,7 +119,7 @@ def build_tts_engine(config: Config) -> TTSEngine:
             raise ConfigError(str(exc)) from None
         return engine
     from engine.checkpoint import CheckpointError  # the model stack (torch) only when it is used
-    from engine.threaded import QwenTTSEngine
+    from engine.threaded import QwenTTSEngine  # likewise
 
     try:
         return QwenTTSEngine.from_config(config.engine)
