@@ -88,6 +88,14 @@ def rtp_port(answer: str) -> int:
     return int(re.search(r"^m=audio (\d+)", answer, re.MULTILINE)[1])  # type: ignore[index]
 
 
+async def call_answered(raw: RawPhone, sdp: str | None = None) -> str:
+    """A call from ``raw``: its INVITE sent, the gateway's 200 OK (returned) ACKed."""
+    raw.send(raw.invite(sdp=sdp))
+    ok = next(a for a in await raw.answers(1.5) if status(a) == 200)
+    raw.send(raw.request("ACK", to_tag=to_tag(ok)))
+    return ok
+
+
 @pytest.fixture
 async def sip_gateway(start_gateway: Any) -> Any:
     async def start(**overrides: Any) -> Any:
@@ -238,10 +246,8 @@ async def test_a_bye_before_the_answer_gets_487_and_a_decided_call_gets_409(
 async def test_a_hold_a_refresh_and_options_in_the_dialog_are_answered(sip_gateway: Any, no_errors: None) -> None:
     gateway = await sip_gateway()
     raw = RawPhone(gateway.app.state.phones.sip.port)
-    raw.send(raw.invite())
-    ok = next(a for a in await raw.answers(1.5) if status(a) == 200)
+    ok = await call_answered(raw)
     tag = to_tag(ok)
-    raw.send(raw.request("ACK", to_tag=tag))
     origin = re.search(r"^o=voice-gateway (\d+) 1 ", ok, re.MULTILINE)
     assert origin is not None
     hold = raw.invite().decode().split("\r\n\r\n", 1)[1] + "a=sendonly\r\n"
@@ -282,9 +288,7 @@ async def test_keys_to_a_caller_that_offered_no_telephone_event_are_refused(sip_
                                                                            no_errors: None) -> None:
     gateway = await sip_gateway()
     raw = RawPhone(gateway.app.state.phones.sip.port)
-    raw.send(raw.invite(sdp=f"v=0\r\nc=IN IP4 127.0.0.1\r\nm=audio {raw.media.getsockname()[1]} RTP/AVP 0\r\n"))
-    ok = next(a for a in await raw.answers(1.5) if status(a) == 200)
-    raw.send(raw.request("ACK", to_tag=to_tag(ok)))
+    await call_answered(raw, sdp=f"v=0\r\nc=IN IP4 127.0.0.1\r\nm=audio {raw.media.getsockname()[1]} RTP/AVP 0\r\n")
     (call,) = gateway.app.state.phones.calls.calls.values()
     client = openai.AsyncOpenAI(api_key="k", base_url=f"http://127.0.0.1:{gateway.port}/v1")
     with pytest.raises(openai.BadRequestError) as refused:
@@ -296,9 +300,7 @@ async def test_keys_to_a_caller_that_offered_no_telephone_event_are_refused(sip_
 async def test_rtp_from_a_stranger_or_of_another_payload_type_is_dropped(sip_gateway: Any, no_errors: None) -> None:
     gateway = await sip_gateway()
     raw = RawPhone(gateway.app.state.phones.sip.port)
-    raw.send(raw.invite())
-    ok = next(a for a in await raw.answers(1.5) if status(a) == 200)
-    raw.send(raw.request("ACK", to_tag=to_tag(ok)))
+    ok = await call_answered(raw)
     target = ("127.0.0.1", rtp_port(ok))
     stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     stranger.bind(("127.0.0.3", 0))
@@ -340,9 +342,7 @@ async def test_keys_are_played_to_the_caller_as_rfc_4733_events(sip_gateway: Any
 
     gateway = await sip_gateway()
     raw = RawPhone(gateway.app.state.phones.sip.port)
-    raw.send(raw.invite())
-    ok = next(a for a in await raw.answers(1.5) if status(a) == 200)
-    raw.send(raw.request("ACK", to_tag=to_tag(ok)))
+    await call_answered(raw)
     (call,) = gateway.app.state.phones.calls.calls.values()
     async with aiohttp.ClientSession() as http:
         async with http.post(f"http://127.0.0.1:{gateway.port}/v1/realtime/calls/{call.id}/dtmf",

@@ -178,6 +178,17 @@ async def test_signalling_errors_and_cors(rtc):
     assert await session_count(gateway, 0) == 0
 
 
+async def call(gateway: Served, pc: RTCPeerConnection) -> None:
+    """``pc``'s offer POSTed to the gateway as OpenAI's WebRTC clients do, and its answer taken."""
+    await pc.setLocalDescription(await pc.createOffer())
+    async with aiohttp.ClientSession() as http, http.post(
+        f"http://127.0.0.1:{gateway.port}/v1/realtime/calls", data=pc.localDescription.sdp,
+        headers={"Content-Type": "application/sdp"},
+    ) as response:
+        assert response.status == 201, await response.text()
+        await pc.setRemoteDescription(RTCSessionDescription(await response.text(), "answer"))
+
+
 async def test_a_text_only_client_talks_over_the_data_channel(rtc):
     """An offer with a data channel and no audio (a text client): events flow, replies come as text."""
     gateway, server = rtc
@@ -185,14 +196,7 @@ async def test_a_text_only_client_talks_over_the_data_channel(rtc):
     channel = pc.createDataChannel("events")  # not "oai-events": the first channel carries the events
     events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     channel.on("message", lambda message: events.put_nowait(orjson.loads(message)))
-    await pc.setLocalDescription(await pc.createOffer())
-    async with aiohttp.ClientSession() as http, http.post(
-        f"http://127.0.0.1:{gateway.port}/v1/realtime/calls", data=pc.localDescription.sdp,
-        headers={"Content-Type": "application/sdp"},
-    ) as response:
-        assert response.status == 201, await response.text()
-        answer = await response.text()
-    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+    await call(gateway, pc)
 
     async def until(kind: str) -> dict[str, Any]:
         async with asyncio.timeout(10):
@@ -229,13 +233,7 @@ async def test_one_microphone_feeds_the_session_and_events_take_the_oai_events_c
     mics = [Microphone(), Microphone()]
     for mic in mics:
         pc.addTrack(mic)
-    await pc.setLocalDescription(await pc.createOffer())
-    async with aiohttp.ClientSession() as http, http.post(
-        f"http://127.0.0.1:{gateway.port}/v1/realtime/calls", data=pc.localDescription.sdp,
-        headers={"Content-Type": "application/sdp"},
-    ) as response:
-        assert response.status == 201, await response.text()
-        await pc.setRemoteDescription(RTCSessionDescription(await response.text(), "answer"))
+    await call(gateway, pc)
     events = received["oai-events"]
     assert (await asyncio.wait_for(events.get(), 10))["type"] == "session.created"
     loop = asyncio.get_running_loop()

@@ -66,7 +66,7 @@ class WebRTCCall:
         self.pc = RTCPeerConnection(registry.rtc_configuration)
         self.connected = False  # the peer connection came up: the call counts as a session
         self._channel: RTCDataChannel | None = None
-        self._other_channel: RTCDataChannel | None = None  # a first channel of another label, while waiting
+        self._waiting = False  # a channel of another label came first: "oai-events" may still follow it
         self._heard = False  # an audio track feeds the session
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue()
         self._inbox_bytes = 0
@@ -165,8 +165,8 @@ class WebRTCCall:
         if self._channel is not None:
             return
         if channel.label != EVENTS_CHANNEL:
-            if self._other_channel is None:
-                self._other_channel = channel
+            if not self._waiting:
+                self._waiting = True
                 asyncio.get_running_loop().call_later(EVENTS_CHANNEL_WAIT_S, self._take_channel, channel)
             return
         self._take_channel(channel)
