@@ -213,10 +213,7 @@ class Session:
                 f"Cannot make this a {new.type} session while response {running[0].id} is active; "
                 "cancel it first.", "session.type",
             )
-        if self.text_only and "audio" in new.modalities:
-            name = FIELDS[self.dialect].modalities
-            raise ProtocolError("invalid_value", "This call has no audio track: its output is text only.",
-                                f"session.{name}")
+        self._check_output(new.modalities, "session")
         self.conversation.reserve_text(self._settings_size(new), "session")
         tail: list[Effect] = []
         if new.input_format != self.settings.input_format:
@@ -355,10 +352,14 @@ class Session:
             )
         params = field_of(event, "response", dict, "response") or {}
         name = FIELDS[self.dialect].modalities
-        if self.text_only and "audio" in (field_of(params, name, list, f"response.{name}") or []):
-            raise ProtocolError("invalid_value", "This call has no audio track: its output is text only.",
-                                f"response.{name}")
+        self._check_output(field_of(params, name, list, f"response.{name}") or [], "response")
         return self.responses.start(params, self.settings, self.voices)
+
+    def _check_output(self, modalities: list[str], where: str) -> None:
+        """Audio output asked of a session that has no way to play it (``text_only``) is refused."""
+        if self.text_only and "audio" in modalities:
+            raise ProtocolError("invalid_value", "This call has no audio track: its output is text only.",
+                                f"{where}.{FIELDS[self.dialect].modalities}")
 
     def _on_response_cancel(self, event: dict[str, Any]) -> list[Effect]:
         # Without an id, the conversation's response (as OpenAI documents); an out-of-band one by its id.
