@@ -126,14 +126,19 @@ class Pages:
     async def upgrade_required(self, request: Request) -> Response:
         raise HttpError(426, "This is the Realtime WebSocket endpoint: connect with a WebSocket.", "upgrade_required")
 
-    async def static(self, request: Request) -> Response:
-        relative = request.path_params.get("name") or "index.html"
+    def page_file(self, name: str | None) -> Path | None:
+        """The page's file a one-segment path names, or None."""
+        relative = name or "index.html"
         if len(relative) > MAX_STATIC_PATH_CHARS:
-            raise HttpError(404, "Not found.", "not_found")
+            return None
         file = (self.web_dir / relative).resolve()
         if file.is_dir():
             file = file / "index.html"
-        if not file.is_relative_to(self.web_dir) or not file.is_file():
+        return file if file.is_relative_to(self.web_dir) and file.is_file() else None
+
+    async def static(self, request: Request) -> Response:
+        file = self.page_file(request.path_params.get("name"))
+        if file is None:
             raise HttpError(404, "Not found.", "not_found")
         content_type = "text/javascript" if file.suffix == ".js" else mimetypes.guess_type(file.name)[0]
         return FileResponse(file, media_type=content_type or "application/octet-stream",
@@ -202,8 +207,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _starlette_error(request: Request, exc: Exception) -> Response:
     """Starlette's own refusals (404, 405) in the same shape as ours."""
     assert isinstance(exc, HTTPException)
+    pages = getattr(request.scope.get("endpoint"), "__self__", None)
+    if isinstance(pages, Pages) and pages.page_file(request.path_params.get("name")) is None:
+        # A POST to a one-segment path reaches only the page's GET route: no such file is a 404.
+        return error_response(404, "Not found.", "not_found")
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return error_response(exc.status_code, str(exc.detail), code)
+    return error_response(exc.status_code, str(exc.detail), code, headers=exc.headers)
 
 
 def create_app(config: Config, responder: Responder | None = None, gateway: Gateway | None = None,

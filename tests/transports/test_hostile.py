@@ -78,6 +78,7 @@ async def test_bad_http_gets_a_short_4xx_and_no_traceback(start_gateway, caplog)
         (get("/nope/../../etc/passwd"), 404),
         (get("/healthz", "POST"), 405),
         (get("/", "DELETE"), 405),
+        (get("/speech", "POST", "", b"{}"), 404),  # no such path, whatever the method
         (get("/v1/realtime", "GET"), 426),
         (get("/v1/realtime/client_secrets", "GET"), 405),
         (get("/v1/realtime/calls", "POST", "Content-Type: application/sdp\r\n", length=300_000), 413),
