@@ -16,6 +16,7 @@ from pathlib import Path
 import trustme
 
 NAMES = ("localhost", "127.0.0.1", "::1")
+FILES = ("ca.pem", "cert.pem", "key.pem")
 VALID_DAYS = 365
 
 
@@ -26,7 +27,7 @@ def make_certificate(directory: Path, names: tuple[str, ...] = NAMES) -> tuple[P
     now = datetime.datetime.now(datetime.UTC)
     leaf = ca.issue_cert(*names, common_name=names[0], not_before=now - datetime.timedelta(minutes=5),
                          not_after=now + datetime.timedelta(days=VALID_DAYS))
-    ca_path, cert_path, key_path = directory / "ca.pem", directory / "cert.pem", directory / "key.pem"
+    ca_path, cert_path, key_path = (directory / name for name in FILES)
     ca.cert_pem.write_to_path(str(ca_path))
     cert_path.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
     key_path.touch(mode=0o600)
@@ -39,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", type=Path, help="folder for ca.pem, cert.pem and key.pem")
     parser.add_argument("--name", action="append", type=_name,
                         help=f"a name or address the certificate is for (repeatable; default: {', '.join(NAMES)})")
+    parser.add_argument("--force", action="store_true",
+                        help="replace certificate files already in DIR (the old CA is then trusted in vain)")
 
 
 def _name(value: str) -> str:
@@ -48,6 +51,12 @@ def _name(value: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    existing = [name for name in FILES if (args.dir / name).exists()]
+    if existing and not args.force:
+        # A CA someone has trusted must not be replaced by accident: its key is gone, so a new one is not
+        # a renewal but a different authority every client would have to trust again.
+        print(f"error: {args.dir} already has {', '.join(existing)}; --force replaces them", file=sys.stderr)
+        return 2
     try:
         ca, cert, key = make_certificate(args.dir, tuple(args.name) if args.name else NAMES)
     except OSError as exc:

@@ -34,6 +34,20 @@ BAD = [
 ]
 
 
+def test_cert_keeps_a_ca_already_made_unless_forced(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """The CA's key is thrown away, so a second run would make a different CA: every client that trusted the
+    first would fail. It is refused, and --force replaces the files on purpose."""
+    assert main(["cert", str(tmp_path)]) == 0
+    first = (tmp_path / "ca.pem").read_bytes()
+    capsys.readouterr()
+    assert main(["cert", str(tmp_path), "--name", "gateway.lan"]) == 2
+    refusal = f"error: {tmp_path} already has ca.pem, cert.pem, key.pem; --force replaces them\n"
+    assert capsys.readouterr().err == refusal
+    assert (tmp_path / "ca.pem").read_bytes() == first
+    assert main(["cert", str(tmp_path), "--name", "gateway.lan", "--force"]) == 0
+    assert (tmp_path / "ca.pem").read_bytes() != first
+
+
 @pytest.mark.parametrize(("argv", "message"), BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_a_bad_value_is_one_line_naming_it(argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch, tmp_path):
