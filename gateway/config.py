@@ -405,6 +405,8 @@ ENV_PREFIX = "GATEWAY_"
 API_KEYS_ENV = "GATEWAY_API_KEYS"
 SIGNING_KEY_ENV = "GATEWAY_SIGNING_KEY"
 NOT_OPTIONS = (API_KEYS_ENV, SIGNING_KEY_ENV)
+# Where someone looks for them first: an option of that name says which variable it is.
+SECRET_OPTIONS = {"server.api_keys": API_KEYS_ENV, "server.signing_key": SIGNING_KEY_ENV}
 
 # Environment variables of the libraries that the gateway does not read: naming one is an error saying which
 # option does it (silently ignored, it would leave a proxy untrusted or trusted unawares).
@@ -418,8 +420,13 @@ def _apply(section: Any, values: dict[str, Any], prefix: str) -> None:
     hints = get_type_hints(type(section))
     for key, value in values.items():
         if key not in hints or (prefix == "voices" and key == "named"):  # named voices are [voices.NAME] tables
-            raise ConfigError(f"unknown option {prefix}.{key}")
+            raise ConfigError(f"unknown option {prefix}.{key}{_secret_hint(prefix, key)}")
         setattr(section, key, _coerce(value, hints[key], f"{prefix}.{key}"))
+
+
+def _secret_hint(section: str, key: str) -> str:
+    variable = SECRET_OPTIONS.get(f"{section}.{key}")
+    return f" (a secret, which no option holds: set the environment variable {variable})" if variable else ""
 
 
 def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None) -> Config:
@@ -445,7 +452,8 @@ def load_config(path: str | os.PathLike[str] | None = None, env: dict[str, str] 
         section, key = _env_option(variable, sections)
         options = getattr(config, section)
         if key not in get_type_hints(type(options)) or (section == "voices" and key == "named"):
-            raise ConfigError(f"environment variable {variable}: [{section}] has no option {key!r}")
+            raise ConfigError(f"environment variable {variable}: [{section}] has no option {key!r}"
+                              f"{_secret_hint(section, key)}")
         overrides[section][key] = value
     for section, values in overrides.items():
         _apply(getattr(config, section), values, section)

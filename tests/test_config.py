@@ -248,6 +248,13 @@ BAD_AT_START = [
      "checkpoint folder '/nonexistent' does not exist"),
     ({"GATEWAY_RESPONDER_KIND": "echo", "GATEWAY_TRACE_JSONL_PATH": "/nonexistent/trace.jsonl"},
      "option trace.jsonl_path: cannot write '/nonexistent/trace.jsonl'"),
+    ({"GATEWAY_RESPONDER_KIND": "echo", "GATEWAY_SERVER_WEB_DIR": str(ROOT / "tests")},
+     f"option server.web_dir: {ROOT / 'tests'} has no index.html to serve"),
+    ({"GATEWAY_RESPONDER_KIND": "echo", "GATEWAY_VOICES_DIR": str(ROOT / "README.md" / "voices")},
+     f"option voices.dir: cannot keep custom voices in {ROOT / 'README.md' / 'voices'} ({ROOT / 'README.md'}: "
+     "not a folder)"),
+    ({"GATEWAY_SERVER_API_KEYS": "sk-1"}, "environment variable GATEWAY_SERVER_API_KEYS: [server] has no option "
+     "'api_keys' (a secret, which no option holds: set the environment variable GATEWAY_API_KEYS)"),
 ]
 
 

@@ -41,7 +41,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from gateway import __version__
-from gateway.config import Config
+from gateway.config import Config, ConfigError
 from gateway.core.responder import Responder
 from gateway.runtime.gateway import Gateway
 from gateway.runtime.health import describe_responder
@@ -73,6 +73,8 @@ class Pages:
         self.gateway = gateway
         self.webrtc = webrtc
         self.web_dir = Path(gateway.config.server.web_dir or WEB_DIR).resolve()
+        if not (self.web_dir / "index.html").is_file():
+            raise ConfigError(f"option server.web_dir: {self.web_dir} has no index.html to serve")
         self.started_at = time.time()
 
     async def healthz(self, request: Request) -> Response:

@@ -31,7 +31,7 @@ from engine.api import TTSEngine, TTSError
 from engine.voices import VoiceError, VoicePrompt
 from gateway.audio import SAMPLE_RATE, float32_to_int16
 from gateway.audio_codecs import AudioFileError, NoCodecs, decode_upload
-from gateway.config import VoicesConfig
+from gateway.config import ConfigError, VoicesConfig
 from gateway.core.responder import BackendError, Transcriber
 from gateway.runtime.voices import consent
 from gateway.runtime.voices.store import (
@@ -93,7 +93,11 @@ class VoiceLibrary:
                                 config.max_voices, config.max_consents)
 
     async def start(self) -> None:
-        await asyncio.to_thread(self.store.open)
+        try:
+            await asyncio.to_thread(self.store.open)
+        except OSError as exc:
+            raise ConfigError(f"option voices.dir: cannot keep custom voices in {self.store.root} "
+                              f"({exc.filename}: {exc.strerror})") from None
         log.info("custom voices in %s", self.store.root)
 
     # --- consents --------------------------------------------------------------------------------

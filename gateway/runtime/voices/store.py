@@ -24,6 +24,7 @@ before any path is built from them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -82,8 +83,15 @@ class VoiceStore:
         self.limits = {"voices": max_voices, "consents": max_consents}
 
     def open(self) -> None:
-        """Sweep old leftovers of interrupted writes and deletions (the folders themselves are made by the
-        first creation)."""
+        """Check that the folder can be written, and sweep old leftovers of interrupted writes and deletions
+        (the folders themselves are made by the first creation); OSError when it cannot be written."""
+        place = self.root
+        while not place.exists() and place != place.parent:
+            place = place.parent
+        if not place.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(place))
+        if not os.access(place, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "not writable", str(place))
         now = time.time()
         for sub in ("tmp", "trash"):
             with contextlib.suppress(FileNotFoundError):
