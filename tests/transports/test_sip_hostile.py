@@ -4,6 +4,7 @@ bounds ([sip] in config.toml), costs no ERROR line or traceback, and leaves othe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import secrets
@@ -260,7 +261,30 @@ async def test_a_hold_a_refresh_and_options_in_the_dialog_are_answered(sip_gatew
     answers = [a for a in await raw.answers(1.0) if status(a) == 200]
     assert len(answers) == 2 and not any("m=audio" in a for a in answers)
     assert len(gateway.app.state.phones.calls.calls) == 1
+    # On hold we answered recvonly, so no media may come (RFC 3264 §6.1); resumed, it flows again.
+    assert await media_packets(raw, 0.5) == 0
+    resume = raw.invite().decode().split("\r\n\r\n", 1)[1]
+    raw.send(raw.request("INVITE", resume, to_tag=tag, cseq=5, extra="Content-Type: application/sdp\r\n"))
+    (resumed,) = [a for a in await raw.answers(0.5) if status(a) == 200]
+    assert "a=sendrecv" in resumed
+    assert await media_packets(raw, 0.5) >= 20
     raw.close()
+
+
+async def media_packets(raw: RawPhone, seconds: float) -> int:
+    """RTP packets that reach ``raw``'s media port in the next ``seconds``, after those already there."""
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            raw.media.recv(2048)
+    count, end = 0, loop.time() + seconds
+    while (left := end - loop.time()) > 0:
+        try:
+            await asyncio.wait_for(loop.sock_recv(raw.media, 2048), left)
+        except TimeoutError:
+            break
+        count += 1
+    return count
 
 
 async def test_a_tcp_message_left_half_sent_frees_its_connection(sip_gateway: Any, monkeypatch: pytest.MonkeyPatch,

@@ -4,7 +4,9 @@ Packets are taken as they arrive (``datagram_received``: checked and queued, not
 call's reader (``arrived``), which takes the caller's input at once (``take_input``): the packets now in
 order, decoded and put at 24 kHz, and the keys pressed. Every 20 ms the clock (``MediaClock``) runs each
 call's ``tick``: one 20 ms frame of the agent's voice goes out (to where the caller's packets come from:
-symmetric RTP), and a hole in the input that has waited long enough is given up. Only the caller's
+symmetric RTP), and a hole in the input that has waited long enough is given up. While the caller holds the
+call (an offer of sendonly or inactive) no media goes out and the agent's voice waits in its queue: it is heard
+from where it stopped once the call is resumed, and nothing unheard counts as heard. Only the caller's
 addresses (its SDP's, its signalling's) may send, then only from the port of their first packet, and
 only the payload types agreed: any other packet is dropped and counted.
 """
@@ -95,6 +97,7 @@ class RtpStream:
         """``signalling_host``: where the INVITE came from; a phone may send its media from there rather
         than from the address its SDP names (a phone behind NAT, or one bound to every interface)."""
         self.offer = offer
+        self.sending = offer.we_send
         self._hosts = {offer.address, signalling_host}
         self._sockets = sockets
         self.port = sockets[0].getsockname()[1]
@@ -180,8 +183,10 @@ class RtpStream:
         """One 20 ms step: a frame of the agent's voice out; returns the playout events it reached."""
         if self._jitter.holding:
             self.arrived.set()  # a hole's wait may be over
-        frame, events = self.playout.take()
-        self._send_frame(frame)
+        events: list[tuple[str, str]] = []
+        if self.sending:
+            frame, events = self.playout.take()
+            self._send_frame(frame)
         if now - self._last_report >= RTCP_INTERVAL_S:
             self._last_report = now
             self._send(rtp.sender_report(self._ssrc, self._timestamp, self._sent_packets, self._sent_octets), True)

@@ -36,6 +36,11 @@ class Offer:
     index: int = 0
     direction: str = "sendrecv"  # the offer's, for the audio taken
 
+    @property
+    def we_send(self) -> bool:
+        """Whether our answer sends media: not to a caller who holds the call (sendonly) or stops it (inactive)."""
+        return DIRECTIONS[self.direction] in ("sendrecv", "sendonly")
+
 def parse_offer(text: str) -> Offer:
     """The caller's audio stream, its first codec we speak, and its telephone-event payload type."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]

@@ -190,6 +190,8 @@ class SipLine:
                 new = sdp.parse_offer(text)
                 self.offer = dataclasses.replace(self.offer, lines=new.lines, index=new.index,
                                                  direction=new.direction)
+                if self.stream is not None:
+                    self.stream.sending = self.offer.we_send
         # An INVITE without an offer wants ours in the answer; an UPDATE without one, none (RFC 3311).
         wanted = text is not None or request.method.upper() == "INVITE"
         body = self._answer_sdp() if self.stream is not None and wanted else b""
