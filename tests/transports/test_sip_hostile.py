@@ -11,13 +11,16 @@ import secrets
 import socket
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
 from prometheus_client import REGISTRY
 
 from bench.launcher import free_port
+from gateway.audio import alaw_decode, alaw_encode
 from gateway.responders.echo import EchoResponder
 from gateway.transports.sip import listener, rtp
+from tests.conftest import load_pcm, silence
 from tests.phones.baresip import free_sip_port
 from tests.phones.webhooks import SECRET, Receiver
 
@@ -463,3 +466,46 @@ async def test_only_the_trunks_addresses_may_call(sip_gateway: Any, no_errors: N
     assert 200 in [status(a) for a in await trunk.answers(1.5)]
     stranger.close()
     trunk.close()
+
+
+async def test_a_call_without_an_offer_gets_ours_and_is_heard_in_the_codec_its_ack_answers(
+        sip_gateway: Any, no_errors: None) -> None:
+    """A delayed offer (RFC 3261 §13.2.1, the default of some PBX trunks): the INVITE has no SDP, our offer goes
+    in the 200 OK, and the caller's answer in its ACK picks the codec (PCMA here) and where the media goes."""
+    gateway = await sip_gateway()
+    raw = RawPhone(gateway.app.state.phones.sip.port)
+    raw.send(raw.request("INVITE"))
+    ok = next(a for a in await raw.answers(1.5) if status(a) == 200)
+    assert "m=audio " in ok and " RTP/AVP 0 8 101\r\n" in ok and "a=rtpmap:8 PCMA/8000" in ok
+    assert await media_packets(raw, 0.3) == 0  # nowhere to send yet
+    answer = (f"v=0\r\no=raw 1 1 IN IP4 {raw.host}\r\ns=-\r\nc=IN IP4 {raw.host}\r\nt=0 0\r\n"
+              f"m=audio {raw.media.getsockname()[1]} RTP/AVP 8 101\r\na=rtpmap:8 PCMA/8000\r\n"
+              "a=rtpmap:101 telephone-event/8000\r\n")
+    raw.send(raw.request("ACK", answer, to_tag=to_tag(ok), extra="Content-Type: application/sdp\r\n"))
+    speech = np.frombuffer(load_pcm("one_sentence.wav") + silence(1500), dtype=np.int16)[::3]  # 8 kHz
+    target = ("127.0.0.1", rtp_port(ok))
+    for i in range(len(speech) // 160):
+        raw.media.sendto(rtp.build(8, i, i * 160, 4321, alaw_encode(speech[i * 160:(i + 1) * 160])), target)
+        await asyncio.sleep(0.004)
+    heard = 0
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 15
+    while heard < 25 and loop.time() < end:  # the echo of the sentence, half a second of it
+        with contextlib.suppress(TimeoutError):
+            packet = rtp.parse(await asyncio.wait_for(loop.sock_recv(raw.media, 2048), end - loop.time()))
+            assert packet is not None and packet.payload_type == 8
+            heard += np.abs(alaw_decode(packet.payload).astype(np.int32)).max() > 500
+    assert heard >= 25
+    raw.close()
+
+
+async def test_an_ack_without_the_answer_to_our_offer_ends_the_call(sip_gateway: Any, no_errors: None) -> None:
+    gateway = await sip_gateway()
+    raw = RawPhone(gateway.app.state.phones.sip.port)
+    raw.send(raw.request("INVITE"))
+    ok = next(a for a in await raw.answers(1.5) if status(a) == 200)
+    raw.send(raw.request("ACK", to_tag=to_tag(ok)))
+    assert any(a.startswith("BYE ") for a in await raw.answers(1.0))
+    await asyncio.sleep(0.2)
+    assert not gateway.sessions and not gateway.app.state.phones.sip.endpoint.ports.in_use
+    raw.close()

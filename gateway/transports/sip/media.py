@@ -96,15 +96,11 @@ class RtpStream:
                  playout: PlayoutQueue, signalling_host: str) -> None:
         """``signalling_host``: where the INVITE came from; a phone may send its media from there rather
         than from the address its SDP names (a phone behind NAT, or one bound to every interface)."""
-        self.offer = offer
-        self.sending = offer.we_send
-        self._hosts = {offer.address, signalling_host}
+        self._signalling_host = signalling_host
+        self.use(offer)
         self._sockets = sockets
         self.port = sockets[0].getsockname()[1]
-        self.remote = (offer.address, offer.port)
         self.playout = playout
-        self._decode = ulaw_decode if offer.codec == "PCMU" else alaw_decode
-        self._encode = ulaw_encode if offer.codec == "PCMU" else alaw_encode
         self._jitter = rtp.JitterBuffer(jitter_s)
         self._upsample = RationalResampler(3, 1)
         self._inbox: deque[tuple[rtp.Packet, float]] = deque()
@@ -123,6 +119,15 @@ class RtpStream:
         self.arrived = asyncio.Event()
         """Set when input may be ready for ``take_input``: a packet came, or a hole may have waited enough."""
         self.closed = False
+
+    def use(self, offer: Offer) -> None:
+        """Send to and take from what ``offer`` agreed (the caller's offer, or its answer to ours)."""
+        self.offer = offer
+        self.sending = offer.we_send
+        self._hosts = {offer.address, self._signalling_host}
+        self.remote = (offer.address, offer.port)
+        self._decode = ulaw_decode if offer.codec == "PCMU" else alaw_decode
+        self._encode = ulaw_encode if offer.codec == "PCMU" else alaw_encode
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

@@ -2,6 +2,7 @@
 
 The answer has a media line for each of the offer's, in its order (RFC 3264 §6): the audio stream taken, and
 every other one refused with port 0. Its direction answers the offer's (a hold's sendonly gets recvonly).
+An INVITE without an offer gets ours (``offer``), and the caller's answer in its ACK is read as an offer is.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 # Static payload types (RFC 3551) and the rtpmap names that may carry them dynamically.
 CODECS = {"PCMU": 0, "PCMA": 8}
+DTMF_PAYLOAD_TYPE = 101  # telephone-event's in an offer of ours
 MAX_LINES = 256
 DIRECTIONS = {"sendrecv": "sendrecv", "sendonly": "recvonly", "recvonly": "sendonly", "inactive": "inactive"}
 
@@ -106,13 +108,33 @@ def parse_offer(text: str) -> Offer:
                  str(audio["direction"] or session_direction))
 
 
+def awaited(source: str) -> Offer:
+    """Where a call stands whose INVITE had no offer: ours goes in the 200 OK, the caller's answer comes in the
+    ACK (RFC 3261 §13.2.1). Until then nothing is sent (inactive), and only the caller's host may send."""
+    return Offer(source, 9, "PCMU", CODECS["PCMU"], DTMF_PAYLOAD_TYPE, direction="inactive")
+
+
+def offer(address: str, port: int, origin: tuple[int, int]) -> str:
+    """Our offer, for an INVITE that came without one: both G.711 codecs and telephone-event."""
+    lines = _session(address, origin)
+    dtmf = DTMF_PAYLOAD_TYPE
+    lines += [f"m=audio {port} RTP/AVP {CODECS['PCMU']} {CODECS['PCMA']} {dtmf}",
+              f"a=rtpmap:{CODECS['PCMU']} PCMU/8000", f"a=rtpmap:{CODECS['PCMA']} PCMA/8000",
+              f"a=rtpmap:{dtmf} telephone-event/8000", f"a=fmtp:{dtmf} 0-16", "a=ptime:20", "a=sendrecv"]
+    return "\r\n".join(lines) + "\r\n"
+
+
+def _session(address: str, origin: tuple[int, int] | None) -> list[str]:
+    family = "IP6" if ":" in address else "IP4"
+    session, version = origin or (secrets.randbelow(2**31), 1)
+    return ["v=0", f"o=voice-gateway {session} {version} IN {family} {address}", "s=voice-gateway",
+            f"c=IN {family} {address}", "t=0 0"]
+
+
 def answer(offer: Offer, address: str, port: int, origin: tuple[int, int] | None = None) -> str:
     """Our answer: the offer's codec and telephone-event, on ``address``:``port``. ``origin``: the o= line's
     session id and version (a dialog keeps its id and counts its answers; None: a new session)."""
-    family = "IP6" if ":" in address else "IP4"
-    session, version = origin or (secrets.randbelow(2**31), 1)
-    lines = ["v=0", f"o=voice-gateway {session} {version} IN {family} {address}", "s=voice-gateway",
-             f"c=IN {family} {address}", "t=0 0"]
+    lines = _session(address, origin)
     for i, (kind, proto, first) in enumerate(offer.lines):
         if i != offer.index:
             lines.append(f"m={kind} 0 {proto} {first}")

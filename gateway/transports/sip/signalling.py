@@ -108,6 +108,8 @@ class SipLine:
         self.peer = peer
         self.source = peer.addr[0]
         self.offer = offer
+        # An INVITE without an offer (a delayed offer): ours goes in the 200 OK, the answer comes in the ACK.
+        self.answer_in_ack = not invite.body.strip()
         self.call_id = invite.call_id or ""
         self.line_call_id = self.call_id
         self.branch = (invite.via[0].branch or "") if invite.via else ""
@@ -148,13 +150,17 @@ class SipLine:
             self.endpoint.ports.release(stream.port)
             raise CallError(404, f"Call '{call.id}' has ended.", "call_not_found")
         self.stream = stream
-        body = self._answer_sdp()
+        body = self._offer_sdp() if self.answer_in_ack else self._answer_sdp()
         self.state = "answered"
         self._respond(200, body=body, final=True)
         self.endpoint.clock.add(self, self._tick)
         self._reader = self.endpoint.spawn(self._read(stream, call))
-        log.info("call %s answered: RTP %s:%d ↔ %s:%d (%s)", call.id, self.endpoint.host, stream.port,
-                 *stream.remote, self.offer.codec)
+        if self.answer_in_ack:
+            log.info("call %s answered with our offer: RTP on %s:%d once the ACK answers it", call.id,
+                     self.endpoint.host, stream.port)
+        else:
+            log.info("call %s answered: RTP %s:%d ↔ %s:%d (%s)", call.id, self.endpoint.host, stream.port,
+                     *stream.remote, self.offer.codec)
 
     async def reject(self, status: int) -> None:
         if self.state == "early":
@@ -180,6 +186,30 @@ class SipLine:
         self._sdp_version += 1
         origin = (self._sdp_session, self._sdp_version)
         return sdp.answer(self.offer, self.endpoint.host, self.stream.port, origin).encode()
+
+    def _offer_sdp(self) -> bytes:
+        assert self.stream is not None
+        self._sdp_version += 1
+        return sdp.offer(self.endpoint.host, self.stream.port, (self._sdp_session, self._sdp_version)).encode()
+
+    def _take_answer(self, ack: SipRequest) -> None:
+        """The caller's answer to our offer, in the ACK of the 200 OK: the media starts. An ACK without a usable
+        answer leaves the call with no media, so it is hung up (RFC 3261 §13.3.1.4)."""
+        self.answer_in_ack = False
+        text = _sdp_body(ack.content_type or "", ack.body)
+        try:
+            if text is None:
+                raise sdp.OfferError("The ACK has no SDP answer to our offer.")
+            self.offer = sdp.parse_offer(text)
+        except sdp.OfferError as exc:
+            log.info("call %s: %s Hanging up.", self.call.id if self.call else self.call_id, exc)
+            self._request("BYE")
+            self._end(caller=True)
+            return
+        if self.stream is not None:
+            self.stream.use(self.offer)
+            log.info("call %s: RTP %s:%d ↔ %s:%d (%s)", self.call.id if self.call else self.call_id,
+                     self.endpoint.host, self.stream.port, *self.stream.remote, self.offer.codec)
 
     def _reoffer(self, request: SipRequest, peer: Peer) -> None:
         """A re-INVITE or UPDATE in the dialog: a hold or resume changes our direction, a refresh changes nothing
@@ -224,6 +254,8 @@ class SipLine:
             if self._retransmit is not None:
                 self._retransmit.cancel()
                 self._retransmit = None
+            if self.answer_in_ack and self.state == "answered":
+                self._take_answer(request)
             self.endpoint.forget(self)  # a rejected call's transaction is over
         elif method == "BYE":
             self.endpoint.respond(request, peer, 200, self.local_tag)
@@ -546,10 +578,13 @@ class SipEndpoint:
         line.call = self.calls.incoming(line)
 
     def _offer(self, request: SipRequest, peer: Peer) -> sdp.Offer | None:
-        """The INVITE's SDP offer, or None once it was refused (488, or the status the offer's fault has)."""
+        """The INVITE's SDP offer (where it has none, the call awaiting the answer to ours), or None once it was
+        refused (488, or the status the offer's fault has)."""
         text = _sdp_body(request.content_type or "", request.body)
+        if text is None and not request.body.strip():
+            return sdp.awaited(peer.addr[0])  # a delayed offer: ours goes in the 200 OK
         if text is None:
-            self.respond(request, peer, 488, extra={"Warning": '399 voice-gateway "an SDP offer is required"'})
+            self.respond(request, peer, 488, extra={"Warning": '399 voice-gateway "the body has no SDP offer"'})
             return None
         try:
             return sdp.parse_offer(text)
