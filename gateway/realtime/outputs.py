@@ -56,13 +56,20 @@ class Output:
         return effects
 
     def _done(self) -> list[Effect]:
+        return self._output_done() + self._conversation_done()
+
+    def _output_done(self) -> list[Effect]:
+        """The item is done as its response's output."""
         self.closed = True
-        effects: list[Effect] = [*self.scope.event("response.output_item.done", response_id=self.scope.response_id,
-                                                output_index=self.index, item=snapshot(self.item.data))]
-        if self.scope.in_conversation:
-            conversation = self.scope.conversation
-            effects += conversation.done(self.item) + conversation.make_room(keep=self.item)
-        return effects
+        return [*self.scope.event("response.output_item.done", response_id=self.scope.response_id,
+                                  output_index=self.index, item=snapshot(self.item.data))]
+
+    def _conversation_done(self) -> list[Effect]:
+        if not self.scope.in_conversation:
+            return []
+        conversation = self.scope.conversation
+        conversation.recount(self.item)
+        return conversation.done(self.item) + conversation.make_room(keep=self.item)
 
 
 class MessageOut(Output):
@@ -100,7 +107,6 @@ class MessageOut(Output):
         data["status"] = "completed" if completed else "incomplete"
         if not self.item.truncated:  # a truncated item keeps what was heard
             data["content"][0]["transcript" if self.audio else "text"] = text
-        self.scope.conversation.recount(self.item)
         effects: list[Effect] = []
         tail = self.encoder.flush() if flush else b""
         if tail:
@@ -165,7 +171,9 @@ class McpError:
 
 class McpCallOut(Output):
     """A call of an MCP server's tool, run by the gateway: its arguments stream in, then it runs (the
-    runner's CallMcp), and its output or error closes it."""
+    runner's CallMcp), and its output or error closes it. A call still running when its response ends
+    (``detach``, OpenAI's order) finishes after the response.done: its result is then told by
+    response.mcp_call.completed (or .failed) and conversation.item.done."""
 
     def __init__(self, scope: OutputScope, index: int, route: McpRoute, arguments: str = "",
                  approval_request_id: str | None = None) -> None:
@@ -192,12 +200,17 @@ class McpCallOut(Output):
             effects.extend(self._event("response.mcp_call_arguments.done", arguments=self.item.data["arguments"]))
         return effects + self.scope.event("response.mcp_call.in_progress", item_id=self.id, output_index=self.index)
 
+    def detach(self) -> list[Effect]:
+        """Its response ends while it runs: the item is done as the response's output, without a result yet."""
+        return self._output_done()
+
     def finish(self, output: str | None, error: McpError | None) -> list[Effect]:
         self.running = False
         self.item.data["output"] = output
         self.item.data["error"] = error.wire() if error is not None else None
         kind = "response.mcp_call.failed" if error is not None else "response.mcp_call.completed"
-        return [*self.scope.event(kind, item_id=self.id, output_index=self.index), *self._done()]
+        effects = self.scope.event(kind, item_id=self.id, output_index=self.index)
+        return effects + (self._conversation_done() if self.closed else self._done())
 
 
 class McpApprovalOut(Output):
@@ -253,15 +266,6 @@ class Usage:
 
 @dataclass
 class Round:
-    """What one LLM call of a response produced: its tool calls by the LLM's index."""
+    """What the LLM call of a response produced: its tool calls by the LLM's index."""
 
     calls: dict[int, FunctionCallOut | McpCallOut | McpApprovalOut] = field(default_factory=dict)
-
-    @property
-    def needs_client(self) -> bool:
-        """A function call or an approval request: the client acts before the LLM can go on."""
-        return any(not isinstance(c, McpCallOut) for c in self.calls.values())
-
-    @property
-    def ran_mcp(self) -> bool:
-        return any(isinstance(c, McpCallOut) for c in self.calls.values())

@@ -6,10 +6,13 @@ One response of the conversation is active at a time (``active``); out-of-band r
 max_out_of_band_responses of them, and user speech never cancels them. Each produces output items in
 order (gateway/realtime/outputs.py): what its responder yields becomes an assistant message (speech or
 text), function calls the client runs, MCP calls the gateway runs and MCP approval requests. A response
-runs in rounds, one LLM call each (StartResponse): when a round made MCP calls and nothing the client must
-act on, their results go back to the LLM in another round of the same response, up to [mcp] max_rounds.
-``finish`` closes what is still open and sends response.done; anything yielded for a response that is no
-longer running is dropped here, so nothing of a cancelled response follows its response.done.
+makes one LLM call (StartResponse) and ends with it, as OpenAI's do: MCP calls it started go on running
+after its response.done, and their results are told as they come (response.mcp_call.completed,
+conversation.item.done); the client's next response.create lets the LLM answer with them, after any call
+still running has ended. A response that runs calls the client approved makes no LLM call, and an approval
+added while no response runs starts one by itself. ``finish`` closes what is still open and sends
+response.done; anything yielded for a response that is no longer running is dropped here, so nothing of a
+cancelled response follows its response.done.
 
 A truncate does not end the response (the client cancels if it wants to): what the response yields
 after it still goes out as deltas, but the item keeps only what was heard up to the truncation.
@@ -81,10 +84,9 @@ class Response:
     outputs: list[Output] = field(default_factory=list)
     message: MessageOut | None = None  # the message being produced
     round: Round = field(default_factory=Round)
-    rounds: int = 0  # LLM calls made
-    llm: LlmTools = field(default_factory=LlmTools)  # the tools of the current round
+    llm: LlmTools = field(default_factory=LlmTools)  # the tools of its LLM call
     responding: bool = False  # a responder runs (between StartResponse and response_finished)
-    llm_due: bool = True  # another LLM call is wanted once MCP calls and listings are done
+    llm_due: bool = True  # its LLM call is still to make, once listings and earlier MCP calls are done
     listings: set[str] = field(default_factory=set)  # mcp_list_tools items it waits for
     next_message_id: str = field(default_factory=lambda: new_id("item"))
     usage: Usage = field(default_factory=Usage)
@@ -107,21 +109,21 @@ class Response:
 
 class Responses:
     def __init__(self, event: EventMaker, conversation: Conversation, listings: McpListings, dialect: Dialect,
-                 server_playout: bool, policy: McpPolicy, max_rounds: int, max_out_of_band: int,
+                 server_playout: bool, policy: McpPolicy, max_out_of_band: int,
                  on_finish: Callable[[Response], list[Effect]]) -> None:
-        """``max_rounds``: LLM calls per response; ``max_out_of_band``: out-of-band responses at once;
-        ``on_finish``: told of each response that ends, its effects follow the response.done."""
+        """``max_out_of_band``: out-of-band responses at once; ``on_finish``: told of each response that ends,
+        its effects follow the response.done."""
         self._event = event
         self._conversation = conversation
         self._listings = listings
         self._dialect = dialect
         self._server_playout = server_playout
         self._policy = policy
-        self._max_rounds = max_rounds
         self._on_finish = on_finish
         self._max_out_of_band = max_out_of_band
         self.active: Response | None = None  # the conversation's response
         self.out_of_band: dict[str, Response] = {}  # conversation "none": they run beside it
+        self.calls: dict[str, McpCallOut] = {}  # MCP calls running, by item id (they may outlive their response)
         self.voice_locked = False  # audio has gone out: the session's voice is fixed
 
     def start(self, body: dict[str, Any], settings: SessionSettings, voices: Collection[str] | None) -> list[Effect]:
@@ -170,8 +172,9 @@ class Responses:
         ]
         effects += self._listings.refresh(resp.tools)
         resp.listings = self._listings.pending(resp.tools)
-        effects += self._run_approved(resp)
-        return effects + self._advance(resp)
+        approved = self._run_approved(resp)
+        resp.llm_due = not approved  # the LLM answers once their results are in: at the next response.create
+        return effects + approved + self._advance(resp)
 
     # --- what the responder yields ------------------------------------------------------------------
 
@@ -267,14 +270,12 @@ class Responses:
     # --- rounds ---------------------------------------------------------------------------------------
 
     def round_finished(self, response_id: str) -> list[Effect]:
-        """The responder of ``response_id`` ended normally: close its round's items, run its MCP calls, then
-        either another LLM call (it ran MCP calls and needs nothing from the client) or the end."""
+        """The responder of ``response_id`` ended normally: close its items, start its MCP calls, and end."""
         resp = self.running(response_id)
         if resp is None:
             return []
         resp.responding = False
         effects = self._close_message(resp, completed=True) + self._end_calls(resp)
-        resp.llm_due = resp.round.ran_mcp and not resp.round.needs_client
         return effects + self._advance(resp)
 
     def _end_calls(self, resp: Response) -> list[Effect]:
@@ -287,15 +288,15 @@ class Responses:
                 call.close(completed=True)
         return effects
 
-    def mcp_call_finished(self, response_id: str, item_id: str, output: str | None,
-                          error: McpError | None) -> list[Effect]:
-        resp = self.running(response_id)
-        if resp is None:
-            return []
-        call = next((o for o in resp.running_calls() if o.id == item_id), None)
+    def mcp_call_finished(self, item_id: str, output: str | None, error: McpError | None) -> list[Effect]:
+        """A call's result, whether its response runs or has ended; the responses waiting for it go on."""
+        call = self.calls.pop(item_id, None)
         if call is None:
-            return []
-        return call.finish(output, error) + self._advance(resp)
+            return []  # cancelled with its response
+        effects = call.finish(output, error)
+        for resp in self.all_running():
+            effects += self._advance(resp)
+        return effects
 
     def listed(self, item_id: str) -> list[Effect]:
         """An MCP server's listing ended: the responses waiting for it may go on."""
@@ -307,23 +308,26 @@ class Responses:
         return effects
 
     def _advance(self, resp: Response) -> list[Effect]:
-        """Start the next LLM call, or finish, once nothing the response waits for is left."""
-        if resp.listings or resp.responding or resp.running_calls():
+        """Make the LLM call, or finish, once nothing the response waits for is left: its listings, and
+        before its LLM call the MCP calls whose results it would see. An out-of-band response holds its own
+        calls' results, so it ends with them; the conversation's ends as soon as its LLM call has."""
+        if resp.listings or resp.responding:
             return []
-        if not resp.llm_due or resp.rounds >= self._max_rounds:
+        if not resp.llm_due:
+            if not resp.in_conversation and resp.running_calls():
+                return []
             return self.finish(resp, "completed")
+        if any(c.scope.in_conversation for c in self.calls.values()) if resp.in_conversation else \
+                resp.running_calls():
+            return []
         resp.responding = True
         resp.llm_due = False
-        resp.rounds += 1
         resp.round = Round()
         resp.llm = llm_tools(resp.tools, resp.tool_choice, self._listings.listed())
         items = resp.input_items if resp.input_items is not None else self._conversation.items()
-        if resp.rounds == 1:
-            # Audio in the context, at OpenAI's rates: user audio 1 token per 100 ms, assistant 1 per 50 ms.
-            resp.usage.audio_in = round(sum(
-                len(i.audio) / BYTES_PER_MS / (100 if i.data.get("role") == "user" else 50) for i in items))
-        if not resp.in_conversation:  # its own items so far are in no conversation: add them
-            items = items + [o.item for o in resp.outputs if o.closed]
+        # Audio in the context, at OpenAI's rates: user audio 1 token per 100 ms, assistant 1 per 50 ms.
+        resp.usage.audio_in = round(sum(
+            len(i.audio) / BYTES_PER_MS / (100 if i.data.get("role") == "user" else 50) for i in items))
         request = ResponseRequest(
             response_id=resp.id,
             item_id=resp.next_message_id,
@@ -341,27 +345,35 @@ class Responses:
 
     def _run(self, resp: Response, call: McpCallOut, streamed: bool) -> list[Effect]:
         data = call.item.data
+        self.calls[call.id] = call
         return [*call.start(streamed),
                 CallMcp(resp.id, call.id, call.route.server, call.route.tool.name, data["arguments"])]
 
-    def _run_approved(self, resp: Response) -> list[Effect]:
-        """The MCP calls the client approved since the last response: they run first in this one."""
+    def approved(self, tools: list[Tool]) -> list[tuple[Item, McpRoute]]:
+        """The calls the client has approved that have not run yet (approval requests and their routes
+        among ``tools``): a server or tool gone from them since the request is left out."""
         items = self._conversation.items()
         approved = {i.data["approval_request_id"] for i in items
                     if i.data["type"] == "mcp_approval_response" and i.data["approve"]}
         done = {i.data.get("approval_request_id") for i in items if i.data["type"] == "mcp_call"}
-        servers = {t.server_label: t for t in resp.tools if isinstance(t, McpServer)}
+        servers = {t.server_label: t for t in tools if isinstance(t, McpServer)}
         listed = self._listings.listed()
-        effects: list[Effect] = []
+        calls = []
         for item in items:
             data = item.data
             if data["type"] != "mcp_approval_request" or item.id not in approved or item.id in done:
                 continue
             server = servers.get(data["server_label"])
             tool = next((t for t in listed.get(data["server_label"], []) if t.name == data["name"]), None)
-            if server is None or tool is None:
-                continue  # the server or the tool has gone from the session's tools since the request
-            call = McpCallOut(resp.scope, len(resp.outputs), McpRoute(server, tool), data["arguments"], item.id)
+            if server is not None and tool is not None:
+                calls.append((item, McpRoute(server, tool)))
+        return calls
+
+    def _run_approved(self, resp: Response) -> list[Effect]:
+        """The MCP calls the client approved since the last response: they run in this one."""
+        effects: list[Effect] = []
+        for request, route in self.approved(resp.tools):
+            call = McpCallOut(resp.scope, len(resp.outputs), route, request.data["arguments"], request.id)
             resp.outputs.append(call)
             effects += call.open() + self._run(resp, call, streamed=False)
         return effects
@@ -385,7 +397,10 @@ class Responses:
         for call in resp.outputs:
             if call.closed:
                 continue
-            if isinstance(call, McpCallOut):
+            if isinstance(call, McpCallOut) and call.running and status == "completed":
+                effects += call.detach()  # it goes on; its result follows the response.done
+            elif isinstance(call, McpCallOut):
+                self.calls.pop(call.id, None)
                 effects += call.finish(None, CANCELLED)
             elif isinstance(call, FunctionCallOut):
                 effects += call.close(completed=False)

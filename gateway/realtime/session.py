@@ -122,7 +122,7 @@ class Session:
         self.mcp_policy = McpPolicy(config.mcp.enabled, config.mcp.allowed_hosts, config.mcp.max_servers)
         self.listings = McpListings(event, self.conversation)
         self.responses = Responses(event, self.conversation, self.listings, dialect, server_playout,
-                                   self.mcp_policy, config.mcp.max_rounds, config.session.max_out_of_band_responses,
+                                   self.mcp_policy, config.session.max_out_of_band_responses,
                                    lambda resp: ended()(resp))  # type: ignore[misc]  # alive while it drives them
         # The runner says whether it can transcribe and whether its responder reads transcripts.
         self.transcription = InputTranscription(event, self.conversation, config)
@@ -299,6 +299,11 @@ class Session:
             p.get("transcript") for p in item.data["content"] if p["type"] == "input_audio"
         ):
             effects += self.transcription.start(item, self.settings)
+        if item.data["type"] == "mcp_approval_response" and self.responses.active is None and \
+                self.responses.approved(self.settings.tools):
+            # An approved call runs at once, in a response of its own (OpenAI's clients send no response.create
+            # after an approval); one added while a response runs waits for the next.
+            effects += self.responses.start({}, self.settings, self.voices)
         return effects
 
     def _on_conversation_item_retrieve(self, event: dict[str, Any]) -> list[Effect]:
@@ -563,10 +568,9 @@ class Session:
         listing failed."""
         return self.listings.finished(item_id, tools, error) + self.responses.listed(item_id)
 
-    def mcp_call_finished(self, response_id: str, item_id: str, output: str | None,
-                          error: McpError | None = None) -> list[Effect]:
-        """An MCP call's output or error (see CallMcp); dropped if its response has ended."""
-        return self.responses.mcp_call_finished(response_id, item_id, output, error)
+    def mcp_call_finished(self, item_id: str, output: str | None, error: McpError | None = None) -> list[Effect]:
+        """An MCP call's output or error (see CallMcp); dropped if it was cancelled with its response."""
+        return self.responses.mcp_call_finished(item_id, output, error)
 
     # --- event building ---------------------------------------------------------------------------
 

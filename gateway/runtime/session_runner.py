@@ -208,9 +208,9 @@ class SessionRunner(CoreRunner):
         try:
             output = await self.mcp.call(effect.server, effect.name, effect.arguments)
         except McpFailure as exc:
-            await self._apply(self.session.mcp_call_finished(effect.response_id, effect.item_id, None, exc.error))
+            await self._apply(self.session.mcp_call_finished(effect.item_id, None, exc.error))
             return
-        await self._apply(self.session.mcp_call_finished(effect.response_id, effect.item_id, output))
+        await self._apply(self.session.mcp_call_finished(effect.item_id, output))
 
     def _log_turn(self, response_id: str) -> None:
         """One INFO line per response: what it answered (as heard), what it said, how long its first audio took."""

@@ -283,8 +283,10 @@ async def test_usage_counts_audio_and_does_without_the_llms_counts(gateway, fake
     assert (usage["input_tokens"], usage["output_tokens"], usage["total_tokens"]) == (10, audio_out, 10 + audio_out)
 
 
-def test_barge_in_during_an_mcp_call_fails_the_call_and_stops_it():
-    """Sans-I/O: the session's effects when the user speaks while an MCP call runs."""
+def test_an_mcp_call_outlives_its_response_and_the_next_response_waits_for_its_result():
+    """Sans-I/O, OpenAI's order: the response that started an MCP call ends with it (response.done lists the call,
+    no output yet); barge-in does not stop it; its result comes as response.mcp_call.completed and
+    conversation.item.done; a response.create meanwhile makes its LLM call once the result is in."""
     session = Session(make_config(mcp__allowed_hosts="mcp.test"))
     server = {"type": "mcp", "server_label": "w", "server_url": "http://mcp.test/mcp", "require_approval": "never"}
     effects = session.handle(orjson.dumps({"type": "session.update", "session": {"type": "realtime",
@@ -296,15 +298,27 @@ def test_barge_in_during_an_mcp_call_fails_the_call_and_stops_it():
     assert [t["function"]["name"] for t in start.request.tools] == ["get_weather"]
     session.response_output(rid, ToolCallStart(0, "call_1", "get_weather"))
     session.response_output(rid, ToolCallArguments(0, '{"city": "Oslo"}'))
-    call = next(e for e in session.response_finished(rid) if isinstance(e, CallMcp))
+    effects = session.response_finished(rid)
+    call = next(e for e in effects if isinstance(e, CallMcp))
     assert (call.name, call.arguments) == ("get_weather", '{"city": "Oslo"}')
+    names = [e.event["type"] for e in effects if isinstance(e, SendEvent)]
+    assert names.index("response.mcp_call.in_progress") < names.index("response.output_item.done") \
+        < names.index("response.done")
+    done = next(e.event for e in effects if isinstance(e, SendEvent) and e.event["type"] == "response.done")
+    assert done["response"]["status"] == "completed"
+    assert [(o["type"], o["output"]) for o in done["response"]["output"]] == [("mcp_call", None)]
     session.handle(orjson.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(
         bytes(48_000)).decode()}))
-    effects = session.vad_result([0.9] * 10)
+    assert not any(isinstance(e, StopResponse) for e in session.vad_result([0.9] * 10))
+    waiting = session.handle(b'{"type": "response.create"}')
+    assert any(isinstance(e, SendEvent) and e.event["type"] == "response.created" for e in waiting)
+    assert not any(isinstance(e, StartResponse) for e in waiting)  # its LLM would not see the result yet
+    effects = session.mcp_call_finished(call.item_id, "12 degrees")
     names = [e.event["type"] for e in effects if isinstance(e, SendEvent)]
-    assert StopResponse(rid) in effects  # the runner cancels the call's task
-    assert names.index("response.mcp_call.failed") < names.index("response.done")
-    done = next(e.event for e in effects if isinstance(e, SendEvent) and e.event["type"] == "response.done")["response"]
-    assert done["status"] == "cancelled" and done["output"][0]["error"]["message"].startswith("The response was "
-                                                                                              "cancelled")
-    assert session.mcp_call_finished(rid, call.item_id, "too late") == []
+    assert names[:2] == ["response.mcp_call.completed", "conversation.item.done"]
+    item = next(e.event["item"] for e in effects if isinstance(e, SendEvent) and e.event["type"] ==
+                "conversation.item.done")
+    assert (item["id"], item["output"]) == (call.item_id, "12 degrees")
+    (llm,) = [e for e in effects if isinstance(e, StartResponse)]
+    assert any("12 degrees" in str(m) for m in llm.request.messages)
+    assert session.mcp_call_finished(call.item_id, "again") == []

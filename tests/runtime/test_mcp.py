@@ -4,6 +4,7 @@ client) -> a real MCP server from the ``mcp`` package on loopback, with the fake
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -14,7 +15,7 @@ from bench.fake_openai import Call, FakeOpenAI, Script
 from bench.launcher import free_port
 from tests.conftest import audio_of, connect, types
 from tests.mcp_server import McpTestServer
-from tests.paths import ROOT
+from tests.paths import JS, NODE, ROOT
 
 
 class Llm:
@@ -70,28 +71,40 @@ async def ask(client, text: str = "What is the weather in Paris?") -> list[dict]
     return await client.until("response.done", timeout=15)
 
 
+async def result_then_answer(client, response: dict[str, Any] | None = None) -> tuple[dict, list[dict]]:
+    """The call's result, which follows the response.done of the response that started it (OpenAI's order), then
+    the answer to the response.create that an OpenAI client sends on it (the Agents SDK does so by itself)."""
+    events = await client.until("conversation.item.done", timeout=15)
+    assert types(events)[-2] in ("response.mcp_call.completed", "response.mcp_call.failed")
+    await client.send({"type": "response.create", **({"response": response} if response else {})})
+    return events[-1]["item"], await client.until("response.done", timeout=15)
+
+
 async def test_a_listed_tool_is_called_by_the_gateway_and_its_result_spoken(start, fake, mcp_server):
     gateway = await start()
     async with connect(gateway) as client:
         listing = await use(client, mcp_tool(mcp_server.url, require_approval="never", authorization="secret-token",
                                              allowed_tools=["get_weather", "slow_report"]))
         events = await ask(client)
+        call, answer = await result_then_answer(client)
     assert types(listing)[-4:] == ["conversation.item.added", "mcp_list_tools.in_progress", "conversation.item.done",
                                    "mcp_list_tools.completed"]
     item = listing[-2]["item"]
     assert item["type"] == "mcp_list_tools" and [t["name"] for t in item["tools"]] == ["get_weather", "slow_report"]
     assert item["tools"][0]["annotations"]["readOnlyHint"] is True
     assert set(mcp_server.app.authorization) == {"Bearer secret-token"}
-    # One response: the call, run by the gateway, then the LLM's answer with its result, spoken.
+    # The response ends with the call, which the gateway runs; its result follows, and the next response
+    # speaks it.
     done = events[-1]["response"]
-    call, message = done["output"]
+    [started] = done["output"]
     assert done["status"] == "completed"
-    assert (call["type"], call["name"], call["server_label"]) == ("mcp_call", "get_weather", "weather")
+    assert (started["type"], started["name"], started["server_label"]) == ("mcp_call", "get_weather", "weather")
+    assert started["output"] is None and call["id"] == started["id"]
     assert call["output"] == "sunny and 21 degrees in Paris" and call["error"] is None
-    assert message["content"][0]["transcript"] == "Result: sunny and 21 degrees in Paris" and audio_of(events)
+    [message] = answer[-1]["response"]["output"]
+    assert message["content"][0]["transcript"] == "Result: sunny and 21 degrees in Paris" and audio_of(answer)
     names = [t for t in types(events) if t.startswith("response.mcp_call")]
-    assert names[-3:] == ["response.mcp_call_arguments.done", "response.mcp_call.in_progress",
-                          "response.mcp_call.completed"]
+    assert names[-2:] == ["response.mcp_call_arguments.done", "response.mcp_call.in_progress"]
     first, second = fake.chat_requests
     assert [t["function"]["name"] for t in first.body["tools"]] == ["get_weather", "slow_report"]
     assert first.body["tools"][0]["function"]["parameters"] == item["tools"][0]["input_schema"]
@@ -112,16 +125,19 @@ async def test_a_call_waits_for_the_clients_approval(start, fake, mcp_server, ap
         assert len(fake.chat_requests) == 1  # nothing ran: the client decides first
         await client.send({"type": "conversation.item.create", "item": {
             "type": "mcp_approval_response", "approval_request_id": request["id"], "approve": approve}})
-        await client.send({"type": "response.create"})
-        events = await client.until("response.done", timeout=15)
-    outputs = events[-1]["response"]["output"]
+        if approve:
+            # The approved call runs at once, in a response of its own (the Agents SDK sends nothing more).
+            ran = (await client.until("response.done", timeout=15))[-1]["response"]
+            assert [(o["type"], o["approval_request_id"]) for o in ran["output"]] == [("mcp_call", request["id"])]
+            call, events = await result_then_answer(client)
+            assert call["output"] == "deleted the forecast of Oslo"
+        else:
+            await client.send({"type": "response.create"})
+            events = await client.until("response.done", timeout=15)
+    [message] = events[-1]["response"]["output"]
     if approve:
-        call, message = outputs
-        assert (call["type"], call["approval_request_id"]) == ("mcp_call", request["id"])
-        assert call["output"] == "deleted the forecast of Oslo"
         assert message["content"][0]["transcript"] == "Result: deleted the forecast of Oslo"
     else:
-        [message] = outputs
         assert message["content"][0]["transcript"] == "Result: The user did not approve this call."
     # The LLM saw its call as the approval request, answered by the call's output or the refusal.
     history = fake.chat_requests[1].messages
@@ -133,9 +149,9 @@ async def test_a_slow_server_fails_the_call_with_a_clear_error(start, fake, mcp_
     gateway = await start(mcp__call_timeout_s=0.5)
     async with connect(gateway) as client:
         await use(client, mcp_tool(mcp_server.url, require_approval="never"))
-        events = await ask(client)
-    call, message = events[-1]["response"]["output"]
-    assert "response.mcp_call.failed" in types(events)
+        await ask(client)
+        call, events = await result_then_answer(client)
+    [message] = events[-1]["response"]["output"]
     assert call["output"] is None and call["error"]["type"] == "protocol_error"
     assert call["error"]["message"] == "MCP server 'weather' did not answer within 0.5 s while calling 'slow_report'."
     # The LLM is told, and the turn ends with its answer.
@@ -158,8 +174,9 @@ async def test_the_server_going_down_mid_call_fails_that_call_not_the_session(st
             await client.send({"type": "response.create"})
             await client.until("response.mcp_call.in_progress", timeout=15)
             server.kill()
-            events = await client.until("response.done", timeout=15)
-            call, message = events[-1]["response"]["output"]
+            await client.until("response.done", timeout=15)  # the response ends with the call started
+            call, events = await result_then_answer(client)
+            [message] = events[-1]["response"]["output"]
             assert events[-1]["response"]["status"] == "completed"
             assert call["error"]["type"] == "protocol_error" and "MCP server 'weather'" in call["error"]["message"]
             assert message["content"][0]["transcript"].startswith("Result: Error: MCP server 'weather'")
@@ -203,11 +220,34 @@ async def test_a_response_may_bring_its_own_server_and_waits_for_its_listing(sta
     async with connect(gateway) as client:
         await client.send({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]}})
-        await client.send({"type": "response.create", "response": {
-            "tools": [mcp_tool(mcp_server.url, require_approval={"never": {"read_only": True}})]}})
+        tools = [mcp_tool(mcp_server.url, require_approval={"never": {"read_only": True}})]
+        await client.send({"type": "response.create", "response": {"tools": tools}})
         events = await client.until("response.done", timeout=15)
+        call, answer = await result_then_answer(client, {"tools": tools})
     names = types(events)
     assert names.index("mcp_list_tools.completed") < names.index("response.mcp_call.in_progress")
-    call, message = events[-1]["response"]["output"]
+    [message] = answer[-1]["response"]["output"]
     assert call["output"] == "sunny and 21 degrees in Paris"  # read-only: no approval asked
     assert message["content"][0]["transcript"] == "Result: sunny and 21 degrees in Paris"
+
+
+@pytest.mark.slow  # Node
+@pytest.mark.parametrize("approval", ["never", "always"])
+async def test_the_js_agents_sdk_hears_one_answer_after_a_hosted_mcp_call(start, fake, mcp_server, approval: str):
+    """@openai/agents-realtime's hostedMcpTool: the SDK sends response.create when a call's item is done, and
+    approves with nothing more than the mcp_approval_response. One question gets one call and one answer."""
+    if NODE is None or not (JS / "node_modules" / "@openai" / "agents-realtime").is_dir():
+        pytest.skip("needs node and tests/js/node_modules (make test runs npm ci there)")
+    gateway = await start()
+    url = f"ws://127.0.0.1:{gateway.port}/v1/realtime?model=gpt-realtime"
+    proc = await asyncio.create_subprocess_exec(NODE, "agent_mcp.mjs", url, mcp_server.url, approval, cwd=JS,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    assert report["invalid"] == [] and report["errors"] == []
+    asked = [["mcp_approval_request"]] if approval == "always" else []
+    assert report["responses"] == [*asked, ["mcp_call"], ["message"]]
+    assert report["approvals"] == (["get_weather"] if approval == "always" else [])
+    assert report["completed"] == [["get_weather", "sunny and 21 degrees in Paris"]]
+    assert report["audioBytesAfterCall"] > 0 and len(fake.chat_requests) == 2
