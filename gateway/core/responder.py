@@ -31,6 +31,7 @@ class Message:
     role: str  # "system" | "user" | "assistant"
     text: str | None = None  # text content, the transcript of audio, or what was heard of it
     audio: bytes | None = None  # pcm16 24 kHz, for user audio items
+    images: list[tuple[str, str]] = field(default_factory=list)  # user only: (data URL, detail) of each picture
     tool_calls: list[ToolCall] = field(default_factory=list)  # assistant only: calls that have a result
 
 

@@ -52,9 +52,10 @@ class Item:
 
 
 def text_size(data: dict[str, Any]) -> int:
-    """UTF-8 bytes of an item's text: texts, transcripts, a function call's name, arguments and output."""
+    """UTF-8 bytes of an item's text: texts, transcripts, pictures' data URLs, a function call's name,
+    arguments and output."""
     texts = [data.get(k) for k in ("name", "arguments", "output")]
-    texts += [p.get(k) for p in data.get("content", ()) for k in ("text", "transcript")]
+    texts += [p.get(k) for p in data.get("content", ()) for k in ("text", "transcript", "image_url")]
     return sum(len(t.encode()) for t in texts if isinstance(t, str))
 
 
@@ -266,6 +267,7 @@ class Conversation:
                     role=data["role"],
                     text=" ".join(texts) or None,
                     audio=bytes(item.audio) if data["role"] == "user" and item.audio else None,
+                    images=[(p["image_url"], p["detail"]) for p in data["content"] if p["type"] == "input_image"],
                 ))
                 continue
             call_id = {"function_call": data.get("call_id"), "mcp_approval_request": item.id,

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gateway.core.values import choice, field_of, non_empty
-from gateway.realtime.events import new_id
+from gateway.realtime.events import ProtocolError, new_id
 
 # Content part types: GA assistant parts are output_*, beta's are bare.
 GA_PART_TYPES = {"audio": "output_audio", "text": "output_text"}
+IMAGE_KINDS = ("data:image/png;base64", "data:image/jpeg;base64", "data:image/jpg;base64")
+BASE64 = re.compile(r"[A-Za-z0-9+/=\s]+")
 
 
 def parse_item(body: Any, param: str = "item") -> dict[str, Any]:
@@ -22,7 +25,7 @@ def parse_item(body: Any, param: str = "item") -> dict[str, Any]:
         role = choice(field_of(item, "role", str, f"{param}.role", required=True),
                        ("user", "assistant", "system"), f"{param}.role")
         allowed = {
-            "user": ("input_text", "input_audio"),
+            "user": ("input_text", "input_audio", "input_image"),
             "system": ("input_text",),
             "assistant": ("output_text", "output_audio"),
         }[role]
@@ -35,6 +38,10 @@ def parse_item(body: Any, param: str = "item") -> dict[str, Any]:
             part: dict[str, Any] = {"type": ptype}
             if ptype in ("input_text", "output_text"):
                 part["text"] = field_of(p, "text", str, f"{param}.content[{i}].text", required=True)
+            elif ptype == "input_image":
+                part["image_url"] = image_url(p, f"{param}.content[{i}]")
+                part["detail"] = choice(field_of(p, "detail", str, f"{param}.content[{i}].detail") or "auto",
+                                        ("auto", "low", "high"), f"{param}.content[{i}].detail")
             else:
                 part["audio"] = field_of(p, "audio", str, f"{param}.content[{i}].audio")
                 part["transcript"] = field_of(p, "transcript", str, f"{param}.content[{i}].transcript")
@@ -61,3 +68,13 @@ def parse_item(body: Any, param: str = "item") -> dict[str, Any]:
         )
     return out
 
+
+
+def image_url(part: dict[str, Any], param: str) -> str:
+    """An input_image's picture: a PNG or JPEG as a base64 data URL, as OpenAI takes it."""
+    url = field_of(part, "image_url", str, f"{param}.image_url", required=True)
+    kind, comma, data = url.partition(",")
+    if not comma or kind.lower() not in IMAGE_KINDS or not BASE64.fullmatch(data[:4096]):
+        raise ProtocolError("invalid_value", "An input_image's image_url must be a PNG or JPEG as a base64 data URL "
+                            "(data:image/png;base64,...).", f"{param}.image_url")
+    return url

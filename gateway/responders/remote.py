@@ -25,8 +25,9 @@ def chat_messages(instructions: str, messages: Sequence[Message], audio_in: bool
 
     Items without text are left out (an assistant turn interrupted before anything was heard, a
     user turn whose transcription failed), except user audio in audio-in mode, which goes to the
-    model as an ``input_audio`` part. An assistant message's tool calls follow its text, each call's
-    result in a ``tool`` message right after it, as chat completions require.
+    model as an ``input_audio`` part. A user message's pictures go as ``image_url`` parts (for a vision
+    model). An assistant message's tool calls follow its text, each call's result in a ``tool`` message
+    right after it, as chat completions require.
     """
     prompt: list[dict[str, Any]] = []
     if instructions:
@@ -37,6 +38,10 @@ def chat_messages(instructions: str, messages: Sequence[Message], audio_in: bool
                       "function": {"name": c.name, "arguments": c.arguments or "{}"}} for c in m.tool_calls]
             prompt.append({"role": "assistant", "content": m.text or None, "tool_calls": calls})
             prompt += [{"role": "tool", "tool_call_id": c.call_id, "content": c.output} for c in m.tool_calls]
+        elif m.images:  # a vision model's parts: the text, then each picture
+            parts = [{"type": "text", "text": m.text}] if m.text else []
+            parts += [{"type": "image_url", "image_url": {"url": url, "detail": detail}} for url, detail in m.images]
+            prompt.append({"role": m.role, "content": parts})
         elif m.text:
             prompt.append({"role": m.role, "content": m.text})
         elif audio_in and m.role == "user" and m.audio:

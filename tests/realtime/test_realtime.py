@@ -352,3 +352,33 @@ async def test_http_endpoints(gateway, path):
         assert health["active_sessions_by_worker"] == [0]
     else:
         assert "gateway_turn_stage_seconds" in body
+
+
+PNG = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(64)).decode()
+
+
+async def test_a_picture_in_a_user_message_reaches_the_llm(start_pipeline):
+    """input_image parts (what the Agents SDK's addImage sends) go to the LLM as chat image_url parts, after the
+    message's text; a picture that is not a PNG or JPEG data URL is refused naming its part."""
+    from bench.fake_openai import FakeOpenAI
+
+    async with FakeOpenAI(reply="A small square.") as fake:
+        gateway = await start_pipeline(fake, vad__enabled=False)
+        async with connect(gateway) as client:
+            await client.send({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": "What is this?"},
+                    {"type": "input_image", "image_url": "https://example.com/cat.png"}]}})
+            error = (await client.until("error"))[-1]["error"]
+            assert (error["code"], error["param"]) == ("invalid_value", "item.content[1].image_url")
+            await client.send({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": "What is this?"},
+                    {"type": "input_image", "image_url": PNG, "detail": "low"}]}})
+            added = (await client.until("conversation.item.added"))[-1]["item"]
+            assert added["content"][1] == {"type": "input_image", "image_url": PNG, "detail": "low"}
+            await client.send({"type": "response.create"})
+            await client.until("response.done")
+    (request,) = fake.chat_requests
+    assert request.messages[-1] == {"role": "user", "content": [
+        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": PNG, "detail": "low"}}]}
