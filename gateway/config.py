@@ -322,6 +322,14 @@ class SpeechConfig:
 
 
 @dataclass
+class TranscriptionsConfig:
+    max_file_bytes: int = bounded(25 * 1024 * 1024, at_least=1)
+    max_seconds: float = bounded(600.0, at_least=1, at_most=7200)
+    max_running: int = bounded(2, at_least=1)
+    retry_after_s: int = bounded(1, at_least=1)
+
+
+@dataclass
 class VoicesConfig:
     """[voices]: the store of custom voices (its options), and the voices the engine prepares at start, one
     [voices.NAME] table each (`named`, lower-case names; the file only: no environment variable names one)."""
@@ -359,6 +367,7 @@ class Config:
     trace: TraceConfig = field(default_factory=TraceConfig)
     live: LiveConfig = field(default_factory=LiveConfig)
     speech: SpeechConfig = field(default_factory=SpeechConfig)
+    transcriptions: TranscriptionsConfig = field(default_factory=TranscriptionsConfig)
     voices: VoicesConfig = field(default_factory=VoicesConfig)
 
 

@@ -59,6 +59,7 @@ from gateway.transports.rest import HttpError, authorize, error_response, http_e
 from gateway.transports.sip.listener import SipListener
 from gateway.transports.sip.signalling import SipEndpoint
 from gateway.transports.speech import speech_routes
+from gateway.transports.transcriptions import transcription_routes
 from gateway.transports.twilio import twilio_routes
 from gateway.transports.voices import voice_routes
 from gateway.transports.webrtc.signalling import Signalling, signalling_routes
@@ -182,6 +183,7 @@ def routes(gateway: Gateway, signalling: Signalling, phones: Phones) -> list[Bas
     table += live_routes(gateway)
     table += client_secret_routes(gateway)
     table += speech_routes(gateway)
+    table += transcription_routes(gateway)
     table += voice_routes(gateway)
     table += signalling_routes(signalling)  # answers 404 while WebRTC is off
     table += call_control_routes(CallControl(gateway, phones.calls, webrtc.hang_up if webrtc is not None else None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from starlette.datastructures import FormData, UploadFile
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
@@ -11,6 +12,10 @@ from gateway.core.values import parse_json
 from gateway.realtime.events import ProtocolError
 from gateway.runtime.auth import AuthError, Credential, bearer, error_body
 from gateway.runtime.gateway import Gateway
+from gateway.runtime.voices.library import Upload
+
+# A form's fields besides its files: names, a description, a transcript, a prompt.
+MAX_FIELD_BYTES = 64 * 1024
 
 
 class HttpError(Exception):
@@ -94,4 +99,48 @@ def string_field(body: dict[str, Any], name: str, *, required: bool = False, lim
     if limit is not None and len(value) > limit:
         raise HttpError(400, f"'{param}' is longer than {limit} characters ({len(value)}).", "string_above_max_length",
                         param)
+    return value
+
+
+async def read_form(request: Request, max_file_bytes: int, option: str, file_field: str | None) -> dict[str, Any]:
+    """The request's fields: a multipart form (the SDKs') or a JSON object; an upload comes back as an Upload,
+    refused with 413 past ``max_file_bytes`` (the ``option`` that sets it is named), naming ``file_field``
+    when the whole body is too large."""
+    try:
+        body = await read_body(request, max_file_bytes + MAX_FIELD_BYTES)
+    except HttpError as exc:
+        if exc.status == 413 and file_field is not None:
+            raise HttpError(413, f"The upload is larger than {max_file_bytes} bytes ({option}).", "file_too_large",
+                            file_field) from None
+        raise
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith("multipart/form-data"):
+        return json_object(body, "The body", "invalid_json") if body.strip() else {}
+    try:
+        form: FormData = await request.form(max_files=2, max_fields=16, max_part_size=MAX_FIELD_BYTES)
+    except Exception as exc:  # Starlette's parser refuses malformed and oversized parts with its own types
+        raise HttpError(400, f"The multipart body cannot be read: {exc}.", "invalid_multipart") from None
+    fields: dict[str, Any] = {}
+    for name, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            data = await value.read()
+            if len(data) > max_file_bytes:
+                raise HttpError(413, f"'{name}' is larger than {max_file_bytes} bytes ({option}).", "file_too_large",
+                                name)
+            fields[name] = Upload(data, name)
+        elif name.endswith("[]"):  # an array, a value per part (the SDKs' encoding)
+            fields.setdefault(name[:-2], []).append(value)
+        else:
+            fields[name] = value
+    await form.close()
+    return fields
+
+
+def upload_field(fields: dict[str, Any], name: str) -> Upload:
+    """The form's file ``name``, or the 400 naming it."""
+    value = fields.get(name)
+    if value is None:
+        raise HttpError(400, f"Missing required parameter: '{name}' (a file).", "missing_required_parameter", name)
+    if not isinstance(value, Upload):
+        raise HttpError(400, f"'{name}' must be a file upload (multipart/form-data).", "invalid_type", name)
     return value

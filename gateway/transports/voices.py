@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -34,13 +33,11 @@ from starlette.routing import Route
 from gateway.runtime.gateway import Gateway
 from gateway.runtime.speech import distinct_voices
 from gateway.runtime.voices.consent import CONSENT_PHRASES
-from gateway.runtime.voices.library import Upload, VoiceLibrary, VoiceRefused, missing_models
-from gateway.transports.rest import HttpError, authorize, json_object, read_body, string_field
+from gateway.runtime.voices.library import VoiceLibrary, VoiceRefused, missing_models
+from gateway.transports.rest import HttpError, authorize, read_form, string_field, upload_field
 
 STATUS = {"invalid": 400, "full": 400, "unsupported": 415, "too_large": 413, "not_found": 404, "unavailable": 501,
           "busy": 503}
-# The form's other fields: names, a description, a transcript.
-MAX_FIELD_BYTES = 64 * 1024
 
 
 def _refused(exc: VoiceRefused) -> HttpError:
@@ -61,44 +58,7 @@ class VoiceRoutes:
         self.config = gateway.config.voices
 
     async def _form(self, request: Request, file_field: str | None) -> dict[str, Any]:
-        """The request's fields: a multipart form (the SDK's) or a JSON object; an upload comes back as an
-        Upload, refused with 413 past the size limit."""
-        limit = self.config.max_file_bytes + MAX_FIELD_BYTES
-        try:
-            body = await read_body(request, limit)
-        except HttpError as exc:
-            if exc.status == 413 and file_field is not None:
-                raise HttpError(413, f"The upload is larger than {self.config.max_file_bytes} bytes "
-                                     "([voices] max_file_bytes).", "file_too_large", file_field) from None
-            raise
-        content_type = request.headers.get("content-type", "")
-        if not content_type.startswith("multipart/form-data"):
-            return json_object(body, "The body", "invalid_json") if body.strip() else {}
-        try:
-            form: FormData = await request.form(max_files=2, max_fields=16, max_part_size=MAX_FIELD_BYTES)
-        except Exception as exc:  # Starlette's parser refuses malformed and oversized parts with its own types
-            raise HttpError(400, f"The multipart body cannot be read: {exc}.", "invalid_multipart") from None
-        fields: dict[str, Any] = {}
-        for name, value in form.multi_items():
-            if isinstance(value, UploadFile):
-                data = await value.read()
-                if len(data) > self.config.max_file_bytes:
-                    raise HttpError(413, f"'{name}' is larger than {self.config.max_file_bytes} bytes ([voices] "
-                                         "max_file_bytes).", "file_too_large", name)
-                fields[name] = Upload(data, name)
-            else:
-                fields[name] = value
-        await form.close()
-        return fields
-
-    @staticmethod
-    def _upload(fields: dict[str, Any], name: str) -> Upload:
-        value = fields.get(name)
-        if value is None:
-            raise HttpError(400, f"Missing required parameter: '{name}' (a file).", "missing_required_parameter", name)
-        if not isinstance(value, Upload):
-            raise HttpError(400, f"'{name}' must be a file upload (multipart/form-data).", "invalid_type", name)
-        return value
+        return await read_form(request, self.config.max_file_bytes, "[voices] max_file_bytes", file_field)
 
     # --- consents --------------------------------------------------------------------------------
 
@@ -108,7 +68,7 @@ class VoiceRoutes:
         name = string_field(fields, "name", required=True)
         language = string_field(fields, "language", required=True)
         assert name is not None and language is not None
-        recording = self._upload(fields, "recording")
+        recording = upload_field(fields, "recording")
         try:
             made = await self.library.create_consent(name, language, recording, self.gateway.transcriber)
         except VoiceRefused as exc:
@@ -160,7 +120,7 @@ class VoiceRoutes:
         assert name is not None
         try:
             if kind == "audio_sample":
-                sample = self._upload(fields, "audio_sample")
+                sample = upload_field(fields, "audio_sample")
                 consent_id = string_field(fields, "consent", required=True)
                 assert consent_id is not None
                 transcript = string_field(fields, "transcript")
