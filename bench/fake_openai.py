@@ -84,6 +84,7 @@ class Call:
 
     name: str
     arguments: dict[str, Any] | str = field(default_factory=dict)
+    id: str | None = None  # the server's id for it; None: a new one (some servers number calls anew each turn)
 
 
 @dataclass
@@ -252,7 +253,7 @@ class FakeOpenAI:
         tokens = tokenize(script.text)
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         finish_reason = "tool_calls" if script.calls else "stop"
-        calls = [(f"call_{uuid.uuid4().hex[:24]}", c.name,
+        calls = [(c.id or f"call_{uuid.uuid4().hex[:24]}", c.name,
                   c.arguments if isinstance(c.arguments, str) else orjson.dumps(c.arguments).decode())
                  for c in script.calls]
         if limit is not None and len(tokens) > limit:

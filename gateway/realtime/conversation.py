@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from gateway.audio import InputDecoder, OutputEncoder
 from gateway.config import SessionConfig
 from gateway.core.responder import Message, ToolCall
@@ -53,10 +55,11 @@ class Item:
 
 def text_size(data: dict[str, Any]) -> int:
     """UTF-8 bytes of an item's text: texts, transcripts, pictures' data URLs, a function call's name,
-    arguments and output."""
+    arguments and output, the tools an MCP server listed (as JSON)."""
     texts = [data.get(k) for k in ("name", "arguments", "output")]
     texts += [p.get(k) for p in data.get("content", ()) for k in ("text", "transcript", "image_url")]
-    return sum(len(t.encode()) for t in texts if isinstance(t, str))
+    listed = len(orjson.dumps(data["tools"])) if data.get("type") == "mcp_list_tools" else 0
+    return listed + sum(len(t.encode()) for t in texts if isinstance(t, str))
 
 
 def snapshot(item: dict[str, Any]) -> dict[str, Any]:

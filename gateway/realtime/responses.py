@@ -124,11 +124,13 @@ class Responses:
         self.active: Response | None = None  # the conversation's response
         self.out_of_band: dict[str, Response] = {}  # conversation "none": they run beside it
         self.calls: dict[str, McpCallOut] = {}  # MCP calls running, by item id (they may outlive their response)
+        self._approvals_run: set[str] = set()  # the approval requests whose call has run
         self.voice_locked = False  # audio has gone out: the session's voice is fixed
 
     def start(self, body: dict[str, Any], settings: SessionSettings, voices: Collection[str] | None) -> list[Effect]:
         """A new response from response.create's ``response`` (or {} for a turn's automatic one)."""
         params = parse_response(body, settings, self._dialect, voices, self._policy)
+        self._listings.check(params.tools, "response.tools")
         if params.in_conversation and self.active is not None:
             raise ProtocolError(
                 "conversation_already_has_active_response",
@@ -355,16 +357,15 @@ class Responses:
         items = self._conversation.items()
         approved = {i.data["approval_request_id"] for i in items
                     if i.data["type"] == "mcp_approval_response" and i.data["approve"]}
-        done = {i.data.get("approval_request_id") for i in items if i.data["type"] == "mcp_call"}
         servers = {t.server_label: t for t in tools if isinstance(t, McpServer)}
         listed = self._listings.listed()
         calls = []
         for item in items:
             data = item.data
-            if data["type"] != "mcp_approval_request" or item.id not in approved or item.id in done:
+            if data["type"] != "mcp_approval_request" or item.id not in approved or item.id in self._approvals_run:
                 continue
             server = servers.get(data["server_label"])
-            tool = next((t for t in listed.get(data["server_label"], []) if t.name == data["name"]), None)
+            tool = next((t for t in listed.get(server.key, []) if t.name == data["name"]), None) if server else None
             if server is not None and tool is not None:
                 calls.append((item, McpRoute(server, tool)))
         return calls
@@ -373,6 +374,7 @@ class Responses:
         """The MCP calls the client approved since the last response: they run in this one."""
         effects: list[Effect] = []
         for request, route in self.approved(resp.tools):
+            self._approvals_run.add(request.id)  # one approval, one call: whatever becomes of its item
             call = McpCallOut(resp.scope, len(resp.outputs), route, request.data["arguments"], request.id)
             resp.outputs.append(call)
             effects += call.open() + self._run(resp, call, streamed=False)

@@ -120,7 +120,7 @@ class Session:
         self.conversation = Conversation(event, config.session)
         self.conversation.reserved_text_bytes = self._settings_size(self.settings)
         self.mcp_policy = McpPolicy(config.mcp.enabled, config.mcp.allowed_hosts, config.mcp.max_servers)
-        self.listings = McpListings(event, self.conversation)
+        self.listings = McpListings(event, self.conversation, config.mcp.max_servers)
         self.responses = Responses(event, self.conversation, self.listings, dialect, server_playout,
                                    self.mcp_policy, config.session.max_out_of_band_responses,
                                    lambda resp: ended()(resp))  # type: ignore[misc]  # alive while it drives them
@@ -214,6 +214,7 @@ class Session:
                 "cancel it first.", "session.type",
             )
         self._check_output(new.modalities, "session")
+        self.listings.check(new.tools, "session.tools")
         self.conversation.reserve_text(self._settings_size(new), "session")
         tail: list[Effect] = []
         if new.input_format != self.settings.input_format:

@@ -21,6 +21,11 @@ from gateway.realtime.events import Dialect, ProtocolError
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 HEADER = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")  # an HTTP field name (RFC 9110 token)
 MAX_TOOLS = 128  # entries of one tools[] (OpenAI's chat-completions limit)
+# Headers the connection itself sets: a client's would send the request to another site behind the same
+# address (Host) or break its framing.
+CONNECTION_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade",
+                                "te", "trailer", "expect", "proxy-authorization", "proxy-connection",
+                                "mcp-session-id", "mcp-protocol-version"})
 CHOICES = ("auto", "none", "required")
 
 
@@ -82,9 +87,10 @@ class McpServer:
             return True
         return never is None or not never.matches(tool)
 
-    def same_server(self, other: McpServer) -> bool:
-        """Whether a listing made for ``other`` holds for this one (same server, same credentials)."""
-        return (self.server_url, self.headers) == (other.server_url, other.headers)
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What a listing depends on: the same key, the same tools (server, credentials, the tools allowed)."""
+        return self.server_label, self.server_url, self.headers, self.allowed_tools
 
     def wire(self) -> dict[str, Any]:
         return self.sent
@@ -199,6 +205,9 @@ def _mcp(t: dict[str, Any], param: str, dialect: Dialect, policy: McpPolicy) -> 
         if not HEADER.match(key) or "\r" in value or "\n" in value:
             raise ProtocolError("invalid_value", f"'{param}.headers' has a header that HTTP cannot carry: "
                                 f"{key!r}.", f"{param}.headers.{key}")
+        if key.lower() in CONNECTION_HEADERS:
+            raise ProtocolError("invalid_value", f"'{param}.headers' may not set {key!r}: the connection sets it.",
+                                f"{param}.headers.{key}")
         headers[key] = value
     if (token := field_of(t, "authorization", str, f"{param}.authorization")) is not None:
         headers["Authorization"] = f"Bearer {token}"
@@ -300,9 +309,14 @@ class LlmTools:
     mcp: dict[str, McpRoute] = field(default_factory=dict)  # LLM name -> MCP server and tool
 
 
-def llm_tools(tools: list[Tool], choice: str | dict[str, Any], listed: dict[str, list[McpTool]]) -> LlmTools:
+def llm_tools(tools: list[Tool], choice: str | dict[str, Any],
+              listed: dict[tuple[Any, ...], list[McpTool]]) -> LlmTools:
     """Chat-completions tools from ``tools``, an MCP server's entry standing for the tools it ``listed`` (by
-    server label) that it allows. An MCP tool whose name an earlier tool took is not offered."""
+    its ``key``) that it allows. An MCP tool is not offered whose name an earlier tool took, or one the LLM's
+    server would refuse (not a function name, or past MAX_TOOLS); a tool_choice naming an MCP server
+    offers that server's tools only."""
+    if isinstance(choice, dict) and choice["type"] == "mcp":
+        tools = [t for t in tools if isinstance(t, McpServer) and t.server_label == choice["server_label"]]
     chat: list[dict[str, Any]] = []
     mcp: dict[str, McpRoute] = {}
     taken = {t.name for t in tools if isinstance(t, FunctionTool)}
@@ -313,8 +327,8 @@ def llm_tools(tools: list[Tool], choice: str | dict[str, Any], listed: dict[str,
                 function["description"] = t.description
             chat.append({"type": "function", "function": function})
             continue
-        for tool in listed.get(t.server_label, []):
-            if not t.allows(tool) or tool.name in taken:
+        for tool in listed.get(t.key, []):
+            if not t.allows(tool) or tool.name in taken or not NAME.match(tool.name) or len(chat) >= MAX_TOOLS:
                 continue
             taken.add(tool.name)
             mcp[tool.name] = McpRoute(t, tool)

@@ -225,7 +225,9 @@ class LlmClient:
                     function = call.get("function") or {}
                     if index not in calls:
                         calls.add(index)
-                        yield ToolCallStart(index, call.get("id") or new_id("call"), function.get("name") or "")
+                        # Our own id, not the server's: some servers number calls anew each turn ("call_0"),
+                        # and a call_id must name one call in the conversation.
+                        yield ToolCallStart(index, new_id("call"), function.get("name") or "")
                     if arguments := function.get("arguments"):
                         yield ToolCallArguments(index, arguments)
         except Exception as exc:  # a dropped connection, a stall, an error event, a malformed chunk

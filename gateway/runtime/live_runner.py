@@ -31,7 +31,7 @@ from gateway.live.settings import data_channel_lists, server_event_allowed
 from gateway.live.timeline import TICK_MS
 from gateway.realtime.events import Dialect
 from gateway.realtime.outputs import McpError
-from gateway.realtime.tools import McpPolicy, McpRoute, McpServer, parse_tools
+from gateway.realtime.tools import NAME, McpPolicy, McpRoute, McpServer, McpTool, parse_tools
 from gateway.responders.delegation import DelegationBackend
 from gateway.runtime.core_runner import CoreRunner, Send
 from gateway.runtime.mcp_client import McpClient, McpFailure
@@ -295,17 +295,13 @@ class LiveRunner(CoreRunner):
             parsed = parse_tools(servers, "session.delegation.responses.tools", Dialect.GA, policy)
         except ProtocolError as exc:
             raise McpFailure(McpError("protocol_error", exc.message)) from None
-        routes: dict[str, McpRoute] = {}
         functions = [t for t in request.tools if t.get("type") == "function"]
+        listed = []
         for server in parsed:
             assert isinstance(server, McpServer)
-            for tool in await self.mcp.list_tools(server):
-                if server.allows(tool) and not server.needs_approval(tool):
-                    name = f"{server.server_label}__{tool.name}"[:64]
-                    routes[name] = McpRoute(server, tool)
-                    functions.append({"type": "function", "name": name, "description": tool.description or "",
-                                      "parameters": tool.input_schema})
-        return routes, replace(request, tools=functions)
+            listed.append((server, await self.mcp.list_tools(server)))
+        routes, offered = mcp_functions(listed, {str(t.get("name")) for t in functions})
+        return routes, replace(request, tools=functions + offered)
 
     async def _call_mcp(self, run_id: str, route: McpRoute, call: dict[str, Any]) -> dict[str, Any]:
         """Make the call; its mcp_call item goes to the session, its output back to the backend."""
@@ -320,3 +316,22 @@ class LiveRunner(CoreRunner):
         await self._apply(self.session.backend_event(run_id, {"type": "response.output_item.done",
                                                               "output_index": 0, "item": item}))
         return {"type": "function_call_output", "call_id": call["call_id"], "output": output}
+
+
+def mcp_functions(listed: list[tuple[McpServer, list[McpTool]]],
+                  taken: set[str]) -> tuple[dict[str, McpRoute], list[dict[str, Any]]]:
+    """The functions standing for the servers' tools that need no approval, named label__tool, and what each
+    name calls. A name the backend would refuse, or one ``taken``, is not offered: cut short, two names
+    could become one, and a call of one would run the other."""
+    routes: dict[str, McpRoute] = {}
+    functions: list[dict[str, Any]] = []
+    for server, tools in listed:
+        for tool in tools:
+            name = f"{server.server_label}__{tool.name}"
+            if not server.allows(tool) or server.needs_approval(tool) or not NAME.match(name) or name in taken:
+                continue
+            taken.add(name)
+            routes[name] = McpRoute(server, tool)
+            functions.append({"type": "function", "name": name, "description": tool.description or "",
+                              "parameters": tool.input_schema})
+    return routes, functions

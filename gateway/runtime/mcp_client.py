@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -47,6 +48,10 @@ def preload() -> None:
     """Import the ``mcp`` package (seconds): at start-up, in a worker thread, not in a session's first call."""
     import mcp  # noqa: F401
 
+    # Its client logs a server's malformed answers as errors with tracebacks; a client names the server, and
+    # each failure reaches it as the operation's McpFailure (and a warning here), so they are not ours to log.
+    logging.getLogger("mcp.client").setLevel(logging.CRITICAL)
+
 
 class _Bounded(httpx2.AsyncByteStream):
     def __init__(self, stream: httpx2.AsyncByteStream, limit: int, url: str) -> None:
@@ -73,6 +78,8 @@ class _PinnedTransport(httpx2.AsyncBaseTransport):
     def __init__(self, host: str, addresses: list[str], limit: int) -> None:
         self._inner = httpx2.AsyncHTTPTransport()
         self._host, self._addresses, self._limit = host, addresses, limit
+        # The HTTP status of a POST the server refused: the mcp package turns it into a JSON-RPC error.
+        self.refused: int | None = None
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         url = request.url
@@ -93,6 +100,8 @@ class _PinnedTransport(httpx2.AsyncBaseTransport):
                 continue  # nothing was sent: the next address the check approved
             assert isinstance(response.stream, httpx2.AsyncByteStream)
             response.stream = _Bounded(response.stream, self._limit, str(url.copy_with(query=None)))
+            if request.method == "POST" and response.status_code >= 400:
+                self.refused = response.status_code
             return response
         raise AssertionError("no address to connect to")  # _addresses is never empty
 
@@ -159,12 +168,13 @@ class McpClient:
 
         url = server.server_url
         where = f"MCP server '{server.server_label}'"
+        pinned: _PinnedTransport | None = None
         try:
             async with asyncio.timeout(timeout_s):
                 host = httpx2.URL(url).host
                 addresses = await self._addresses(host)
-                http = httpx2.AsyncClient(headers=dict(server.headers), timeout=timeout_s,
-                                          transport=_PinnedTransport(host, addresses, self.config.max_response_bytes))
+                pinned = _PinnedTransport(host, addresses, self.config.max_response_bytes)
+                http = httpx2.AsyncClient(headers=dict(server.headers), timeout=timeout_s, transport=pinned)
                 transport = streamable_http_client(url, http_client=http,
                                                    max_sse_event_size=self.config.max_response_bytes)
                 async with http, Client(transport) as client:
@@ -172,14 +182,14 @@ class McpClient:
         except TimeoutError:
             raise McpFailure(McpError("protocol_error", f"{where} did not answer within {timeout_s:g} s "
                                       f"while {doing}.", REQUEST_TIMEOUT)) from None
-        except MCPError as exc:
-            raise McpFailure(McpError("protocol_error", f"{where}: {exc.message}"[:500], exc.code)) from exc
-        except httpx2.HTTPStatusError as exc:
-            raise McpFailure(McpError("http_error", f"{where} answered HTTP {exc.response.status_code} while "
-                                      f"{doing}.", exc.response.status_code)) from exc
         except Exception as exc:  # refused, dropped, malformed: whatever broke, this operation fails
             if (failure := _find(exc, McpFailure)) is not None:
                 raise failure from None
+            if pinned is not None and pinned.refused is not None:
+                raise McpFailure(McpError("http_error", f"{where} answered HTTP {pinned.refused} while {doing}.",
+                                          pinned.refused)) from exc
+            if isinstance(exc, MCPError):
+                raise McpFailure(McpError("protocol_error", f"{where}: {exc.message}"[:500], exc.code)) from exc
             raise McpFailure(McpError("protocol_error", f"{where} failed while {doing}: {_cause(exc)}"[:500],
                                       CONNECTION_CLOSED)) from exc
 

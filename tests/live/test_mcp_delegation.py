@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from bench.fake_openai import Call, FakeOpenAI, Script
+from gateway.realtime.tools import McpServer, McpTool
+from gateway.runtime.live_runner import mcp_functions
 from tests.conftest import load_pcm
 from tests.helpers.live import voice_model
 from tests.live.conftest import Microphone, live, transcript
@@ -54,3 +56,15 @@ async def test_an_mcp_tool_is_called_by_the_gateway(start_pipeline: Any, mcp_ser
     assert [i["type"] for i in items] == ["mcp_call", "message"]
     assert items[0]["output"] == "sunny and 21 degrees in Paris" and items[0]["status"] == "completed"
     assert "Bearer token" in mcp_server.app.authorization
+
+
+async def test_a_tool_name_the_backend_would_refuse_or_that_is_taken_is_not_offered() -> None:
+    """label__tool past 64 characters would be cut, and two tools could share the cut name: a call of one would
+    run the other. Such a tool, one whose name is not a function name, or one a function took, is left out."""
+    billing = McpServer("billing", "https://mcp.example.com/mcp", require_approval="never")
+    long = "get_customer_account_balance_for_the_current_billing_period"
+    tools = [McpTool(long, {}), McpTool(long + "_reset", {}), McpTool("weird.name/v1", {}), McpTool("refund", {}),
+             McpTool("lookup", {})]
+    routes, functions = mcp_functions([(billing, tools)], {"billing__lookup"})
+    assert [f["name"] for f in functions] == list(routes) == ["billing__refund"]
+    assert routes["billing__refund"].tool.name == "refund"

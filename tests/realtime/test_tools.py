@@ -322,3 +322,22 @@ def test_an_mcp_call_outlives_its_response_and_the_next_response_waits_for_its_r
     (llm,) = [e for e in effects if isinstance(e, StartResponse)]
     assert any("12 degrees" in str(m) for m in llm.request.messages)
     assert session.mcp_call_finished(call.item_id, "again") == []
+
+
+async def test_a_server_that_numbers_its_calls_anew_each_turn_still_gets_each_result(gateway, fake: FakeOpenAI):
+    """Some servers call every turn's first call "call_0": each call gets its own call_id all the same, so the
+    second turn's call is not taken as answered by the first turn's output."""
+    fake.reply = lambda body: Script(calls=[Call("get_time", {}, id="call_0")])
+    async with connect(gateway) as client:
+        await use_tools(client, TIME)
+        ids = []
+        for answer in ("09:00", "12:00"):
+            [call] = outputs(await ask(client, "What time is it?"))
+            ids.append(call["call_id"])
+            await client.send({"type": "conversation.item.create", "item": {
+                "type": "function_call_output", "call_id": call["call_id"], "output": answer}})
+        await ask(client, "And now?")
+    assert len(set(ids)) == 2 and "call_0" not in ids
+    last = fake.chat_requests[-1].messages
+    assert [m["content"] for m in last if m["role"] == "tool"] == ["09:00", "12:00"]
+    assert len({m["tool_call_id"] for m in last if m["role"] == "tool"}) == 2

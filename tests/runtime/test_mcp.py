@@ -251,3 +251,33 @@ async def test_the_js_agents_sdk_hears_one_answer_after_a_hosted_mcp_call(start,
     assert report["approvals"] == (["get_weather"] if approval == "always" else [])
     assert report["completed"] == [["get_weather", "sunny and 21 degrees in Paris"]]
     assert report["audioBytesAfterCall"] > 0 and len(fake.chat_requests) == 2
+
+
+async def test_a_server_answering_http_errors_or_html_fails_its_listing_cleanly(start):
+    """The HTTP status a server refused with is the failure's (the mcp package would make it a JSON-RPC error),
+    and a malformed answer costs no ERROR line or traceback (the autouse check): a client named the server."""
+    from aiohttp import web
+
+    async def answer(request: web.Request) -> web.Response:
+        if request.match_info["mode"] == "503":
+            return web.Response(status=503, text="busy")
+        return web.Response(text="<html>not MCP</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_route("*", "/{mode}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        gateway = await start()
+        async with connect(gateway) as client:
+            for mode, words in (("503", "MCP server '503' answered HTTP 503 while listing its tools."),
+                                ("html", "MCP server 'html' failed while listing its tools")):
+                await client.send({"type": "session.update", "session": {"type": "realtime", "tools": [
+                    mcp_tool(f"http://127.0.0.1:{port}/{mode}", server_label=mode)]}})
+                await client.until("mcp_list_tools.failed", timeout=15)
+                error = (await client.until("error"))[-1]["error"]
+                assert error["code"] == "mcp_list_tools_failed" and words in error["message"], error
+    finally:
+        await runner.cleanup()
