@@ -225,8 +225,10 @@ class Conversation:
     def truncate(self, item: Item, content_index: int, end_ms: int) -> list[Effect]:
         """Keep what was heard: the first ``end_ms`` of the audio and the words it speaks."""
         cut = min(len(item.audio), end_ms * BYTES_PER_MS)
+        # A client counts whole ms of what it got: a cut within the last ms heard all of it.
+        heard = len(item.audio) if len(item.audio) - cut < BYTES_PER_MS else cut
         part = item.data["content"][content_index]
-        part["transcript"] = heard_text(part.get("transcript") or "", item.marks, len(item.audio), cut)
+        part["transcript"] = heard_text(part.get("transcript") or "", item.marks, len(item.audio), heard)
         if item.id in self._items:
             self.audio_bytes -= len(item.audio) - cut
         del item.audio[cut:]

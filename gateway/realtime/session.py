@@ -26,6 +26,7 @@ handler becomes a server_error event, and the session goes on.
 from __future__ import annotations
 
 import binascii
+import math
 import weakref
 from collections.abc import Collection
 from dataclasses import replace
@@ -338,7 +339,7 @@ class Session:
         held_ms = len(item.audio) / BYTES_PER_MS
         if end_ms < 0:
             raise ProtocolError("invalid_value", "audio_end_ms must not be negative.", "audio_end_ms")
-        if end_ms > held_ms + 0.5:
+        if end_ms > math.ceil(held_ms):  # a client may round what it got up to the next whole ms
             raise ProtocolError(
                 "invalid_value", f"Audio content of {held_ms:.0f}ms is already shorter than {end_ms}ms.",
                 "audio_end_ms",

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.realtime.events import new_id
 from gateway.runtime.auth import error_body
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -175,7 +176,7 @@ class FrontDoor:
                               "origin_not_allowed")
                 return
             cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
-                    (b"access-control-expose-headers", b"Location")]
+                    (b"access-control-expose-headers", b"Location, x-request-id")]
             if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
                 requested = headers.get("access-control-request-headers")
                 allowed = CORS_HEADERS + (", " + requested if requested else "")
@@ -191,6 +192,8 @@ class FrontDoor:
                 response_headers = MutableHeaders(scope=message)
                 for name, value in cors + SECURITY_HEADERS:
                     response_headers.append(name.decode(), value.decode("latin-1"))
+                # As OpenAI's answers carry: the SDKs report it (LiveKit warns on each answer without one).
+                response_headers.append("x-request-id", new_id("req"))
             await send(message)
 
         await self.app(scope, receive, send_with_headers)

@@ -2,13 +2,14 @@
 
 The request is OpenAI's multipart form: ``file`` (mp3, wav, ogg, aac, flac, webm or mp4) and ``model`` (any
 name: the gateway has one speech-to-text, the sessions' own), with ``language``, ``prompt``, ``temperature``
-(taken, not used), ``chunking_strategy`` (the speech-to-text chunks long audio itself), ``response_format``
-and ``stream``. The answer is ``json`` (``text`` and ``usage``, the audio's duration), ``text``, or
-``verbose_json`` with one segment, the whole file (the speech-to-text gives no timestamps: word timestamps,
+(taken, not used), ``chunking_strategy`` (the speech-to-text chunks long audio itself), ``include`` (the
+answer has no log probabilities: Pipecat asks for them by default), ``response_format`` and ``stream``.
+The answer is ``json`` (``text`` and ``usage``, the audio's duration), ``text``, or ``verbose_json`` with
+one segment, the whole file (the speech-to-text gives no timestamps: word timestamps,
 ``srt`` and ``vtt`` are a 400). With ``stream`` it is server-sent ``transcript.text.delta`` events, one per
 piece the speech-to-text gave, then ``transcript.text.done``, sent once the transcription has ended: a
 failure is then still an HTTP error, and the request's place is free once its answer goes. What else
-OpenAI's models do (log probabilities, diarization, keywords) is a 400 naming the field.
+OpenAI's models do (diarization, keywords) is a 400 naming the field.
 
 Bounds ([transcriptions]): the file's bytes and its audio's seconds, and ``max_running`` transcriptions at
 once in this process, beyond which a request gets 503 with Retry-After at once.
@@ -33,7 +34,7 @@ from gateway.transports.rest import HttpError, authorize, read_form, string_fiel
 
 FORMATS = ("json", "text", "verbose_json")
 TAKEN = frozenset({"file", "model", "language", "prompt", "temperature", "chunking_strategy", "response_format",
-                   "stream", "timestamp_granularities"})
+                   "stream", "timestamp_granularities", "include"})
 
 
 class TranscriptionEndpoint:

@@ -552,3 +552,23 @@ def test_a_refused_event_changes_nothing(event: dict[str, Any]):
     assert [e for e in effects if not isinstance(e, SendEvent)] == []
     assert types(events) == ["error"] and events[0]["error"]["event_id"] == "evt_bad"
     assert state(session) == before
+
+
+def test_a_truncate_at_the_whole_ms_above_or_below_what_was_sent_is_taken_whole():
+    """A client counts whole ms of the audio it got (the Agents SDK rounds up): 1428.04 ms of reply may be cut at
+    1429 or at 1428, and either way every word was heard; 1430 is past it."""
+    session = Session(make_config(vad__enabled=False))
+    start = start_response(session)
+    rid = start.request.response_id
+    session.response_output(rid, SpeechText("What's on your mind?"))
+    session.response_output(rid, AudioOut(bytes(68546)))  # 1428.04 ms
+    session.response_finished(rid)
+    item_id = start.request.item_id
+    past = events_of(send(session, type="conversation.item.truncate", item_id=item_id, content_index=0,
+                          audio_end_ms=1430))
+    assert past[-1]["type"] == "error" and past[-1]["error"]["param"] == "audio_end_ms"
+    for end_ms in (1429, 1428):
+        events = events_of(send(session, type="conversation.item.truncate", item_id=item_id, content_index=0,
+                                audio_end_ms=end_ms))
+        assert events[-1]["type"] == "conversation.item.truncated"
+    assert start_response(session).request.messages[-1].text == "What's on your mind?"

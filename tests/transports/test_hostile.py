@@ -156,7 +156,8 @@ async def test_scalar_json_is_a_400_on_every_route_that_reads_a_body(start_gatew
                     for action in ("accept", "reject", "refer", "hangup", "dtmf")}
     assert reading_json == {
         "POST /v1/realtime/client_secrets", "POST /v1/realtime/sessions", "POST /v1/realtime/transcription_sessions",
-        "POST /v1/audio/speech", "POST /v1/audio/voice_consents", "POST /v1/audio/voice_consents/x",
+        "POST /v1/audio/speech", "POST /v1/audio/transcriptions", "POST /v1/audio/voice_consents",
+        "POST /v1/audio/voice_consents/x",
         "POST /v1/audio/voices", "POST /v1/live/sessions", "POST /live/sessions", *call_control,
     }
     # The WebRTC form's session part is JSON too.

@@ -59,6 +59,7 @@ async def test_a_file_is_heard_by_the_sessions_speech_to_text(start_gateway: Sta
     done = await client.audio.transcriptions.create(model="whisper-1", file=("q.mp3", mp3(SENTENCE)), language="en",
                                                     prompt="Weather.")
     assert done.text == "The sky is blue today."
+    assert done._request_id is not None and done._request_id.startswith("req_")  # as OpenAI's answers carry
     assert done.usage is not None and done.usage.type == "duration"
     assert done.usage.seconds == pytest.approx(seconds, abs=0.1)
     (request,) = fake.stt_requests
@@ -74,7 +75,7 @@ async def test_a_file_is_heard_by_the_sessions_speech_to_text(start_gateway: Sta
     assert verbose.text == "The sky is blue today." and verbose.duration == pytest.approx(seconds, abs=0.01)
     assert [(s.start, s.text) for s in verbose.segments or []] == [(0.0, "The sky is blue today.")]
     stream = await client.audio.transcriptions.create(model="gpt-4o-transcribe", file=("q.wav", wav_bytes(SENTENCE)),
-                                                      stream=True)
+                                                      stream=True, include=["logprobs"])  # taken, none given
     events = [event async for event in stream]
     assert [e.type for e in events][-1] == "transcript.text.done" and len(events) > 2
     assert "".join(e.delta for e in events if e.type == "transcript.text.delta") == events[-1].text
@@ -93,7 +94,8 @@ async def test_what_cannot_be_served_is_refused_naming_why(start_gateway: StartG
         ({"file": wav, "response_format": "srt"}, openai.BadRequestError, "invalid_value", "response_format"),
         ({"file": wav, "response_format": "verbose_json", "timestamp_granularities": ["word"]},
          openai.BadRequestError, "unsupported_value", "timestamp_granularities"),
-        ({"file": wav, "include": ["logprobs"]}, openai.BadRequestError, "unsupported_parameter", "include"),
+        ({"file": wav, "known_speaker_names": ["ann"]}, openai.BadRequestError, "unsupported_parameter",
+         "known_speaker_names"),
     ]
     for fields, error, code, param in cases:
         with pytest.raises(error) as refused:
