@@ -104,6 +104,9 @@ class Dispatcher:
 
     def started(self, slot: int, end: socket.socket, ready: Flag) -> None:
         """Worker `slot` started: once `ready` is set, hand it connections over `end`."""
+        # A worker that reads nothing for a while (stopped, or its loop held up) must not stop the accept loop:
+        # once its queue is full, connections go to the others.
+        end.setblocking(False)
         with self._lock:
             worker = _Worker(slot, end, ready)
             self._workers[slot] = worker
@@ -166,7 +169,7 @@ class Dispatcher:
             tag = next(self._tags)
             try:
                 socket.send_fds(worker.end, [TAG.pack(tag)], [conn.fileno()])
-            except OSError as exc:  # the worker died under us: its watcher forgets it soon
+            except OSError as exc:  # its queue is full, or it died under us (its watcher forgets it soon)
                 log.debug("handoff to worker %d failed: %s", worker.slot, exc)
                 continue
             worker.handed += 1
@@ -237,12 +240,18 @@ async def adopt(handoff: Handoff, accept: Callable[[socket.socket], None], open_
             except OSError:  # the parent is gone: the worker notices it and stops
                 loop.remove_reader(end.fileno())
                 break
-            if not fds:
+            if not tag:  # the parent closed its end
                 loop.remove_reader(end.fileno())
                 break
+            unacknowledged.append(tag)  # adopted, or lost: either way the parent lets go of its copy
+            if not fds:
+                # The kernel dropped the descriptor: this process has as many open files as it may. The
+                # connection is closed with the parent's copy; the next may find room again.
+                log.warning("a connection handed over could not be received: this worker is at its open-file "
+                            "limit (ulimit -n); it was closed")
+                continue
             adopted += 1
             accept(socket.socket(fileno=fds[0]))
-            unacknowledged.append(tag)
         acknowledge()
 
     loop.add_reader(end.fileno(), readable)

@@ -133,3 +133,30 @@ def test_a_worker_that_closes_its_end_hands_back_what_it_had_not_adopted() -> No
         listener.close()
         for sock in clients + [end for pair in ends for end in pair]:
             sock.close()
+
+
+def test_a_worker_that_reads_nothing_does_not_stop_the_others_getting_connections() -> None:
+    """A worker whose loop is held up (or stopped) fills its handoff queue; the parent then hands the next
+    connections to the others instead of waiting on it, which would stop every worker's share."""
+    listener = listen("127.0.0.1", 0)
+    loads = Loads.shared(2)
+    loads.open[1] = 10**6  # worker 0 is always the least loaded: every connection goes there while it can
+    flags = [threading.Event(), threading.Event()]
+    ends = [handoff_pair() for _ in range(2)]
+    dispatcher = Dispatcher(listener, loads)
+    for slot, ((ours, _), flag) in enumerate(zip(ends, flags, strict=True)):
+        dispatcher.started(slot, ours, flag)
+        flag.set()
+    dispatcher.start()
+    port = listener.getsockname()[1]
+    clients = []
+    try:
+        for _ in range(400):  # more than a handoff queue holds (278 on Linux's defaults)
+            clients.append(socket.create_connection(("127.0.0.1", port)))
+        with received(ends[1][1], timeout=10) as conn:  # the deaf worker's queue is full: this one's turn
+            assert conn.fileno() >= 0
+    finally:
+        dispatcher.stop()
+        listener.close()
+        for sock in clients + [end for pair in ends for end in pair]:
+            sock.close()
