@@ -92,7 +92,9 @@ def render_conf(gateway_ports: list[int], listen_port: int, prefix: Path) -> str
     assert listens == 1, "deploy/nginx/gateway.conf has no 'listen 80;' line"
     temp = "\n".join(f"    {kind}_temp_path {prefix}/{kind};" for kind in ("client_body", "proxy", "fastcgi",
                                                                               "uwsgi", "scgi"))
-    return (f"worker_processes 1;\npid {prefix}/nginx.pid;\nerror_log {prefix}/error.log warn;\n"
+    # Started as root, nginx's workers would run as nobody, who may not write the temporary folders made here.
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    return (f"{user}worker_processes 1;\npid {prefix}/nginx.pid;\nerror_log {prefix}/error.log warn;\n"
             f"events {{ worker_connections 1024; }}\n"
             f"http {{\n    access_log {prefix}/access.log;\n{temp}\n{site}\n}}\n")
 

@@ -141,3 +141,17 @@ async def test_sessions_spread_and_a_drained_gateway_loses_none(cluster):
         assert await sessions_of(second) == 6
     status, _ = await get(f"{nginx.url}/readyz")  # nginx now sends everything to the one left
     assert status == 200
+
+
+async def test_an_upload_of_megabytes_reaches_a_gateway_through_nginx(cluster):
+    """nginx takes bodies of 1 MiB by default; the audio APIs' uploads go to 25 MiB, and the gateway is the one
+    to judge them (these gateways have no speech-to-text: their 501, not nginx's 413)."""
+    import openai
+
+    from gateway.audio import wav_bytes
+
+    _, _, nginx = cluster
+    with pytest.raises(openai.APIStatusError) as answered:
+        await sdk(nginx.url).audio.transcriptions.create(model="whisper-1",
+                                                         file=("long.wav", wav_bytes(silence(60_000))))
+    assert answered.value.status_code == 501 and answered.value.code == "stt_unavailable"
