@@ -109,8 +109,10 @@ class SpeechService:
             await connect()  # engine processes: linked, and their load known, before the first request
         if not self.max_streams:
             rows = getattr(engine, "free_streams", None)
-            # Half the engine's streams: the realtime sessions keep the other half.
-            self.max_streams = max(1, rows // 2) if rows is not None else DEFAULT_MAX_STREAMS
+            # Half the engine's streams, shared by the processes that speak with it (serve --workers N): the
+            # realtime sessions keep the other half.
+            share = max(1, self.config.server.workers)
+            self.max_streams = max(1, rows // 2 // share) if rows is not None else DEFAULT_MAX_STREAMS
 
     async def aclose(self) -> None:
         self.codec_pool.shutdown(wait=False, cancel_futures=True)

@@ -144,6 +144,7 @@ class Workers:
                  log_level: str | None = None) -> None:
         self.config = config
         self.count = count
+        config.server.workers = count  # resolved: each worker shares the engine processes with count - 1 others
         self.insecure_no_auth = insecure_no_auth
         self.hooks = hooks or Hooks()
         self.log_level = log_level or logging.getLevelName(logging.getLogger().getEffectiveLevel())

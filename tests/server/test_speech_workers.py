@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import numpy as np
 import pytest
 
+from gateway.config import Config
+from gateway.runtime.speech import SpeechService
 from tests.helpers.workers import engine_processes, serve
 from tests.paths import DATA, TINY_CHECKPOINT
 
@@ -51,3 +54,15 @@ async def test_speech_and_a_new_voice_behind_two_workers(tmp_path: Path) -> None
                                       *(speak("alloy", 1) for _ in range(6)))
         assert all(same(spoken[0], pcm) for pcm in spoken[:6]) and all(same(spoken[6], pcm) for pcm in spoken[6:])
         assert not same(spoken[0], spoken[6])
+
+
+@pytest.mark.parametrize(("workers", "share"), [(1, 4), (2, 2), (3, 1), (16, 1)])
+async def test_the_speech_share_of_the_engine_is_split_among_the_workers(workers: int, share: int) -> None:
+    """[speech] max_streams = 0 gives the speech API half the engine's streams, split among the processes that
+    share the engine: two workers taking half each would leave the sessions none."""
+    config = Config()
+    config.server.workers = workers
+    service = SpeechService(config)
+    await service.start(SimpleNamespace(free_streams=8, voices=None))  # an engine of 8 streams
+    assert service.max_streams == share
+    await service.aclose()
