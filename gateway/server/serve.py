@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ipaddress
 import logging
 import os
 import signal
@@ -104,7 +105,8 @@ def uvicorn_config(app: object, config: Config, private: bool = False) -> uvicor
                                       server.max_header_line_bytes)
     # uvicorn's own reading of the list (its proxy-headers middleware rewrites the client's address with it):
     # the connection budget exempts exactly the peers whose X-Forwarded-For that middleware believes.
-    proxies = _TrustedHosts(server.forwarded_allow_ips) if server.forwarded_allow_ips else None
+    forwarded = with_mapped(server.forwarded_allow_ips)
+    proxies = _TrustedHosts(forwarded) if forwarded else None
     return uvicorn.Config(
         app,
         http=http_protocol.protocol_class(limits, ClientBudget(server.max_connections_per_client),
@@ -116,8 +118,8 @@ def uvicorn_config(app: object, config: Config, private: bool = False) -> uvicor
         limit_concurrency=server.session_limit + CONNECTION_HEADROOM,
         # Off unless configured: uvicorn would otherwise believe X-Forwarded-For from loopback (its default),
         # and any local client could pose as any address.
-        proxy_headers=bool(server.forwarded_allow_ips) and not private,
-        forwarded_allow_ips=server.forwarded_allow_ips or None,
+        proxy_headers=bool(forwarded) and not private,
+        forwarded_allow_ips=forwarded or None,
         lifespan="off" if private else "on",
         server_header=False,
         access_log=False,
@@ -126,6 +128,22 @@ def uvicorn_config(app: object, config: Config, private: bool = False) -> uvicor
         ssl_keyfile=None if private else server.tls_key or None,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
+
+
+def with_mapped(hosts: str) -> str:
+    """``hosts`` (forwarded_allow_ips) with each IPv4 address and network also as IPv6 maps them: on a dual-stack
+    socket ([server] host "::") an IPv4 proxy's peer address is "::ffff:10.0.0.5", and would match neither."""
+    entries = [h.strip() for h in hosts.split(",") if h.strip()]
+    mapped = []
+    for entry in entries:
+        try:
+            network = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            continue  # "*" or a name: as uvicorn takes it
+        if network.version == 4:
+            mapped.append(f"::ffff:{network.network_address}" if "/" not in entry else
+                          f"::ffff:{network.network_address}/{96 + network.prefixlen}")
+    return ",".join(entries + mapped)
 
 
 class _Server(uvicorn.Server):

@@ -279,17 +279,22 @@ async def test_a_handshake_the_app_never_answers_is_closed_at_the_head_deadline(
         sock.close()
 
 
-@pytest.mark.parametrize("trusted", [False, True])
-async def test_x_forwarded_for_is_believed_from_trusted_proxies_only(start_gateway, trusted: bool):
+@pytest.mark.parametrize(("trusted", "host"), [(False, "127.0.0.1"), (True, "127.0.0.1"), (True, "::")])
+async def test_x_forwarded_for_is_believed_from_trusted_proxies_only(start_gateway, monkeypatch, trusted: bool,
+                                                                     host: str):
     """The client address of the per-client limits (here: WebRTC's pending calls, answered 429 past the
-    client's share) comes from X-Forwarded-For only when the peer is a proxy named in forwarded_allow_ips."""
+    client's share) comes from X-Forwarded-For only when the peer is a proxy named in forwarded_allow_ips; on a
+    dual-stack socket ("::") an IPv4 proxy's address comes IPv6-mapped, and is still the one named."""
     pytest.importorskip("aiortc")
-    gateway = await start_gateway(webrtc__enabled=True, webrtc__max_pending_calls_per_client=1,
+    key = "sk-proxied-0123456789abcdef"
+    monkeypatch.setenv("GATEWAY_API_KEYS", key)  # every address: it needs keys
+    gateway = await start_gateway(webrtc__enabled=True, webrtc__max_pending_calls_per_client=1, server__host=host,
                                   server__forwarded_allow_ips="127.0.0.1" if trusted else "")
     statuses = []
     for client in ("198.51.100.7", "198.51.100.8"):  # two clients behind one proxy (or one client lying)
         sdp = (await aiortc_offer()).encode()
-        data = offer_request(sdp).replace(b"\r\n\r\n", f"\r\nX-Forwarded-For: {client}\r\n\r\n".encode(), 1)
+        data = offer_request(sdp).replace(
+            b"\r\n\r\n", f"\r\nX-Forwarded-For: {client}\r\nAuthorization: Bearer {key}\r\n\r\n".encode(), 1)
         statuses.append((await request(gateway.port, data))[0])
     assert statuses == ([201, 201] if trusted else [201, 429])
 
