@@ -340,7 +340,8 @@ async def run_server(server: GatewayServer,
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # SIGTERM (a platform stopping the gateway) drains: no new session, the running ones may go on for
-    # [server] drain_seconds. SIGINT (Ctrl-C), or a second signal, ends every session now (1001).
+    # [server] drain_seconds; so does SIGHUP (its terminal closed), which would otherwise end the process with
+    # no word to its sessions. SIGINT (Ctrl-C), or a second signal, ends every session now (1001).
     signalled = asyncio.Event()
 
     def on_signal(sig: signal.Signals) -> None:
@@ -349,7 +350,7 @@ async def run_server(server: GatewayServer,
         signalled.set()
 
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, on_signal, sig)
     task = asyncio.create_task(serving(server)) if serving is not None else None
     await signalled.wait()

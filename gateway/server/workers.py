@@ -20,8 +20,8 @@ folder for the sockets where the workers pass each other requests about their ca
 A worker that dies is started again after a pause that grows while it keeps dying soon after its start;
 its slot in the session counts is zeroed and its live gauges dropped, and the engine processes free its
 streams when its heartbeats stop. SIGTERM and SIGINT are passed to every worker, which does what one
-process does on them (a second one is passed on too); the parent exits once every worker has, and stops
-the engine processes last. A worker that cannot start at all (exit status 2: a configuration error it
+process does on them (a second one is passed on too), and SIGHUP as SIGTERM; the parent exits once every
+worker has, and stops the engine processes last. A worker that cannot start at all (exit status 2: a configuration error it
 printed) stops the gateway.
 """
 
@@ -166,6 +166,10 @@ class Workers:
 
         server = self.config.server
         supervisor: EngineSupervisor | None = None
+        # From the start: a signal while the engine processes load stops the gateway once they have (their
+        # start cannot be cut short), rather than the parent dying at once and leaving them behind.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
         try:
             # One signing key: a client secret minted by one worker opens a session on any.
             self._auth = Auth.from_env(os.environ)
@@ -182,8 +186,6 @@ class Workers:
                 self._dispatcher = Dispatcher(self._socket, self._loads)
                 self._dispatcher.start()
             self._metrics_dir = tempfile.mkdtemp(prefix="voice-gateway-metrics-")  # 0700: this user's only
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, self._on_signal)
             log.info("starting %d workers on %s:%d for at most %d sessions", self.count, server.host,
                      self._socket.getsockname()[1], server.session_limit)
             for worker in self._workers:
@@ -309,7 +311,7 @@ class Workers:
         if not self._signals:
             log.info("%s: stopping the workers", signal.Signals(sig).name)
         self._signals.append(sig)
-        self._signal_workers(sig)
+        self._signal_workers(signal.SIGTERM if sig == signal.SIGHUP else sig)  # a hang-up drains, as SIGTERM does
 
     def _signal_workers(self, sig: int) -> None:
         for worker in self._workers:

@@ -216,7 +216,7 @@ def test_the_defaults_size_a_host_by_its_cores_gpus_and_sessions(monkeypatch: py
     assert workers.engine_mode(config) == "process" and config.engine.devices == "auto"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 async def test_a_signal_while_the_workers_start_stops_them_all_quietly(tmp_path: Path, sig: int) -> None:
     """Stopped while its workers start: those still starting end without a traceback (SIGINT would interrupt
     their imports), none is started after the signal, and the parent exits."""
@@ -239,3 +239,30 @@ async def test_a_signal_while_the_workers_start_stops_them_all_quietly(tmp_path:
     assert "Traceback" not in text and "Fatal Python error" not in text, text
     assert not re.search(r"stopping the workers(.|\n)*worker \d started", text), text
     assert all(gone(pid) for pid in gateway.worker_pids().values())
+
+
+async def test_a_signal_while_the_engine_process_loads_stops_the_gateway_once_it_has(tmp_path: Path) -> None:
+    """SIGTERM while the engine process loads: the parent waits for it, then stops it in order and exits 0,
+    starting no worker; it used to die at once, leaving the engine process a traceback and its socket."""
+    log = tmp_path / "gateway.log"
+    environ = {**os.environ, "GATEWAY_WEBRTC_ENABLED": "false", "GATEWAY_LOCAL_STT": "false", "OMP_NUM_THREADS": "1",
+               "GATEWAY_RESPONDER_KIND": "echo", "GATEWAY_TTS_ENGINE": "qwen3",
+               "GATEWAY_ENGINE_CHECKPOINT": str(FIXTURE), "GATEWAY_ENGINE_MODE": "process",
+               "GATEWAY_ENGINE_DEVICES": "cpu", "GATEWAY_ENGINE_VOICES": "alloy=vivian"}
+    environ.pop("GATEWAY_API_KEYS", None)
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--workers", "2", "--port", "0"],
+                                   cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        while not engine_processes(process.pid):
+            assert process.poll() is None, log.read_text()
+            await asyncio.sleep(0.05)
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.wait, 120) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    text = log.read_text()
+    assert "Traceback" not in text and "worker 0 started" not in text, text
+    assert not engine_processes(process.pid)
