@@ -150,8 +150,9 @@ class _Server(uvicorn.Server):
     """uvicorn's server without its signal handlers: the process that runs it decides what a signal means; it
     also serves connections accepted elsewhere (`adopt`)."""
 
-    def __init__(self, config: uvicorn.Config) -> None:
+    def __init__(self, config: uvicorn.Config, head_timeout_s: float) -> None:
         super().__init__(config)
+        self.head_timeout_s = head_timeout_s
         self._adopting: set[asyncio.Task[Any]] = set()
 
     @contextlib.contextmanager
@@ -164,8 +165,11 @@ class _Server(uvicorn.Server):
         protocol = functools.partial(config.http_protocol_class, config=config, server_state=self.server_state,
                                      app_state=self.lifespan.state)
         sock.setblocking(False)
-        task = asyncio.get_running_loop().create_task(
-            asyncio.get_running_loop().connect_accepted_socket(protocol, sock, ssl=config.ssl))
+        # A TLS handshake gets as long as a request head (asyncio's own limit is 60 s): the per-client budget
+        # and the head deadline start once it is done.
+        timeout = self.head_timeout_s if config.ssl is not None else None
+        task = asyncio.get_running_loop().create_task(asyncio.get_running_loop().connect_accepted_socket(
+            protocol, sock, ssl=config.ssl, ssl_handshake_timeout=timeout))
         self._adopting.add(task)
         task.add_done_callback(self._adopted)
 
@@ -224,7 +228,7 @@ class GatewayServer:
             # started again), the others take them all.
             await loading
         await asyncio.sleep(0)  # the gateway is marked started before uvicorn runs the lifespan
-        self._server = _Server(uvicorn_config(self.app, self.config))
+        self._server = _Server(uvicorn_config(self.app, self.config), self.config.server.request_head_timeout_s)
         self._task = asyncio.create_task(self._server.serve(sockets=[self._socket] if self._socket else []))
         while not self._server.started and not self._task.done():
             await asyncio.sleep(0.01)
@@ -267,7 +271,8 @@ class GatewayServer:
         except OSError as exc:
             sock.close()
             raise ConfigError(f"this worker's private socket {path} cannot be made (TMPDIR): {exc}") from None
-        self._private = _Server(uvicorn_config(from_workers(self.app), self.config, private=True))
+        self._private = _Server(uvicorn_config(from_workers(self.app), self.config, private=True),
+                                self.config.server.request_head_timeout_s)
         self._private_task = asyncio.create_task(self._private.serve(sockets=[sock]))
         while not self._private.started and not self._private_task.done():
             await asyncio.sleep(0.01)

@@ -21,8 +21,8 @@ A worker that dies is started again after a pause that grows while it keeps dyin
 its slot in the session counts is zeroed and its live gauges dropped, and the engine processes free its
 streams when its heartbeats stop. SIGTERM and SIGINT are passed to every worker, which does what one
 process does on them (a second one is passed on too), and SIGHUP as SIGTERM; the parent exits once every
-worker has, and stops the engine processes last. A worker that cannot start at all (exit status 2: a configuration error it
-printed) stops the gateway.
+worker has, and stops the engine processes last. A worker that cannot start at all (exit status 2: a
+configuration error it printed) stops the gateway.
 """
 
 from __future__ import annotations

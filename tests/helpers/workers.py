@@ -82,7 +82,7 @@ async def serve(tmp_path: Path, port: int = 0, **env: str) -> AsyncIterator[Gate
     gateway = Gateway(process, log)
     try:
         ready = await gateway.wait_for(
-            r"worker\[\d\] gateway\.server\.serve: gateway \S+ ready: open http://127\.0\.0\.1:(\d+)/", 2)
+            r"worker\[\d\] gateway\.server\.serve: gateway \S+ ready: open https?://127\.0\.0\.1:(\d+)/", 2)
         gateway.port = int(ready[0][1])
         yield gateway
     finally:

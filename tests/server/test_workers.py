@@ -22,6 +22,7 @@ import pytest
 import websockets
 
 from bench.fake_openai import FakeOpenAI
+from gateway.server.certs import make_certificate
 from tests.conftest import Client, audio_of, connect, load_pcm, silence
 from tests.helpers.workers import Gateway, engine_processes, gone, serve
 from tests.paths import ROOT, TINY_CHECKPOINT
@@ -266,3 +267,17 @@ async def test_a_signal_while_the_engine_process_loads_stops_the_gateway_once_it
     text = log.read_text()
     assert "Traceback" not in text and "worker 0 started" not in text, text
     assert not engine_processes(process.pid)
+
+
+async def test_a_silent_tls_connection_is_closed_after_the_head_deadline(tmp_path: Path) -> None:
+    """Under `serve --workers N` a TLS handshake gets [server] request_head_timeout_s, not asyncio's 60 s: a
+    connection that never starts one does not hold its worker's file descriptor for a minute."""
+    _, cert, key = make_certificate(tmp_path / "tls")
+    async with serve(tmp_path, GATEWAY_SERVER_TLS_CERT=str(cert), GATEWAY_SERVER_TLS_KEY=str(key),
+                     GATEWAY_SERVER_REQUEST_HEAD_TIMEOUT_S="1") as gateway:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+        started = asyncio.get_running_loop().time()
+        with contextlib.suppress(ConnectionError):
+            assert await asyncio.wait_for(reader.read(), 20) == b""
+        assert asyncio.get_running_loop().time() - started < 10
+        writer.close()
