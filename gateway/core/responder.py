@@ -104,7 +104,13 @@ class TraceMark:
     name: str
 
 
-ResponseOutput = AudioOut | SpeechText | TextOut | ToolCallStart | ToolCallArguments | LlmUsage | TraceMark
+@dataclass(frozen=True, slots=True)
+class ReplyCut:
+    """The LLM stopped at its token limit (max_output_tokens, or its server's): the reply is incomplete."""
+
+
+ResponseOutput = (AudioOut | SpeechText | TextOut | ToolCallStart | ToolCallArguments | LlmUsage | ReplyCut
+                  | TraceMark)
 
 
 class BackendError(Exception):

@@ -42,6 +42,7 @@ from gateway.core.responder import (
     BackendError,
     LlmUsage,
     Message,
+    ReplyCut,
     ResponseOutput,
     ResponseRequest,
     SpeechText,
@@ -587,7 +588,7 @@ class LiveSession:
                 voice.arguments[index] = voice.arguments.get(index, "") + delta
             case TraceMark(name):
                 return [Mark(name, response_id)]
-            case TextOut() | LlmUsage() | ToolCallStart() | ToolCallArguments():
+            case TextOut() | LlmUsage() | ReplyCut() | ToolCallStart() | ToolCallArguments():
                 pass
         return []
 

@@ -28,6 +28,7 @@ from gateway.audio import OutputEncoder
 from gateway.core.responder import (
     AudioOut,
     LlmUsage,
+    ReplyCut,
     ResponseOutput,
     ResponseRequest,
     SpeechText,
@@ -87,6 +88,7 @@ class Response:
     llm: LlmTools = field(default_factory=LlmTools)  # the tools of its LLM call
     responding: bool = False  # a responder runs (between StartResponse and response_finished)
     llm_due: bool = True  # its LLM call is still to make, once listings and earlier MCP calls are done
+    cut: bool = False  # the LLM stopped at its token limit
     listings: set[str] = field(default_factory=set)  # mcp_list_tools items it waits for
     next_message_id: str = field(default_factory=lambda: new_id("item"))
     usage: Usage = field(default_factory=Usage)
@@ -190,6 +192,9 @@ class Responses:
         if isinstance(out, LlmUsage):
             resp.usage.add(out.input_tokens, out.output_tokens, out.cached_tokens)
             return []
+        if isinstance(out, ReplyCut):
+            resp.cut = True
+            return []
         if isinstance(out, ToolCallStart):
             return self._call_started(resp, out)
         if isinstance(out, ToolCallArguments):
@@ -277,7 +282,9 @@ class Responses:
         if resp is None:
             return []
         resp.responding = False
-        effects = self._close_message(resp, completed=True) + self._end_calls(resp)
+        effects = self._close_message(resp, completed=not resp.cut) + self._end_calls(resp)
+        if resp.cut:  # at its token limit: OpenAI's incomplete response
+            return effects + self.finish(resp, "incomplete", "max_output_tokens")
         return effects + self._advance(resp)
 
     def _end_calls(self, resp: Response) -> list[Effect]:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import ConfigError, LocalConfig
-from gateway.core.responder import BackendError, LlmUsage
+from gateway.core.responder import BackendError, LlmUsage, ReplyCut
 from gateway.responders.fetch import fetch
 from gateway.responders.model_thread import ModelThread, current_session
 
@@ -232,7 +232,7 @@ class LocalLlm:
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
-    ) -> AsyncIterator[str | LlmUsage]:
+    ) -> AsyncIterator[str | LlmUsage | ReplyCut]:
         """The reply's text, then its token counts. ``tools`` are not offered to the model: it is too small
         to call them (the session's tools stay unused; a response that requires one gets speech)."""
         if tools and not self._warned_of_tools:
@@ -279,7 +279,7 @@ class LocalLlm:
 
     def _generate(
         self, session: Hashable | None, messages: list[dict[str, Any]], max_tokens: int, temperature: float
-    ) -> Iterator[str | LlmUsage]:
+    ) -> Iterator[str | LlmUsage | ReplyCut]:
         """One step per token (its text, "" while held back), then the token counts; runs in the model thread."""
         import torch  # noqa: PLC0415
         from transformers import DynamicCache  # noqa: PLC0415
@@ -302,6 +302,7 @@ class LocalLlm:
         tokens: list[int] = []
         text = ""
         cut = SentenceCut()
+        cut_short = False
         try:
             for _ in range(max_tokens):
                 with torch.inference_mode():
@@ -321,6 +322,11 @@ class LocalLlm:
                 else:
                     yield ""
                 step = [token]
+            else:  # no stop token within max_tokens: the reply is cut there
+                yield cut.end()
+                cut_short = True
+            if cut_short:
+                yield ReplyCut()
             yield LlmUsage(len(ids), len(tokens), cached)
         finally:
             # Also when the reply was cut short: the next turn's prompt shares its prefix up to there.

@@ -28,6 +28,7 @@ from gateway.core.responder import (
     AudioOut,
     BackendError,
     LlmUsage,
+    ReplyCut,
     ResponseOutput,
     ResponseRequest,
     SpeechText,
@@ -66,7 +67,7 @@ class ChatModel(Protocol):
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
-    ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage]:
+    ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage | ReplyCut]:
         """The reply: text deltas, tool calls, and last the token counts; closing the iterator stops it."""
 
     async def aclose(self) -> None: ...
@@ -84,7 +85,7 @@ class BridgeSettings:
 # The marks that the LLM reader's and the audio player's tasks have ended (see PipelineResponder._speak).
 _READER_ENDED, _PLAYER_ENDED = object(), object()
 _Outputs = asyncio.Queue[ResponseOutput | object]
-LlmOutput = str | ToolCallStart | ToolCallArguments | LlmUsage
+LlmOutput = str | ToolCallStart | ToolCallArguments | LlmUsage | ReplyCut
 
 
 def _tts_error(exc: Exception) -> BackendError:

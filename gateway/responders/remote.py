@@ -15,7 +15,7 @@ import orjson
 
 from gateway.audio import wav_bytes
 from gateway.config import LlmConfig, SttConfig, api_key, redacted_url
-from gateway.core.responder import BackendError, LlmUsage, Message, ToolCallArguments, ToolCallStart
+from gateway.core.responder import BackendError, LlmUsage, Message, ReplyCut, ToolCallArguments, ToolCallStart
 from gateway.realtime.events import new_id
 from gateway.responders.openai_http import OpenAIServer, events
 
@@ -180,7 +180,7 @@ class LlmClient:
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
         parallel_tool_calls: bool | None = None,
-    ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage]:
+    ) -> AsyncIterator[str | ToolCallStart | ToolCallArguments | LlmUsage | ReplyCut]:
         """The reply as it streams in: text deltas, tool calls (as vLLM and OpenAI stream them: a call's id
         and name first, then pieces of its arguments), and last the token counts if the server sends them.
 
@@ -209,6 +209,7 @@ class LlmClient:
             raise BackendError("llm", self._server.cause(exc)) from exc
         calls: set[int] = set()
         usage: dict[str, Any] | None = None
+        cut = False
         try:
             async for chunk in events(response):
                 if not isinstance(chunk, dict):
@@ -217,6 +218,7 @@ class LlmClient:
                 usage = chunk.get("usage") or usage
                 # Some servers send a null delta.
                 choices = chunk.get("choices")
+                cut = cut or bool(choices) and choices[0].get("finish_reason") == "length"
                 delta = (choices[0].get("delta") if choices else None) or {}
                 if content := delta.get("content"):
                     yield content
@@ -236,6 +238,8 @@ class LlmClient:
             # Back to the pool when the body was read to its end; else the connection is closed, and the
             # server stops generating.
             response.release()
+        if cut:
+            yield ReplyCut()
         if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
             yield LlmUsage(usage["prompt_tokens"], usage.get("completion_tokens") or 0,

@@ -382,3 +382,26 @@ async def test_a_picture_in_a_user_message_reaches_the_llm(start_pipeline):
     (request,) = fake.chat_requests
     assert request.messages[-1] == {"role": "user", "content": [
         {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": PNG, "detail": "low"}}]}
+
+
+@pytest.mark.parametrize("modality", ["text", "audio"])
+async def test_a_reply_cut_at_max_output_tokens_is_incomplete(start_pipeline, modality: str):
+    """The LLM stopping at its token limit (finish_reason "length") makes OpenAI's incomplete response: status
+    incomplete, reason max_output_tokens, the message item incomplete with the words it had."""
+    from bench.fake_openai import FakeOpenAI
+
+    async with FakeOpenAI(reply="Hello there, this is a rather long answer to your question.") as fake:
+        gateway = await start_pipeline(fake, vad__enabled=False)
+        async with connect(gateway) as client:
+            await client.send({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi."}]}})
+            await client.send({"type": "response.create", "response": {
+                "max_output_tokens": 3, "output_modalities": [modality]}})
+            done = (await client.until("response.done"))[-1]["response"]
+            assert (done["status"], done["status_details"]["reason"]) == ("incomplete", "max_output_tokens")
+            [message] = done["output"]
+            assert message["status"] == "incomplete" and message["content"][0].get("text", message["content"][0].get(
+                "transcript")).startswith("Hello")
+            fake.reply = "Fine."
+            await client.send({"type": "response.create"})
+            assert (await client.until("response.done"))[-1]["response"]["status"] == "completed"
