@@ -33,6 +33,13 @@ class RunVad:
 
 
 @dataclass(frozen=True, slots=True)
+class ResetVad:
+    """Start the VAD model's memory afresh, as for a new stream: after a clear or a commit, the speech before it
+    must not carry into the probabilities of what follows (a word cut off would make silence a turn)."""
+
+
+
+@dataclass(frozen=True, slots=True)
 class RunSmartTurn:
     """semantic_vad: ask the Smart Turn model whether this turn's audio (pcm16 24 kHz, up to the pause) is
     finished speaking, and pass P(complete) to ``smart_turn_result`` with ``seq`` (None if the model failed).

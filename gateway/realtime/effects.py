@@ -14,6 +14,7 @@ from gateway.core.effects import (
     Fault,
     Mark,
     PrepareTranscript,
+    ResetVad,
     RunSmartTurn,
     RunVad,
     SendEvent,
@@ -73,5 +74,5 @@ class CallMcp:
     arguments: str
 
 
-Effect = (SendEvent | RunVad | Denoise | RunSmartTurn | StartResponse | StopResponse | Play | PlayoutEnd | ClearPlayout
-          | Mark | Transcribe | PrepareTranscript | ListMcpTools | CallMcp | Fault)
+Effect = (SendEvent | RunVad | ResetVad | Denoise | RunSmartTurn | StartResponse | StopResponse | Play | PlayoutEnd
+          | ClearPlayout | Mark | Transcribe | PrepareTranscript | ListMcpTools | CallMcp | Fault)

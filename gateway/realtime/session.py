@@ -43,7 +43,17 @@ from gateway.core.semantic_vad import CheckTurn
 from gateway.core.vad import SpeechStarted, SpeechStopped, TurnEvent
 from gateway.core.values import field_of, non_empty, parse_json
 from gateway.realtime.conversation import BYTES_PER_MS, Conversation, Item, item_from_client
-from gateway.realtime.effects import ClearPlayout, Denoise, Effect, Fault, Mark, RunSmartTurn, RunVad, SendEvent
+from gateway.realtime.effects import (
+    ClearPlayout,
+    Denoise,
+    Effect,
+    Fault,
+    Mark,
+    ResetVad,
+    RunSmartTurn,
+    RunVad,
+    SendEvent,
+)
 from gateway.realtime.events import (
     BETA_TRANSCRIPTION_SESSION_EVENTS,
     CLIENT_EVENTS,
@@ -276,12 +286,12 @@ class Session:
         # A G.711 decoder holds back a few ms of resampled audio: they belong to this commit (and go
         # through VAD like all input, which keeps its clock on the input's).
         tail = self.input_audio(self.input.decoder.flush())
-        return self._commit(item_id, self.input.start_ms, self.input.received_ms) + tail
+        return [*self._commit(item_id, self.input.start_ms, self.input.received_ms), *tail, ResetVad()]
 
     def _on_input_audio_buffer_clear(self, event: dict[str, Any]) -> list[Effect]:
         self.input.clear()
         self._interrupted = False
-        return self._event("input_audio_buffer.cleared")
+        return [*self._event("input_audio_buffer.cleared"), ResetVad()]
 
     def _on_conversation_item_create(self, event: dict[str, Any]) -> list[Effect]:
         item = item_from_client(event.get("item"), self.settings.input_format, self.config.session.max_append_bytes)

@@ -22,6 +22,7 @@ from gateway.core.effects import (
     Fault,
     Mark,
     PrepareTranscript,
+    ResetVad,
     RunSmartTurn,
     RunVad,
     SendEvent,
@@ -158,6 +159,8 @@ class CoreRunner:
                     await self._send_event(event)
                 case RunVad(pcm):
                     await self._run_vad_on(pcm)
+                case ResetVad():
+                    self.vad.forget()
                 case RunSmartTurn():
                     task = asyncio.create_task(self._check_turn(effect))
                     self._checks.add(task)

@@ -139,8 +139,15 @@ class SileroVAD:
         self._raw = bytearray()  # input short of a whole window
         self._pending = np.zeros(0, dtype=np.float32)  # process_16k's partial window
         self._carry = np.zeros(CARRY, dtype=np.float32)
+        self._forget = False
         self.windows = 0
         """Windows processed since the last reset; window i starts at input time 32·i ms."""
+
+    def forget(self) -> None:
+        """From the next batch on, the model's context and recurrent state as a new stream's; the input's timing
+        (windows, the resampler's history) goes on. A flag, not a write: a batch in the VAD's thread writes this
+        stream's state back when it ends."""
+        self._forget = True
 
     def process(self, pcm24k: bytes) -> Float32Array:
         """Feed pcm16 24 kHz bytes; return the probabilities of the windows this completes (maybe none)."""
@@ -190,6 +197,10 @@ def _infer(vads: list[SileroVAD], inputs: list[bytes]) -> list[Float32Array]:
     """Each VAD's taken input (``SileroVAD.take``: whole windows) resampled and through the model."""
     counts = np.array([len(pcm) // WINDOW_BYTES for pcm in inputs])
     carry = np.stack([vad._carry for vad in vads])
+    for i, vad in enumerate(vads):
+        if vad._forget:
+            vad._forget = False
+            carry[i, CONTEXT_AT] = carry[i, STATE_AT] = 0.0
     return _step(vads, _windows(b"".join(inputs), counts, carry), counts, carry)
 
 

@@ -405,3 +405,20 @@ async def test_a_reply_cut_at_max_output_tokens_is_incomplete(start_pipeline, mo
             fake.reply = "Fine."
             await client.send({"type": "response.create"})
             assert (await client.until("response.done"))[-1]["response"]["status"] == "completed"
+
+
+@pytest.mark.parametrize("how", ["clear", "commit"])
+async def test_speech_cut_off_mid_word_leaves_no_turn_in_the_silence_after(gateway, how: str):
+    """LiveKit clears the buffer when it drops a backchannel: cut mid-word at 1.0 s, the VAD model's memory of
+    that word must not make the silence that follows a turn of its own (nor an answer to it)."""
+    speech = load_pcm("one_sentence.wav")
+    async with connect(gateway) as client:
+        await client.append(speech[: 48 * 1000])
+        await client.until("input_audio_buffer.speech_started")
+        await client.send({"type": f"input_audio_buffer.{how}"})
+        await client.until("input_audio_buffer.cleared" if how == "clear" else "input_audio_buffer.committed")
+        await client.append(silence(2500))
+        await asyncio.sleep(1.5)  # the VAD's events come as it hears the audio, not in order with later events
+        await client.send({"type": "conversation.item.retrieve", "item_id": "item_none"})
+        events = await client.until("error")
+    assert "input_audio_buffer.speech_started" not in types(events), types(events)
