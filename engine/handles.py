@@ -29,7 +29,7 @@ class TextInput:
             if self.cancelled:
                 return False
             if self.chars + len(text) > self.max_chars:
-                raise TTSError(f"text longer than {self.max_chars} characters")
+                raise TTSError(f"text longer than {self.max_chars} characters ([engine] max_text_chars)")
             self.chars += len(text)
             self.has_text = self.has_text or bool(text.strip())
             self._accept(text)

@@ -399,3 +399,10 @@ async def test_without_pyav_pcm_is_still_served(start_gateway: StartGateway, mon
         await client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="mp3")
     assert refused.value.status_code == 501 and refused.value.body["param"] == "response_format"
     assert "PyAV" in refused.value.body["message"]
+
+
+async def test_an_input_past_the_engines_limit_names_the_option(start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(**QWEN3, engine__max_text_chars=100)
+    with pytest.raises(openai.BadRequestError) as raised:
+        await sdk(gateway).audio.speech.create(model="tts-1", voice="alloy", input="word " * 40)
+    assert "[engine] max_text_chars" in raised.value.body["message"], raised.value.body
