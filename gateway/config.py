@@ -61,6 +61,7 @@ class ServerConfig:
     max_request_headers: int = bounded(100, at_least=1, at_most=128)
     max_header_line_bytes: int = bounded(8190, at_least=256, at_most=8190)
     max_connections_per_client: int = bounded(32, at_least=1)
+    max_sessions_per_secret: int = bounded(4, at_least=1)
     forwarded_allow_ips: str = ""
     max_sessions: int = bounded(0, at_least=0)  # 0: auto (session_limit)
     drain_seconds: float = bounded(600.0, at_least=0)

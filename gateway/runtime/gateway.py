@@ -34,7 +34,7 @@ from gateway.responders.build import build_responder, build_transcriber
 from gateway.responders.delegation import DelegationBackend
 from gateway.responders.engine_client import EngineClient
 from gateway.runtime import mcp_client
-from gateway.runtime.auth import Auth, ClientSecret
+from gateway.runtime.auth import Auth, ClientSecret, Credential
 from gateway.runtime.capacity import Capacity
 from gateway.runtime.core_runner import Send, log_fault
 from gateway.runtime.health import Backends
@@ -268,6 +268,16 @@ class Gateway:
         if (refusal := self.unavailable()) is not None:
             return refusal
         return None if self.capacity.admit() else self.unavailable() or FULL
+
+    def secret_refusal(self, credential: Credential) -> str | None:
+        """Why a client secret may open no more sessions here ([server] max_sessions_per_secret), or None."""
+        if credential.secret is None:
+            return None
+        limit = self.config.server.max_sessions_per_secret
+        if sum(runner.owner == credential.owner for runner in self.sessions) < limit:
+            return None
+        return (f"This client secret already holds {limit} sessions, as many as one may ([server] "
+                "max_sessions_per_secret); end one, or mint another secret.")
 
     def engine_streams_free(self) -> int | None:
         """Streams the TTS engine can still take (its rows less those held), or None when it has no such cap

@@ -87,6 +87,9 @@ class LiveEndpoint:
         if (credential := await self._checked(scope, send)) is None:
             return
         gateway = self.gateway
+        if (held := gateway.secret_refusal(credential)) is not None:
+            await deny_handshake(scope, send, 429, held, "too_many_sessions", "rate_limit_error")
+            return
         if (refusal := gateway.admit()) is not None:
             await deny_handshake(scope, send, 503, refusal.message, refusal.code, "server_error",
                                  refusal.retry_after_s)

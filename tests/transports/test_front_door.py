@@ -411,3 +411,22 @@ async def test_events_go_out_at_once(gateway):
         assert connections
         for connection in connections:
             assert connection.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+async def test_one_client_secret_holds_a_few_sessions_not_every_slot(keys, start_gateway):
+    """The holder of one secret (a browser page) gets [server] max_sessions_per_secret sessions at once, then 429;
+    an ended one frees its place, and API keys are not held to it."""
+    gateway = await start_gateway(server__max_sessions_per_secret=2)
+    secret = (await sdk(gateway).realtime.client_secrets.create(session={"type": "realtime"})).value
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(2):
+            connection = await stack.enter_async_context(sdk(gateway, secret).realtime.connect(model="gpt-realtime"))
+            await asyncio.wait_for(connection.recv_bytes(), 10)
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await first_event(sdk(gateway, secret))
+        assert refused.value.response.status_code == 429
+        assert orjson.loads(refused.value.response.body)["error"]["code"] == "too_many_sessions"
+        assert (await first_event(sdk(gateway)))["type"] == "session.created"  # a key
+    while gateway.sessions:
+        await asyncio.sleep(0.01)
+    assert (await first_event(sdk(gateway, secret)))["type"] == "session.created"
