@@ -294,6 +294,7 @@ class PipelineResponder:
         bridge = None if incremental else TextBridge(**dataclasses.asdict(self.bridge))
         spoken = False
         said = False
+        reply: list[str] = []
 
         def feed(texts: Iterable[str]) -> None:
             nonlocal spoken
@@ -325,12 +326,16 @@ class PipelineResponder:
                         outputs.put_nowait(delta)
                     continue
                 said = said or bool(delta.strip())
+                reply.append(delta)
                 feed([delta] if bridge is None else bridge.feed(delta))
         if bridge is not None:
             feed(bridge.end())
         if not spoken:
-            # An empty reply: engines refuse an utterance without text, and there is nothing to play.
+            # Nothing to say aloud (an empty reply, an emoji): engines refuse an utterance without words, and
+            # there is nothing to play; what the LLM wrote is still the reply's transcript.
             stream.cancel()
+            if text := "".join(reply).strip():
+                outputs.put_nowait(SpeechText(text))
             return
         try:
             stream.end()
@@ -353,3 +358,7 @@ class PipelineResponder:
                     outputs.put_nowait(AudioOut(chunk.pcm))
         except Exception as exc:  # an engine failure of any kind fails the response as a tts error
             raise _tts_error(exc) from exc
+        # What the engine found nothing to say in (an emoji, "..."): the reply's words all the same, so that
+        # its item holds them and the LLM's next prompt has its turn.
+        while written:
+            outputs.put_nowait(SpeechText(written.popleft()))

@@ -422,3 +422,21 @@ async def test_speech_cut_off_mid_word_leaves_no_turn_in_the_silence_after(gatew
         await client.send({"type": "conversation.item.retrieve", "item_id": "item_none"})
         events = await client.until("error")
     assert "input_audio_buffer.speech_started" not in types(events), types(events)
+
+
+async def test_a_reply_with_nothing_to_say_aloud_keeps_its_turn(start_pipeline):
+    """An emoji reply makes no audio, but it is the assistant's turn all the same: its item holds the words, and
+    the LLM's next prompt has it between the user's messages."""
+    from bench.fake_openai import FakeOpenAI
+
+    async with FakeOpenAI(reply="👍") as fake:
+        gateway = await start_pipeline(fake, vad__enabled=False)
+        async with connect(gateway) as client:
+            for text in ("Reply with an emoji.", "And now?"):
+                await client.send({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+                await client.send({"type": "response.create"})
+                done = (await client.until("response.done"))[-1]["response"]
+                assert [p["transcript"] for p in done["output"][0]["content"]] == ["👍"]
+    assert [(m["role"], m["content"]) for m in fake.chat_requests[-1].messages[-3:]] == [
+        ("user", "Reply with an emoji."), ("assistant", "👍"), ("user", "And now?")]

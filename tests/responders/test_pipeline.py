@@ -422,11 +422,14 @@ async def test_empty_transcript_ends_the_response(make: Make, fake: FakeOpenAI):
 
 
 @pytest.mark.parametrize("reply", ["", "  🙂 "])
-async def test_empty_reply_completes_without_audio(make: Make, fake: FakeOpenAI, reply: str):
+async def test_a_reply_with_nothing_to_say_aloud_completes_without_audio(make: Make, fake: FakeOpenAI, reply: str):
+    """Nothing reaches the engine, which refuses an utterance without words; an emoji is still the reply's
+    transcript (its item holds it, and the next prompt has the assistant's turn)."""
     fake.reply = reply
     engine = RecordingEngine()
     outs = await collect(respond(make(fake.base_url, engine), request(Message("i1", "user", text="Hi."))))
-    assert not any(isinstance(o, AudioOut | SpeechText) for o in outs)
+    assert not any(isinstance(o, AudioOut) for o in outs)
+    assert [o.text for o in outs if isinstance(o, SpeechText)] == ([reply.strip()] if reply.strip() else [])
     assert engine.fed == [] and engine.streams[0].cancelled
     assert fake.chat_requests[0].finished
 
