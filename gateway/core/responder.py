@@ -48,6 +48,7 @@ class ResponseRequest:
     tools: list[dict[str, Any]] = field(default_factory=list)  # chat-completions tools (gateway/realtime/tools.py)
     tool_choice: str | dict[str, Any] | None = None  # chat-completions tool_choice; None with no tools
     parallel_tool_calls: bool | None = None  # False: at most one call a round; None: the backend's own
+    speed: float = 1.0  # the voice's speed (the session's audio.output.speed, 0.25 to 1.5)
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,7 @@ class Response:
     parallel_tool_calls: bool | None
     input_items: list[Item] | None  # response.input: the items it sees instead of the conversation
     scope: OutputScope
+    speed: float  # the session's audio.output.speed
     outputs: list[Output] = field(default_factory=list)
     message: MessageOut | None = None  # the message being produced
     round: Round = field(default_factory=Round)
@@ -164,6 +165,7 @@ class Responses:
             parallel_tool_calls=params.parallel_tool_calls,
             input_items=input_items,
             scope=OutputScope(rid, self._event, self._conversation, params.in_conversation),
+            speed=settings.speed,
         )
         if resp.in_conversation:
             self.active = resp
@@ -349,6 +351,7 @@ class Responses:
             tools=resp.llm.tools,
             tool_choice=resp.llm.tool_choice,
             parallel_tool_calls=resp.parallel_tool_calls if resp.llm.tools else None,
+            speed=resp.speed,
         )
         return [StartResponse(request)]
 

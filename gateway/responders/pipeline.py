@@ -23,6 +23,7 @@ import numpy as np
 from engine.api import TTSEngine, TTSError, TTSStream
 from engine.voices import VoicePrompt
 from gateway.audio import decode_wav
+from gateway.audio_codecs import SpeechEncoder
 from gateway.config import ConfigError, VoiceConfig
 from gateway.core.responder import (
     AudioOut,
@@ -225,11 +226,12 @@ class PipelineResponder:
                         first = False
                     yield TextOut(delta) if isinstance(delta, str) else delta
             return
-        async with aclosing(self._speak(chat, request.voice)) as outputs:
+        async with aclosing(self._speak(chat, request.voice, request.speed)) as outputs:
             async for out in outputs:
                 yield out
 
-    async def _speak(self, chat: AsyncIterator[LlmOutput], voice: str) -> AsyncIterator[ResponseOutput]:
+    async def _speak(self, chat: AsyncIterator[LlmOutput], voice: str,
+                     speed: float = 1.0) -> AsyncIterator[ResponseOutput]:
         prompt = self.prepared.get(voice.lower())
         if prompt is None and self.voice_source is not None:
             try:
@@ -255,7 +257,7 @@ class PipelineResponder:
         held: list[ResponseOutput] = []
         incremental = self.tts_engine.incremental and not segmented
         reader = asyncio.create_task(self._read_llm(chat, stream, incremental, outputs, written, held))
-        player = asyncio.create_task(self._play(stream, outputs, written))
+        player = asyncio.create_task(self._play(stream, outputs, written, speed))
         # Each task's end is told by a marker, not the task: a task that failed or was cancelled keeps its
         # frame in its exception's traceback, the frame holds `outputs`, and the three would make a cycle.
         reader.add_done_callback(lambda _: outputs.put_nowait(_READER_ENDED))
@@ -342,8 +344,10 @@ class PipelineResponder:
         except Exception as exc:
             raise _tts_error(exc) from exc
 
-    async def _play(self, stream: TTSStream, outputs: _Outputs, written: deque[str]) -> None:
+    async def _play(self, stream: TTSStream, outputs: _Outputs, written: deque[str], speed: float) -> None:
         first = True
+        # The session's speed (audio.output.speed): FFmpeg's atempo on the engine's audio, its pitch kept.
+        tempo = SpeechEncoder("pcm", speed) if speed != 1.0 else None
         try:
             async for chunk in stream:
                 if chunk.text:
@@ -351,11 +355,14 @@ class PipelineResponder:
                         outputs.put_nowait(SpeechText(written.popleft()))
                     else:  # an incremental engine's own account of the text
                         outputs.put_nowait(SpeechText(chunk.text))
-                if chunk.pcm:
+                pcm = tempo.encode(chunk.pcm) if tempo is not None and chunk.pcm else chunk.pcm
+                if pcm:
                     if first:
                         outputs.put_nowait(TraceMark("tts_first_audio"))
                         first = False
-                    outputs.put_nowait(AudioOut(chunk.pcm))
+                    outputs.put_nowait(AudioOut(pcm))
+            if tempo is not None and (tail := tempo.finish()):
+                outputs.put_nowait(AudioOut(tail))
         except Exception as exc:  # an engine failure of any kind fails the response as a tts error
             raise _tts_error(exc) from exc
         # What the engine found nothing to say in (an emoji, "..."): the reply's words all the same, so that

@@ -572,3 +572,9 @@ def test_a_truncate_at_the_whole_ms_above_or_below_what_was_sent_is_taken_whole(
                                 audio_end_ms=end_ms))
         assert events[-1]["type"] == "conversation.item.truncated"
     assert start_response(session).request.messages[-1].text == "What's on your mind?"
+
+
+def test_the_sessions_speed_reaches_the_responder():
+    session = Session(make_config(vad__enabled=False))
+    send(session, type="session.update", session={"type": "realtime", "audio": {"output": {"speed": 1.25}}})
+    assert start_response(session).request.speed == 1.25

@@ -648,3 +648,19 @@ async def test_gateway_warns_of_a_backend_down_at_start(
         f"llm backend at http://127.0.0.1:{port}/v1/ is not reachable: connection refused; "
         "turns will fail until it answers"
     ]
+
+
+@pytest.mark.parametrize("speed", [0.5, 1.5])
+async def test_the_sessions_speed_stretches_the_voice(make: Make, fake: FakeOpenAI, speed: float):
+    """audio.output.speed reaches the voice: the same reply lasts 1/speed as long (FFmpeg's atempo), its words
+    the same."""
+    fake.reply = "Hello there. This is a reply of a few words."
+
+    async def spoken(at: float) -> tuple[int, str]:
+        outs = await collect(respond(make(fake.base_url, RecordingEngine()),
+                                     request(Message("i1", "user", text="Hi."), speed=at)))
+        audio = sum(len(o.pcm) for o in outs if isinstance(o, AudioOut))
+        return audio, "".join(o.text for o in outs if isinstance(o, SpeechText))
+
+    (normal, words), (stretched, same) = await spoken(1.0), await spoken(speed)
+    assert same == words and stretched == pytest.approx(normal / speed, rel=0.02)
