@@ -34,7 +34,7 @@ from gateway.responders.build import build_responder, build_transcriber
 from gateway.responders.delegation import DelegationBackend
 from gateway.responders.engine_client import EngineClient
 from gateway.runtime import mcp_client
-from gateway.runtime.auth import Auth, ClientSecret, Credential
+from gateway.runtime.auth import Auth, ClientSecret
 from gateway.runtime.capacity import Capacity
 from gateway.runtime.core_runner import Send, log_fault
 from gateway.runtime.health import Backends
@@ -269,12 +269,14 @@ class Gateway:
             return refusal
         return None if self.capacity.admit() else self.unavailable() or FULL
 
-    def secret_refusal(self, credential: Credential) -> str | None:
-        """Why a client secret may open no more sessions here ([server] max_sessions_per_secret), or None."""
-        if credential.secret is None:
+    def secret_refusal(self, owner: str | None, pending: int = 0) -> str | None:
+        """Why the client secret ``owner`` (a credential's; None for an API key, which is not held to it) may
+        open no more sessions here ([server] max_sessions_per_secret), or None; ``pending``: its WebRTC calls
+        still connecting, which count too."""
+        if owner is None:
             return None
         limit = self.config.server.max_sessions_per_secret
-        if sum(runner.owner == credential.owner for runner in self.sessions) < limit:
+        if sum(runner.owner == owner for runner in self.sessions) + pending < limit:
             return None
         return (f"This client secret already holds {limit} sessions, as many as one may ([server] "
                 "max_sessions_per_secret); end one, or mint another secret.")

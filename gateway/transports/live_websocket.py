@@ -87,7 +87,7 @@ class LiveEndpoint:
         if (credential := await self._checked(scope, send)) is None:
             return
         gateway = self.gateway
-        if (held := gateway.secret_refusal(credential)) is not None:
+        if (held := gateway.secret_refusal(credential.owner)) is not None:
             await deny_handshake(scope, send, 429, held, "too_many_sessions", "rate_limit_error")
             return
         if (refusal := gateway.admit()) is not None:

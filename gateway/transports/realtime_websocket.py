@@ -87,7 +87,7 @@ class RealtimeEndpoint:
             await self.sidebands.serve(scope, receive, send, query["call_id"][0],
                                        lambda status, message, code: deny_handshake(scope, send, status, message, code))
             return
-        if (held := gateway.secret_refusal(credential)) is not None:
+        if (held := gateway.secret_refusal(credential.owner)) is not None:
             await deny_handshake(scope, send, 429, held, "too_many_sessions", "rate_limit_error")
             return
         if (refusal := gateway.admit()) is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from starlette.datastructures import FormData, UploadFile
@@ -16,6 +17,7 @@ from gateway.runtime.voices.library import Upload
 
 # A form's fields besides its files: names, a description, a transcript, a prompt.
 MAX_FIELD_BYTES = 64 * 1024
+OBJECT_FIELD = re.compile(r"(\w+)\[(\w+)\]")
 
 
 class HttpError(Exception):
@@ -130,6 +132,10 @@ async def read_form(request: Request, max_file_bytes: int, option: str, file_fie
             fields[name] = Upload(data, name)
         elif name.endswith("[]"):  # an array, a value per part (the SDKs' encoding)
             fields.setdefault(name[:-2], []).append(value)
+        elif (member := OBJECT_FIELD.fullmatch(name)) is not None:  # an object, a part per member: "a[b]"
+            parent = fields.setdefault(member[1], {})
+            if isinstance(parent, dict):
+                parent[member[2]] = value
         else:
             fields[name] = value
     await form.close()

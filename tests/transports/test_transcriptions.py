@@ -71,7 +71,8 @@ async def test_a_file_is_heard_by_the_sessions_speech_to_text(start_gateway: Sta
     assert text.strip() == "The sky is blue today."
     verbose = await client.audio.transcriptions.create(model="whisper-1", file=("q.wav", wav_bytes(SENTENCE)),
                                                        response_format="verbose_json",
-                                                       timestamp_granularities=["segment"])
+                                                       timestamp_granularities=["segment"],
+                                                       chunking_strategy={"type": "server_vad", "threshold": 0.5})
     assert verbose.text == "The sky is blue today." and verbose.duration == pytest.approx(seconds, abs=0.01)
     assert [(s.start, s.text) for s in verbose.segments or []] == [(0.0, "The sky is blue today.")]
     stream = await client.audio.transcriptions.create(model="gpt-4o-transcribe", file=("q.wav", wav_bytes(SENTENCE)),

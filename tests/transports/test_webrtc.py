@@ -476,3 +476,41 @@ async def test_a_sideband_watches_and_steers_a_webrtc_call_and_hangup_ends_it(rt
         assert seen[-1]["session"]["instructions"] == "From the sideband."
         await sdk.realtime.calls.hangup(call_id)
     assert await session_count(gateway, 0) == 0 and not server.calls
+
+
+async def test_offers_of_one_secret_at_once_make_no_more_sessions_than_it_may_hold(start_gateway: StartGateway,
+                                                                                   monkeypatch: pytest.MonkeyPatch):
+    """Offers posted together all pass the check at their answer (none is connected yet): the calls past the
+    secret's [server] max_sessions_per_secret are closed as they connect, and a later offer gets 429."""
+    key = "sk-webrtc-secret-0123456789"
+    monkeypatch.setenv("GATEWAY_API_KEYS", key)
+    gateway = await start_gateway(EchoResponder(), webrtc__enabled=True, server__max_sessions_per_secret=2,
+                                  webrtc__max_pending_calls_per_client=8)
+    base = f"http://127.0.0.1:{gateway.port}"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(base + "/v1/realtime/client_secrets", headers={"Authorization": f"Bearer {key}"},
+                             json={}) as answer:
+            secret = (await answer.json())["value"]
+
+        async def call() -> tuple[RTCPeerConnection, int]:
+            pc = RTCPeerConnection()
+            pc.addTransceiver("audio")
+            pc.createDataChannel("oai-events")
+            await pc.setLocalDescription(await pc.createOffer())
+            async with http.post(base + "/v1/realtime/calls", data=pc.localDescription.sdp,
+                                 headers={"Authorization": f"Bearer {secret}", "Content-Type": "application/sdp"}) as r:
+                if r.status == 201:
+                    await pc.setRemoteDescription(RTCSessionDescription(await r.text(), "answer"))
+                return pc, r.status
+
+        calls = await asyncio.gather(*(call() for _ in range(4)))
+        try:
+            assert [status for _, status in calls] == [201] * 4
+            await asyncio.sleep(3)  # every call connected (or was closed as it did)
+            assert len(gateway.sessions) == 2
+            extra, status = await call()
+            await extra.close()
+            assert status == 429
+        finally:
+            for pc, _ in calls:
+                await pc.close()

@@ -293,6 +293,10 @@ class CallRegistry:
     def pending(self) -> int:
         return sum(not call.connected for call in self.calls.values())
 
+    def pending_of(self, owner: str | None) -> int:
+        """The calls still connecting that a session's ``owner`` (a client secret's id) opened."""
+        return sum(not call.connected and call.runner.owner == owner for call in self.calls.values())
+
     def unavailable(self, client: str) -> Refusal | None:
         """Why no call from ``client`` (its address) can start now (HTTP 503, or 429 for this client's own
         pending calls), or None."""
@@ -360,8 +364,10 @@ class CallRegistry:
     def connected(self, call: Call | LiveCall) -> None:
         """The call's peer connection is up: from now on it is a session, counted in max_sessions."""
         call.connected = True
-        if (refusal := self.gateway.admit()) is not None:
-            log.info("call %s connected but refused (%s), closing", call.id, refusal.message)
+        # Offers of one secret that came at once were each let through: the one that would go past stops here.
+        why = self.gateway.secret_refusal(call.runner.owner)
+        if why is not None or (refusal := self.gateway.admit()) is not None:
+            log.info("call %s connected but refused (%s), closing", call.id, why or refusal.message)
             call.close_soon(client_gone=False)
             return
         self.gateway.opened(call.runner, f"WebRTC call {call.id}", call.close)

@@ -114,7 +114,7 @@ class Signalling:
             raise HttpError(404, "WebRTC is off on this gateway ([webrtc] enabled, and the webrtc extra).",
                             "webrtc_disabled")
         client = request.client.host if request.client else ""  # behind a trusted proxy, its X-Forwarded-For
-        if (held := self.gateway.secret_refusal(credential)) is not None:
+        if (held := self.gateway.secret_refusal(credential.owner, calls.pending_of(credential.owner))) is not None:
             raise HttpError(429, held, "too_many_sessions", kind="rate_limit_error")
         if (refusal := calls.unavailable(client)) is not None:
             raise HttpError(refusal.status, refusal.message, refusal.code,
@@ -149,7 +149,7 @@ class Signalling:
             raise HttpError(404, "WebRTC is off on this gateway ([webrtc] enabled, and the webrtc extra).",
                             "webrtc_disabled")
         client = request.client.host if request.client else ""
-        if (held := self.gateway.secret_refusal(credential)) is not None:
+        if (held := self.gateway.secret_refusal(credential.owner, calls.pending_of(credential.owner))) is not None:
             raise HttpError(429, held, "too_many_sessions", kind="rate_limit_error")
         if (refusal := calls.unavailable(client)) is not None:
             raise HttpError(refusal.status, refusal.message, refusal.code,
