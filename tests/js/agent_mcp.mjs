@@ -7,8 +7,7 @@
 // after the call, the SDK's errors, and every server event the SDK's own zod schema knows but rejects.
 import { hostedMcpTool } from '@openai/agents-core';
 import { RealtimeAgent, RealtimeSession } from '@openai/agents-realtime';
-// Not exported by the package: the schema its transport parses every server event with.
-import { realtimeServerEventSchema } from './node_modules/@openai/agents-realtime/dist/openaiRealtimeEvents.mjs';
+import { spokenAfter, watch } from './agent_session.mjs';
 
 const [url, serverUrl, approval] = process.argv.slice(2);
 const report = { responses: [], completed: [], approvals: [], audioBytesAfterCall: 0, errors: [], invalid: [] };
@@ -16,12 +15,8 @@ const report = { responses: [], completed: [], approvals: [], audioBytesAfterCal
 const weather = hostedMcpTool({ serverLabel: 'weather', serverUrl, requireApproval: approval });
 const agent = new RealtimeAgent({ name: 'Weather agent', instructions: 'You tell the weather.', tools: [weather] });
 const session = new RealtimeSession(agent, { transport: 'websocket' });
-const known = new Set(realtimeServerEventSchema.options.map((s) => s.shape.type.value));
+watch(session, report);
 session.transport.on('*', (event) => {
-  const parsed = realtimeServerEventSchema.safeParse(event);
-  if (!parsed.success && known.has(event.type)) {
-    report.invalid.push({ type: event.type, issues: parsed.error.issues });
-  }
   if (event.type === 'response.done') report.responses.push(event.response.output.map((o) => o.type));
 });
 session.on('mcp_tool_call_completed', (_ctx, _agent, call) => report.completed.push([call.name, call.output]));
@@ -32,17 +27,8 @@ session.on('tool_approval_requested', async (_ctx, _agent, request) => {
 session.on('audio', (event) => {
   if (report.completed.length) report.audioBytesAfterCall += event.data.byteLength;
 });
-session.on('error', (event) => report.errors.push(String(event.error?.error?.message ?? event.error)));
 
-const spoken = new Promise((resolve, reject) => {
-  const timer = setTimeout(() => reject(new Error('no spoken answer after the MCP call within 20 s')), 20000);
-  session.on('audio_stopped', () => {
-    if (report.audioBytesAfterCall) {
-      clearTimeout(timer);
-      resolve();
-    }
-  });
-});
+const spoken = spokenAfter(session, () => report.audioBytesAfterCall > 0, 'the MCP call', 20000);
 await session.connect({ apiKey: 'unused', url });
 session.sendMessage('What is the weather in Paris?');
 try {

@@ -5,8 +5,7 @@
 // errors, and every server event the SDK's own zod schema knows but rejects (it would drop those silently).
 import { RealtimeAgent, RealtimeSession, tool } from '@openai/agents-realtime';
 import { z } from 'zod';
-// Not exported by the package: the schema its transport parses every server event with.
-import { realtimeServerEventSchema } from './node_modules/@openai/agents-realtime/dist/openaiRealtimeEvents.mjs';
+import { spokenAfter, watch } from './agent_session.mjs';
 
 const [url, scenario] = process.argv.slice(2);
 const report = { calls: [], toolResults: [], handoffs: [], audioBytesAfterTool: 0, errors: [], invalid: [] };
@@ -24,29 +23,14 @@ const weather = new RealtimeAgent({ name: 'Weather agent', instructions: 'You te
 const greeter = new RealtimeAgent({ name: 'Greeter', instructions: 'You greet, then hand over.', handoffs: [weather] });
 
 const session = new RealtimeSession(scenario === 'handoff' ? greeter : weather, { transport: 'websocket' });
-const known = new Set(realtimeServerEventSchema.options.map((s) => s.shape.type.value));
-session.transport.on('*', (event) => {
-  const parsed = realtimeServerEventSchema.safeParse(event);
-  if (!parsed.success && known.has(event.type)) {
-    report.invalid.push({ type: event.type, issues: parsed.error.issues });
-  }
-});
+watch(session, report);
 session.on('agent_handoff', (_ctx, from, to) => report.handoffs.push([from.name, to.name]));
 session.on('agent_tool_end', (_ctx, _agent, t, result) => report.toolResults.push([t.name, result]));
 session.on('audio', (event) => {
   if (report.toolResults.length) report.audioBytesAfterTool += event.data.byteLength;
 });
-session.on('error', (event) => report.errors.push(String(event.error?.error?.message ?? event.error)));
 
-const spoken = new Promise((resolve, reject) => {
-  const timer = setTimeout(() => reject(new Error('no spoken answer after the tool within 15 s')), 15000);
-  session.on('audio_stopped', () => {
-    if (report.audioBytesAfterTool) {
-      clearTimeout(timer);
-      resolve();
-    }
-  });
-});
+const spoken = spokenAfter(session, () => report.audioBytesAfterTool > 0, 'the tool', 15000);
 await session.connect({ apiKey: 'unused', url });
 session.sendMessage('What is the weather in Paris?');
 try {
