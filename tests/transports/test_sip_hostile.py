@@ -270,7 +270,7 @@ async def test_a_hold_a_refresh_and_options_in_the_dialog_are_answered(sip_gatew
     raw.send(raw.request("INVITE", resume, to_tag=tag, cseq=5, extra="Content-Type: application/sdp\r\n"))
     (resumed,) = [a for a in await raw.answers(0.5) if status(a) == 200]
     assert "a=sendrecv" in resumed
-    assert await media_packets(raw, 0.5) >= 20
+    assert await media_packets(raw, 0.5) >= 10  # 25 due: some slack for a busy machine
     raw.close()
 
 
