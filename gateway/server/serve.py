@@ -166,12 +166,22 @@ class _Server(uvicorn.Server):
                                      app_state=self.lifespan.state)
         sock.setblocking(False)
         # A TLS handshake gets as long as a request head (asyncio's own limit is 60 s): the per-client budget
-        # and the head deadline start once it is done.
+        # and the head deadline start once it is done (serve_tls does the same for a listener of its own).
         timeout = self.head_timeout_s if config.ssl is not None else None
         task = asyncio.get_running_loop().create_task(asyncio.get_running_loop().connect_accepted_socket(
             protocol, sock, ssl=config.ssl, ssl_handshake_timeout=timeout))
         self._adopting.add(task)
         task.add_done_callback(self._adopted)
+
+    async def serve_tls(self, sock: socket.socket) -> None:
+        """Take TLS connections on the listening ``sock`` with a handshake limit (uvicorn's own listener has
+        asyncio's 60 s, before the per-client budget and the head deadline start): uvicorn closes it at its
+        shutdown with its own."""
+        config = self.config
+        protocol = functools.partial(config.http_protocol_class, config=config, server_state=self.server_state,
+                                     app_state=self.lifespan.state)
+        self.servers.append(await asyncio.get_running_loop().create_server(
+            protocol, sock=sock, ssl=config.ssl, ssl_handshake_timeout=self.head_timeout_s, backlog=config.backlog))
 
     def open_connections(self) -> int:
         """Connections open here, those being adopted included."""
@@ -229,7 +239,9 @@ class GatewayServer:
             await loading
         await asyncio.sleep(0)  # the gateway is marked started before uvicorn runs the lifespan
         self._server = _Server(uvicorn_config(self.app, self.config), self.config.server.request_head_timeout_s)
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket] if self._socket else []))
+        # Over TLS the listener is ours (_Server.serve_tls), for its handshake limit.
+        uvicorn_sockets = [self._socket] if self._socket is not None and not tls else []
+        self._task = asyncio.create_task(self._server.serve(sockets=uvicorn_sockets))
         while not self._server.started and not self._task.done():
             await asyncio.sleep(0.01)
         if self._task.done():
@@ -237,6 +249,8 @@ class GatewayServer:
             with contextlib.suppress(SystemExit):  # uvicorn exits when its startup fails
                 self._task.result()
             raise ConfigError("the HTTP server did not start (see the log above)")
+        if tls and self._socket is not None:
+            await self._server.serve_tls(self._socket)
         if not loading.done():
             log.info("loading models; /healthz says starting until they are ready")
         try:

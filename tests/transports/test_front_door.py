@@ -366,6 +366,20 @@ async def test_tls_with_the_gateways_own_certificate(tmp_path, start_gateway):
             pass
 
 
+async def test_a_silent_tls_connection_is_closed_after_the_head_deadline(tmp_path, start_gateway):
+    """A TLS handshake gets [server] request_head_timeout_s, not asyncio's 60 s: connections that never start one
+    do not hold file descriptors for a minute before the per-client budget can see them."""
+    _, cert, key = make_certificate(tmp_path / "tls")
+    gateway = await start_gateway(server__tls_cert=str(cert), server__tls_key=str(key),
+                                  server__request_head_timeout_s=1.0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    started = asyncio.get_running_loop().time()
+    with contextlib.suppress(ConnectionError):
+        assert await asyncio.wait_for(reader.read(), 20) == b""
+    assert asyncio.get_running_loop().time() - started < 10
+    writer.close()
+
+
 async def test_unusable_tls_files_are_named(tmp_path):
     server = GatewayServer(make_config(server__tls_cert=str(tmp_path / "missing.pem"), server__tls_key="k.pem"),
                            EchoResponder())
