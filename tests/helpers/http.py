@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import urllib.error
 import urllib.request
 
@@ -40,3 +41,14 @@ async def aiortc_offer() -> str:
     await pc.setLocalDescription(await pc.createOffer())
     await pc.close()
     return pc.localDescription.sdp
+
+
+async def seconds_until_closed(port: int, limit_s: float = 20) -> float:
+    """How long the server keeps a connection that sends nothing (a TLS handshake never begun) open."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with contextlib.suppress(ConnectionError):
+        assert await asyncio.wait_for(reader.read(), limit_s) == b""
+    writer.close()
+    return loop.time() - started

@@ -70,6 +70,18 @@ class Gateway:
         return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
 
 
+def launch(tmp_path: Path, workers: int, **env: str) -> Gateway:
+    """`serve --workers N` started and left to the test (no wait for it, no stop): its log in tmp_path."""
+    log = tmp_path / "gateway.log"
+    environ = {**os.environ, "GATEWAY_WEBRTC_ENABLED": "false", "GATEWAY_LOCAL_STT": "false", "OMP_NUM_THREADS": "1",
+               **env}
+    environ.pop("GATEWAY_API_KEYS", None)
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--workers", str(workers), "--port", "0"],
+                                   cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
+    return Gateway(process, log)
+
+
 @contextlib.asynccontextmanager
 async def serve(tmp_path: Path, port: int = 0, **env: str) -> AsyncIterator[Gateway]:
     log = tmp_path / "gateway.log"

@@ -12,8 +12,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,8 +22,9 @@ import websockets
 from bench.fake_openai import FakeOpenAI
 from gateway.server.certs import make_certificate
 from tests.conftest import Client, audio_of, connect, load_pcm, silence
-from tests.helpers.workers import Gateway, engine_processes, gone, serve
-from tests.paths import ROOT, TINY_CHECKPOINT
+from tests.helpers.http import seconds_until_closed
+from tests.helpers.workers import Gateway, engine_processes, gone, launch, serve
+from tests.paths import TINY_CHECKPOINT
 
 pytestmark = pytest.mark.slow  # `serve --workers 2` in subprocesses
 
@@ -221,13 +220,8 @@ def test_the_defaults_size_a_host_by_its_cores_gpus_and_sessions(monkeypatch: py
 async def test_a_signal_while_the_workers_start_stops_them_all_quietly(tmp_path: Path, sig: int) -> None:
     """Stopped while its workers start: those still starting end without a traceback (SIGINT would interrupt
     their imports), none is started after the signal, and the parent exits."""
-    log = tmp_path / "gateway.log"
-    environ = {**os.environ, "GATEWAY_WEBRTC_ENABLED": "false", "GATEWAY_LOCAL_STT": "false", "OMP_NUM_THREADS": "1"}
-    environ.pop("GATEWAY_API_KEYS", None)
-    with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--workers", "3", "--port", "0"],
-                                   cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
-    gateway = Gateway(process, log)
+    gateway = launch(tmp_path, 3)
+    process = gateway.process
     try:
         await gateway.wait_for(r"worker 0 started", timeout=60)
         process.send_signal(sig)
@@ -245,15 +239,10 @@ async def test_a_signal_while_the_workers_start_stops_them_all_quietly(tmp_path:
 async def test_a_signal_while_the_engine_process_loads_stops_the_gateway_once_it_has(tmp_path: Path) -> None:
     """SIGTERM while the engine process loads: the parent waits for it, then stops it in order and exits 0,
     starting no worker; it used to die at once, leaving the engine process a traceback and its socket."""
-    log = tmp_path / "gateway.log"
-    environ = {**os.environ, "GATEWAY_WEBRTC_ENABLED": "false", "GATEWAY_LOCAL_STT": "false", "OMP_NUM_THREADS": "1",
-               "GATEWAY_RESPONDER_KIND": "echo", "GATEWAY_TTS_ENGINE": "qwen3",
-               "GATEWAY_ENGINE_CHECKPOINT": str(FIXTURE), "GATEWAY_ENGINE_MODE": "process",
-               "GATEWAY_ENGINE_DEVICES": "cpu", "GATEWAY_ENGINE_VOICES": "alloy=vivian"}
-    environ.pop("GATEWAY_API_KEYS", None)
-    with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--workers", "2", "--port", "0"],
-                                   cwd=ROOT, env=environ, stdout=out, stderr=subprocess.STDOUT)
+    gateway = launch(tmp_path, 2, GATEWAY_RESPONDER_KIND="echo", GATEWAY_TTS_ENGINE="qwen3",
+                     GATEWAY_ENGINE_CHECKPOINT=str(FIXTURE), GATEWAY_ENGINE_MODE="process",
+                     GATEWAY_ENGINE_DEVICES="cpu", GATEWAY_ENGINE_VOICES="alloy=vivian")
+    process, log = gateway.process, gateway.log
     try:
         while not engine_processes(process.pid):
             assert process.poll() is None, log.read_text()
@@ -275,9 +264,4 @@ async def test_a_silent_tls_connection_is_closed_after_the_head_deadline(tmp_pat
     _, cert, key = make_certificate(tmp_path / "tls")
     async with serve(tmp_path, GATEWAY_SERVER_TLS_CERT=str(cert), GATEWAY_SERVER_TLS_KEY=str(key),
                      GATEWAY_SERVER_REQUEST_HEAD_TIMEOUT_S="1") as gateway:
-        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
-        started = asyncio.get_running_loop().time()
-        with contextlib.suppress(ConnectionError):
-            assert await asyncio.wait_for(reader.read(), 20) == b""
-        assert asyncio.get_running_loop().time() - started < 10
-        writer.close()
+        assert await seconds_until_closed(gateway.port) < 10
